@@ -1,0 +1,18 @@
+"""The NATS JetStream adapter: the only package that imports ``nats``.
+
+Mechanisms every service uses (style rules 6 and 7):
+
+* ``Bus.connect`` — a connection that reconnects forever, with JetStream and KV handles;
+* ``Bus.declare`` — streams, KV buckets idempotently at start;
+* ``Bus.publish`` — an event with ``Nats-Msg-Id`` (its idempotency key) and W3C trace headers;
+* ``consume`` (``phalanx_bus.consumer``) — a durable pull-consumer loop with the ack ladder;
+* ``Kv`` — compare-and-set access to a KV bucket.
+"""
+
+from phalanx_bus.bus import Bus, BusError, DecodeFailure, Kv, KvConflict, KvEntry, tail
+from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
+
+__all__ = [
+    "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "tail",
+    "Delivery", "PermanentError", "TemporaryError", "consume",
+]

@@ -1,0 +1,289 @@
+"""Connection, declarations, publishing and KV compare-and-set over NATS JetStream.
+
+Called by every service at start (``Bus.connect`` then ``Bus.declare``) and by the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api
+from opentelemetry import trace
+
+from phalanx_proto import subjects as S
+from phalanx_proto.events import encoder
+from phalanx_telemetry import inject_headers, log, tracer, warn
+
+
+class BusError(RuntimeError):
+    """The bus could not do what was asked (server unreachable past the retry budget, …)."""
+
+
+class KvConflict(BusError):
+    """A compare-and-set lost: the key changed since the revision that was read."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    key: str
+    value: bytes
+    revision: int
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float = 7 * 24 * 3600
+    max_msgs_per_subject: int = -1
+    allow_schedules: bool = False
+
+
+STREAMS = (
+    StreamSpec(S.STREAM_GANG, ("phx.gang.>",)),
+    StreamSpec(S.STREAM_TOPOLOGY, ("phx.topology.>",), max_msgs_per_subject=16),
+    StreamSpec(S.STREAM_NODE, ("phx.node.>",)),
+    StreamSpec(S.STREAM_DEADLINE, ("phx.deadline.>",), allow_schedules=True),
+    StreamSpec(S.STREAM_DEAD_LETTER, ("phx.dlq.>",), max_age_s=30 * 24 * 3600),
+)
+KV_BUCKETS = {S.KV_TOPOLOGY: 1, S.KV_HEARTBEAT: 1, S.KV_LEDGER: 8, S.KV_GANGS: 8}
+"""Bucket → history depth."""
+
+DUPLICATE_WINDOW_S = 120.0
+
+
+class Kv:
+    """Compare-and-set access to one KV bucket (style rule 7)."""
+
+    def __init__(self, bus: Bus, bucket: str, handle) -> None:
+        self._bus = bus
+        self.bucket = bucket
+        self._kv = handle
+
+    async def get(self, key: str) -> KvEntry | None:
+        try:
+            e = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if e.value is None or getattr(e, "operation", None) in ("DEL", "PURGE"):
+            return None
+        return KvEntry(key, e.value, e.revision)
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Create ``key``; raise ``KvConflict`` when it exists."""
+        try:
+            return await self._kv.create(key, value)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise KvConflict(f"{self.bucket}/{key} exists") from e
+        except nats.js.errors.APIError as e:
+            if e.err_code == 10071:
+                raise KvConflict(f"{self.bucket}/{key} exists") from e
+            raise
+
+    async def update(self, key: str, value: bytes, *, last: int) -> int:
+        """Write ``key`` only if its revision is still ``last``; raise ``KvConflict`` otherwise."""
+        try:
+            return await self._kv.update(key, value, last=last)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
+        except nats.js.errors.APIError as e:
+            if e.err_code == 10071:
+                raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
+            raise
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._kv.put(key, value)
+
+    async def delete(self, key: str, *, last: int | None = None) -> None:
+        try:
+            await self._kv.delete(key, last=last)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
+        except nats.js.errors.KeyNotFoundError:
+            return
+
+    async def keys(self) -> list[str]:
+        try:
+            return list(await self._kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+
+    async def items(self) -> list[KvEntry]:
+        """Every live entry. Keys deleted between listing and reading are skipped."""
+        out = []
+        for k in await self.keys():
+            e = await self.get(k)
+            if e is not None:
+                out.append(e)
+        return out
+
+    async def watch(self, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+        """Current values, then ``None`` once they are all delivered, then every change
+        (deletions as entries with ``deleted=True``). Ends when the watcher is stopped."""
+        watcher = await self._kv.watch(keys)
+        try:
+            async for e in watcher:
+                if e is None:
+                    yield None
+                    continue
+                deleted = getattr(e, "operation", None) in ("DEL", "PURGE")
+                yield KvEntry(e.key, e.value or b"", e.revision, deleted)
+        finally:
+            try:
+                await watcher.stop()
+            except Exception:  # noqa: BLE001 - the connection may already be gone
+                pass
+
+
+class Bus:
+    """One NATS connection with JetStream; the process's handle on the bus."""
+
+    def __init__(self, nc, service: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=5.0)
+        self.service = service
+        self._kv: dict[str, Kv] = {}
+
+    @classmethod
+    async def connect(cls, url: str, *, service: str, connect_timeout_s: float = 30.0) -> Bus:
+        """Connect, retrying until ``connect_timeout_s``; afterwards reconnect forever."""
+
+        async def on_disconnect() -> None:
+            warn("nats disconnected", url=url)
+
+        async def on_reconnect() -> None:
+            log("nats reconnected", url=url)
+
+        async def on_error(e: Exception) -> None:
+            if not isinstance(e, nats.errors.SlowConsumerError):
+                warn("nats error", error=repr(e))
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout_s
+        while True:
+            try:
+                nc = await nats.connect(
+                    url, name=f"phalanx-{service}", max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5, connect_timeout=2, allow_reconnect=True,
+                    disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
+                )
+                return cls(nc, service)
+            except Exception as e:  # noqa: BLE001 - retried, then reported
+                if loop.time() > deadline:
+                    raise BusError(f"cannot connect to NATS at {url}: {e}") from e
+                await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            await self.nc.close()
+
+    async def declare(self, streams: Iterable[StreamSpec] = STREAMS,
+                      buckets: dict[str, int] | None = None) -> None:
+        """Create or update the streams and KV buckets. Safe to call from every replica."""
+        for spec in streams:
+            await self.declare_stream(spec)
+        for bucket, history in (KV_BUCKETS if buckets is None else buckets).items():
+            await self.kv(bucket, history=history)
+
+    async def declare_stream(self, spec: StreamSpec) -> None:
+        cfg = api.StreamConfig(
+            name=spec.name, subjects=list(spec.subjects), storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS, max_age=spec.max_age_s,
+            max_msgs_per_subject=spec.max_msgs_per_subject, duplicate_window=DUPLICATE_WINDOW_S,
+            allow_msg_schedules=True if spec.allow_schedules else None,
+        )
+        for _ in range(5):
+            try:
+                await self.js.stream_info(spec.name)
+                await self.js.update_stream(cfg)
+                return
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self.js.add_stream(cfg)
+                    return
+                except nats.js.errors.BadRequestError:
+                    continue  # another replica created it first: update instead
+        raise BusError(f"cannot declare stream {spec.name}")
+
+    async def kv(self, bucket: str, *, history: int = 1) -> Kv:
+        """The KV bucket, created if missing."""
+        if bucket in self._kv:
+            return self._kv[bucket]
+        try:
+            handle = await self.js.key_value(bucket)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            try:
+                handle = await self.js.create_key_value(bucket=bucket, history=history)
+            except nats.js.errors.BadRequestError:
+                handle = await self.js.key_value(bucket)
+        kv = Kv(self, bucket, handle)
+        self._kv[bucket] = kv
+        return kv
+
+    async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None,
+                      headers: dict[str, str] | None = None, retry_s: float = 20.0) -> int:
+        """Publish ``event`` durably and return its stream sequence.
+
+        ``msg_id`` defaults to the event's idempotency key, so publishing the same command twice
+        inside the duplicate window stores it once. Retries while the server is unreachable,
+        up to ``retry_s``; then raises ``BusError``.
+        """
+        key = msg_id if msg_id is not None else event.key()  # type: ignore[attr-defined]
+        payload = encoder.encode(event)
+        kind = event.__struct_config__.tag
+        with tracer().start_as_current_span(
+            f"send {subject.rsplit('.', 1)[0]}", kind=trace.SpanKind.PRODUCER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject,
+                        "messaging.operation.type": "send", "messaging.message.id": key,
+                        "phalanx.event": str(kind)},
+        ):
+            hdrs = {"Nats-Msg-Id": key, "Phalanx-Kind": str(kind), **(headers or {})}
+            inject_headers(hdrs)
+            return await self.publish_raw(subject, payload, hdrs, retry_s=retry_s)
+
+    async def publish_raw(self, subject: str, payload: bytes, headers: dict[str, str] | None,
+                          *, retry_s: float = 20.0) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_s
+        while True:
+            try:
+                ack = await self.js.publish(subject, payload, headers=headers, timeout=2.0)
+                return ack.seq
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                    nats.errors.OutboundBufferLimitError, nats.js.errors.ServiceUnavailableError) as e:
+                if loop.time() > deadline:
+                    raise BusError(f"publish to {subject} failed: {e!r}") from e
+                await asyncio.sleep(0.25)
+
+
+async def tail(bus: Bus, subject: str, decoder: msgspec.json.Decoder) -> AsyncIterator[tuple[str, object]]:
+    """Live events on ``subject`` (core subscription, nothing durable): ``(subject, event)``.
+    Undecodable messages are yielded as ``(subject, DecodeFailure)``."""
+    sub = await bus.nc.subscribe(subject)
+    try:
+        async for msg in sub.messages:
+            try:
+                yield msg.subject, decoder.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                yield msg.subject, DecodeFailure(str(e), msg.data)
+    finally:
+        try:
+            await sub.unsubscribe()
+        except Exception:  # noqa: BLE001 - connection already closed
+            pass
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFailure:
+    error: str
+    data: bytes

@@ -1,0 +1,194 @@
+"""The durable pull-consumer loop with the explicit ack ladder (style rule 6).
+
+For every message: decode with the stream's union decoder; on failure record it on the dead
+letter stream and ``term()`` it (it can never succeed), and keep going. Otherwise run the
+handler inside one OpenTelemetry span whose parent is the publisher's ``traceparent``, then
+
+* ``ack()`` once the handler returned (its side effect is durable by then);
+* ``nak(delay)`` on ``TemporaryError`` and on an unexpected exception (with backoff);
+* record + ``term()`` on ``PermanentError``.
+
+Handlers must be idempotent: JetStream delivers at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js import api
+from opentelemetry import trace
+
+from phalanx_bus.bus import Bus
+from phalanx_proto import subjects as S
+from phalanx_telemetry import extract_context, log, tracer, warn
+
+
+class TemporaryError(Exception):
+    """Try again later: the message is nak'ed with ``delay`` seconds."""
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(Exception):
+    """This message can never succeed: it is recorded on the dead letter stream and terminated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a handler may know about the message besides the event."""
+
+    subject: str
+    num_delivered: int
+    stream_seq: int
+    headers: dict[str, str]
+    _msg: Any
+
+    async def in_progress(self) -> None:
+        """Tell the server the handler is still working (resets the ack wait)."""
+        await self._msg.in_progress()
+
+
+Handler = Callable[[Any, Delivery], Awaitable[None]]
+
+RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str) -> None:
+    headers = {
+        "Phalanx-Error": error[:1000],
+        "Phalanx-Original-Subject": msg.subject,
+        "Phalanx-Original-Stream": stream,
+        "Nats-Msg-Id": f"dlq:{stream}:{durable}:{msg.metadata.sequence.stream}",
+    }
+    await bus.publish_raw(S.dead_letter_subject(stream, durable), msg.data, headers)
+
+
+async def consume(
+    bus: Bus,
+    *,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    decoder: msgspec.json.Decoder,
+    handler: Handler,
+    ack_wait_s: float = 30.0,
+    max_deliver: int = 50,
+    batch: int = 16,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the consumer until cancelled. Reports started once the durable is bound."""
+    config = api.ConsumerConfig(
+        durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
+        max_deliver=max_deliver, filter_subject=filter_subject,
+        deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=1000,
+    )
+    sub = await _subscribe(bus, stream, durable, filter_subject, config)
+    log("consumer live", stream=stream, consumer=durable, subject=filter_subject)
+    task_status.started()
+    try:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                    nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
+                    nats.js.errors.APIError) as e:
+                warn("fetch failed, retrying", consumer=durable, error=repr(e))
+                await asyncio.sleep(0.5)
+                sub = await _resubscribe(bus, sub, stream, durable, filter_subject, config)
+                continue
+            for msg in msgs:
+                await _handle(bus, stream, durable, decoder, handler, msg)
+    finally:
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - connection already gone at shutdown
+                pass
+
+
+async def _subscribe(bus: Bus, stream: str, durable: str, filter_subject: str, config):
+    while True:
+        try:
+            return await bus.js.pull_subscribe(filter_subject, durable=durable, stream=stream, config=config)
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
+                nats.errors.NoRespondersError, nats.errors.ConnectionReconnectingError) as e:
+            warn("subscribe failed, retrying", consumer=durable, error=repr(e))
+            await asyncio.sleep(0.5)
+
+
+async def _resubscribe(bus: Bus, sub, stream: str, durable: str, filter_subject: str, config):
+    """After a server restart the consumer may need re-binding; cheap when nothing changed."""
+    if bus.nc.is_connected:
+        try:
+            await bus.js.consumer_info(stream, durable)
+            return sub
+        except Exception:  # noqa: BLE001 - re-create below
+            pass
+        try:
+            await sub.unsubscribe()
+        except Exception:  # noqa: BLE001
+            pass
+        return await _subscribe(bus, stream, durable, filter_subject, config)
+    return sub
+
+
+async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler, msg) -> None:
+    meta = msg.metadata
+    headers = dict(msg.headers or {})
+    try:
+        event = decoder.decode(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        warn("undecodable message terminated", consumer=durable, subject=msg.subject,
+             seq=meta.sequence.stream, error=str(e))
+        await _record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}")
+        await msg.term()
+        return
+    delivery = Delivery(msg.subject, meta.num_delivered, meta.sequence.stream, headers, msg)
+    kind = event.__struct_config__.tag
+    with tracer().start_as_current_span(
+        f"process {kind}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "nats", "messaging.operation.type": "process",
+            "messaging.destination.name": msg.subject, "messaging.consumer.group.name": durable,
+            "messaging.message.id": headers.get("Nats-Msg-Id", ""),
+            "messaging.message.delivery_count": meta.num_delivered,
+            "phalanx.gang": getattr(event, "gang_id", ""), "phalanx.attempt": getattr(event, "attempt", 0),
+        },
+    ) as span:
+        started = time.monotonic()
+        try:
+            await handler(event, delivery)
+        except TemporaryError as e:
+            span.set_attribute("phalanx.outcome", "retry")
+            warn("handler asked to retry", consumer=durable, kind=kind, error=str(e), delay=e.delay)
+            await msg.nak(delay=e.delay)
+            return
+        except PermanentError as e:
+            span.set_attribute("phalanx.outcome", "terminated")
+            warn("handler refused message", consumer=durable, kind=kind, error=str(e))
+            await _record_dead_letter(bus, stream, durable, msg, f"permanent: {e}")
+            await msg.term()
+            return
+        except Exception as e:  # noqa: BLE001 - an unexpected failure is retried with backoff
+            span.record_exception(e)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(e)))
+            delay = RETRY_BACKOFF_S[min(meta.num_delivered, len(RETRY_BACKOFF_S)) - 1]
+            log("handler failed, will retry", level=40, exc_info=True, consumer=durable, kind=kind, delay=delay)
+            await msg.nak(delay=delay)
+            return
+        span.set_attribute("phalanx.outcome", "ack")
+        await msg.ack()
+        log("handled", level=10, consumer=durable, kind=kind, gang=getattr(event, "gang_id", ""),
+            ms=round((time.monotonic() - started) * 1000, 2))

@@ -1,0 +1,84 @@
+"""``phalanx run SERVICE``: run one service in this process (what each Deployment/DaemonSet runs).
+
+Services are looked up by name in ``SERVICES`` and imported by module path, so the CLI does
+not import service code statically (services stay independent of each other and of the CLI).
+Each service package has an ``entry`` module with ``add_arguments(parser)`` and
+``async start(args, bus, cluster, *, task_status)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from contextlib import AsyncExitStack
+
+import anyio
+
+from phalanx_runtime.service import serve
+
+SERVICES = {
+    "topology-discovery": "phalanx_topology_discovery.entry",
+    "gang-coordinator": "phalanx_gang_coordinator.entry",
+    "placement": "phalanx_placement.entry",
+    "mig-manager": "phalanx_mig_manager.entry",
+    "binder": "phalanx_binder.entry",
+}
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+    p.add_argument("--cluster", choices=("sim", "kube"), default=os.environ.get("PHALANX_CLUSTER", "sim"),
+                   help="Kubernetes backend: 'sim' = the simulated cluster in NATS KV, 'kube' = a real API server "
+                        "(env PHALANX_CLUSTER; default %(default)s)")
+    p.add_argument("--health-addr", default=os.environ.get("PHALANX_HEALTH_ADDR", "127.0.0.1:0"),
+                   help="host:port for /healthz and /readyz (default %(default)s: a free loopback port)")
+    p.add_argument("--ready-file", default=None, help="write PID and health port here once ready")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run one service (topology-discovery, gang-coordinator, placement, mig-manager, binder)",
+                       description="Run one Phalanx service in the foreground until SIGTERM.")
+    svc = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    for name, module in SERVICES.items():
+        entry = importlib.import_module(module)
+        sp = svc.add_parser(name, help=entry.__doc__.strip().splitlines()[0])
+        add_common(sp)
+        entry.add_arguments(sp)
+        sp.set_defaults(func=run_service, entry_module=module)
+
+
+async def open_cluster(kind: str, bus):
+    if kind == "sim":
+        from phalanx_kube.sim import SimCluster
+
+        return await SimCluster.open(bus)
+    raise SystemExit("phalanx: --cluster kube: the kubernetes-asyncio adapter is not available in this version; "
+                     "use --cluster sim")
+
+
+def run_service(args: argparse.Namespace) -> int:
+    from phalanx_bus import Bus
+
+    entry = importlib.import_module(args.entry_module)
+
+    async def body(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        async with AsyncExitStack() as stack:
+            bus = await Bus.connect(args.nats, service=args.service)
+            stack.push_async_callback(_close, bus)
+            await bus.declare()
+            cluster = await open_cluster(args.cluster, bus) if entry.NEEDS_CLUSTER else None
+            await entry.start(args, bus, cluster, task_status=task_status)
+
+    try:
+        return serve(args.service, body, health_addr=args.health_addr, ready_file=args.ready_file)
+    except Exception as e:  # noqa: BLE001 - report, exit non-zero
+        print(f"phalanx run {args.service}: {e}", file=sys.stderr)
+        return 1
+
+
+async def _close(bus) -> None:
+    with anyio.move_on_after(2, shield=True):
+        await bus.close()

@@ -1,0 +1,185 @@
+"""``phalanx up`` and ``phalanx demo``: the whole scheduler on one machine.
+
+Both start a nats-server (or use ``--nats URL``), every service as its own process, and the
+simulated cluster from a cluster file. ``up`` applies an optional workload and runs until
+Ctrl-C, printing decisions as they happen; ``demo`` runs the bundled 2 × 8-V100 cluster with a
+small workload, waits until every pod is scheduled or pending with a reason, prints a table
+(or ``--json``) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO_CLUSTER = EXAMPLES / "clusters" / "2x8v100.yaml"
+DEMO_WORKLOAD = EXAMPLES / "workloads" / "demo.yaml"
+
+
+def register(sub) -> None:
+    up = sub.add_parser("up", help="run NATS, all five services and a simulated cluster until Ctrl-C",
+                        description="Run the whole scheduler locally: an embedded nats-server (unless --nats), "
+                                    "every service as its own process, and a simulated cluster.")
+    up.add_argument("--cluster-file", default=str(DEMO_CLUSTER), help="nodes to simulate (default: %(default)s)")
+    up.add_argument("--workload", help="pods to submit once the services are ready (multi-document YAML)")
+    up.add_argument("--nats", help="use this NATS server instead of starting one")
+    up.set_defaults(func=lambda a: _run(a, demo=False))
+
+    demo = sub.add_parser("demo", help="schedule a sample workload on 2 x 8-V100 nodes, print the result, exit",
+                          description="Start everything as 'up' does, submit the demo workload, wait until every "
+                                      "pod is scheduled or pending with a reason, print a table and exit.")
+    demo.add_argument("--json", action="store_true", help='print one JSON document {"pods": [...]} instead of a table')
+    demo.add_argument("--cluster-file", default=str(DEMO_CLUSTER), help="default: %(default)s")
+    demo.add_argument("--workload", default=str(DEMO_WORKLOAD), help="default: %(default)s")
+    demo.add_argument("--nats", help="use this NATS server instead of starting one")
+    demo.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for decisions (default %(default)s)")
+    demo.set_defaults(func=lambda a: _run(a, demo=True))
+
+
+def _progress(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace, *, demo: bool) -> int:
+    try:
+        cluster = ClusterFile.load(args.cluster_file)
+        pods = load_workload(args.workload) if args.workload else []
+    except StackError as e:
+        print(f"phalanx: {e}", file=sys.stderr)
+        return 2
+    stack = Stack(cluster, nats_url=args.nats)
+    try:
+        return anyio.run(_drive, stack, pods, args, demo)
+    except StackError as e:
+        print(f"phalanx: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        took = stack.stop()
+        if not demo and took:
+            print(f"stopped {len(took)} services in {max(took.values()):.1f}s", file=sys.stderr)
+
+
+async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> int:
+    from phalanx_bus import Bus
+    from phalanx_kube.sim import SimCluster
+    from phalanx_proto import subjects as S
+
+    quiet = demo and args.json
+    started = time.monotonic()
+    stack.start_nats()
+    _progress(quiet, f"nats: {stack.url}")
+    bus = await Bus.connect(stack.url, service="cli")
+    try:
+        await bus.declare()
+        sim = await SimCluster.open(bus)
+        for node in stack.cluster.node_objects():
+            await sim.apply_node(node)
+        _progress(quiet, f"starting {len(stack.plan())} service processes for {len(stack.cluster.nodes)} nodes ...")
+        await anyio.to_thread.run_sync(stack.start_services)
+        topo_kv = await bus.kv(S.KV_TOPOLOGY)
+        with anyio.fail_after(30):
+            while len(await topo_kv.keys()) < len(stack.cluster.nodes):
+                await anyio.sleep(0.1)
+        _progress(quiet, f"ready in {time.monotonic() - started:.1f}s: "
+                         + ", ".join(n.name for n in stack.cluster.nodes))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_print_decisions, bus, quiet)
+            for pod in pods:
+                await sim.apply_pod(pod)
+            if pods:
+                _progress(quiet, f"submitted {len(pods)} pods")
+            if not demo:
+                await anyio.sleep_forever()
+            rows = await _wait_decided(bus, sim, pods, args.timeout)
+            tg.cancel_scope.cancel()
+        if args.json:
+            print(json.dumps({"pods": rows}, indent=2))
+        else:
+            print(_table(rows))
+        return 0
+    finally:
+        with anyio.move_on_after(3, shield=True):
+            await bus.close()
+
+
+async def _print_decisions(bus, quiet: bool) -> None:
+    from phalanx_bus import DecodeFailure, tail
+    from phalanx_proto.events import GangPending, GangScheduled, RollbackStarted, gang_decoder
+
+    async for _subject, ev in tail(bus, "phx.gang.status.>", gang_decoder):
+        if quiet or isinstance(ev, DecodeFailure):
+            continue
+        stamp = time.strftime("%H:%M:%S")
+        match ev:
+            case GangScheduled():
+                for a in ev.assignments:
+                    print(f"{stamp} scheduled {a.pod} -> {a.node} GPUs {list(a.gpus)} (gang {ev.gang_id}, "
+                          f"attempt {ev.attempt})", file=sys.stderr, flush=True)
+            case GangPending():
+                print(f"{stamp} pending   {ev.gang_id}: {ev.reason}", file=sys.stderr, flush=True)
+            case RollbackStarted():
+                print(f"{stamp} rollback  {ev.gang_id} attempt {ev.attempt}: {ev.reason}", file=sys.stderr, flush=True)
+
+
+async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Poll until every submitted pod is bound, or its gang waits with a reason."""
+    from phalanx_kube.port import ASSIGNMENT_ANNOTATION
+    from phalanx_proto import subjects as S
+    from phalanx_proto.events import PodRef
+    from phalanx_proto.state import gang_state_decoder
+
+    gangs_kv = await bus.kv(S.KV_GANGS)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [gang_state_decoder.decode(e.value) for e in await gangs_kv.items()]
+        rows = []
+        for obj in pods:
+            meta = obj["metadata"]
+            ref = PodRef(namespace=meta.get("namespace") or "default", name=meta["name"])
+            pod = await sim.get_pod(ref)
+            row = {"namespace": ref.namespace, "name": ref.name, "status": "pending", "node": None, "gpus": [],
+                   "reason": ""}
+            if pod is not None and pod.node_name:
+                assignment = json.loads(pod.annotations.get(ASSIGNMENT_ANNOTATION, "{}"))
+                row.update(status="scheduled", node=pod.node_name, gpus=list(assignment.get("gpus", [])))
+            elif pod is not None:
+                state = next((s for s in states if any(m.pod.name == ref.name and m.pod.namespace == ref.namespace
+                                                       for m in s.members)), None)
+                cond = next((c for c in (pod.raw.get("status") or {}).get("conditions", [])
+                             if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+                if state is not None and state.phase in ("backoff", "waiting") and state.reason:
+                    row["reason"] = f"{state.reason} (attempt {state.attempt})"
+                elif cond is not None:
+                    row["reason"] = cond.get("message", "")
+            rows.append(row)
+        if all(r["status"] == "scheduled" or r["reason"] for r in rows):
+            return rows
+        if time.monotonic() > deadline:
+            for r in rows:
+                if r["status"] == "pending" and not r["reason"]:
+                    r["reason"] = f"no decision within {timeout:.0f}s"
+            return rows
+        await anyio.sleep(0.2)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    headers = ["NAMESPACE", "POD", "STATUS", "NODE", "GPUS", "REASON"]
+    body = [[r["namespace"], r["name"], r["status"], r["node"] or "-", ",".join(map(str, r["gpus"])) or "-",
+             r["reason"] or "-"] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)] if body else [len(h) for h in headers]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip() for b in body]
+    return "\n".join(lines)
+

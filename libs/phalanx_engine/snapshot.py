@@ -1,0 +1,64 @@
+"""The placement engine's input: an immutable snapshot of the cluster, and its output.
+
+The placement service builds a ``Snapshot`` from KV ``phx-topology``, ``phx-heartbeat`` and
+``phx-ledger``; ``phalanx place`` and the benchmarks build one by hand. A decision works on
+its own scratch copy of free capacity, never on the snapshot (style rule 4).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from phalanx_proto.events import Assignment
+from phalanx_proto.topology import NetworkTiers, NodeTopology
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as placement sees it."""
+
+    name: str
+    topology: NodeTopology
+    enabled: bool = True
+    fresh: bool = True
+    """False when the node's discovery heartbeat is older than the bound."""
+    tiers: NetworkTiers = NetworkTiers()
+    used_gpus: frozenset[int] = frozenset()
+    revision: int = 0
+    """Ledger revision the used set was read at (0: no ledger entry yet)."""
+
+    def free_gpus(self) -> set[int]:
+        return {g.index for g in self.topology.gpus} - set(self.used_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Every member placed; ``revisions`` are the ledger revisions the decision read."""
+
+    assignments: tuple[Assignment, ...]
+    revisions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NoFit:
+    """The gang does not fit. ``reasons`` counts nodes per reason, kube-scheduler style."""
+
+    total_nodes: int
+    reasons: Counter = field(default_factory=Counter)
+    detail: str = ""
+
+    @property
+    def summary(self) -> str:
+        parts = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        text = f"0/{self.total_nodes} nodes are available"
+        if parts:
+            text += f": {parts}"
+        if self.detail:
+            text += f"; {self.detail}"
+        return text + "."

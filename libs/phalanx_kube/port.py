@@ -1,0 +1,151 @@
+"""The Kubernetes port: the slice of the API Phalanx uses, as a protocol with two adapters.
+
+* ``phalanx_kube.sim.SimCluster`` — a simulated cluster whose objects live in NATS KV, so
+  every service process of ``phalanx up`` sees the same cluster; used without a kubeconfig.
+* the kubernetes-asyncio adapter (real API server) implements the same protocol.
+
+Both pass the same contract tests (``tests/contract``). Only gang-coordinator and binder use
+the pod half; only topology-discovery writes node status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from phalanx_proto.events import PodRef
+
+SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
+ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
+
+
+class Pod(msgspec.Struct, frozen=True, kw_only=True):
+    """The part of a Pod that Phalanx reads. ``raw`` is the whole object as a dict."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    scheduler_name: str = ""
+    node_name: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    phase: str = "Pending"
+    deleting: bool = False
+    created: float = 0.0
+    raw: dict[str, Any] = {}
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(namespace=self.namespace, name=self.name, uid=self.uid)
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    capacity: dict[str, str] = {}
+    allocatable: dict[str, str] = {}
+
+
+class PodEvent(msgspec.Struct, frozen=True, kw_only=True):
+    type: Literal["ADDED", "MODIFIED", "DELETED"]
+    pod: Pod
+
+
+class KubeEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A Kubernetes Event recorded on a pod."""
+
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Normal"
+    count: int = 1
+    at: float = 0.0
+
+
+class BindConflict(Exception):
+    """The pod is already bound to another node (or was recreated with another uid)."""
+
+
+class PodGone(Exception):
+    """The pod no longer exists."""
+
+
+class ClusterPort(Protocol):
+    """What Phalanx needs from Kubernetes. Every method is safe to call more than once."""
+
+    async def list_pods(self) -> list[Pod]:
+        """All pods with one of our scheduler names (bound or not)."""
+        ...
+
+    def watch_pods(self) -> AsyncIterator[PodEvent | None]:
+        """The current pods with our scheduler names as ADDED, then ``None`` once listed, then
+        every change. Implementations re-list after errors, so consumers must be idempotent."""
+        ...
+
+    async def get_pod(self, ref: PodRef) -> Pod | None: ...
+
+    async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
+        """Merge ``annotations`` into the pod's. Raises ``PodGone``."""
+        ...
+
+    async def bind(self, ref: PodRef, node: str) -> None:
+        """Bind the pod to ``node``. Already bound to ``node`` is success; bound elsewhere,
+        or a pod whose uid differs from ``ref.uid``, raises ``BindConflict``; ``PodGone``."""
+        ...
+
+    async def delete_pod(self, ref: PodRef) -> None:
+        """Delete the pod (so its controller recreates it). Absent is success."""
+        ...
+
+    async def record_event(self, ref: PodRef, *, reason: str, message: str,
+                           type: Literal["Normal", "Warning"] = "Normal") -> None:
+        """Record a pod Event; the same reason+message again bumps its count."""
+        ...
+
+    async def set_scheduled_condition(self, ref: PodRef, *, status: bool, reason: str, message: str) -> None:
+        """Set the pod's ``PodScheduled`` condition (``status=False`` with the pending reason)."""
+        ...
+
+    async def list_events(self, ref: PodRef) -> list[KubeEvent]: ...
+
+    async def list_nodes(self) -> list[Node]: ...
+
+    async def get_node(self, name: str) -> Node | None: ...
+
+    async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
+        """Set extended resources in the node's status capacity and allocatable."""
+        ...
+
+
+def pod_from_dict(obj: dict[str, Any]) -> Pod:
+    """Build a ``Pod`` from a Kubernetes-shaped dict (camelCase keys as in YAML/JSON)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return Pod(
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        scheduler_name=spec.get("schedulerName") or "default-scheduler",
+        node_name=spec.get("nodeName") or "",
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        created=float(meta.get("phalanxCreated") or 0.0),
+        raw=obj,
+    )
+
+
+def node_from_dict(obj: dict[str, Any]) -> Node:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return Node(
+        name=meta.get("name") or "",
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        capacity={k: str(v) for k, v in (status.get("capacity") or {}).items()},
+        allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
+    )

@@ -1,0 +1,220 @@
+"""The simulated cluster: Kubernetes objects kept in NATS KV buckets.
+
+``phalanx up`` runs without a kubeconfig: it loads nodes from a cluster file and pods from a
+workload file into these buckets, and every service process reaches the same "API server"
+through the bus. Writes are compare-and-set on the KV revision, like resourceVersion on a
+real API server, so two writers never silently overwrite each other.
+
+Buckets: ``phx-sim-pods`` (``<namespace>.<name>`` → pod JSON), ``phx-sim-nodes``
+(``<name>`` → node JSON), ``phx-sim-events`` (``<namespace>.<name>`` → list of Events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgspec
+
+from phalanx_bus import Bus, KvConflict
+from phalanx_kube.port import (
+    SCHEDULER_NAMES, BindConflict, KubeEvent, Node, Pod, PodEvent, PodGone, node_from_dict, pod_from_dict,
+)
+from phalanx_proto.events import PodRef
+from phalanx_proto.subjects import token
+
+KV_PODS = "phx-sim-pods"
+KV_NODES = "phx-sim-nodes"
+KV_EVENTS = "phx-sim-events"
+
+_json = msgspec.json.Encoder()
+_events_decoder = msgspec.json.Decoder(list[KubeEvent])
+
+
+def pod_key(namespace: str, name: str) -> str:
+    return f"{token(namespace)}.{token(name)}"
+
+
+class SimCluster:
+    """``ClusterPort`` over NATS KV. Create with ``await SimCluster.open(bus)``."""
+
+    def __init__(self, bus: Bus, pods, nodes, events, scheduler_names=SCHEDULER_NAMES) -> None:
+        self._bus = bus
+        self._pods = pods
+        self._nodes = nodes
+        self._events = events
+        self.scheduler_names = tuple(scheduler_names)
+
+    @classmethod
+    async def open(cls, bus: Bus) -> SimCluster:
+        pods = await bus.kv(KV_PODS, history=4)
+        nodes = await bus.kv(KV_NODES, history=4)
+        events = await bus.kv(KV_EVENTS, history=2)
+        return cls(bus, pods, nodes, events)
+
+    # -- loading -------------------------------------------------------------------------
+    async def apply_pod(self, obj: dict[str, Any]) -> Pod:
+        """Create a pod (as ``kubectl create``): assigns uid and creation time; exists → error."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["phalanxCreated"] = time.time()
+        obj.setdefault("status", {})["phase"] = "Pending"
+        key = pod_key(meta["namespace"], meta["name"])
+        try:
+            await self._pods.create(key, _json.encode(obj))
+        except KvConflict as e:
+            raise ValueError(f"pod {meta['namespace']}/{meta['name']} already exists") from e
+        return pod_from_dict(obj)
+
+    async def apply_node(self, obj: dict[str, Any]) -> Node:
+        """Create or replace a node object."""
+        await self._nodes.put(token(obj["metadata"]["name"]), _json.encode(obj))
+        return node_from_dict(obj)
+
+    # -- pods ----------------------------------------------------------------------------
+    def _ours(self, pod: Pod) -> bool:
+        return pod.scheduler_name in self.scheduler_names
+
+    async def list_pods(self) -> list[Pod]:
+        pods = [pod_from_dict(msgspec.json.decode(e.value)) for e in await self._pods.items()]
+        return sorted((p for p in pods if self._ours(p)), key=lambda p: (p.created, p.namespace, p.name))
+
+    async def watch_pods(self) -> AsyncIterator[PodEvent | None]:
+        known: dict[str, Pod] = {}
+        while True:
+            try:
+                async for entry in self._pods.watch():
+                    if entry is None:
+                        yield None
+                        continue
+                    if entry.deleted:
+                        old = known.pop(entry.key, None)
+                        if old is not None:
+                            yield PodEvent(type="DELETED", pod=old)
+                        continue
+                    pod = pod_from_dict(msgspec.json.decode(entry.value))
+                    if not self._ours(pod):
+                        continue
+                    kind = "MODIFIED" if entry.key in known else "ADDED"
+                    known[entry.key] = pod
+                    yield PodEvent(type=kind, pod=pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - watch broke (server restart): re-list
+                await asyncio.sleep(0.5)
+
+    async def _read(self, ref: PodRef):
+        entry = await self._pods.get(pod_key(ref.namespace, ref.name))
+        if entry is None:
+            return None, None
+        return entry, msgspec.json.decode(entry.value)
+
+    async def get_pod(self, ref: PodRef) -> Pod | None:
+        _, obj = await self._read(ref)
+        return None if obj is None else pod_from_dict(obj)
+
+    async def _modify(self, ref: PodRef, change) -> dict[str, Any]:
+        """Read-modify-write a pod by compare-and-set, retrying on conflicts."""
+        for _ in range(20):
+            entry, obj = await self._read(ref)
+            if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
+                raise PodGone(f"pod {ref} not found")
+            change(obj)
+            try:
+                await self._pods.update(entry.key, _json.encode(obj), last=entry.revision)
+                return obj
+            except KvConflict:
+                continue
+        raise RuntimeError(f"pod {ref}: too many concurrent updates")
+
+    async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
+        def change(obj):
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
+        await self._modify(ref, change)
+
+    async def bind(self, ref: PodRef, node: str) -> None:
+        def change(obj):
+            current = obj.get("spec", {}).get("nodeName")
+            if current and current != node:
+                raise BindConflict(f"pod {ref} is already bound to {current}")
+            obj.setdefault("spec", {})["nodeName"] = node
+            _set_condition(obj, True, "Scheduled", f"bound to {node}")
+            obj["status"]["phase"] = "Running"
+        _, obj = await self._read(ref)
+        if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
+            raise BindConflict(f"pod {ref} was recreated (uid {obj['metadata'].get('uid')})")
+        await self._modify(ref, change)
+
+    async def delete_pod(self, ref: PodRef) -> None:
+        entry, obj = await self._read(ref)
+        if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
+            return
+        try:
+            await self._pods.delete(entry.key, last=entry.revision)
+        except KvConflict:
+            await self._pods.delete(entry.key)
+
+    async def record_event(self, ref: PodRef, *, reason: str, message: str,
+                           type: Literal["Normal", "Warning"] = "Normal") -> None:
+        key = pod_key(ref.namespace, ref.name)
+        for _ in range(20):
+            entry = await self._events.get(key)
+            events = _events_decoder.decode(entry.value) if entry else []
+            if events and events[-1].reason == reason and events[-1].message == message:
+                last = events[-1]
+                events[-1] = KubeEvent(reason=reason, message=message, type=type, count=last.count + 1, at=time.time())
+            else:
+                events.append(KubeEvent(reason=reason, message=message, type=type, at=time.time()))
+            events = events[-50:]
+            try:
+                if entry is None:
+                    await self._events.create(key, _json.encode(events))
+                else:
+                    await self._events.update(key, _json.encode(events), last=entry.revision)
+                return
+            except KvConflict:
+                continue
+
+    async def list_events(self, ref: PodRef) -> list[KubeEvent]:
+        entry = await self._events.get(pod_key(ref.namespace, ref.name))
+        return _events_decoder.decode(entry.value) if entry else []
+
+    async def set_scheduled_condition(self, ref: PodRef, *, status: bool, reason: str, message: str) -> None:
+        await self._modify(ref, lambda obj: _set_condition(obj, status, reason, message))
+
+    # -- nodes ---------------------------------------------------------------------------
+    async def list_nodes(self) -> list[Node]:
+        return sorted((node_from_dict(msgspec.json.decode(e.value)) for e in await self._nodes.items()),
+                      key=lambda n: n.name)
+
+    async def get_node(self, name: str) -> Node | None:
+        entry = await self._nodes.get(token(name))
+        return None if entry is None else node_from_dict(msgspec.json.decode(entry.value))
+
+    async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
+        for _ in range(20):
+            entry = await self._nodes.get(token(name))
+            if entry is None:
+                raise KeyError(f"node {name} not found")
+            obj = msgspec.json.decode(entry.value)
+            status = obj.setdefault("status", {})
+            status.setdefault("capacity", {}).update(resources)
+            status.setdefault("allocatable", {}).update(resources)
+            try:
+                await self._nodes.update(entry.key, _json.encode(obj), last=entry.revision)
+                return
+            except KvConflict:
+                continue
+
+
+def _set_condition(obj: dict[str, Any], status: bool, reason: str, message: str) -> None:
+    conds = obj.setdefault("status", {}).setdefault("conditions", [])
+    conds[:] = [c for c in conds if c.get("type") != "PodScheduled"]
+    conds.append({"type": "PodScheduled", "status": "True" if status else "False",
+                  "reason": reason, "message": message})

@@ -1,0 +1,209 @@
+"""The embedded stack: a nats-server and every service as its own OS process.
+
+``phalanx up`` / ``phalanx demo`` and the integration tests use it. Per node of the cluster
+file it runs one topology-discovery and one mig-manager (they are node agents); one
+gang-coordinator, one placement and one binder serve the whole cluster. Each process is
+``python -m phalanx_cli.main run <service> …``, exactly what a Deployment runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx_runtime.natsserver import NatsServer
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    name: str
+    labels: dict[str, str]
+    topology_file: str
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    nodes: tuple[ClusterNode, ...]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ClusterFile:
+        """Read a cluster file (``examples/cluster-2x8v100.yaml`` documents the format)."""
+        p = Path(path)
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise StackError(f"cannot read cluster file {p}: {e}") from e
+        if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
+            raise StackError(f"{p}: 'nodes' must be a non-empty list")
+        unknown = set(doc) - {"nodes"}
+        if unknown:
+            raise StackError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: nodes")
+        nodes = []
+        for i, n in enumerate(doc["nodes"]):
+            extra = set(n) - {"name", "labels", "topology"}
+            if extra:
+                raise StackError(f"{p}: nodes[{i}]: unknown key(s) {sorted(extra)}; allowed: name, labels, topology")
+            if not n.get("name") or not n.get("topology"):
+                raise StackError(f"{p}: nodes[{i}]: 'name' and 'topology' are required")
+            topo = (p.parent / n["topology"]).resolve()
+            if not topo.is_file():
+                raise StackError(f"{p}: nodes[{i}].topology: file {topo} does not exist")
+            nodes.append(ClusterNode(str(n["name"]), {str(k): str(v) for k, v in (n.get("labels") or {}).items()},
+                                     str(topo)))
+        return cls(tuple(nodes))
+
+    def node_objects(self) -> list[dict[str, Any]]:
+        return [{"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
+                 "status": {"capacity": {}, "allocatable": {}}} for n in self.nodes]
+
+
+def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Pods from a (multi-document) YAML workload file; ``kind: List`` is unpacked."""
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    except (OSError, yaml.YAMLError) as e:
+        raise StackError(f"cannot read workload file {path}: {e}") from e
+    pods = []
+    for d in docs:
+        if d.get("kind") == "List":
+            pods.extend(i for i in d.get("items", []) if i.get("kind") == "Pod")
+        elif d.get("kind") == "Pod":
+            pods.append(d)
+    return pods
+
+
+@dataclass
+class ServiceProc:
+    name: str
+    args: list[str]
+    ready_file: Path
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
+class Stack:
+    """Start with ``start()``, stop with ``stop()``; ``kill``/``restart`` one service for chaos."""
+
+    cluster: ClusterFile
+    nats_url: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    service_args: dict[str, list[str]] = field(default_factory=dict)
+    nats: NatsServer | None = None
+    procs: dict[str, ServiceProc] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tmp = None
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="phalanx-stack-")
+            self.workdir = self._tmp.name
+        Path(self.workdir).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return self.nats_url or self.nats.url  # type: ignore[union-attr]
+
+    def start_nats(self) -> None:
+        if self.nats_url is None and self.nats is None:
+            self.nats = NatsServer(store_dir=os.path.join(self.workdir, "nats"))
+            os.makedirs(self.nats.store_dir, exist_ok=True)
+            self.nats.start()
+
+    def plan(self) -> list[tuple[str, str, list[str]]]:
+        """(process name, service, extra args) for every process of the stack."""
+        out = []
+        for n in self.cluster.nodes:
+            out.append((f"topology-discovery@{n.name}", "topology-discovery",
+                        ["--node", n.name, "--topology-file", n.topology_file]))
+            out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name]))
+        out += [("placement", "placement", []), ("binder", "binder", []), ("gang-coordinator", "gang-coordinator", [])]
+        return out
+
+    def start_services(self, timeout_s: float = 60.0) -> None:
+        for name, service, extra in self.plan():
+            safe = name.replace("@", "-")
+            sp = ServiceProc(name, ["run", service, "--nats", self.url, *extra, *self.service_args.get(service, [])],
+                             Path(self.workdir) / f"{safe}.ready", Path(self.workdir) / f"{safe}.log")
+            self.procs[name] = sp
+            self._spawn(sp)
+        self.wait_ready(list(self.procs), timeout_s)
+
+    def _spawn(self, sp: ServiceProc) -> None:
+        sp.ready_file.unlink(missing_ok=True)
+        log = open(sp.log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, **self.env}
+        sp.proc = subprocess.Popen([sys.executable, "-m", "phalanx_cli.main", *sp.args, "--ready-file", str(sp.ready_file)],
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+
+    def wait_ready(self, names: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = set(names)
+        while pending:
+            for name in list(pending):
+                sp = self.procs[name]
+                if sp.ready_file.exists():
+                    pending.discard(name)
+                elif sp.proc is not None and sp.proc.poll() is not None:
+                    raise StackError(f"{name} exited with {sp.proc.returncode} before it was ready:\n{self.tail(name)}")
+            if pending and time.monotonic() > deadline:
+                raise StackError(f"not ready after {timeout_s}s: {sorted(pending)}\n"
+                                 + "\n".join(self.tail(n) for n in sorted(pending)))
+            time.sleep(0.05)
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = self.procs[name].log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"[{name}: no log]"
+        return "\n".join(f"[{name}] {line}" for line in text[-lines:])
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        sp = self.procs[name]
+        if sp.proc and sp.proc.poll() is None:
+            sp.proc.send_signal(sig)
+            sp.proc.wait(10)
+
+    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        self.kill(name)
+        self._spawn(self.procs[name])
+        self.wait_ready([name], timeout_s)
+
+    def stop(self) -> dict[str, float]:
+        """SIGTERM every service, wait, then stop nats; returns seconds each took to exit."""
+        took: dict[str, float] = {}
+        started = time.monotonic()
+        for sp in self.procs.values():
+            if sp.proc and sp.proc.poll() is None:
+                sp.proc.send_signal(signal.SIGTERM)
+        for sp in self.procs.values():
+            if sp.proc is None:
+                continue
+            try:
+                sp.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                sp.proc.kill()
+                sp.proc.wait(5)
+            took[sp.name] = time.monotonic() - started
+        if self.nats is not None:
+            self.nats.close()
+            self.nats = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return took

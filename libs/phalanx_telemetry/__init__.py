@@ -1,0 +1,95 @@
+"""Structured logs and OpenTelemetry tracing for every Phalanx process.
+
+Logs are one ``key=value`` line per event on stderr with stable keys (``service=``,
+``event=``, ``gang=``, ``node=``, …) so they grep and parse alike. Traces are configured only
+by the standard ``OTEL_*`` variables: ``OTEL_TRACES_EXPORTER`` = ``none`` (default),
+``console`` or ``otlp`` (OTLP over HTTP; endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_SERVICE_NAME`` overrides the service name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+_LOG = logging.getLogger("phalanx")
+_service = "phalanx"
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if text == "" or any(c in text for c in ' "=\n'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return text
+
+
+class _KvFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        parts = [f"ts={ts}", f"level={record.levelname.lower()}", f"service={_service}",
+                 f"event={_quote(record.getMessage())}"]
+        for k, v in getattr(record, "kv", {}).items():
+            parts.append(f"{k}={_quote(v)}")
+        if record.exc_info:
+            parts.append(f"error={_quote(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def setup_logging(service: str, level: str | None = None) -> None:
+    """Send Phalanx logs as key=value lines to stderr. Idempotent."""
+    global _service
+    _service = service
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_KvFormatter())
+    _LOG.handlers[:] = [handler]
+    _LOG.setLevel((level or os.environ.get("PHALANX_LOG_LEVEL", "INFO")).upper())
+    _LOG.propagate = False
+
+
+def log(event: str, *, level: int = logging.INFO, exc_info: bool = False, **kv: object) -> None:
+    """Log one event with stable keys: ``log("placed", gang=g, node=n)``."""
+    _LOG.log(level, event, extra={"kv": kv}, exc_info=exc_info)
+
+
+def warn(event: str, **kv: object) -> None:
+    log(event, level=logging.WARNING, **kv)
+
+
+def setup_tracing(service: str) -> TracerProvider:
+    """Install a tracer provider whose exporter is chosen by ``OTEL_TRACES_EXPORTER``."""
+    name = os.environ.get("OTEL_SERVICE_NAME", f"phalanx-{service}")
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    for exporter_name in os.environ.get("OTEL_TRACES_EXPORTER", "none").split(","):
+        exporter_name = exporter_name.strip().lower()
+        if exporter_name == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+        elif exporter_name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        elif exporter_name not in ("none", ""):
+            warn("unknown OTEL_TRACES_EXPORTER ignored", exporter=exporter_name)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("phalanx")
+
+
+def inject_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Add W3C ``traceparent``/``tracestate`` of the current span to NATS headers."""
+    propagate.inject(headers)
+    return headers
+
+
+def extract_context(headers: dict[str, str] | None):
+    """The trace context carried by NATS headers (empty context when absent)."""
+    return propagate.extract(headers or {})

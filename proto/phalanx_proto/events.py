@@ -1,0 +1,298 @@
+"""Saga, topology and node-command events: the tagged unions that travel on JetStream.
+
+One base per stream (style rule 5): ``GangEvent`` on ``PHX_GANG``, ``TopologyEvent`` on
+``PHX_TOPOLOGY``, ``NodeEvent`` on ``PHX_NODE``. Every event is frozen, keyword-only, omits
+defaults on the wire and carries its stable tag in the ``kind`` field. Tags never change;
+new fields are only added with defaults; unknown fields are ignored on decode, so an older
+service reads a newer event.
+
+Every event has an ``idempotency_key`` (``key()``): it is also the ``Nats-Msg-Id`` it is
+published with, so a republished command is dropped by the server's duplicate window and a
+redelivered one is recognised by its handler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from phalanx_proto.topology import NetworkTiers, NodeTopology
+
+Attempt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A pod by namespace/name, plus its uid so a recreated pod is not mistaken for the old one."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one gang member asks for, in wire form (parsed from the pod by gang-coordinator).
+
+    ``gpus`` whole GPUs; or a share of ``gpus`` GPUs with ``core_pct``/``memory_mib`` each
+    (TDM); or a MIG slice (``mig_slices``). ``rdma`` switches on joint GPU+NIC placement.
+    """
+
+    pod: PodRef
+    gpus: NonNegative = 0
+    core_pct: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+    memory_mib: NonNegative = 0
+    mig_slices: NonNegative = 0
+    rdma: bool = False
+    vendor: str = ""
+    resource_name: str = "nvidia.com/gpu"
+
+
+class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where one member goes: the node, its GPUs and NICs, and how good the fit is.
+
+    This is also the JSON written to the pod annotation ``phalanx.io/assignment`` before the
+    binding, for a device plugin or runtime hook on the node.
+    """
+
+    pod: PodRef
+    node: str
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    core_pct: NonNegative = 0
+    memory_mib: NonNegative = 0
+    mig_profile: str = ""
+    mig_start: int = -1
+    mig_instance_uuid: str = ""
+    nics: tuple[str, ...] = ()
+    rdma_level: str = ""
+    """RDMA fallback level reached: pcie-switch, numa, socket, cross-socket (empty without RDMA)."""
+
+
+class GangEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """Base of every event on the gang stream (saga commands and replies)."""
+
+    gang_id: str
+    attempt: Attempt = 1
+
+    def key(self) -> str:
+        """The idempotency key, also sent as ``Nats-Msg-Id``."""
+        return f"{self.__struct_config__.tag}:{self.gang_id}:{self.attempt}"
+
+
+class GangAdmitted(GangEvent, tag="gang.admitted"):
+    """gang-coordinator has seen all min-member pods and starts an attempt."""
+
+    members: tuple[PodRef, ...] = ()
+    min_member: NonNegative = 1
+
+
+class PlacementRequested(GangEvent, tag="placement.requested"):
+    """Command to placement: find room for every member, all or nothing, and reserve it."""
+
+    members: tuple[MemberSpec, ...] = ()
+
+
+class Placed(GangEvent, tag="gang.placed"):
+    """Reply from placement: the reservation is committed in the ledger."""
+
+    assignments: tuple[Assignment, ...] = ()
+
+
+class PlacementFailed(GangEvent, tag="gang.placement_failed"):
+    """Reply from placement: the gang does not fit now. ``summary`` is kube-scheduler style."""
+
+    summary: str = ""
+    reasons: dict[str, int] = {}
+    """Reason → number of nodes that failed for it."""
+
+
+class BindRequested(GangEvent, tag="bind.requested"):
+    """Command to binder: annotate and bind one member."""
+
+    assignment: Assignment
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.assignment.pod}"
+
+
+class Bound(GangEvent, tag="gang.bound"):
+    """Reply from binder: the member is bound to ``node``."""
+
+    pod: PodRef
+    node: str
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class BindFailed(GangEvent, tag="gang.bind_failed"):
+    """Reply from binder: the member could not be bound."""
+
+    pod: PodRef
+    reason: str
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class RollbackStarted(GangEvent, tag="gang.rollback"):
+    """gang-coordinator gives the attempt up and runs its compensations."""
+
+    reason: str = ""
+
+
+class ReleaseRequested(GangEvent, tag="placement.release_requested"):
+    """Command to placement: drop the gang's reservations for ``attempt`` (or only ``pods``)."""
+
+    reason: str = ""
+    pods: tuple[PodRef, ...] = ()
+
+    def key(self) -> str:
+        suffix = ",".join(str(p) for p in self.pods)
+        return f"{super().key()}:{suffix}" if suffix else super().key()
+
+
+class Released(GangEvent, tag="gang.released"):
+    """Reply from placement: the reservations are gone from the ledger."""
+
+    pods: tuple[PodRef, ...] = ()
+
+    def key(self) -> str:
+        suffix = ",".join(str(p) for p in self.pods)
+        return f"{super().key()}:{suffix}" if suffix else super().key()
+
+
+class GangScheduled(GangEvent, tag="gang.scheduled"):
+    """Every member is bound: the attempt succeeded."""
+
+    assignments: tuple[Assignment, ...] = ()
+
+
+class GangPending(GangEvent, tag="gang.pending"):
+    """The gang waits; ``reason`` is what its pods' events and PodScheduled condition say."""
+
+    reason: str = ""
+
+
+GANG_EVENTS = (
+    GangAdmitted, PlacementRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
+    RollbackStarted, ReleaseRequested, Released, GangScheduled, GangPending,
+)
+AnyGangEvent = (
+    GangAdmitted | PlacementRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
+    | RollbackStarted | ReleaseRequested | Released | GangScheduled | GangPending
+)
+
+
+class TopologyEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """Base of every event on the topology stream."""
+
+    node: str
+
+    def key(self) -> str:
+        return f"{self.__struct_config__.tag}:{self.node}"
+
+
+class NodeTopologyReported(TopologyEvent, tag="topology.reported"):
+    """A node's topology changed (or was seen for the first time)."""
+
+    topology: NodeTopology
+    tiers: NetworkTiers = NetworkTiers()
+    enabled: bool = True
+    """False when the node's labels do not enable Phalanx (R10/R11)."""
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.topology.generation}"
+
+
+class NodeHeartbeat(TopologyEvent, tag="topology.heartbeat"):
+    """topology-discovery is alive on ``node`` and its topology is still ``generation``."""
+
+    generation: NonNegative = 0
+    at: float = 0.0
+    """Unix time (seconds) of the beat."""
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.at:.3f}"
+
+
+TOPOLOGY_EVENTS = (NodeTopologyReported, NodeHeartbeat)
+AnyTopologyEvent = NodeTopologyReported | NodeHeartbeat
+
+
+class NodeEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """Base of every command to, and reply from, a node agent (mig-manager)."""
+
+    node: str
+    gang_id: str
+    attempt: Attempt = 1
+
+    def key(self) -> str:
+        return f"{self.__struct_config__.tag}:{self.node}:{self.gang_id}:{self.attempt}"
+
+
+class MigPrepareRequested(NodeEvent, tag="mig.prepare_requested"):
+    """Command: create a MIG instance of ``profile`` at ``start`` on ``gpu`` for ``pod``."""
+
+    pod: PodRef
+    gpu: NonNegative = 0
+    profile: str = ""
+    start: NonNegative = 0
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class MigDestroyRequested(NodeEvent, tag="mig.destroy_requested"):
+    pod: PodRef
+    gpu: NonNegative = 0
+    instance_uuid: str = ""
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class MigReady(NodeEvent, tag="mig.ready"):
+    pod: PodRef
+    instance_uuid: str
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class MigFailed(NodeEvent, tag="mig.failed"):
+    pod: PodRef
+    reason: str
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+class MigDestroyed(NodeEvent, tag="mig.destroyed"):
+    pod: PodRef
+
+    def key(self) -> str:
+        return f"{super().key()}:{self.pod}"
+
+
+NODE_EVENTS = (MigPrepareRequested, MigDestroyRequested, MigReady, MigFailed, MigDestroyed)
+AnyNodeEvent = MigPrepareRequested | MigDestroyRequested | MigReady | MigFailed | MigDestroyed
+
+gang_decoder = msgspec.json.Decoder(AnyGangEvent)
+topology_decoder = msgspec.json.Decoder(AnyTopologyEvent)
+node_decoder = msgspec.json.Decoder(AnyNodeEvent)
+encoder = msgspec.json.Encoder()
+
+ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS
+
+
+def tag_of(event_type: type[msgspec.Struct]) -> str:
+    """The stable wire tag of an event type."""
+    return event_type.__struct_config__.tag  # type: ignore[return-value]
+
+
+Phase = Literal["waiting", "placing", "preparing", "binding", "scheduled", "rolling_back", "backoff"]

@@ -1,0 +1,77 @@
+"""Streams, subjects, durable consumers and KV buckets: the addresses of the contract.
+
+Subjects name their addressee, so each service's durable consumer filters on what it
+handles and other systems can subscribe to any of them:
+
+=============================  ======================================  ==================
+subject                        events                                  consumed by
+=============================  ======================================  ==================
+``phx.gang.placement.<gang>``  PlacementRequested, ReleaseRequested    placement
+``phx.gang.binder.<gang>``     BindRequested                           binder
+``phx.gang.coord.<gang>``      Placed, PlacementFailed, Bound, …       gang-coordinator
+``phx.gang.status.<gang>``     GangAdmitted, GangScheduled, …          subscribers
+``phx.topology.<node>``        NodeTopologyReported, NodeHeartbeat     placement, subscribers
+``phx.node.<node>.mig``        MigPrepareRequested, MigDestroyRequested mig-manager
+``phx.node.<node>.reply``      MigReady, MigFailed, MigDestroyed       gang-coordinator
+=============================  ======================================  ==================
+"""
+
+from __future__ import annotations
+
+import re
+
+STREAM_GANG = "PHX_GANG"
+STREAM_TOPOLOGY = "PHX_TOPOLOGY"
+STREAM_NODE = "PHX_NODE"
+STREAM_DEADLINE = "PHX_DEADLINE"
+STREAM_DEAD_LETTER = "PHX_DLQ"
+
+KV_TOPOLOGY = "phx-topology"
+KV_HEARTBEAT = "phx-heartbeat"
+KV_LEDGER = "phx-ledger"
+KV_GANGS = "phx-gangs"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(value: str) -> str:
+    """A string made safe as one subject token or KV key token (lossy; routing only)."""
+    return _UNSAFE.sub("_", value) or "_"
+
+
+def gang_key(gang_id: str) -> str:
+    """KV key of a gang in ``phx-gangs``: ``<namespace>.<name>`` made safe."""
+    ns, _, name = gang_id.partition("/")
+    return f"{token(ns)}.{token(name)}"
+
+
+def placement_subject(gang_id: str) -> str:
+    return f"phx.gang.placement.{gang_key(gang_id)}"
+
+
+def binder_subject(gang_id: str) -> str:
+    return f"phx.gang.binder.{gang_key(gang_id)}"
+
+
+def coord_subject(gang_id: str) -> str:
+    return f"phx.gang.coord.{gang_key(gang_id)}"
+
+
+def status_subject(gang_id: str) -> str:
+    return f"phx.gang.status.{gang_key(gang_id)}"
+
+
+def topology_subject(node: str) -> str:
+    return f"phx.topology.{token(node)}"
+
+
+def mig_subject(node: str) -> str:
+    return f"phx.node.{token(node)}.mig"
+
+
+def node_reply_subject(node: str) -> str:
+    return f"phx.node.{token(node)}.reply"
+
+
+def dead_letter_subject(stream: str, consumer: str) -> str:
+    return f"phx.dlq.{token(stream)}.{token(consumer)}"

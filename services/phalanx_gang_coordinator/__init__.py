@@ -1,0 +1,1 @@
+"""phalanx_gang_coordinator."""

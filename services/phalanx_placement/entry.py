@@ -1,0 +1,19 @@
+"""Decide where gangs go and reserve their GPUs in the ledger."""
+
+from __future__ import annotations
+
+import anyio
+
+
+NEEDS_CLUSTER = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--heartbeat-stale-s", type=float, default=15.0,
+                   help="a node whose topology heartbeat is older than this is unavailable (default %(default)s)")
+
+
+async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    from phalanx_placement.service import Config, run
+
+    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s), task_status=task_status)

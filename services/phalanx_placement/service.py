@@ -1,0 +1,178 @@
+"""placement: decides where a gang goes and reserves it in the ledger (KV ``phx-ledger``).
+
+For each ``PlacementRequested`` it builds a snapshot from ``phx-topology``,
+``phx-heartbeat`` and ``phx-ledger``, asks the engine for a decision, commits the
+reservations by compare-and-set on the revisions it read, and replies ``Placed`` or
+``PlacementFailed``. A lost race (another replica changed a node) means: re-read, decide
+again. Redelivery is safe: if the ledger already holds this gang's attempt, the same
+``Placed`` is sent again without deciding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume
+from phalanx_engine.firstfit import place_first_fit
+from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    NodeHeartbeat, NodeTopologyReported, Placed, PlacementFailed, PlacementRequested, ReleaseRequested, Released, encoder, gang_decoder,
+)
+from phalanx_proto.state import Allocation, NodeLedger, alloc_key, ledger_decoder
+from phalanx_telemetry import log, warn
+
+DURABLE = "placement"
+_beat_decoder = msgspec.json.Decoder(NodeHeartbeat)
+_report_decoder = msgspec.json.Decoder(NodeTopologyReported)
+
+
+@dataclass(frozen=True)
+class Config:
+    heartbeat_stale_s: float = 15.0
+    max_commit_retries: int = 20
+
+
+class Placement:
+    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config) -> None:
+        self.bus = bus
+        self.topo_kv = topo_kv
+        self.beat_kv = beat_kv
+        self.ledger_kv = ledger_kv
+        self.config = config
+
+    async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
+        out = {}
+        for e in await self.ledger_kv.items():
+            ledger = ledger_decoder.decode(e.value)
+            out[ledger.node] = (ledger, e.revision)
+        return out
+
+    async def snapshot(self, gang_id: str, ledgers: dict[str, tuple[NodeLedger, int]]) -> Snapshot:
+        beats = {}
+        for e in await self.beat_kv.items():
+            hb = _beat_decoder.decode(e.value)
+            beats[hb.node] = hb.at
+        now = time.time()
+        nodes = []
+        for e in await self.topo_kv.items():
+            rep = _report_decoder.decode(e.value)
+            ledger, rev = ledgers.get(rep.node, (NodeLedger(node=rep.node), 0))
+            used = frozenset(g for a in ledger.allocations.values() if a.gang_id != gang_id
+                             for g in a.assignment.gpus)
+            nodes.append(NodeView(
+                name=rep.node, topology=rep.topology, enabled=rep.enabled,
+                fresh=now - beats.get(rep.node, 0.0) <= self.config.heartbeat_stale_s,
+                tiers=rep.tiers, used_gpus=used, revision=rev))
+        return Snapshot(nodes=tuple(sorted(nodes, key=lambda n: n.name)))
+
+    async def on_command(self, event, delivery: Delivery) -> None:
+        match event:
+            case PlacementRequested():
+                await self.on_request(event)
+            case ReleaseRequested():
+                await self.on_release(event)
+            case _:
+                warn("unexpected event on placement subject", kind=type(event).__name__)
+
+    async def on_request(self, ev: PlacementRequested) -> None:
+        for _ in range(self.config.max_commit_retries):
+            ledgers = await self.ledgers()
+            existing = _existing(ev, ledgers)
+            if existing is not None:
+                log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
+                await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
+                    gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
+                return
+            snap = await self.snapshot(ev.gang_id, ledgers)
+            started = time.perf_counter()
+            result = place_first_fit(snap, ev.members)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if isinstance(result, NoFit):
+                log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
+                await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
+                    gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons)))
+                return
+            try:
+                await self.commit(ev, result, ledgers)
+            except KvConflict as e:
+                log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e))
+                continue
+            log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
+                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments))
+            await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
+                gang_id=ev.gang_id, attempt=ev.attempt, assignments=result.assignments))
+            return
+        raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5)
+
+    async def commit(self, ev: PlacementRequested, decision: Decision,
+                     ledgers: dict[str, tuple[NodeLedger, int]]) -> None:
+        """Write the reservations node by node, each by compare-and-set on the revision read.
+
+        Allocations this gang holds from earlier attempts on the touched nodes are replaced.
+        """
+        members = {alloc_key(m.pod) for m in ev.members}
+        by_node: dict[str, list] = {}
+        for a in decision.assignments:
+            by_node.setdefault(a.node, []).append(a)
+        # Nodes where the gang held something but gets nothing now: clear those too.
+        for node, (ledger, _) in ledgers.items():
+            if node not in by_node and any(a.gang_id == ev.gang_id for a in ledger.allocations.values()):
+                by_node[node] = []
+        for node, assignments in sorted(by_node.items()):
+            ledger, rev = ledgers.get(node, (NodeLedger(node=node), 0))
+            allocs = {k: v for k, v in ledger.allocations.items()
+                      if not (v.gang_id == ev.gang_id or k in members)}
+            for a in assignments:
+                allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a)
+            data = encoder.encode(NodeLedger(node=node, allocations=allocs))
+            if rev == 0:
+                await self.ledger_kv.create(S.token(node), data)
+            else:
+                await self.ledger_kv.update(S.token(node), data, last=rev)
+
+    async def on_release(self, ev: ReleaseRequested) -> None:
+        pods = {alloc_key(p) for p in ev.pods}
+        for _ in range(self.config.max_commit_retries):
+            try:
+                released = 0
+                for node, (ledger, rev) in (await self.ledgers()).items():
+                    keep = {k: v for k, v in ledger.allocations.items()
+                            if not (v.gang_id == ev.gang_id and v.attempt <= ev.attempt and (not pods or k in pods))}
+                    if len(keep) == len(ledger.allocations):
+                        continue
+                    released += len(ledger.allocations) - len(keep)
+                    await self.ledger_kv.update(S.token(node), encoder.encode(NodeLedger(node=node, allocations=keep)),
+                                                last=rev)
+                break
+            except KvConflict:
+                continue
+        else:
+            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
+        log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
+        await self.bus.publish(S.coord_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+
+
+def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
+    """The assignments already committed for exactly this gang attempt, if all are there."""
+    found = {}
+    for ledger, _ in ledgers.values():
+        for alloc in ledger.allocations.values():
+            if alloc.gang_id == ev.gang_id and alloc.attempt == ev.attempt:
+                found[alloc_key(alloc.assignment.pod)] = alloc.assignment
+    wanted = [alloc_key(m.pod) for m in ev.members]
+    if wanted and all(k in found for k in wanted):
+        return tuple(found[k] for k in wanted)
+    return None
+
+
+async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Run placement until cancelled; ready once its durable consumer is live."""
+    placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
+                          await bus.kv(S.KV_LEDGER), config)
+    await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.placement.>",
+                  decoder=gang_decoder, handler=placement.on_command, task_status=task_status)

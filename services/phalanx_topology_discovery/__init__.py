@@ -1,0 +1,1 @@
+"""phalanx_topology_discovery."""

@@ -1,0 +1,117 @@
+"""topology-discovery: the node agent that keeps the cluster's picture of one node fresh.
+
+It reads the node's topology (NVML on a GPU node, or a ``nvidia-smi topo -m`` / YAML file in
+the simulator and tests), reads its Node's labels for network tiers and enablement, and
+
+* puts the report in KV ``phx-topology`` and publishes ``NodeTopologyReported`` whenever the
+  report changes (new generation, new labels);
+* puts a ``NodeHeartbeat`` in KV ``phx-heartbeat`` every ``heartbeat_s``; placement treats a
+  node whose beat is older than its bound as unavailable;
+* advertises the node's extended resources on the Node status so kubelet admits pods
+  requesting them (R11: "resources reported").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from phalanx_bus import Bus
+from phalanx_kube.port import ClusterPort
+from phalanx_proto import subjects as S
+from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
+from phalanx_proto.topology import NodeTopology
+from phalanx_telemetry import log, warn
+from phalanx_topology.tiers import tiers_from_labels
+
+ENABLE_LABEL = "lj_runtimekit_enable"
+ACK_LABEL = "ack.node.gpu.schedule"
+
+
+@dataclass(frozen=True)
+class Config:
+    node: str
+    heartbeat_s: float = 3.0
+
+
+def enabled_by_labels(labels: dict[str, str]) -> bool:
+    """R10/R11: ``lj_runtimekit_enable=true`` or ``ack.node.gpu.schedule=topology`` enables a
+    node; ``ack.node.gpu.schedule=default`` hands it back to regular scheduling."""
+    ack = labels.get(ACK_LABEL)
+    if ack == "default":
+        return False
+    return labels.get(ENABLE_LABEL) == "true" or ack == "topology"
+
+
+def extended_resources(topo: NodeTopology) -> dict[str, str]:
+    """What the node advertises: whole GPUs, 100 core-% per GPU, GPU memory in GiB."""
+    n = len(topo.gpus)
+    if n == 0:
+        return {}
+    whole = "nvidia.com/gpu" if all(g.vendor == "nvidia" for g in topo.gpus) else "aliyun.com/gpu"
+    mem_gib = sum(g.memory_mib for g in topo.gpus) // 1024
+    res = {whole: str(n), "aliyun.com/gpu-core": str(100 * n)}
+    if mem_gib:
+        res["aliyun.com/gpu-memory"] = str(mem_gib)
+    return res
+
+
+class Discovery:
+    def __init__(self, bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology]) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.config = config
+        self.read = read
+        self._last: NodeTopologyReported | None = None
+        self._advertised: dict[str, str] | None = None
+
+    async def report_once(self) -> None:
+        topo = self.read()
+        node = await self.cluster.get_node(self.config.node)
+        labels = node.labels if node else {}
+        report = NodeTopologyReported(
+            node=self.config.node, topology=topo, tiers=tiers_from_labels(self.config.node, labels),
+            enabled=enabled_by_labels(labels))
+        topo_kv = await self.bus.kv(S.KV_TOPOLOGY)
+        current = await topo_kv.get(S.token(self.config.node))
+        if current is None or current.value != encoder.encode(report):
+            if self._last is not None and self._last.topology != topo:
+                # Hardware changed under a running agent: bump the generation.
+                topo = msgspec.structs.replace(topo, generation=self._last.topology.generation + 1)
+                report = msgspec.structs.replace(report, topology=topo)
+            await topo_kv.put(S.token(self.config.node), encoder.encode(report))
+            await self.bus.publish(S.topology_subject(self.config.node), report,
+                                   msg_id=f"{report.key()}:{time.time():.3f}")
+            log("topology reported", node=self.config.node, gpus=len(topo.gpus), nics=len(topo.nics),
+                enabled=report.enabled, hypernode=report.tiers.hypernode, generation=topo.generation)
+        self._last = report
+        if node is not None:
+            res = extended_resources(topo)
+            if res and res != self._advertised:
+                await self.cluster.patch_node_capacity(self.config.node, res)
+                self._advertised = res
+                log("resources advertised", node=self.config.node, **{k.replace("/", "_"): v for k, v in res.items()})
+        beat = NodeHeartbeat(node=self.config.node, generation=topo.generation, at=time.time())
+        await (await self.bus.kv(S.KV_HEARTBEAT)).put(S.token(self.config.node), encoder.encode(beat))
+
+    async def loop(self) -> None:
+        while True:
+            await anyio.sleep(self.config.heartbeat_s)
+            try:
+                await self.report_once()
+            except Exception as e:  # noqa: BLE001 - next beat retries
+                warn("report failed", node=self.config.node, error=repr(e))
+
+
+async def run(bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology], *,
+              task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Run topology-discovery until cancelled; ready once the first report is stored."""
+    discovery = Discovery(bus, cluster, config, read)
+    await discovery.report_once()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(discovery.loop)
+        task_status.started()

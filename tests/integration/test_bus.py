@@ -1,0 +1,131 @@
+"""The bus mechanisms against a real nats-server: redelivery, de-duplication, dead letters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from phalanx_bus import Bus, KvConflict, PermanentError, TemporaryError, consume
+from phalanx_proto import subjects as S
+from phalanx_proto.events import PlacementRequested, Released, gang_decoder
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+async def bus(nats_private):
+    b = await Bus.connect(nats_private.url, service="test")
+    await b.declare()
+    yield b
+    await b.close()
+
+
+async def collect(bus, durable, subject, handler, n, timeout=10):
+    """Run a consumer until ``handler`` has been called ``n`` times (bounded by ``timeout``)."""
+    seen = []
+
+    async def record(event, delivery):
+        await handler(event, delivery)
+        seen.append((event, delivery.num_delivered))
+        if len(seen) >= n:
+            tg.cancel_scope.cancel()
+
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consume(bus, stream=S.STREAM_GANG, durable=durable, filter_subject=subject,
+                                          decoder=gang_decoder, handler=record, ack_wait_s=1.0))
+    return seen
+
+
+async def test_a_message_is_redelivered_when_its_consumer_dies_before_the_ack(bus, nats_private, tmp_path):
+    await bus.publish("phx.gang.placement.default.g1", PlacementRequested(gang_id="default/g1"))
+    marker = tmp_path / "marker"
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("crashy_consumer.py")),
+                           nats_private.url, str(marker)], timeout=60, capture_output=True)
+    assert proc.returncode == 17, proc.stderr.decode()
+    assert marker.read_text() == "default/g1 1\n"
+
+    async def ok(event, delivery):
+        pass
+
+    seen = await collect(bus, "crash-test", "phx.gang.placement.>", ok, 1)
+    assert seen == [(PlacementRequested(gang_id="default/g1"), 2)]
+
+
+async def test_the_same_msg_id_published_twice_is_stored_once(bus):
+    ev = PlacementRequested(gang_id="default/dup", attempt=1)
+    first = await bus.publish("phx.gang.placement.default.dup", ev)
+    second = await bus.publish("phx.gang.placement.default.dup", ev)
+    third = await bus.publish("phx.gang.placement.default.dup", PlacementRequested(gang_id="default/dup", attempt=2))
+    assert first == second
+    assert third == first + 1
+    info = await bus.js.stream_info(S.STREAM_GANG)
+    assert info.state.messages == 2
+
+
+async def test_an_undecodable_message_is_terminated_and_recorded_and_the_consumer_goes_on(bus):
+    await bus.publish_raw("phx.gang.placement.default.bad", b'{"kind": "no.such.kind", "gang_id": 1}',
+                          {"Nats-Msg-Id": "bad-1"})
+    await bus.publish("phx.gang.placement.default.good", PlacementRequested(gang_id="default/good"))
+
+    async def ok(event, delivery):
+        pass
+
+    seen = await collect(bus, "dlq-test", "phx.gang.placement.>", ok, 1)
+    assert seen == [(PlacementRequested(gang_id="default/good"), 1)]
+    dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "dlq-test"))
+    assert dead.data == b'{"kind": "no.such.kind", "gang_id": 1}'
+    assert dead.headers["Phalanx-Original-Subject"] == "phx.gang.placement.default.bad"
+    assert "undecodable" in dead.headers["Phalanx-Error"]
+    info = await bus.js.consumer_info(S.STREAM_GANG, "dlq-test")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_a_temporary_error_is_retried_and_a_permanent_one_is_dead_lettered(bus):
+    await bus.publish("phx.gang.placement.default.t", PlacementRequested(gang_id="default/t"))
+    await bus.publish("phx.gang.placement.default.p", PlacementRequested(gang_id="default/p"))
+    calls = []
+
+    async def flaky(event, delivery):
+        calls.append((event.gang_id, delivery.num_delivered))
+        if event.gang_id == "default/p":
+            raise PermanentError("never")
+        if delivery.num_delivered == 1:
+            raise TemporaryError("not yet", delay=0.1)
+
+    seen = await collect(bus, "ladder-test", "phx.gang.placement.>", flaky, 1)
+    assert seen == [(PlacementRequested(gang_id="default/t"), 2)]
+    assert sorted(calls) == [("default/p", 1), ("default/t", 1), ("default/t", 2)]
+    dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "ladder-test"))
+    assert "permanent: never" in dead.headers["Phalanx-Error"]
+
+
+async def test_kv_compare_and_set_refuses_a_stale_revision(bus):
+    kv = await bus.kv(S.KV_LEDGER)
+    rev = await kv.create("n1", b"a")
+    await kv.update("n1", b"b", last=rev)
+    with pytest.raises(KvConflict):
+        await kv.update("n1", b"c", last=rev)
+    with pytest.raises(KvConflict):
+        await kv.create("n1", b"d")
+    assert (await kv.get("n1")).value == b"b"
+
+
+async def test_declare_is_idempotent_and_keeps_data(bus):
+    await bus.publish("phx.gang.coord.default.x", Released(gang_id="default/x"))
+    await bus.declare()
+    await bus.declare()
+    info = await bus.js.stream_info(S.STREAM_GANG)
+    assert info.state.messages == 1
+    assert msgspec.json.decode((await bus.js.get_last_msg(S.STREAM_GANG, "phx.gang.coord.default.x")).data) == {
+        "kind": "gang.released", "gang_id": "default/x"}
