@@ -15,7 +15,6 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
-
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_telemetry import inject_headers, log, tracer, warn
@@ -155,8 +154,11 @@ class Bus:
     async def connect(cls, url: str, *, service: str, connect_timeout_s: float = 30.0) -> Bus:
         """Connect, retrying until ``connect_timeout_s``; afterwards reconnect forever."""
 
+        closing = {"yes": False}
+
         async def on_disconnect() -> None:
-            warn("nats disconnected", url=url)
+            if not closing["yes"]:
+                warn("nats disconnected", url=url)
 
         async def on_reconnect() -> None:
             log("nats reconnected", url=url)
@@ -174,13 +176,16 @@ class Bus:
                     reconnect_time_wait=0.5, connect_timeout=2, allow_reconnect=True,
                     disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
                 )
-                return cls(nc, service)
+                bus = cls(nc, service)
+                bus._closing = closing
+                return bus
             except Exception as e:  # noqa: BLE001 - retried, then reported
                 if loop.time() > deadline:
                     raise BusError(f"cannot connect to NATS at {url}: {e}") from e
                 await asyncio.sleep(0.5)
 
     async def close(self) -> None:
+        getattr(self, "_closing", {})["yes"] = True
         try:
             await self.nc.drain()
         except Exception:  # noqa: BLE001 - closing a broken connection

@@ -25,10 +25,10 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
-
-from phalanx_bus.bus import Bus
 from phalanx_proto import subjects as S
 from phalanx_telemetry import extract_context, log, tracer, warn
+
+from phalanx_bus.bus import Bus
 
 
 class TemporaryError(Exception):
@@ -81,7 +81,7 @@ async def consume(
     filter_subject: str,
     decoder: msgspec.json.Decoder,
     handler: Handler,
-    ack_wait_s: float = 30.0,
+    ack_wait_s: float = 10.0,
     max_deliver: int = 50,
     batch: int = 16,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -99,14 +99,18 @@ async def consume(
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue  # nothing to fetch (nats-py raises either type)
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
                     nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
                     nats.js.errors.APIError) as e:
                 warn("fetch failed, retrying", consumer=durable, error=repr(e))
                 await asyncio.sleep(0.5)
                 sub = await _resubscribe(bus, sub, stream, durable, filter_subject, config)
+                continue
+            except Exception as e:  # noqa: BLE001 - a consumer must outlive odd client errors
+                warn("fetch failed unexpectedly, retrying", consumer=durable, error=repr(e))
+                await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
                 await _handle(bus, stream, durable, decoder, handler, msg)

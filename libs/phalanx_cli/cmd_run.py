@@ -12,10 +12,10 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from contextlib import AsyncExitStack
 
 import anyio
-
 from phalanx_runtime.service import serve
 
 SERVICES = {
@@ -75,6 +75,7 @@ def run_service(args: argparse.Namespace) -> int:
     try:
         return serve(args.service, body, health_addr=args.health_addr, ready_file=args.ready_file)
     except Exception as e:  # noqa: BLE001 - report, exit non-zero
+        traceback.print_exception(e, file=sys.stderr)
         print(f"phalanx run {args.service}: {e}", file=sys.stderr)
         return 1
 

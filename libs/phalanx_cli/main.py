@@ -17,6 +17,9 @@ COMMANDS = [
     "phalanx_cli.cmd_up",
     "phalanx_cli.cmd_run",
     "phalanx_cli.cmd_schema",
+    "phalanx_cli.cmd_validate",
+    "phalanx_cli.cmd_place",
+    "phalanx_cli.cmd_topology",
 ]
 
 

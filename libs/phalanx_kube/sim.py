@@ -19,13 +19,21 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgspec
-
 from phalanx_bus import Bus, KvConflict
-from phalanx_kube.port import (
-    SCHEDULER_NAMES, BindConflict, KubeEvent, Node, Pod, PodEvent, PodGone, node_from_dict, pod_from_dict,
-)
 from phalanx_proto.events import PodRef
 from phalanx_proto.subjects import token
+
+from phalanx_kube.port import (
+    SCHEDULER_NAMES,
+    BindConflict,
+    KubeEvent,
+    Node,
+    Pod,
+    PodEvent,
+    PodGone,
+    node_from_dict,
+    pod_from_dict,
+)
 
 KV_PODS = "phx-sim-pods"
 KV_NODES = "phx-sim-nodes"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import anyio
 
-
 NEEDS_CLUSTER = True
 
 

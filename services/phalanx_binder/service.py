@@ -9,11 +9,10 @@ after a crash), bound elsewhere or recreated is a ``BindFailed`` with the reason
 from __future__ import annotations
 
 import anyio
-
 from phalanx_bus import Bus, Delivery, consume
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, BindConflict, ClusterPort, PodGone
 from phalanx_proto import subjects as S
-from phalanx_proto.events import BindFailed, Bound, BindRequested, encoder, gang_decoder
+from phalanx_proto.events import BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_telemetry import log, warn
 
 DURABLE = "binder"

@@ -19,18 +19,30 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
-
 from phalanx_bus import Bus, Delivery, KvConflict, consume
-from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    BindFailed, Bound, BindRequested, GangAdmitted, GangPending, GangScheduled, MemberSpec, Placed,
-    PlacementFailed, PlacementRequested, PodRef, ReleaseRequested, Released, RollbackStarted, encoder,
+    BindFailed,
+    BindRequested,
+    Bound,
+    GangAdmitted,
+    GangPending,
+    GangScheduled,
+    Placed,
+    PlacementFailed,
+    PlacementRequested,
+    PodRef,
+    Released,
+    ReleaseRequested,
+    RollbackStarted,
+    encoder,
     gang_decoder,
 )
 from phalanx_proto.state import GangState, gang_state_decoder
 from phalanx_telemetry import log, warn
+
+from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 
 DURABLE = "gang-coordinator"
 

@@ -6,7 +6,6 @@ import os
 
 import anyio
 
-
 NEEDS_CLUSTER = False
 
 

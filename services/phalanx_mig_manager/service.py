@@ -9,10 +9,15 @@ attempt with a clear reason instead of waiting forever. Destroy commands are ack
 from __future__ import annotations
 
 import anyio
-
 from phalanx_bus import Bus, Delivery, consume
 from phalanx_proto import subjects as S
-from phalanx_proto.events import MigDestroyed, MigDestroyRequested, MigFailed, MigPrepareRequested, node_decoder
+from phalanx_proto.events import (
+    MigDestroyed,
+    MigDestroyRequested,
+    MigFailed,
+    MigPrepareRequested,
+    node_decoder,
+)
 from phalanx_telemetry import log, warn
 
 NOT_SUPPORTED = "MIG instances are not supported yet by this mig-manager version"

@@ -15,13 +15,20 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
-
 from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume
 from phalanx_engine.firstfit import place_first_fit
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    NodeHeartbeat, NodeTopologyReported, Placed, PlacementFailed, PlacementRequested, ReleaseRequested, Released, encoder, gang_decoder,
+    NodeHeartbeat,
+    NodeTopologyReported,
+    Placed,
+    PlacementFailed,
+    PlacementRequested,
+    Released,
+    ReleaseRequested,
+    encoder,
+    gang_decoder,
 )
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key, ledger_decoder
 from phalanx_telemetry import log, warn

@@ -6,7 +6,6 @@ import os
 
 import anyio
 
-
 NEEDS_CLUSTER = True
 
 
@@ -24,9 +23,10 @@ def _reader(args):
 
         topo = load_file(args.topology_file, node=args.node)
         return lambda: topo
-    from phalanx_nvml import discover_node
+    from phalanx_nvml import NvmlDiscovery
 
-    return lambda: discover_node(args.node)
+    nvml = NvmlDiscovery()
+    return lambda: nvml.discover(args.node)
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
-
 from phalanx_bus import Bus
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import anyio
 import msgspec
 import pytest
-
 from phalanx_bus import Bus, KvConflict, PermanentError, TemporaryError, consume
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PlacementRequested, Released, gang_decoder
@@ -50,8 +48,9 @@ async def collect(bus, durable, subject, handler, n, timeout=10):
 async def test_a_message_is_redelivered_when_its_consumer_dies_before_the_ack(bus, nats_private, tmp_path):
     await bus.publish("phx.gang.placement.default.g1", PlacementRequested(gang_id="default/g1"))
     marker = tmp_path / "marker"
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("crashy_consumer.py")),
-                           nats_private.url, str(marker)], timeout=60, capture_output=True)
+    with anyio.fail_after(60):
+        proc = await anyio.run_process([sys.executable, str(Path(__file__).with_name("crashy_consumer.py")),
+                                        nats_private.url, str(marker)], check=False)
     assert proc.returncode == 17, proc.stderr.decode()
     assert marker.read_text() == "default/g1 1\n"
 

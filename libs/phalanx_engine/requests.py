@@ -1,0 +1,584 @@
+"""A pod's GPU request, parsed and validated (R1-R5, R7, R8 label, R12).
+
+Called by gang-coordinator (every pod it admits), by ``phalanx validate`` and by tests. The
+input is a plain dict as it comes from YAML or the Kubernetes API; the output is a frozen
+``GpuRequest``, or a ``RequestError`` that lists every ``Violation`` found, each naming the
+field, the value and the rule. Node-side rules (MIG only on MIG-capable models, AMD whole
+GPUs only, memory that the GPU has) are in ``check_gpu_model``.
+
+Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them):
+
+=============================  =========================================================
+``nvidia.com/gpu``             whole NVIDIA GPUs (community name), integer >= 1
+``aliyun.com/gpu``             whole GPUs of any vendor, integer >= 1
+``aliyun.com/gpu-core``        TDM: percent of one GPU's compute, integer 1..100
+``aliyun.com/gpu-memory``      TDM/MIG: GPU memory in **GiB**, integer >= 1
+``aliyun.com/gpu-memory-mib``  the same in **MiB**, a positive multiple of 128 (use one
+                               of the two memory names, not both)
+``aliyun.com/gpu-slice``       MIG: compute slices, one of 1, 2, 3, 4, 7
+``aliyun.com/rdma``            ``"1"`` switches on joint GPU + RDMA NIC placement (a
+                               switch, not a NIC count); whole GPUs 1..8, hostNetwork
+=============================  =========================================================
+
+Pod metadata: label ``replica: "N"`` - N GPUs, each with the share in ``limits`` (R4);
+label ``aliyun.com/min-member`` - gang size (R8); annotation ``phalanx.io/gpu-vendor``
+(``nvidia``, ``amd``, ``ppu``) - vendor hint. Shares are per GPU and per pod: every
+container that names a share must name the same one (they share the pod's GPUs);
+whole GPUs add up over containers, as in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+from phalanx_proto.events import MemberSpec, PodRef
+
+from phalanx_engine import mig
+
+SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
+NVIDIA_GPU = "nvidia.com/gpu"
+ALIYUN_GPU = "aliyun.com/gpu"
+GPU_CORE = "aliyun.com/gpu-core"
+GPU_MEMORY = "aliyun.com/gpu-memory"
+GPU_MEMORY_MIB = "aliyun.com/gpu-memory-mib"
+GPU_SLICE = "aliyun.com/gpu-slice"
+RDMA = "aliyun.com/rdma"
+REPLICA_LABEL = "replica"
+MIN_MEMBER_LABEL = "aliyun.com/min-member"
+VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
+VENDORS = ("nvidia", "amd", "ppu")
+SLICE_VALUES = (1, 2, 3, 4, 7)
+MIB_GRANULARITY = 128
+RDMA_MAX_GPUS = 8
+WHOLE_RESOURCES = (NVIDIA_GPU, ALIYUN_GPU)
+SHARE_RESOURCES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE)
+RESOURCES = (*WHOLE_RESOURCES, *SHARE_RESOURCES, RDMA)
+
+
+class RequestKind(enum.StrEnum):
+    NONE = "none"
+    WHOLE = "whole"
+    TDM = "tdm"
+    MIG = "mig"
+
+
+class Violation(msgspec.Struct, frozen=True):
+    """One broken rule: the field (a path in the pod), the value as written, the rule."""
+
+    field: str
+    value: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field} = {self.value!r}: {self.rule}"
+
+
+class RequestError(ValueError):
+    """The pod's request is invalid; ``violations`` lists every rule it breaks."""
+
+    def __init__(self, violations: Sequence[Violation], pod: str = "") -> None:
+        self.violations = tuple(violations)
+        self.pod = pod
+        head = f"invalid GPU request in pod {pod}" if pod else "invalid GPU request"
+        super().__init__(head + ": " + "; ".join(str(v) for v in self.violations))
+
+
+class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A valid request. ``gpus`` is the number of GPUs (whole, or each with the share);
+    ``core_pct`` 0 means no compute limit; ``memory_mib`` is per GPU, 0 when not asked."""
+
+    pod: str
+    scheduler_name: str
+    kind: RequestKind
+    gpus: int = 0
+    core_pct: int = 0
+    memory_mib: int = 0
+    mig_slices: int = 0
+    rdma: bool = False
+    vendor: str = ""
+    resource_name: str = ""
+    min_member: int = 0
+    host_network: bool = False
+    runtime_class: str = ""
+    warnings: tuple[str, ...] = ()
+
+    def member_spec(self, pod: PodRef) -> MemberSpec:
+        """The wire form of this request for ``PlacementRequested``."""
+        return MemberSpec(pod=pod, gpus=self.gpus, core_pct=self.core_pct, memory_mib=self.memory_mib,
+                          mig_slices=self.mig_slices, rdma=self.rdma, vendor=self.vendor,
+                          resource_name=self.resource_name or NVIDIA_GPU)
+
+    def describe(self) -> str:
+        """One line for people: what the pod gets."""
+        n = self.gpus
+        match self.kind:
+            case RequestKind.WHOLE:
+                text = f"{n} whole GPU{'s' if n != 1 else ''} ({self.resource_name})"
+            case RequestKind.TDM:
+                parts = [f"{self.core_pct}% core" if self.core_pct else "no core limit"]
+                if self.memory_mib:
+                    parts.append(f"{self.memory_mib} MiB")
+                text = f"TDM share {', '.join(parts)} " + (f"on each of {n} GPUs" if n > 1 else "on 1 GPU")
+            case RequestKind.MIG:
+                mem = f", {self.memory_mib} MiB" if self.memory_mib else ""
+                text = f"MIG {self.mig_slices} slice{'s' if self.mig_slices != 1 else ''}{mem} " + (
+                    f"on each of {n} GPUs" if n > 1 else "on 1 GPU")
+            case _:
+                text = "no GPU"
+        if self.rdma:
+            text += " + RDMA NICs"
+        if self.min_member:
+            text += f", gang of {self.min_member}"
+        return text
+
+
+def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuRequest:
+    """Parse and validate a pod (or pod template: ``metadata`` + ``spec``).
+
+    Raises ``RequestError`` with every violation found. With ``require_scheduler`` (the
+    default) a ``schedulerName`` other than Phalanx's two names is a violation too.
+    Overview: per-container values and combinations first, then the pod-level rules (one
+    kind of request, homogeneous shares, replica, vendor, RDMA), collecting every violation.
+    """
+    if not isinstance(pod, Mapping):
+        raise RequestError([Violation("(pod)", type(pod).__name__, "a pod must be a mapping")])
+    meta = _mapping(pod.get("metadata"))
+    spec = _mapping(pod.get("spec"))
+    labels = _mapping(meta.get("labels"))
+    name = str(meta.get("name") or meta.get("generateName") or "")
+    pod_name = f"{meta['namespace']}/{name}" if meta.get("namespace") and name else name
+    v: list[Violation] = []
+    warnings: list[str] = []
+
+    scheduler = str(spec.get("schedulerName") or "default-scheduler")
+    if require_scheduler and scheduler not in SCHEDULER_NAMES:
+        v.append(Violation("spec.schedulerName", scheduler,
+                           "Phalanx schedules only pods whose schedulerName is 'phalanx' or "
+                           "'lj-runtimekit-scheduler'; this pod would wait for another scheduler"))
+    per = _containers(spec, v)
+    whole, shares = _kinds(per, v)
+    replica = _replica(labels, whole, shares, v)
+    min_member = _label_int(labels, MIN_MEMBER_LABEL, "metadata.labels", v,
+                            "min-member is the number of pods in the gang and must be an integer of at least 1")
+    share = shares[0][1] if shares else None
+    vendor = _vendor(_mapping(meta.get("annotations")), whole, share, v)
+    rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
+    if v:
+        raise RequestError(v, pod_name)
+
+    common = dict(pod=pod_name, scheduler_name=scheduler, min_member=min_member or 0,
+                  host_network=spec.get("hostNetwork") is True,
+                  runtime_class=str(spec.get("runtimeClassName") or ""), warnings=tuple(warnings))
+    if whole:
+        (resource, count), = whole.items()
+        return GpuRequest(kind=RequestKind.WHOLE, gpus=count, resource_name=resource, rdma=rdma,
+                          vendor=vendor or ("nvidia" if resource == NVIDIA_GPU else ""), **common)
+    if share:
+        core, memory_mib, slices = share
+        return GpuRequest(kind=RequestKind.MIG if slices else RequestKind.TDM, gpus=replica or 1, core_pct=core,
+                          memory_mib=memory_mib, mig_slices=slices, vendor=vendor, **common)
+    return GpuRequest(kind=RequestKind.NONE, vendor=vendor, **common)
+
+
+_Container = tuple[str, dict[str, int], Mapping[str, Any]]  # name, valid asks, the container
+
+
+def _containers(spec: Mapping[str, Any], v: list[Violation]) -> list[_Container]:
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        v.append(Violation("spec.containers", _show(containers), "a pod needs at least one container"))
+        containers = []
+    for i, c in enumerate(spec.get("initContainers") or []):
+        cname = _cname(c, i)
+        for key in _asks(c, cname, "initContainers", v):
+            v.append(Violation(f"spec.initContainers[{cname}].resources.limits[{key}]", _show(_limit(c, key)),
+                               "init containers cannot ask for GPU resources; ask in the main containers"))
+    per = []
+    for i, c in enumerate(containers):
+        cname = _cname(c, i)
+        asks = _asks(c, cname, "containers", v)
+        _check_container(cname, asks, v)
+        per.append((cname, asks, _mapping(c)))
+    return per
+
+
+def _kinds(per: list[_Container], v: list[Violation]) -> tuple[dict[str, int], list[tuple[str, _Share]]]:
+    """Whole GPUs per resource name (summed over containers) and each sharing container's
+    share; violations when the pod mixes names, kinds or shares."""
+    whole = {k: sum(a.get(k, 0) for _, a, _ in per) for k in WHOLE_RESOURCES if any(k in a for _, a, _ in per)}
+    if len(whole) > 1:
+        v.append(Violation("spec.containers", ", ".join(f"{k}={n}" for k, n in whole.items()),
+                           "ask for whole GPUs under one name: nvidia.com/gpu (NVIDIA, community name) or "
+                           "aliyun.com/gpu (any vendor), not both"))
+    shares = [(cn, _share_of(a)) for cn, a, _ in per if _is_share(a)]
+    whole_only = [cn for cn, a, _ in per if _is_whole(a) and not _is_share(a)]
+    share_only = [cn for cn, a, _ in per if _is_share(a) and not _is_whole(a)]
+    if whole_only and share_only:
+        kinds = [f"{cn}={'whole' if cn in whole_only else 'share'}" for cn, _, _ in per
+                 if cn in whole_only or cn in share_only]
+        v.append(Violation("spec.containers", ", ".join(kinds),
+                           "all containers of a pod must ask for the same kind of GPU: whole GPUs, or one "
+                           "TDM/MIG share per GPU (seed 3.4: homogeneous requests only)"))
+    if len({s for _, s in shares}) > 1:
+        v.append(Violation("spec.containers", "; ".join(f"{cn}: {_share_text(s)}" for cn, s in shares),
+                           "heterogeneous per-GPU requests are not supported: every container that asks "
+                           "for a GPU share must ask the same gpu-core/gpu-memory/gpu-slice, and the pod "
+                           "label replica sets how many GPUs get that share (seed 3.4)"))
+    return whole, shares
+
+
+def _replica(labels: Mapping[str, Any], whole: Mapping[str, int], shares: list[tuple[str, _Share]],
+             v: list[Violation]) -> int | None:
+    replica = _label_int(labels, REPLICA_LABEL, "metadata.labels", v,
+                         "replica is the number of GPUs and must be an integer of at least 1")
+    field = f"metadata.labels[{REPLICA_LABEL}]"
+    if replica is not None and whole:
+        v.append(Violation(field, str(labels[REPLICA_LABEL]),
+                           "replica applies to GPU shares (gpu-core/gpu-memory/gpu-slice); for whole GPUs "
+                           f"ask {next(iter(whole))}: N instead"))
+    elif replica is not None and not shares:
+        v.append(Violation(field, str(labels[REPLICA_LABEL]),
+                           f"replica asks for {replica} GPUs but no container says what each GPU gets: set "
+                           "aliyun.com/gpu-core and/or aliyun.com/gpu-memory (or gpu-slice) in resources.limits"))
+    return replica
+
+
+def _vendor(annotations: Mapping[str, Any], whole: Mapping[str, int], share: _Share | None,
+            v: list[Violation]) -> str:
+    vendor = str(annotations.get(VENDOR_ANNOTATION) or "")
+    field = f"metadata.annotations[{VENDOR_ANNOTATION}]"
+    if vendor and vendor not in VENDORS:
+        v.append(Violation(field, vendor, f"the GPU vendor hint must be one of {', '.join(VENDORS)}"))
+    if vendor in ("amd", "ppu") and NVIDIA_GPU in whole:
+        v.append(Violation(field, vendor, f"nvidia.com/gpu asks for NVIDIA GPUs; for {vendor} GPUs ask "
+                                          "aliyun.com/gpu"))
+    if vendor == "amd" and share:
+        v.append(Violation(field, vendor, "AMD GPUs take whole-GPU requests only; gpu-core, gpu-memory and "
+                                          "gpu-slice cannot be used with them (seed 3.5)"))
+    elif vendor == "ppu" and share and share[2]:
+        v.append(Violation(field, vendor, "MIG (gpu-slice) is an NVIDIA feature; on PPU use a TDM share "
+                                          "(gpu-core/gpu-memory) instead (seed 3.3)"))
+    return vendor
+
+
+def _rdma(per: list[_Container], whole: Mapping[str, int], spec: Mapping[str, Any], gang: bool,
+          v: list[Violation], warnings: list[str]) -> bool:
+    """Whether the pod asks for RDMA; violations for RDMA without whole GPUs (1..8) or the
+    host network, and for gang members without IPC_LOCK (a warning for single pods)."""
+    rdma = [(cn, c) for cn, a, c in per if a.get(RDMA) == 1]
+    if not rdma:
+        return False
+    if not whole:
+        v.append(Violation(f"spec.containers[{rdma[0][0]}].resources.limits[{RDMA}]", "1",
+                           "aliyun.com/rdma places whole GPUs together with RDMA NICs: ask for "
+                           f"aliyun.com/gpu (1 to {RDMA_MAX_GPUS}) with it, not a GPU share or nothing"))
+    elif sum(whole.values()) > RDMA_MAX_GPUS:
+        v.append(Violation("spec.containers", str(sum(whole.values())),
+                           f"with aliyun.com/rdma the pod asks for 1 to {RDMA_MAX_GPUS} whole GPUs"))
+    if spec.get("hostNetwork") is not True:
+        v.append(Violation("spec.hostNetwork", _show(spec.get("hostNetwork", False)),
+                           "RDMA needs hostNetwork: true (seed 4.1)"))
+    for cn, c in rdma:
+        if "IPC_LOCK" in _capabilities(c):
+            continue
+        if gang:
+            v.append(Violation(f"spec.containers[{cn}].securityContext.capabilities.add", _show(_capabilities(c)),
+                               "RDMA gang members need the IPC_LOCK capability, or RDMA memory registration "
+                               "fails (seed 4.2)"))
+        else:
+            warnings.append(f"container {cn} uses RDMA without the IPC_LOCK capability; RDMA memory "
+                            "registration may fail")
+    return True
+
+
+def check_gpu_model(
+    request: GpuRequest, model: str, *, vendor: str = "nvidia", memory_mib: int = 0
+) -> tuple[Violation, ...]:
+    """Node-side rules: can a GPU of ``model`` (``vendor``, ``memory_mib`` total) serve the
+    request? Empty when it can; otherwise the violations, for the pod's pending reason."""
+    out: list[Violation] = []
+    if request.vendor and request.vendor != vendor:
+        out.append(Violation(f"metadata.annotations[{VENDOR_ANNOTATION}]", request.vendor,
+                             f"the GPU is a {vendor} {model}"))
+    if request.kind in (RequestKind.TDM, RequestKind.MIG) and vendor == "amd":
+        field, value = (GPU_SLICE, str(request.mig_slices)) if request.mig_slices else (
+            (GPU_CORE, str(request.core_pct)) if request.core_pct else (GPU_MEMORY, f"{request.memory_mib} MiB"))
+        out.append(Violation(field, value, f"AMD GPUs ({model}) take whole-GPU requests only (seed 3.5)"))
+    if request.kind is RequestKind.MIG and vendor != "amd":
+        slices = str(request.mig_slices)
+        table = mig.mig_table(model, memory_mib)
+        if not mig.mig_capable(model) or vendor != "nvidia":
+            out.append(Violation(GPU_SLICE, slices,
+                                 f"GPU model {model!r} does not support MIG; MIG needs a MIG-capable NVIDIA "
+                                 "model such as A100, A30, H100, H800, H200 or B200 (seed: A100 and H800)"))
+        elif table is None:
+            out.append(Violation(GPU_SLICE, slices, f"Phalanx has no MIG profile table for {model!r}, so it "
+                                                    "cannot choose a MIG profile and slot on it"))
+        elif mig.profile_for(table, request.mig_slices, request.memory_mib) is None:
+            names = ", ".join(p.name for p in table.profiles)
+            out.append(Violation(GPU_SLICE, f"{slices} with {request.memory_mib} MiB",
+                                 f"{table.model} has no MIG profile with {slices} compute slices and that much "
+                                 f"memory; its profiles are {names}"))
+    if request.kind is RequestKind.TDM and memory_mib and request.memory_mib > memory_mib:
+        out.append(Violation(GPU_MEMORY, f"{request.memory_mib} MiB",
+                             f"more GPU memory than a {model} has ({memory_mib} MiB)"))
+    return tuple(out)
+
+
+# --- workloads: where the pod templates are -------------------------------------------------
+
+
+class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod (template) inside a workload object. ``where`` names it for people
+    (``JobSet/gang-nccl-test spec.replicatedJobs[worker]``); ``parallelism`` is the pods
+    one gang of it has where the workload says (Job/JobSet), else 0."""
+
+    where: str
+    template: Mapping[str, Any]
+    parallelism: int = 0
+
+
+class ObjectCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdict on one pod template: the parsed request, or the violations."""
+
+    where: str
+    request: GpuRequest | None = None
+    violations: tuple[Violation, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+_TEMPLATE_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "ReplicationController")
+
+
+def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
+    """The pod templates of a Pod, Job, JobSet, Kubeflow MPIJob, Deployment-like object or
+    ``List``; a bare ``spec:`` snippet with containers counts as a pod. None when the object
+    holds no pods (a Service, a ConfigMap)."""
+    kind = str(obj.get("kind") or "")
+    name = str(_mapping(obj.get("metadata")).get("name") or "")
+    label = f"{kind or 'Pod'}/{name}" if name else f"{kind or 'Pod'} (unnamed)"
+    spec = _mapping(obj.get("spec"))
+    if kind == "List":
+        found = [t for item in obj.get("items") or [] if isinstance(item, Mapping) for t in pod_templates(item) or ()]
+        return tuple(found)
+    if kind == "Pod" or (not kind and "containers" in spec):
+        return (PodTemplate(where=label, template=obj),)
+    if kind == "Job":
+        return (PodTemplate(where=label, template=_mapping(spec.get("template")),
+                            parallelism=_int_or(spec.get("parallelism"), 1)),)
+    if kind == "JobSet":
+        out = []
+        for i, rj in enumerate(spec.get("replicatedJobs") or []):
+            rj = _mapping(rj)
+            job = _mapping(_mapping(rj.get("template")).get("spec"))
+            out.append(PodTemplate(where=f"{label} spec.replicatedJobs[{rj.get('name') or i}]",
+                                   template=_mapping(job.get("template")),
+                                   parallelism=_int_or(job.get("parallelism"), 1)))
+        return tuple(out)
+    if kind == "MPIJob":
+        replicas = _mapping(spec.get("mpiReplicaSpecs"))
+        return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{role}]",
+                                 template=_mapping(_mapping(rs).get("template")))
+                     for role, rs in replicas.items())
+    if kind in _TEMPLATE_KINDS:
+        return (PodTemplate(where=label, template=_mapping(spec.get("template"))),)
+    return None
+
+
+def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
+    """Validate every pod template of a workload object (see ``pod_templates``); gang
+    templates must have ``aliyun.com/min-member`` equal to ``parallelism`` (seed 4.2).
+    None when the object holds no pods."""
+    templates = pod_templates(obj)
+    if templates is None:
+        return None
+    out = []
+    for t in templates:
+        try:
+            req = parse_pod(t.template)
+        except RequestError as e:
+            out.append(ObjectCheck(where=t.where, violations=e.violations))
+            continue
+        if t.parallelism and req.min_member and req.min_member != t.parallelism:
+            out.append(ObjectCheck(where=t.where, violations=(Violation(
+                f"metadata.labels[{MIN_MEMBER_LABEL}]", str(req.min_member),
+                f"must equal the job's parallelism ({t.parallelism}): the gang is all the job's pods "
+                "(seed 4.2)"),)))
+            continue
+        out.append(ObjectCheck(where=t.where, request=req, warnings=req.warnings))
+    return tuple(out)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _mapping(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def _show(raw: Any) -> str:
+    if isinstance(raw, bool):
+        return str(raw).lower()
+    return raw if isinstance(raw, str) else str(raw)
+
+
+def _integer(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and _INT.fullmatch(raw.strip()):
+        return int(raw.strip())
+    return None
+
+
+def _int_or(raw: Any, default: int) -> int:
+    n = _integer(raw)
+    return default if n is None else n
+
+
+def _cname(c: Any, i: int) -> str:
+    return str(_mapping(c).get("name") or i)
+
+
+def _limit(c: Any, key: str) -> Any:
+    res = _mapping(_mapping(c).get("resources"))
+    return _mapping(res.get("limits")).get(key, _mapping(res.get("requests")).get(key))
+
+
+def _capabilities(c: Mapping[str, Any]) -> list[str]:
+    caps = _mapping(_mapping(c.get("securityContext")).get("capabilities")).get("add") or []
+    return [str(x) for x in caps] if isinstance(caps, list) else []
+
+
+_NOT_INTEGER = {
+    GPU_CORE: "gpu-core must be a plain integer percent from 1 to 100, such as \"50\"",
+    GPU_MEMORY: "gpu-memory must be a plain integer number of GiB, such as \"4\" (not a Kubernetes quantity "
+                "like 4Gi or 0.5; for MiB use aliyun.com/gpu-memory-mib)",
+    GPU_MEMORY_MIB: "gpu-memory-mib must be a plain integer number of MiB, a multiple of 128, such as \"1024\"",
+    GPU_SLICE: "gpu-slice must be a plain integer, one of 1, 2, 3, 4, 7",
+    RDMA: "aliyun.com/rdma must be \"1\" (it is a switch, not a NIC count)",
+}
+
+
+def _value_rule(key: str, n: int) -> str:
+    """The rule ``n`` breaks for resource ``key``, or '' when it is fine."""
+    if key in WHOLE_RESOURCES and n < 1:
+        return f"{key} is a number of whole GPUs and must be at least 1 (leave it out to ask for none)"
+    if key == GPU_CORE and n == 0:
+        return ("gpu-core 0 is not allowed: it would make the GPU program in the container hang without output "
+                "(seed FAQ Q1); give a percent from 1 to 100, or leave gpu-core out for no compute limit")
+    if key == GPU_CORE and not 1 <= n <= 100:
+        return "gpu-core is a percent of one GPU's compute and must be an integer from 1 to 100"
+    if key == GPU_MEMORY and n < 1:
+        return "gpu-memory is GiB of GPU memory and must be at least 1 (for less, use aliyun.com/gpu-memory-mib)"
+    if key == GPU_MEMORY_MIB and (n < MIB_GRANULARITY or n % MIB_GRANULARITY):
+        lower = max(MIB_GRANULARITY, n // MIB_GRANULARITY * MIB_GRANULARITY)
+        upper = max(MIB_GRANULARITY, -(-n // MIB_GRANULARITY) * MIB_GRANULARITY)
+        near = f"{lower}" if lower == upper else f"{lower} or {upper}"
+        return (f"gpu-memory-mib must be a positive multiple of {MIB_GRANULARITY} MiB (the MiB granularity, "
+                f"seed 3.5); the nearest allowed: {near}")
+    if key == GPU_SLICE and n not in SLICE_VALUES:
+        return "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"
+    if key == RDMA and n != 1:
+        return ("aliyun.com/rdma is a switch, not a NIC count: set it to \"1\" to place GPUs and RDMA NICs "
+                "together, or leave it out")
+    return ""
+
+
+def _asks(c: Any, cname: str, section: str, v: list[Violation]) -> dict[str, int]:
+    """The valid Phalanx resources one container asks for; violations for the rest."""
+    res = _mapping(_mapping(c).get("resources"))
+    limits, requests = _mapping(res.get("limits")), _mapping(res.get("requests"))
+    asks: dict[str, int] = {}
+    for key in RESOURCES:
+        lfield = f"spec.{section}[{cname}].resources.limits[{key}]"
+        rfield = f"spec.{section}[{cname}].resources.requests[{key}]"
+        if key not in limits:
+            if key in requests:
+                v.append(Violation(rfield, _show(requests[key]),
+                                   "must be set in resources.limits; Kubernetes does not overcommit extended "
+                                   "resources, so requests may only repeat the limit"))
+            continue
+        raw = limits[key]
+        n = _integer(raw)
+        if n is None:
+            v.append(Violation(lfield, _show(raw), _NOT_INTEGER.get(key, f"{key} must be a plain integer")))
+            continue
+        if key in requests and _integer(requests[key]) != n:
+            v.append(Violation(rfield, _show(requests[key]), f"must equal the limit ({_show(raw)}) or be left out"))
+        rule = _value_rule(key, n)
+        if rule:
+            v.append(Violation(lfield, _show(raw), rule))
+            continue
+        asks[key] = n
+    return asks
+
+
+def _check_container(cname: str, asks: Mapping[str, int], v: list[Violation]) -> None:
+    path = f"spec.containers[{cname}].resources.limits"
+    whole = next((k for k in WHOLE_RESOURCES if k in asks), None)
+
+    def both(*keys: str) -> str:
+        return ", ".join(f"{k}={asks[k]}" for k in keys)
+
+    if whole:
+        for key, what in ((GPU_CORE, "a whole GPU has no compute limit; leave gpu-core out (seed 3.2)"),
+                          (GPU_MEMORY, "a whole GPU comes with all its memory; leave gpu-memory out"),
+                          (GPU_MEMORY_MIB, "a whole GPU comes with all its memory; leave gpu-memory-mib out"),
+                          (GPU_SLICE, "a MIG slice is part of one GPU; ask for one or the other")):
+            if key in asks:
+                v.append(Violation(path, both(whole, key),
+                                   f"{key} cannot be combined with a whole-GPU request ({whole}): {what}"))
+    if GPU_CORE in asks and GPU_SLICE in asks:
+        v.append(Violation(path, both(GPU_CORE, GPU_SLICE),
+                           "TDM (gpu-core) and MIG (gpu-slice) cannot be combined: they never share a GPU "
+                           "(seed 3.5); ask for one or the other"))
+    if GPU_MEMORY in asks and GPU_MEMORY_MIB in asks:
+        v.append(Violation(path, both(GPU_MEMORY, GPU_MEMORY_MIB),
+                           "give GPU memory once: aliyun.com/gpu-memory in GiB or aliyun.com/gpu-memory-mib "
+                           "in MiB"))
+
+
+def _is_whole(asks: Mapping[str, int]) -> bool:
+    return any(k in asks for k in WHOLE_RESOURCES)
+
+
+def _is_share(asks: Mapping[str, int]) -> bool:
+    return any(k in asks for k in SHARE_RESOURCES)
+
+
+_Share = tuple[int, int, int]  # core percent, memory MiB, MIG slices (0 = not asked)
+
+
+def _share_of(asks: Mapping[str, int]) -> _Share:
+    memory = asks.get(GPU_MEMORY, 0) * 1024 or asks.get(GPU_MEMORY_MIB, 0)
+    return (asks.get(GPU_CORE, 0), memory, asks.get(GPU_SLICE, 0))
+
+
+def _share_text(share: _Share) -> str:
+    core, memory, slices = share
+    parts = ([f"gpu-core={core}"] if core else []) + ([f"gpu-slice={slices}"] if slices else [])
+    parts += [f"memory={memory}MiB"] if memory else []
+    return " ".join(parts) or "none"
+
+
+def _label_int(labels: Mapping[str, Any], key: str, where: str, v: list[Violation], rule: str) -> int | None:
+    if key not in labels:
+        return None
+    n = _integer(labels[key])
+    if n is None or n < 1:
+        v.append(Violation(f"{where}[{key}]", _show(labels[key]), rule))
+        return None
+    return n
+

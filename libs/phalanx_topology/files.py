@@ -1,0 +1,43 @@
+"""Reading a node's topology from a file in either format: ``nvidia-smi topo -m`` text or
+the project's YAML (``yamlfmt``). Used by the CLI, the simulator and topology-discovery's
+file mode."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+from phalanx_proto.topology import NodeTopology
+
+from phalanx_topology import yamlfmt
+from phalanx_topology.matrix import parse_topo_matrix
+from phalanx_topology.model import TopologyParseError
+
+_YAML_SUFFIXES = (".yaml", ".yml")
+_YAML_KIND = re.compile(r"^kind\s*:", re.MULTILINE)
+
+
+def is_yaml(path: str | Path, text: str) -> bool:
+    """YAML by extension (``.yaml``/``.yml``); otherwise by content (a top-level ``kind:``)."""
+    if Path(path).suffix.lower() in _YAML_SUFFIXES:
+        return True
+    return _YAML_KIND.search(text) is not None
+
+
+def load_file(path: str | Path, *, node: str | None = None) -> NodeTopology:
+    """The topology in ``path``, whichever format it is in.
+
+    ``node`` names the node: a matrix has no node name (default: the file name without its
+    extension); for a YAML file it overrides the name written in the file. ``source`` is
+    ``topo-matrix:<path>`` or ``yaml:<path>``. Raises ``OSError`` when the file cannot be
+    read and ``TopologyParseError`` (a ``ValueError``) when it is not a valid topology.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TopologyParseError(f"not a text file ({e.reason} at byte {e.start})") from None
+    if is_yaml(path, text):
+        topo = yamlfmt.loads(text, source=f"yaml:{path}")
+        return msgspec.structs.replace(topo, node=node) if node else topo
+    return parse_topo_matrix(text, node=node or Path(path).stem, source=f"topo-matrix:{path}")

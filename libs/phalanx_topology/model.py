@@ -1,0 +1,198 @@
+"""Rules every topology reader shares: device names, relation strings, CPU lists, and the
+facts derived from a matrix (NUMA domains, NIC NUMA, NVSwitch fabric).
+
+The ``nvidia-smi topo -m`` parser (``matrix``), the YAML format (``yamlfmt``) and the NVML
+adapter (``phalanx_nvml``) all call these, so the three readers agree on one model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
+
+from phalanx_topology.links import nvlink_count
+
+PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+"""PCIe relations, nearest first (nvidia-smi's legend)."""
+
+LEGACY_RELATIONS = {"SOC": "SYS"}
+"""Names older nvidia-smi releases printed, mapped to today's."""
+
+MAX_DIRECT_NVLINKS = 18
+"""The most NVLinks one GPU has (H100, B200). A per-pair bundle of ``k`` links to each of
+``n - 1`` peers needs ``k * (n - 1)`` links per GPU; more than this many can only be a switch."""
+
+_NV = re.compile(r"NV([1-9]\d*)")
+_GPU = re.compile(r"GPU(\d+)")
+_NIC_INDEXED = re.compile(r"NIC(\d+)")
+_NIC_DEVICE = re.compile(r"[a-z][a-z0-9_.-]*")
+_FUSED_LOWER = re.compile(r"([a-z]+\d*_)\d+\1\d+")
+_CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+class TopologyParseError(ValueError):
+    """A topology file or text that does not describe a node; the message names the place
+    (``line 7`` or a YAML path) and the rule that was broken."""
+
+
+# --- device names -------------------------------------------------------------------------
+
+def gpu_index(name: str) -> int | None:
+    """The index in ``GPU<n>``, or None when ``name`` is not a GPU name."""
+    m = _GPU.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def device_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a device column (``GPU3``, ``NIC0``, ``mlx5_0``), or None."""
+    if _GPU.fullmatch(name) or _NIC_INDEXED.fullmatch(name):
+        return None
+    if "GPU" in name or "NIC" in name or _FUSED_LOWER.fullmatch(name):
+        return f"column name {name!r} looks like several names run together (columns are separated by whitespace)"
+    if not _NIC_DEVICE.fullmatch(name):
+        return f"{name!r} is not a device name (GPU<n>, NIC<n> or an RDMA device such as mlx5_0)"
+    return None
+
+
+def is_indexed_nic(name: str) -> bool:
+    """True for ``NIC<n>``, the names newer nvidia-smi gives NICs (with a ``NIC Legend``)."""
+    return _NIC_INDEXED.fullmatch(name) is not None
+
+
+# --- relations ----------------------------------------------------------------------------
+
+def normalize_relation(cell: str) -> str | None:
+    """The canonical relation for a matrix cell (``NV2``, ``PIX`` … ``SYS``; legacy ``SOC`` is
+    ``SYS``), or None when the cell is not a relation. ``X`` (self) is not a relation."""
+    cell = LEGACY_RELATIONS.get(cell, cell)
+    if cell in PCIE_RELATIONS or _NV.fullmatch(cell):
+        return cell
+    return None
+
+
+def cell_problem(row: str, col: str, cell: str) -> str | None:
+    """Why ``cell`` cannot stand at (row, col) of a matrix, or None."""
+    if row == col:
+        return None if cell == "X" else f"{row}–{col} is the diagonal and must be 'X', not {cell!r}"
+    if cell == "X":
+        return f"{row}–{col} is 'X' (self) off the diagonal"
+    if normalize_relation(cell) is None:
+        return (f"{row}–{col} has unknown relation {cell!r} "
+                f"(expected NV<n>, PIX, PXB, PHB, NODE or SYS)")
+    return None
+
+
+def asymmetry(relations: Mapping[str, Mapping[str, str]], names: Sequence[str]) -> tuple[str, str] | None:
+    """The first pair ``(a, b)`` whose relation differs from ``(b, a)``, or None."""
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if relations[a][b] != relations[b][a]:
+                return a, b
+    return None
+
+
+# --- CPU lists ----------------------------------------------------------------------------
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """``0-11,24-35`` → the set of CPUs; raises ValueError for anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        m = _CPU_RANGE.fullmatch(part.strip())
+        if not m:
+            raise ValueError(f"{text!r} is not a CPU list (like 0-11,24-35)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise ValueError(f"{text!r} has a descending range {part!r}")
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """The set of CPUs in canonical ``0-11,24-35`` form (empty string for no CPUs)."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    start = prev = None
+    for c in ordered:
+        if prev is not None and c == prev + 1:
+            prev = c
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = c
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def canonical_cpulist(text: str) -> str:
+    """``text`` rewritten in canonical form; ``N/A`` and empty become empty."""
+    if text in ("", "N/A"):
+        return ""
+    return format_cpulist(parse_cpulist(text))
+
+
+# --- derived facts ------------------------------------------------------------------------
+
+def numa_from_affinity(gpus: Sequence[Gpu], nics: Sequence[Nic]) -> tuple[tuple[Gpu, ...], tuple[Nic, ...]]:
+    """When no device has a known NUMA id, devices with the same CPU affinity share a NUMA
+    domain, numbered 0, 1, … in order of first appearance (GPUs first, then NICs). Devices
+    without an affinity stay at -1. Returns the devices unchanged when any NUMA id is known."""
+    if any(d.numa >= 0 for d in (*gpus, *nics)):
+        return tuple(gpus), tuple(nics)
+    ids: dict[str, int] = {}
+    for d in (*gpus, *nics):
+        if d.cpu_affinity:
+            ids.setdefault(d.cpu_affinity, len(ids))
+
+    def numa(d):
+        return ids.get(d.cpu_affinity, -1)
+
+    return (tuple(msgspec.structs.replace(g, numa=numa(g)) for g in gpus),
+            tuple(msgspec.structs.replace(n, numa=numa(n)) for n in nics))
+
+
+def infer_nic_numa(gpus: Sequence[Gpu], nics: Sequence[Nic],
+                   relations: Mapping[str, Mapping[str, str]]) -> tuple[Nic, ...]:
+    """A NIC whose NUMA id is unknown takes the NUMA id of the GPUs it reaches without
+    crossing the inter-socket link (PIX, PXB, PHB or NODE), when those GPUs agree on one id.
+    A NIC that is SYS to every GPU, or near GPUs of different domains, stays at -1."""
+    out = []
+    for nic in nics:
+        if nic.numa < 0:
+            near = {g.numa for g in gpus
+                    if g.numa >= 0 and relations[nic.name][g.name] in ("PIX", "PXB", "PHB", "NODE")}
+            if len(near) == 1:
+                nic = msgspec.structs.replace(nic, numa=near.pop())
+        out.append(nic)
+    return tuple(out)
+
+
+def detect_nvswitch(gpu_names: Sequence[str], relations: Mapping[str, Mapping[str, str]]) -> bool:
+    """True when the matrix shows an NVSwitch fabric: every GPU pair is ``NV<k>`` with one
+    ``k``, and ``k * (n - 1)`` is more links than any GPU has (so the bundles cannot be direct).
+    The DGX-1V cube mesh (NV1/NV2/SYS) and a 4-GPU direct mesh (NV4 each) are not fabrics."""
+    n = len(gpu_names)
+    if n < 2:
+        return False
+    counts = {nvlink_count(relations[a][b]) for i, a in enumerate(gpu_names) for b in gpu_names[i + 1:]}
+    if len(counts) != 1:
+        return False
+    k = counts.pop()
+    return k > 0 and k * (n - 1) > MAX_DIRECT_NVLINKS
+
+
+def finish(node: str, gpus: Sequence[Gpu], nics: Sequence[Nic], relations: dict[str, dict[str, str]],
+           *, source: str, nvswitch: bool | None = None) -> NodeTopology:
+    """Build the model with the derived facts every reader fills in the same way: NUMA from
+    CPU affinity when no id is known, NIC NUMA from nearby GPUs, NVSwitch from the matrix
+    (unless the reader knows it, as NVML does)."""
+    gpus, nics = numa_from_affinity(gpus, nics)
+    nics = infer_nic_numa(gpus, nics, relations)
+    if nvswitch is None:
+        nvswitch = detect_nvswitch([g.name for g in gpus], relations)
+    return NodeTopology(node=node, gpus=tuple(gpus), nics=tuple(nics), relations=relations,
+                        nvswitch=nvswitch, source=source)

@@ -1,0 +1,79 @@
+"""Helpers for tests that run the real stack: submit pods, wait for outcomes, audit the ledger."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import anyio
+import msgspec
+from phalanx_bus import Bus
+from phalanx_kube.port import ASSIGNMENT_ANNOTATION
+from phalanx_kube.sim import SimCluster
+from phalanx_proto import subjects as S
+from phalanx_proto.events import PodRef
+from phalanx_proto.state import NodeLedger, gang_state_decoder
+
+
+def gpu_pod(name: str, gpus: int, *, scheduler: str = "phalanx", labels: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+            "spec": {"schedulerName": scheduler, "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+async def connect(stack) -> tuple[Bus, SimCluster]:
+    bus = await Bus.connect(stack.url, service="test")
+    await bus.declare()
+    sim = await SimCluster.open(bus)
+    return bus, sim
+
+
+async def seed_nodes(stack, sim: SimCluster) -> None:
+    for node in stack.cluster.node_objects():
+        await sim.apply_node(node)
+
+
+async def ledger(bus: Bus) -> dict[str, NodeLedger]:
+    kv = await bus.kv(S.KV_LEDGER)
+    return {led.node: led for led in (msgspec.json.decode(e.value, type=NodeLedger) for e in await kv.items())}
+
+
+async def audit_ledger(bus: Bus) -> Counter:
+    """Raise if any GPU is booked twice; return reservations per pod."""
+    per_pod: Counter = Counter()
+    for node, led in (await ledger(bus)).items():
+        used: Counter = Counter()
+        for key, alloc in led.allocations.items():
+            per_pod[key] += 1
+            used.update(alloc.assignment.gpus)
+        double = [g for g, n in used.items() if n > 1]
+        assert not double, f"GPU(s) {double} on {node} booked twice: {led.allocations}"
+    return per_pod
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    with anyio.fail_after(timeout):
+        while True:
+            result = await predicate()
+            if result:
+                return result
+            await anyio.sleep(interval)
+
+
+async def bound_pods(sim: SimCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
+    out = {}
+    for p in await sim.list_pods():
+        if p.node_name:
+            a = json.loads(p.annotations.get(ASSIGNMENT_ANNOTATION, "{}"))
+            out[f"{p.namespace}/{p.name}"] = (p.node_name, tuple(a.get("gpus", ())))
+    return out
+
+
+async def gang_states(bus: Bus) -> dict:
+    kv = await bus.kv(S.KV_GANGS)
+    return {s.gang_id: s for s in (gang_state_decoder.decode(e.value) for e in await kv.items())}
+
+
+def ref(name: str) -> PodRef:
+    return PodRef(namespace="default", name=name)
