@@ -9,10 +9,12 @@ Mechanisms every service uses (style rules 6 and 7):
 * ``Kv`` — compare-and-set access to a KV bucket.
 """
 
-from phalanx_bus.bus import Bus, BusError, DecodeFailure, Kv, KvConflict, KvEntry, tail
+from phalanx_bus.bus import (
+    Bus, BusError, DecodeFailure, Kv, KvConflict, KvEntry, enable_atomic, kv_atomic_write, tail,
+)
 from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
 
 __all__ = [
-    "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "tail",
+    "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write", "tail",
     "Delivery", "PermanentError", "TemporaryError", "consume",
 ]

@@ -292,3 +292,53 @@ async def tail(bus: Bus, subject: str, decoder: msgspec.json.Decoder) -> AsyncIt
 class DecodeFailure:
     error: str
     data: bytes
+
+
+async def enable_atomic(bus: Bus, bucket: str) -> None:
+    """Allow JetStream atomic batch publish on a KV bucket's stream (nats-server 2.12+)."""
+    await bus.kv(bucket)
+    stream = f"KV_{bucket}"
+    info = await bus.js.stream_info(stream)
+    if not getattr(info.config, "allow_atomic", False):
+        cfg = info.config
+        cfg.allow_atomic = True
+        await bus.js.update_stream(cfg)
+
+
+async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], *,
+                          timeout_s: float = 5.0) -> int:
+    """Write several KV keys in one JetStream atomic batch: all or none.
+
+    Each write is ``(key, value, expected_revision)`` (0: the key must not exist). Any
+    stale revision fails the whole batch with ``KvConflict`` and changes nothing. Returns the
+    stream sequence of the last write. The server refuses batches over 1,000 messages.
+    """
+    import json
+    import uuid
+
+    if not writes:
+        return 0
+    if len(writes) > 1000:
+        raise BusError(f"atomic batch of {len(writes)} writes exceeds the server limit of 1000")
+    batch_id = uuid.uuid4().hex
+    last = len(writes)
+    for n, (key, value, expected) in enumerate(writes, start=1):
+        headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(n),
+                   "Nats-Expected-Last-Subject-Sequence": str(expected)}
+        subject = f"$KV.{bucket}.{key}"
+        if n < last:
+            await bus.nc.publish(subject, value, headers=headers)
+            continue
+        headers["Nats-Batch-Commit"] = "1"
+        try:
+            reply = await bus.nc.request(subject, value, headers=headers, timeout=timeout_s)
+        except nats.errors.TimeoutError as e:
+            raise BusError(f"atomic batch {batch_id} on {bucket}: no reply to commit") from e
+        ack = json.loads(reply.data or b"{}")
+        err = ack.get("error")
+        if err:
+            if err.get("err_code") == 10071:
+                raise KvConflict(f"{bucket}: {err.get('description', 'wrong last sequence')}")
+            raise BusError(f"atomic batch on {bucket} refused: {err}")
+        return int(ack.get("seq", 0))
+    return 0

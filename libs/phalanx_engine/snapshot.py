@@ -25,6 +25,9 @@ class NodeView:
     """False when the node's discovery heartbeat is older than the bound."""
     tiers: NetworkTiers = NetworkTiers()
     used_gpus: frozenset[int] = frozenset()
+    """Whole GPUs taken (also derivable from ``allocations``; kept for simple callers)."""
+    allocations: tuple[Assignment, ...] = ()
+    """Every reservation on the node that the decision must respect."""
     revision: int = 0
     """Ledger revision the used set was read at (0: no ledger entry yet)."""
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
-from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume
-from phalanx_engine.firstfit import place_first_fit
+from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume, enable_atomic, kv_atomic_write
+from phalanx_engine.decide import place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -69,12 +69,11 @@ class Placement:
         for e in await self.topo_kv.items():
             rep = _report_decoder.decode(e.value)
             ledger, rev = ledgers.get(rep.node, (NodeLedger(node=rep.node), 0))
-            used = frozenset(g for a in ledger.allocations.values() if a.gang_id != gang_id
-                             for g in a.assignment.gpus)
+            others = tuple(a.assignment for a in ledger.allocations.values() if a.gang_id != gang_id)
             nodes.append(NodeView(
                 name=rep.node, topology=rep.topology, enabled=rep.enabled,
                 fresh=now - beats.get(rep.node, 0.0) <= self.config.heartbeat_stale_s,
-                tiers=rep.tiers, used_gpus=used, revision=rev))
+                tiers=rep.tiers, allocations=others, revision=rev))
         return Snapshot(nodes=tuple(sorted(nodes, key=lambda n: n.name)))
 
     async def on_command(self, event, delivery: Delivery) -> None:
@@ -97,7 +96,7 @@ class Placement:
                 return
             snap = await self.snapshot(ev.gang_id, ledgers)
             started = time.perf_counter()
-            result = place_first_fit(snap, ev.members)
+            result = place_snapshot(snap, ev.members)
             elapsed_ms = (time.perf_counter() - started) * 1000
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
@@ -118,9 +117,11 @@ class Placement:
 
     async def commit(self, ev: PlacementRequested, decision: Decision,
                      ledgers: dict[str, tuple[NodeLedger, int]]) -> None:
-        """Write the reservations node by node, each by compare-and-set on the revision read.
+        """Write the reservations of every touched node in one JetStream atomic batch, each
+        write expecting the ledger revision the decision read: all nodes or none, and a
+        concurrent writer on any of them fails the whole batch (``KvConflict``).
 
-        Allocations this gang holds from earlier attempts on the touched nodes are replaced.
+        Allocations this gang holds from earlier attempts are replaced.
         """
         members = {alloc_key(m.pod) for m in ev.members}
         by_node: dict[str, list] = {}
@@ -130,31 +131,29 @@ class Placement:
         for node, (ledger, _) in ledgers.items():
             if node not in by_node and any(a.gang_id == ev.gang_id for a in ledger.allocations.values()):
                 by_node[node] = []
+        writes = []
         for node, assignments in sorted(by_node.items()):
             ledger, rev = ledgers.get(node, (NodeLedger(node=node), 0))
             allocs = {k: v for k, v in ledger.allocations.items()
                       if not (v.gang_id == ev.gang_id or k in members)}
             for a in assignments:
                 allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a)
-            data = encoder.encode(NodeLedger(node=node, allocations=allocs))
-            if rev == 0:
-                await self.ledger_kv.create(S.token(node), data)
-            else:
-                await self.ledger_kv.update(S.token(node), data, last=rev)
+            writes.append((S.token(node), encoder.encode(NodeLedger(node=node, allocations=allocs)), rev))
+        await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
 
     async def on_release(self, ev: ReleaseRequested) -> None:
         pods = {alloc_key(p) for p in ev.pods}
         for _ in range(self.config.max_commit_retries):
+            released, writes = 0, []
+            for node, (ledger, rev) in (await self.ledgers()).items():
+                keep = {k: v for k, v in ledger.allocations.items()
+                        if not (v.gang_id == ev.gang_id and v.attempt <= ev.attempt and (not pods or k in pods))}
+                if len(keep) == len(ledger.allocations):
+                    continue
+                released += len(ledger.allocations) - len(keep)
+                writes.append((S.token(node), encoder.encode(NodeLedger(node=node, allocations=keep)), rev))
             try:
-                released = 0
-                for node, (ledger, rev) in (await self.ledgers()).items():
-                    keep = {k: v for k, v in ledger.allocations.items()
-                            if not (v.gang_id == ev.gang_id and v.attempt <= ev.attempt and (not pods or k in pods))}
-                    if len(keep) == len(ledger.allocations):
-                        continue
-                    released += len(ledger.allocations) - len(keep)
-                    await self.ledger_kv.update(S.token(node), encoder.encode(NodeLedger(node=node, allocations=keep)),
-                                                last=rev)
+                await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
                 break
             except KvConflict:
                 continue
@@ -179,6 +178,7 @@ def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
 
 async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run placement until cancelled; ready once its durable consumer is live."""
+    await enable_atomic(bus, S.KV_LEDGER)
     placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
                           await bus.kv(S.KV_LEDGER), config)
     await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.placement.>",

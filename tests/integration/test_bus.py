@@ -128,3 +128,17 @@ async def test_declare_is_idempotent_and_keeps_data(bus):
     assert info.state.messages == 1
     assert msgspec.json.decode((await bus.js.get_last_msg(S.STREAM_GANG, "phx.gang.coord.default.x")).data) == {
         "kind": "gang.released", "gang_id": "default/x"}
+
+
+async def test_an_atomic_kv_batch_commits_whole_or_changes_nothing(bus):
+    from phalanx_bus import enable_atomic, kv_atomic_write
+
+    await enable_atomic(bus, S.KV_LEDGER)
+    kv = await bus.kv(S.KV_LEDGER)
+    r1 = await kv.put("n1", b"one")
+    await kv_atomic_write(bus, S.KV_LEDGER, [("n1", b"one'", r1), ("n2", b"two", 0)])
+    e1, e2 = await kv.get("n1"), await kv.get("n2")
+    assert (e1.value, e2.value) == (b"one'", b"two")
+    with pytest.raises(KvConflict):
+        await kv_atomic_write(bus, S.KV_LEDGER, [("n2", b"two'", e2.revision), ("n1", b"stale", r1)])
+    assert ((await kv.get("n1")).value, (await kv.get("n2")).value) == (b"one'", b"two")
