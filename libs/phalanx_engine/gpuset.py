@@ -259,18 +259,21 @@ class _Graph:
         )
 
 
-_GRAPHS: OrderedDict[int, tuple[NodeTopology, _Graph]] = OrderedDict()
+_GRAPHS: OrderedDict[tuple, tuple[tuple, dict, _Graph]] = OrderedDict()
 _GRAPHS_MAX = 256
 
 
 def _graph(topology: NodeTopology) -> _Graph:
-    # Keyed by identity and holding the topology itself, so an id is never reused while cached.
-    hit = _GRAPHS.get(id(topology))
-    if hit is not None and hit[0] is topology:
-        _GRAPHS.move_to_end(id(topology))
-        return hit[1]
+    # Keyed by the identity of the GPU tuple and relation matrix (nodes built from one parsed
+    # topology share them, whatever their names), holding both so an id is never reused
+    # while cached.
+    key = (id(topology.gpus), id(topology.relations), topology.nvswitch)
+    hit = _GRAPHS.get(key)
+    if hit is not None and hit[0] is topology.gpus and hit[1] is topology.relations:
+        _GRAPHS.move_to_end(key)
+        return hit[2]
     graph = _Graph(topology)
-    _GRAPHS[id(topology)] = (topology, graph)
+    _GRAPHS[key] = (topology.gpus, topology.relations, graph)
     if len(_GRAPHS) > _GRAPHS_MAX:
         _GRAPHS.popitem(last=False)
     return graph

@@ -104,6 +104,8 @@ class Stack:
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     service_args: dict[str, list[str]] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)
+    """Extra replicas of cluster-wide services, e.g. ``{"placement": 2}``."""
     nats: NatsServer | None = None
     procs: dict[str, ServiceProc] = field(default_factory=dict)
 
@@ -131,12 +133,14 @@ class Stack:
             out.append((f"topology-discovery@{n.name}", "topology-discovery",
                         ["--node", n.name, "--topology-file", n.topology_file]))
             out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name]))
-        out += [("placement", "placement", []), ("binder", "binder", []), ("gang-coordinator", "gang-coordinator", [])]
+        for service in ("placement", "binder", "gang-coordinator"):
+            for i in range(self.replicas.get(service, 1)):
+                out.append((service if i == 0 else f"{service}#{i + 1}", service, []))
         return out
 
     def start_services(self, timeout_s: float = 60.0) -> None:
         for name, service, extra in self.plan():
-            safe = name.replace("@", "-")
+            safe = name.replace("@", "-").replace("#", "-")
             sp = ServiceProc(name, ["run", service, "--nats", self.url, *extra, *self.service_args.get(service, [])],
                              Path(self.workdir) / f"{safe}.ready", Path(self.workdir) / f"{safe}.log")
             self.procs[name] = sp

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import anyio
 
 NEEDS_CLUSTER = False
@@ -10,9 +12,10 @@ NEEDS_CLUSTER = False
 def add_arguments(p) -> None:
     p.add_argument("--heartbeat-stale-s", type=float, default=15.0,
                    help="a node whose topology heartbeat is older than this is unavailable (default %(default)s)")
+    p.add_argument("--debug-decide-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_placement.service import Config, run
 
-    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s), task_status=task_status)
+    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s, decide_delay_s=args.debug_decide_delay_s), task_status=task_status)

@@ -42,6 +42,8 @@ _report_decoder = msgspec.json.Decoder(NodeTopologyReported)
 class Config:
     heartbeat_stale_s: float = 15.0
     max_commit_retries: int = 20
+    decide_delay_s: float = 0.0
+    """Test only: sleep between reading the ledger and committing, to widen replica races."""
 
 
 class Placement:
@@ -51,6 +53,7 @@ class Placement:
         self.beat_kv = beat_kv
         self.ledger_kv = ledger_kv
         self.config = config
+        self.conflicts = 0
 
     async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
         out = {}
@@ -103,10 +106,13 @@ class Placement:
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons)))
                 return
+            if self.config.decide_delay_s:
+                await anyio.sleep(self.config.decide_delay_s)
             try:
                 await self.commit(ev, result, ledgers)
             except KvConflict as e:
-                log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e))
+                self.conflicts += 1
+                log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e), conflicts=self.conflicts)
                 continue
             log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
                 assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments))
