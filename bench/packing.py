@@ -39,6 +39,7 @@ from phalanx_engine.sharepack import (
     MILLI,
     POLICIES,
     NodeState,
+    PhalanxPack,
     PodRequest,
     ShareCluster,
     TargetMix,
@@ -61,14 +62,14 @@ class Trace:
     pods: tuple[PodRequest, ...]
 
 
-def load_trace(trace_dir: Path) -> Trace:
+def load_trace(trace_dir: Path, pod_file: str = POD_FILE) -> Trace:
     nodes = []
     with open(trace_dir / NODE_FILE, newline="") as f:
         for row in csv.DictReader(f):
             nodes.append((row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), int(row["gpu"]),
                           row["model"] or None))
     pods = []
-    with open(trace_dir / POD_FILE, newline="") as f:
+    with open(trace_dir / pod_file, newline="") as f:
         for row in csv.DictReader(f):
             count, milli = int(row["num_gpu"]), int(row["gpu_milli"])
             if count == 0:
@@ -104,13 +105,17 @@ def workload(trace: Trace, seed: int) -> tuple[list[int], list[int]]:
     return order, seq
 
 
-def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: float | None = None) -> dict:
+def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: float | None = None,
+           phalanx_options: dict | None = None) -> dict:
     """One replay; returns the headline figures and the allocation curve (per 1 % arrived)."""
     t0 = time.perf_counter()
     order, seq = workload(trace, seed)
     ranked = sorted(range(len(trace.nodes)), key=order.__getitem__)
     nodes = [NodeState.empty(*trace.nodes[k]) for k in ranked]
-    policy = make_policy(policy_name, mix, seed=f"{seed}-gpu")
+    if policy_name == "phalanx" and phalanx_options:
+        policy = PhalanxPack(mix, **phalanx_options)
+    else:
+        policy = make_policy(policy_name, mix, seed=f"{seed}-gpu")
     cluster = ShareCluster(nodes, policy, rng=random.Random(f"{seed}-node"))
     cap = cluster.gpu_capacity
     arrived = 0
@@ -147,13 +152,13 @@ _TRACE: Trace | None = None
 _MIX: TargetMix | None = None
 
 
-def _init_worker(trace_dir: str) -> None:
+def _init_worker(trace_dir: str, pod_file: str = POD_FILE) -> None:
     global _TRACE, _MIX
-    _TRACE = load_trace(Path(trace_dir))
+    _TRACE = load_trace(Path(trace_dir), pod_file)
     _MIX = TargetMix.from_requests(_TRACE.pods)
 
 
-def _run_one(args: tuple[str, int, float | None]) -> dict:
+def _run_one(args: tuple[str, int, float | None, dict]) -> dict:
     assert _TRACE is not None and _MIX is not None
     return replay(_TRACE, _MIX, *args)
 
@@ -171,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="stop each replay once arrived demand passes 100.5 %% (no 130 %% figure)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--stranding-weight", type=float, default=None,
+                    help="Phalanx: weight of the CPU-stranding term (default 1; 0 switches it off)")
+    ap.add_argument("--cpu-per-gpu", type=float, default=None,
+                    help="Phalanx: CPU milli per GPU milli (default: from the target mix, 10.91)")
+    ap.add_argument("--no-tight-share", action="store_true",
+                    help="Phalanx: put a share on the GPU with the best node score, not the tightest")
     ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+    ap.add_argument("--pod-list", default=POD_FILE, help=f"pod list CSV in the trace dir (default {POD_FILE})")
     ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
     ap.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU vs arrived (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -185,24 +197,33 @@ def main(argv: list[str] | None = None) -> int:
     log = sys.stderr if args.json == "-" else sys.stdout
 
     t0 = time.perf_counter()
-    _init_worker(str(args.trace_dir))
+    _init_worker(str(args.trace_dir), args.pod_list)
     assert _TRACE is not None and _MIX is not None
     gpus = sum(n[3] for n in _TRACE.nodes)
-    print(f"trace: {len(_TRACE.nodes)} GPU nodes, {gpus} GPUs, {len(_TRACE.pods)} pods; "
+    print(f"trace: {len(_TRACE.nodes)} GPU nodes, {gpus} GPUs, {len(_TRACE.pods)} pods ({args.pod_list}); "
           f"target mix: {len(_MIX)} shapes; seeds {seeds[0]}..{seeds[-1]}; "
           f"policies {', '.join(policies)}; tie-break: fixed random node order per seed", file=log)
-    jobs = [(p, s, stop_at) for s in seeds for p in policies]
+    popts: dict = {}
+    if args.stranding_weight is not None:
+        popts["stranding_weight"] = args.stranding_weight
+    if args.cpu_per_gpu is not None:
+        popts["cpu_per_gpu"] = args.cpu_per_gpu
+    if args.no_tight_share:
+        popts["tight_share"] = False
+    if popts and "phalanx" in policies:
+        print(f"phalanx options: {popts}", file=log)
+    jobs = [(p, s, stop_at, popts) for s in seeds for p in policies]
     results: list[dict] = []
 
     def report(r: dict) -> None:
         results.append(r)
         print(f"  {r['policy']:8s} seed {r['seed']:3d}: alloc@100% {_fmt(r['alloc_100'])} %  "
-              f"alloc@130% {_fmt(r['alloc_130'])} %  pods {r['pods']} failed {r['failed']:5d}  "
+              f"alloc@130% {_fmt(r['alloc_130'])} %  pods {r['pods']} dropped {r['failed']:5d}  "
               f"{r['seconds']:6.1f} s", file=log, flush=True)
 
     if args.jobs > 1:
         with get_context("fork").Pool(args.jobs, initializer=_init_worker,
-                                      initargs=(str(args.trace_dir),)) as pool:
+                                      initargs=(str(args.trace_dir), args.pod_list)) as pool:
             for r in pool.imap_unordered(_run_one, jobs):
                 report(r)
     else:
@@ -229,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     for p in policies:
         s = summary[p]
         rng = f"{_fmt(s['min_alloc_100']).strip()}..{_fmt(s['max_alloc_100']).strip()}"
-        pub = f"{PUBLISHED[p]:.2f}" if p in PUBLISHED else "-"
+        pub = f"{PUBLISHED[p]:.2f}" if p in PUBLISHED and args.pod_list == POD_FILE else "-"
         print(f"{LABELS[p]:12s} {_fmt(s['median_alloc_100']):>12s} % {rng:>16s} "
               f"{_fmt(s['median_alloc_130']):>12s} % {pub:>12s} {s['seconds']:7.1f}s", file=log)
     print(f"total runtime {wall:.1f} s ({args.jobs} process(es))", file=log)
 
     if args.json:
         out = {"seeds": seeds, "policies": policies, "quick": args.quick, "runtime_s": wall,
+               "phalanx_options": popts,
                "summary": summary,
                "runs": [{k: v for k, v in r.items() if k != "curve"} | {"curve": {str(k): v for k, v in
                         r["curve"].items()}} for r in results]}

@@ -4,6 +4,7 @@ and a fresh, isolated bus per test (streams and buckets purged between tests).""
 from __future__ import annotations
 
 import pytest
+
 from phalanx_runtime.natsserver import NatsServer
 
 

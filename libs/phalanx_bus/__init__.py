@@ -10,7 +10,15 @@ Mechanisms every service uses (style rules 6 and 7):
 """
 
 from phalanx_bus.bus import (
-    Bus, BusError, DecodeFailure, Kv, KvConflict, KvEntry, enable_atomic, kv_atomic_write, tail,
+    Bus,
+    BusError,
+    DecodeFailure,
+    Kv,
+    KvConflict,
+    KvEntry,
+    enable_atomic,
+    kv_atomic_write,
+    tail,
 )
 from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
 

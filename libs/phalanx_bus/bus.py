@@ -15,6 +15,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
+
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_telemetry import inject_headers, log, tracer, warn

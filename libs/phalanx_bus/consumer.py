@@ -25,10 +25,10 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
-from phalanx_proto import subjects as S
-from phalanx_telemetry import extract_context, log, tracer, warn
 
 from phalanx_bus.bus import Bus
+from phalanx_proto import subjects as S
+from phalanx_telemetry import extract_context, log, tracer, warn
 
 
 class TemporaryError(Exception):

@@ -19,8 +19,10 @@ import sys
 from typing import TextIO
 
 import msgspec
+
 from phalanx_engine.gpuset import NoFit, choose_gpus
 from phalanx_engine.rdma import choose_gpus_and_nics
+from phalanx_topology import load_file
 
 
 def index_list(text: str) -> frozenset[int]:
@@ -74,8 +76,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from phalanx_topology import load_file
-
     out = out or sys.stdout
     err = err or sys.stderr
     try:

@@ -16,6 +16,7 @@ import traceback
 from contextlib import AsyncExitStack
 
 import anyio
+
 from phalanx_runtime.service import serve
 
 SERVICES = {

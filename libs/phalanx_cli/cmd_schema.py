@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+
 from phalanx_proto import events, state
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "proto" / "schema"

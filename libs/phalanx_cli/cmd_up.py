@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
 from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 import yaml
+
 from phalanx_engine.requests import check_gpu_model, check_object
 
 

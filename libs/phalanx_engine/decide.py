@@ -29,14 +29,13 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from phalanx_proto.events import Assignment, MemberSpec
-from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
-
 from phalanx_engine import mig
 from phalanx_engine.gpuset import NoFit as SetNoFit
 from phalanx_engine.gpuset import choose_gpus
 from phalanx_engine.rdma import choose_gpus_and_nics
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
+from phalanx_proto.events import Assignment, MemberSpec
+from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
 
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from phalanx_proto.events import Assignment, MemberSpec
-
 from phalanx_engine.snapshot import Decision, NoFit, Snapshot
+from phalanx_proto.events import Assignment, MemberSpec
 
 
 def node_filter_reason(node, need: int) -> str | None:

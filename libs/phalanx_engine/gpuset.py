@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Set
 
 import msgspec
+
 from phalanx_proto.topology import Gpu, NodeTopology
 from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
 

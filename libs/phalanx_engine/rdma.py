@@ -41,9 +41,9 @@ import enum
 from collections.abc import Mapping, Set
 
 import msgspec
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
 from phalanx_engine.gpuset import GpuChoice, NoFit, choose_gpus
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
 
 class RdmaLevel(enum.StrEnum):

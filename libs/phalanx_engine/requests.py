@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from phalanx_proto.events import MemberSpec, PodRef
 
 from phalanx_engine import mig
+from phalanx_proto.events import MemberSpec, PodRef
 
 SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
 NVIDIA_GPU = "nvidia.com/gpu"

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
 import msgspec
+
 from phalanx_proto.events import PodRef
 
 SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")

@@ -19,10 +19,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgspec
-from phalanx_bus import Bus, KvConflict
-from phalanx_proto.events import PodRef
-from phalanx_proto.subjects import token
 
+from phalanx_bus import Bus, KvConflict
 from phalanx_kube.port import (
     SCHEDULER_NAMES,
     BindConflict,
@@ -34,6 +32,8 @@ from phalanx_kube.port import (
     node_from_dict,
     pod_from_dict,
 )
+from phalanx_proto.events import PodRef
+from phalanx_proto.subjects import token
 
 KV_PODS = "phx-sim-pods"
 KV_NODES = "phx-sim-nodes"

@@ -21,8 +21,6 @@ from typing import Any
 
 import msgspec
 import pynvml
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
-from phalanx_topology.model import finish, format_cpulist
 
 from phalanx_nvml.pcie import (
     PciDevice,
@@ -34,6 +32,8 @@ from phalanx_nvml.pcie import (
     socket_of_numa,
 )
 from phalanx_nvml.port import DiscoveryError, NvmlUnavailable
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
+from phalanx_topology.model import finish, format_cpulist
 
 _MIB = 1024 * 1024
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import msgspec
 import pynvml
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
-from phalanx_topology.links import nvlink_count
-from phalanx_topology.model import parse_cpulist
 
 from phalanx_nvml import fake_pci
 from phalanx_nvml.pcie import natural_key, normalize_bus_id
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
+from phalanx_topology.links import nvlink_count
+from phalanx_topology.model import parse_cpulist
 
 _LEVEL = {"PIX": pynvml.NVML_TOPOLOGY_SINGLE, "PXB": pynvml.NVML_TOPOLOGY_MULTIPLE,
           "PHB": pynvml.NVML_TOPOLOGY_HOSTBRIDGE, "NODE": pynvml.NVML_TOPOLOGY_NODE,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+
 from phalanx_telemetry import log, setup_logging, setup_tracing
 
 Body = Callable[..., Awaitable[None]]

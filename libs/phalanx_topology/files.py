@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import msgspec
-from phalanx_proto.topology import NodeTopology
 
+from phalanx_proto.topology import NodeTopology
 from phalanx_topology import yamlfmt
 from phalanx_topology.matrix import parse_topo_matrix
 from phalanx_topology.model import TopologyParseError

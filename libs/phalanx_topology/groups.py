@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phalanx_proto.topology import NodeTopology
-
 from phalanx_topology.links import LinkClass, classify, link_rank
 
 

@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
-
 from phalanx_topology.model import (
     TopologyParseError,
     asymmetry,

@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology.links import nvlink_count
 
 PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from phalanx_proto.topology import NodeTopology
 
+from phalanx_proto.topology import NodeTopology
 from phalanx_topology.groups import closest_gpus, numa_layout, nvlink_cliques, nvlink_components
 
 

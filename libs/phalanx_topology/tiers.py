@@ -14,6 +14,7 @@ only a HyperNode label is alone in ``hypernode:<value>`` at the leaf and network
 from __future__ import annotations
 
 import msgspec
+
 from phalanx_proto.topology import NetworkTiers
 
 

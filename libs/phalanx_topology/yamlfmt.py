@@ -28,8 +28,8 @@ from typing import Any
 
 import msgspec
 import yaml
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
+from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology.model import (
     TopologyParseError,
     asymmetry,

@@ -9,6 +9,7 @@ after a crash), bound elsewhere or recreated is a ``BindFailed`` with the reason
 from __future__ import annotations
 
 import anyio
+
 from phalanx_bus import Bus, Delivery, consume
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, BindConflict, ClusterPort, PodGone
 from phalanx_proto import subjects as S

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
+
 from phalanx_bus import Bus, Delivery, KvConflict, consume
+from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -41,8 +43,6 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import GangState, gang_state_decoder
 from phalanx_telemetry import log, warn
-
-from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 
 DURABLE = "gang-coordinator"
 

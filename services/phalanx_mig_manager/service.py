@@ -9,6 +9,7 @@ attempt with a clear reason instead of waiting forever. Destroy commands are ack
 from __future__ import annotations
 
 import anyio
+
 from phalanx_bus import Bus, Delivery, consume
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
+
 from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume, enable_atomic, kv_atomic_write
 from phalanx_engine.decide import place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
+
 from phalanx_bus import Bus
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S

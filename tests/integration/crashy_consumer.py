@@ -4,6 +4,7 @@ import os
 import sys
 
 import anyio
+
 from phalanx_bus import Bus, consume
 from phalanx_proto.events import gang_decoder
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 import anyio
 import msgspec
+
 from phalanx_bus import Bus
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import SimCluster

@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+
 from phalanx_bus import Bus, KvConflict, PermanentError, TemporaryError, consume
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PlacementRequested, Released, gang_decoder

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+
 from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import audit_ledger, bound_pods, connect, gang_states, gpu_pod, ref, seed_nodes, wait_until
 

@@ -6,6 +6,7 @@ import json
 
 import msgspec
 import pytest
+
 from phalanx_cli import cmd_schema
 from phalanx_proto import events as E
 from phalanx_proto.state import GangState, NodeLedger, gang_state_decoder

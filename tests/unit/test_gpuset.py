@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from phalanx_cli.main import main
 from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoFit, choose_gpus, score_set
 from phalanx_proto.topology import Gpu, NodeTopology

@@ -4,6 +4,7 @@ larger profiles possible (R3)."""
 from __future__ import annotations
 
 import pytest
+
 from phalanx_engine.gpuset import NoFit
 from phalanx_engine.mig import (
     TABLES,

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pynvml
 import pytest
+
 from phalanx_nvml import DiscoveryError, NvmlDiscovery, NvmlUnavailable
 from phalanx_nvml.fake import FakeMachine, FakeNvml
 from phalanx_proto.topology import Gpu, Nic, NodeTopology

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from phalanx_nvml.pcie import (
     PciDevice,
     normalize_bus_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoFit
 from phalanx_engine.rdma import GpuNic, RdmaChoice, RdmaLevel, choose_gpus_and_nics, pair_level
 from phalanx_proto.topology import NodeTopology

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from phalanx_cli.main import main
 from phalanx_engine.requests import (
     GpuRequest,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from phalanx_cli import cmd_topology, main
 from phalanx_nvml import NvmlDiscovery
 from phalanx_nvml.fake import FakeMachine, FakeNvml

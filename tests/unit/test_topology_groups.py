@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from phalanx_topology import load_file, parse_topo_matrix
 from phalanx_topology.groups import NumaDomain, closest_gpus, numa_layout, nvlink_cliques, nvlink_components
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from phalanx_proto.topology import NetworkTiers
 from phalanx_topology.tiers import DEFAULT, TierLabels, tiers_from_labels
 

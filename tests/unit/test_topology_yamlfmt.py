@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology import TopologyParseError, load_file
 from phalanx_topology.yamlfmt import dump, dumps, load, loads
