@@ -32,6 +32,8 @@ class ClusterNode:
     name: str
     labels: dict[str, str]
     topology_file: str
+    gpu_model: str = ""
+    gpu_memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,20 @@ class ClusterFile:
             raise StackError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: nodes")
         nodes = []
         for i, n in enumerate(doc["nodes"]):
-            extra = set(n) - {"name", "labels", "topology"}
+            allowed = {"name", "labels", "topology", "gpuModel", "gpuMemoryMiB"}
+            extra = set(n) - allowed
             if extra:
-                raise StackError(f"{p}: nodes[{i}]: unknown key(s) {sorted(extra)}; allowed: name, labels, topology")
+                raise StackError(f"{p}: nodes[{i}]: unknown key(s) {sorted(extra)}; allowed: {', '.join(sorted(allowed))}")
+            mem = n.get("gpuMemoryMiB", 0)
+            if not isinstance(mem, int) or mem < 0:
+                raise StackError(f"{p}: nodes[{i}].gpuMemoryMiB: {mem!r} must be a non-negative integer (MiB)")
             if not n.get("name") or not n.get("topology"):
                 raise StackError(f"{p}: nodes[{i}]: 'name' and 'topology' are required")
             topo = (p.parent / n["topology"]).resolve()
             if not topo.is_file():
                 raise StackError(f"{p}: nodes[{i}].topology: file {topo} does not exist")
             nodes.append(ClusterNode(str(n["name"]), {str(k): str(v) for k, v in (n.get("labels") or {}).items()},
-                                     str(topo)))
+                                     str(topo), str(n.get("gpuModel") or ""), mem))
         return cls(tuple(nodes))
 
     def node_objects(self) -> list[dict[str, Any]]:
@@ -130,8 +136,10 @@ class Stack:
         """(process name, service, extra args) for every process of the stack."""
         out = []
         for n in self.cluster.nodes:
+            fill = (["--gpu-model", n.gpu_model] if n.gpu_model else []) + (
+                ["--gpu-memory-mib", str(n.gpu_memory_mib)] if n.gpu_memory_mib else [])
             out.append((f"topology-discovery@{n.name}", "topology-discovery",
-                        ["--node", n.name, "--topology-file", n.topology_file]))
+                        ["--node", n.name, "--topology-file", n.topology_file, *fill]))
             out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name]))
         for service in ("placement", "binder", "gang-coordinator"):
             for i in range(self.replicas.get(service, 1)):

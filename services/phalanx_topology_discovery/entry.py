@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
                    help="this node's name (env NODE_NAME)")
     p.add_argument("--topology-file", default=os.environ.get("PHALANX_TOPOLOGY_FILE"),
                    help="read the topology from an 'nvidia-smi topo -m' or Phalanx YAML file instead of NVML")
+    p.add_argument("--gpu-model", default="", help="GPU model for a topology file that does not name it "
+                   "(nvidia-smi topo -m prints no model)")
+    p.add_argument("--gpu-memory-mib", type=int, default=0, help="GPU memory (MiB) for a topology file without it")
     p.add_argument("--heartbeat-s", type=float, default=3.0, help="seconds between heartbeats (default %(default)s)")
 
 
@@ -21,7 +24,12 @@ def _reader(args):
     if args.topology_file:
         from phalanx_topology import load_file
 
+        import msgspec
+
         topo = load_file(args.topology_file, node=args.node)
+        gpus = tuple(msgspec.structs.replace(g, model=g.model or args.gpu_model,
+                                             memory_mib=g.memory_mib or args.gpu_memory_mib) for g in topo.gpus)
+        topo = msgspec.structs.replace(topo, gpus=gpus)
         return lambda: topo
     from phalanx_nvml import NvmlDiscovery
 

@@ -1,0 +1,91 @@
+"""topology-discovery as a real process: reports through JetStream, advertises resources, and a
+node whose agent stops becomes unavailable after the heartbeat bound, with that reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from phalanx_proto import subjects as S
+from phalanx_proto.events import NodeTopologyReported
+from phalanx_runtime.stack import ClusterFile, Stack
+from stackutil import bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    s = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"),
+              service_args={"topology-discovery": ["--heartbeat-s", "0.5"],
+                            "placement": ["--heartbeat-stale-s", "2"]})
+    s.start_nats()
+    yield s
+    s.stop()
+
+
+async def test_both_nodes_report_their_topology_and_resources_through_the_bus(stack):
+    bus, sim = await connect(stack)
+    try:
+        await seed_nodes(stack, sim)
+        await anyio.to_thread.run_sync(stack.start_services)
+        kv = await bus.kv(S.KV_TOPOLOGY)
+        reports = {}
+        for name in ("v100-a", "v100-b"):
+            rep = msgspec.json.decode((await kv.get(name)).value, type=NodeTopologyReported)
+            reports[name] = rep
+        a = reports["v100-a"]
+        assert (a.enabled, a.tiers.hypernode, len(a.topology.gpus), [n.name for n in a.topology.nics]) == (
+            True, "hn-1", 8, ["mlx5_0"])
+        assert a.topology.relation("GPU0", "GPU3") == "NV2"
+        assert {g.model for g in a.topology.gpus} == {"Tesla V100-SXM2-16GB"}
+
+        async def advertised():
+            node = await sim.get_node("v100-b")
+            return node.capacity if node and node.capacity else None
+
+        capacity = await wait_until(advertised, 15)
+        assert capacity == {"nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800", "aliyun.com/gpu-memory": "128"}
+    finally:
+        await bus.close()
+
+
+async def test_a_node_whose_discovery_stops_becomes_unavailable_with_that_reason(stack):
+    bus, sim = await connect(stack)
+    try:
+        await seed_nodes(stack, sim)
+        await anyio.to_thread.run_sync(stack.start_services)
+        await sim.apply_pod(gpu_pod("fill-a", 8))
+        await wait_until(lambda: bound_pods(sim), 30)
+        assert (await bound_pods(sim))["default/fill-a"][0] == "v100-a"
+        await anyio.to_thread.run_sync(stack.kill, "topology-discovery@v100-b")
+        await anyio.sleep(3)
+        await sim.apply_pod(gpu_pod("needs-b", 4))
+
+        async def pending():
+            s = (await gang_states(bus)).get("default/needs-b")
+            return s if s is not None and s.phase == "backoff" else None
+
+        state = await wait_until(pending, 30)
+        assert state.reason == ("0/2 nodes are available: 1 insufficient free GPUs, "
+                                "1 topology heartbeat stale.")
+        await anyio.to_thread.run_sync(stack.restart, "topology-discovery@v100-b")
+
+        async def placed():
+            b = await bound_pods(sim)
+            return b if "default/needs-b" in b else None
+
+        bound = await wait_until(placed, 60)
+        assert bound["default/needs-b"] == ("v100-b", (0, 1, 2, 3))
+    finally:
+        await bus.close()
