@@ -277,13 +277,23 @@ def _place_one(cluster: Cluster, states: dict[str, NodeState], m: MemberSpec, or
             if reasons is not None:
                 reasons[got] += 1
             continue
-        key = (_quality(got, st), -len(st.free_whole()), _neg_name(name))
+        key = (_quality(got, st), _tightness(got, st), -len(st.free_whole()), _neg_name(name))
         if best is None or key > best[0]:
             best = (key, got)
         seen += 1
         if seen >= CANDIDATES:
             break
     return None if best is None else best[1]
+
+
+def _tightness(a: Assignment, st: NodeState) -> tuple:
+    """For a TDM share, larger when the chosen GPU is left with less free core % and memory:
+    the tightest GPU anywhere in the cluster wins (the share-packing rule measured in
+    docs/packing.md). Whole GPUs and MIG: neutral."""
+    if a.mig_profile or not (a.core_pct or a.memory_mib):
+        return (0, 0)
+    g = a.gpus[0]
+    return (-(100 - st.core.get(g, 0) - a.core_pct), -(st.gpus[g].memory_mib - st.mem.get(g, 0) - a.memory_mib))
 
 
 def _neg_name(name: str) -> tuple:

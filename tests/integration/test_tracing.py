@@ -1,0 +1,65 @@
+"""One span per handled message, linked to the publisher's span through ``traceparent``."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from phalanx_bus import Bus, consume
+from phalanx_proto import subjects as S
+from phalanx_proto.events import PlacementRequested, gang_decoder
+from phalanx_telemetry import tracer
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
+async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus(nats_private, spans):
+    bus = await Bus.connect(nats_private.url, service="test")
+    try:
+        await bus.declare()
+        with tracer().start_as_current_span("admit gang") as root:
+            await bus.publish(S.placement_subject("default/g"), PlacementRequested(gang_id="default/g", attempt=3))
+        done = anyio.Event()
+
+        async def handler(event, delivery):
+            assert "traceparent" in delivery.headers
+            done.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: consume(bus, stream=S.STREAM_GANG, durable="trace-test",
+                                              filter_subject="phx.gang.placement.>", decoder=gang_decoder,
+                                              handler=handler))
+                await done.wait()
+                await anyio.sleep(0.1)
+                tg.cancel_scope.cancel()
+        by_name = {s.name: s for s in spans.get_finished_spans()}
+        send = by_name["send phx.gang.placement.default"]
+        process = by_name["process placement.requested"]
+        assert send.parent.span_id == root.get_span_context().span_id
+        assert process.parent.span_id == send.context.span_id
+        assert process.context.trace_id == root.get_span_context().trace_id
+        assert process.kind == trace.SpanKind.CONSUMER and send.kind == trace.SpanKind.PRODUCER
+        assert (process.attributes["phalanx.gang"], process.attributes["phalanx.attempt"],
+                process.attributes["messaging.system"], process.attributes["phalanx.outcome"]) == (
+            "default/g", 3, "nats", "ack")
+    finally:
+        await bus.close()
