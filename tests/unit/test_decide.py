@@ -127,6 +127,7 @@ def test_the_decision_leaves_the_cluster_state_untouched():
 
 def test_a_tdm_share_goes_to_the_tightest_gpu_in_the_cluster_not_the_first_node():
     half = Assignment(pod=PodRef(namespace="default", name="s1"), node="b", gpus=(5,), core_pct=70, memory_mib=8192)
-    snap = Snapshot(nodes=(node("a", memory_mib=16384), node("b", allocations=[half], memory_mib=16384)))
+    snap = Snapshot(nodes=(node("a", allocations=[taken("a", 0, 1, 2, 3)], memory_mib=16384),
+                           node("b", allocations=[half], memory_mib=16384)))
     got = placed(decide(Cluster.from_snapshot(snap), (member("t", 1, core_pct=30, memory_mib=4096),)))
     assert got == [("t", "b", (5,))]
