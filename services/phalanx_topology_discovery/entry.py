@@ -22,9 +22,9 @@ def add_arguments(p) -> None:
 
 def _reader(args):
     if args.topology_file:
-        from phalanx_topology import load_file
-
         import msgspec
+
+        from phalanx_topology import load_file
 
         topo = load_file(args.topology_file, node=args.node)
         gpus = tuple(msgspec.structs.replace(g, model=g.model or args.gpu_model,
