@@ -24,3 +24,9 @@ def nats_private():
     server.start()
     yield server
     server.close()
+
+
+@pytest.fixture
+def anyio_backend():
+    """Async tests run on asyncio (nats-py is asyncio-only)."""
+    return "asyncio"

@@ -59,6 +59,18 @@ KV_BUCKETS = {S.KV_TOPOLOGY: 1, S.KV_HEARTBEAT: 1, S.KV_LEDGER: 8, S.KV_GANGS: 8
 DUPLICATE_WINDOW_S = 120.0
 
 
+async def _cas(write, conflict: str) -> int:
+    """Await a KV write, mapping "wrong last sequence" (err_code 10071) to ``KvConflict``."""
+    try:
+        return await write
+    except nats.js.errors.KeyWrongLastSequenceError as e:
+        raise KvConflict(conflict) from e
+    except nats.js.errors.APIError as e:
+        if e.err_code == 10071:
+            raise KvConflict(conflict) from e
+        raise
+
+
 class Kv:
     """Compare-and-set access to one KV bucket (style rule 7)."""
 
@@ -78,25 +90,11 @@ class Kv:
 
     async def create(self, key: str, value: bytes) -> int:
         """Create ``key``; raise ``KvConflict`` when it exists."""
-        try:
-            return await self._kv.create(key, value)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise KvConflict(f"{self.bucket}/{key} exists") from e
-        except nats.js.errors.APIError as e:
-            if e.err_code == 10071:
-                raise KvConflict(f"{self.bucket}/{key} exists") from e
-            raise
+        return await _cas(self._kv.create(key, value), f"{self.bucket}/{key} exists")
 
     async def update(self, key: str, value: bytes, *, last: int) -> int:
         """Write ``key`` only if its revision is still ``last``; raise ``KvConflict`` otherwise."""
-        try:
-            return await self._kv.update(key, value, last=last)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
-        except nats.js.errors.APIError as e:
-            if e.err_code == 10071:
-                raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
-            raise
+        return await _cas(self._kv.update(key, value, last=last), f"{self.bucket}/{key} changed since revision {last}")
 
     async def put(self, key: str, value: bytes) -> int:
         return await self._kv.put(key, value)

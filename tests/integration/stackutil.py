@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -14,6 +15,9 @@ from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import NodeLedger, gang_state_decoder
+
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"
+"""The demo's 2 x 8-V100 cluster file."""
 
 
 def gpu_pod(name: str, gpus: int, *, scheduler: str = "phalanx", labels: dict | None = None) -> dict:

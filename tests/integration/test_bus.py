@@ -17,11 +17,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 async def bus(nats_private):
     b = await Bus.connect(nats_private.url, service="test")
     await b.declare()

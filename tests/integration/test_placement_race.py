@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import anyio
 import pytest
 
 from phalanx_runtime.stack import ClusterFile, Stack
-from stackutil import audit_ledger, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
+from stackutil import CLUSTER, audit_ledger, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(tmp_path):

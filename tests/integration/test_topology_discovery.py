@@ -3,8 +3,6 @@ node whose agent stops becomes unavailable after the heartbeat bound, with that 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import msgspec
 import pytest
@@ -12,16 +10,10 @@ import pytest
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeTopologyReported
 from phalanx_runtime.stack import ClusterFile, Stack
-from stackutil import bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
+from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture

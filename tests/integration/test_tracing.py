@@ -17,11 +17,6 @@ from phalanx_telemetry import tracer
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def spans():
     exporter = InMemorySpanExporter()
