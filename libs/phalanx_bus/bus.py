@@ -108,10 +108,29 @@ class Kv:
             return
 
     async def keys(self) -> list[str]:
-        try:
-            return list(await self._kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        """Every key with a message in the bucket (deleted keys included; ``get`` skips them).
+
+        Read from the server's stream state (``subjects_filter``), not from a watcher: nats-py's
+        watcher-based ``keys()`` can end early while keys are being written, and a snapshot
+        that silently misses keys would make placement think nodes are gone.
+        """
+        import json
+
+        prefix = f"$KV.{self.bucket}."
+        out: list[str] = []
+        offset = 0
+        while True:
+            req = json.dumps({"subjects_filter": f"{prefix}>", "offset": offset}).encode()
+            msg = await self._bus.nc.request(f"$JS.API.STREAM.INFO.KV_{self.bucket}", req, timeout=5.0)
+            resp = json.loads(msg.data)
+            if "error" in resp:
+                raise BusError(f"stream info for KV {self.bucket}: {resp['error']}")
+            subjects = (resp.get("state") or {}).get("subjects") or {}
+            out.extend(subj[len(prefix):] for subj in subjects)
+            offset += len(subjects)
+            total = resp.get("total", offset)
+            if not subjects or offset >= total:
+                return sorted(out)
 
     async def items(self) -> list[KvEntry]:
         """Every live entry. Keys deleted between listing and reading are skipped."""

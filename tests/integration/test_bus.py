@@ -138,3 +138,26 @@ async def test_an_atomic_kv_batch_commits_whole_or_changes_nothing(bus):
     with pytest.raises(KvConflict):
         await kv_atomic_write(bus, S.KV_LEDGER, [("n2", b"two'", e2.revision), ("n1", b"stale", r1)])
     assert ((await kv.get("n1")).value, (await kv.get("n2")).value) == (b"one'", b"two")
+
+
+async def test_kv_keys_lists_every_key_while_they_are_being_rewritten(bus):
+    kv = await bus.kv(S.KV_HEARTBEAT)
+    names = [f"node-{i}" for i in range(20)]
+    for n in names:
+        await kv.put(n, b"0")
+    listings = []
+
+    async def churn():
+        i = 0
+        while True:
+            await kv.put(names[i % len(names)], str(i).encode())
+            i += 1
+            await anyio.sleep(0)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(churn)
+            for _ in range(30):
+                listings.append(await kv.keys())
+            tg.cancel_scope.cancel()
+    assert all(listing == sorted(names) for listing in listings)
