@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-unit test-integration lint schema bench clean
+.PHONY: install demo test test-unit test-integration test-e2e kube lint schema bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,19 @@ install: $(STAMP)
 demo: install
 	$(BIN)/phalanx demo
 
-## Every test tier: unit, integration (real nats-server), architecture and lint checks.
-test: install
+## Every test tier: unit, integration (real nats-server), e2e (real kube-apiserver + etcd + kwok,
+## built from Go modules into ~/.cache/phalanx-kube on first use), architecture and lint checks.
+test: install kube
 	$(BIN)/pytest -q -p no:cacheprovider tests
+
+## Build (or reuse) the Go-built test tools: the Kubernetes control plane and the Jaeger trace
+## receiver (cached outside the work tree; seconds when cached, ~7 + ~5 min cold on 2 cores).
+kube:
+	bash tools/kube/build.sh >/dev/null
+	bash tools/traces/build.sh >/dev/null
+
+test-e2e: install kube
+	$(BIN)/pytest -q tests/e2e tests/contract tests/kube
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit

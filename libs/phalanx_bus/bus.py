@@ -6,7 +6,8 @@ Called by every service at start (``Bus.connect`` then ``Bus.declare``) and by t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import re
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -57,6 +58,24 @@ KV_BUCKETS = {S.KV_TOPOLOGY: 1, S.KV_HEARTBEAT: 1, S.KV_LEDGER: 8, S.KV_GANGS: 8
 """Bucket → history depth."""
 
 DUPLICATE_WINDOW_S = 120.0
+
+_TEMPLATES = (
+    (re.compile(r"^phx\.gang\.(placement|binder|coord|status)\.[^.]+\.[^.]+$"), r"phx.gang.\1.{gang}"),
+    (re.compile(r"^phx\.topology\.[^.]+$"), "phx.topology.{node}"),
+    (re.compile(r"^phx\.node\.[^.]+\.(mig|reply)$"), r"phx.node.{node}.\1"),
+    (re.compile(r"^phx\.deadline\.(sched|fired)\.[^.]+\.[^.]+$"), r"phx.deadline.\1.{gang}"),
+)
+
+
+def destination_template(subject: str) -> str:
+    """The low-cardinality form of a subject (OTel ``messaging.destination.template``, and the
+    ``{destination}`` of messaging span names): ``phx.gang.placement.default.g`` →
+    ``phx.gang.placement.{gang}``. The same addresses as the channels of ``proto/asyncapi.yaml``;
+    subjects that carry no per-gang or per-node token (dead letters) are their own template."""
+    for pattern, template in _TEMPLATES:
+        if pattern.match(subject):
+            return pattern.sub(template, subject)
+    return subject
 
 
 async def _cas(write, conflict: str) -> int:
@@ -263,15 +282,43 @@ class Bus:
         key = msg_id if msg_id is not None else event.key()  # type: ignore[attr-defined]
         payload = encoder.encode(event)
         kind = event.__struct_config__.tag
-        with tracer().start_as_current_span(
-            f"send {subject.rsplit('.', 1)[0]}", kind=trace.SpanKind.PRODUCER,
-            attributes={"messaging.system": "nats", "messaging.destination.name": subject,
-                        "messaging.operation.type": "send", "messaging.message.id": key,
-                        "phalanx.event": str(kind)},
-        ):
+        template = destination_template(subject)
+        attributes = {
+            "messaging.system": "nats", "messaging.operation.name": "publish", "messaging.operation.type": "send",
+            "messaging.destination.name": subject, "messaging.destination.template": template,
+            "messaging.message.id": key, "messaging.message.body.size": len(payload),
+            "phalanx.event": str(kind), **self._server_attributes(),
+        }
+        if getattr(event, "gang_id", ""):
+            attributes.update({"phalanx.gang": event.gang_id, "phalanx.attempt": event.attempt})  # type: ignore[attr-defined]
+        with tracer().start_as_current_span(f"publish {template}", kind=trace.SpanKind.PRODUCER,
+                                            attributes=attributes):
             hdrs = {"Nats-Msg-Id": key, "Phalanx-Kind": str(kind), **(headers or {})}
             inject_headers(hdrs)
             return await self.publish_raw(subject, payload, hdrs, retry_s=retry_s)
+
+    async def publish_scheduled(self, subject: str, event: msgspec.Struct, *, at: float, target: str,
+                                retry_s: float = 20.0) -> int:
+        """Store ``event`` on ``subject`` as a JetStream scheduled message (nats-server 2.12+,
+        stream with ``allow_msg_schedules``): the server publishes it to ``target`` at unix
+        time ``at`` (whole seconds, rounded up), even if every client is down meanwhile.
+
+        ``target`` must be a subject of the same stream (the server refuses others). A stream
+        keeps one pending schedule per subject: publishing again on ``subject`` replaces it.
+        """
+        import datetime
+        import math
+
+        when = datetime.datetime.fromtimestamp(math.ceil(at), tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return await self.publish(subject, event, retry_s=retry_s,
+                                  headers={"Nats-Schedule": f"@at {when}", "Nats-Schedule-Target": target})
+
+    def _server_attributes(self) -> dict[str, object]:
+        """``server.address``/``server.port`` of the NATS server this connection is on."""
+        url = getattr(self.nc, "connected_url", None)
+        if url is None or not url.hostname:
+            return {}
+        return {"server.address": url.hostname, "server.port": url.port or 4222}
 
     async def publish_raw(self, subject: str, payload: bytes, headers: dict[str, str] | None,
                           *, retry_s: float = 20.0) -> int:
@@ -289,10 +336,15 @@ class Bus:
                 await asyncio.sleep(0.25)
 
 
-async def tail(bus: Bus, subject: str, decoder: msgspec.json.Decoder) -> AsyncIterator[tuple[str, object]]:
+async def tail(bus: Bus, subject: str, decoder: msgspec.json.Decoder,
+               on_subscribed: Callable[[], object] | None = None) -> AsyncIterator[tuple[str, object]]:
     """Live events on ``subject`` (core subscription, nothing durable): ``(subject, event)``.
-    Undecodable messages are yielded as ``(subject, DecodeFailure)``."""
+    Undecodable messages are yielded as ``(subject, DecodeFailure)``. ``on_subscribed`` is called
+    once the server has the subscription (nothing published after that is missed)."""
     sub = await bus.nc.subscribe(subject)
+    if on_subscribed is not None:
+        await bus.nc.flush()
+        on_subscribed()
     try:
         async for msg in sub.messages:
             try:

@@ -9,6 +9,10 @@ handler inside one OpenTelemetry span whose parent is the publisher's ``tracepar
 * record + ``term()`` on ``PermanentError``.
 
 Handlers must be idempotent: JetStream delivers at least once.
+
+Metrics (``phalanx_telemetry.metrics``): handler time per consumer and kind, outcomes
+(ack/nak/term), redeliveries, and the consumer's lag (``num_pending``), sampled every
+``LAG_SAMPLE_S`` from the fetch loop.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
 
-from phalanx_bus.bus import Bus
+from phalanx_bus.bus import Bus, destination_template
 from phalanx_proto import subjects as S
-from phalanx_telemetry import extract_context, log, tracer, warn
+from phalanx_telemetry import extract_context, log, metrics, tracer, warn
 
 
 class TemporaryError(Exception):
@@ -61,6 +65,17 @@ class Delivery:
 Handler = Callable[[Any, Delivery], Awaitable[None]]
 
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+LAG_SAMPLE_S = 5.0
+
+
+async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
+    """Record the consumer's lag; a failed sample keeps the previous value."""
+    try:
+        info = await bus.js.consumer_info(stream, durable)
+    except Exception:  # noqa: BLE001 - metrics never break consumption
+        return
+    metrics.BUS_CONSUMER_PENDING.set(info.num_pending or 0, stream=stream, consumer=durable)
+    metrics.BUS_CONSUMER_ACK_PENDING.set(info.num_ack_pending or 0, stream=stream, consumer=durable)
 
 
 async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str) -> None:
@@ -95,8 +110,12 @@ async def consume(
     sub = await _subscribe(bus, stream, durable, filter_subject, config)
     log("consumer live", stream=stream, consumer=durable, subject=filter_subject)
     task_status.started()
+    lag_sampled = 0.0
     try:
         while True:
+            if time.monotonic() - lag_sampled >= LAG_SAMPLE_S:
+                lag_sampled = time.monotonic()
+                await _sample_lag(bus, stream, durable)
             try:
                 msgs = await sub.fetch(batch, timeout=1.0)
             except (nats.errors.TimeoutError, TimeoutError):
@@ -158,16 +177,23 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
              seq=meta.sequence.stream, error=str(e))
         await _record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}")
         await msg.term()
+        metrics.BUS_MESSAGES.inc(consumer=durable, kind="undecodable", outcome="term")
         return
     delivery = Delivery(msg.subject, meta.num_delivered, meta.sequence.stream, headers, msg)
     kind = event.__struct_config__.tag
+    if meta.num_delivered > 1:
+        metrics.BUS_REDELIVERIES.inc(consumer=durable, kind=kind)
+    template = destination_template(msg.subject)
     with tracer().start_as_current_span(
-        f"process {kind}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER,
+        f"process {template}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER,
         attributes={
-            "messaging.system": "nats", "messaging.operation.type": "process",
-            "messaging.destination.name": msg.subject, "messaging.consumer.group.name": durable,
-            "messaging.message.id": headers.get("Nats-Msg-Id", ""),
-            "messaging.message.delivery_count": meta.num_delivered,
+            "messaging.system": "nats", "messaging.operation.name": "process",
+            "messaging.operation.type": "process", "messaging.destination.name": msg.subject,
+            "messaging.destination.template": template, "messaging.consumer.group.name": durable,
+            "messaging.message.id": headers.get("Nats-Msg-Id", ""), "messaging.message.body.size": len(msg.data),
+            "messaging.nats.message.delivery_count": meta.num_delivered,
+            "messaging.nats.message.stream_sequence": meta.sequence.stream, "messaging.nats.stream.name": stream,
+            "phalanx.event": str(kind),
             "phalanx.gang": getattr(event, "gang_id", ""), "phalanx.attempt": getattr(event, "attempt", 0),
         },
     ) as span:
@@ -178,21 +204,31 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
             span.set_attribute("phalanx.outcome", "retry")
             warn("handler asked to retry", consumer=durable, kind=kind, error=str(e), delay=e.delay)
             await msg.nak(delay=e.delay)
+            _observe(durable, kind, "nak", started)
             return
         except PermanentError as e:
             span.set_attribute("phalanx.outcome", "terminated")
             warn("handler refused message", consumer=durable, kind=kind, error=str(e))
             await _record_dead_letter(bus, stream, durable, msg, f"permanent: {e}")
             await msg.term()
+            _observe(durable, kind, "term", started)
             return
         except Exception as e:  # noqa: BLE001 - an unexpected failure is retried with backoff
             span.record_exception(e)
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(e)))
+            span.set_attribute("error.type", type(e).__qualname__)
             delay = RETRY_BACKOFF_S[min(meta.num_delivered, len(RETRY_BACKOFF_S)) - 1]
             log("handler failed, will retry", level=40, exc_info=True, consumer=durable, kind=kind, delay=delay)
             await msg.nak(delay=delay)
+            _observe(durable, kind, "nak", started)
             return
         span.set_attribute("phalanx.outcome", "ack")
         await msg.ack()
+        _observe(durable, kind, "ack", started)
         log("handled", level=10, consumer=durable, kind=kind, gang=getattr(event, "gang_id", ""),
             ms=round((time.monotonic() - started) * 1000, 2))
+
+
+def _observe(durable: str, kind: str, outcome: str, started: float) -> None:
+    metrics.BUS_HANDLER_SECONDS.observe(time.monotonic() - started, consumer=durable, kind=kind)
+    metrics.BUS_MESSAGES.inc(consumer=durable, kind=kind, outcome=outcome)

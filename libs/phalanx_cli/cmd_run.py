@@ -34,6 +34,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", choices=("sim", "kube"), default=os.environ.get("PHALANX_CLUSTER", "sim"),
                    help="Kubernetes backend: 'sim' = the simulated cluster in NATS KV, 'kube' = a real API server "
                         "(env PHALANX_CLUSTER; default %(default)s)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file for --cluster kube (default: $KUBECONFIG, else the in-cluster "
+                        "ServiceAccount, else ~/.kube/config)")
     p.add_argument("--health-addr", default=os.environ.get("PHALANX_HEALTH_ADDR", "127.0.0.1:0"),
                    help="host:port for /healthz and /readyz (default %(default)s: a free loopback port)")
     p.add_argument("--ready-file", default=None, help="write PID and health port here once ready")
@@ -51,13 +54,24 @@ def register(sub) -> None:
         sp.set_defaults(func=run_service, entry_module=module)
 
 
-async def open_cluster(kind: str, bus):
+async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: AsyncExitStack | None = None):
+    """The ``ClusterPort`` for ``--cluster``: the simulated cluster on ``bus``, or the real API
+    server (``kubeconfig``, else ``KUBECONFIG``, else in-cluster). A real adapter's HTTP session
+    is closed by ``stack``."""
     if kind == "sim":
         from phalanx_kube.sim import SimCluster
 
         return await SimCluster.open(bus)
-    raise SystemExit("phalanx: --cluster kube: the kubernetes-asyncio adapter is not available in this version; "
-                     "use --cluster sim")
+    from phalanx_kube.kube import KubeCluster
+
+    try:
+        cluster = await KubeCluster.open(kubeconfig)
+    except Exception as e:  # noqa: BLE001 - a config problem: say which and stop
+        raise SystemExit(f"phalanx: --cluster kube: cannot load a Kubernetes configuration "
+                         f"(--kubeconfig, KUBECONFIG or in-cluster): {e}") from e
+    if stack is not None:
+        stack.push_async_callback(cluster.close)
+    return cluster
 
 
 def run_service(args: argparse.Namespace) -> int:
@@ -70,7 +84,8 @@ def run_service(args: argparse.Namespace) -> int:
             bus = await Bus.connect(args.nats, service=args.service)
             stack.push_async_callback(_close, bus)
             await bus.declare()
-            cluster = await open_cluster(args.cluster, bus) if entry.NEEDS_CLUSTER else None
+            cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack)
+                       if entry.NEEDS_CLUSTER else None)
             await entry.start(args, bus, cluster, task_status=task_status)
 
     try:

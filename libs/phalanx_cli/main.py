@@ -20,6 +20,9 @@ COMMANDS = [
     "phalanx_cli.cmd_validate",
     "phalanx_cli.cmd_place",
     "phalanx_cli.cmd_topology",
+    "phalanx_cli.cmd_explain",
+    "phalanx_cli.cmd_events",
+    "phalanx_cli.cmd_asyncapi",
 ]
 
 

@@ -2,7 +2,8 @@
 
 ``serve(name, body)`` sets up logs and tracing, runs ``body(task_status=...)`` inside a task
 group, exposes ``/healthz`` and ``/readyz`` (ready only once ``body`` has reported started,
-i.e. its consumers are live), writes the optional ready file, and turns SIGTERM/SIGINT into
+i.e. its consumers are live) and ``/metrics`` (Prometheus text format, from
+``phalanx_telemetry.metrics.REGISTRY``), writes the optional ready file, and turns SIGTERM/SIGINT into
 cancellation so the process exits within a few seconds.
 """
 
@@ -17,6 +18,7 @@ import anyio
 import anyio.abc
 
 from phalanx_telemetry import log, setup_logging, setup_tracing
+from phalanx_telemetry.metrics import CONTENT_TYPE, REGISTRY
 
 Body = Callable[..., Awaitable[None]]
 
@@ -24,7 +26,7 @@ SHUTDOWN_GRACE_S = 3.0
 
 
 class Health:
-    """Readiness flag plus a tiny HTTP endpoint for Kubernetes probes."""
+    """Readiness flag plus a tiny HTTP endpoint for Kubernetes probes and Prometheus scrapes."""
 
     def __init__(self) -> None:
         self.ready = False
@@ -45,11 +47,16 @@ class Health:
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError):
                 return
             path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else "/"
-            ok = path == "/healthz" or (path == "/readyz" and self.ready)
-            body = b"ok\n" if ok else b"not ready\n"
-            status = b"200 OK" if ok else (b"404 Not Found" if path not in ("/healthz", "/readyz") else b"503 Service Unavailable")
+            path = path.split("?", 1)[0]
+            content_type = b"text/plain; charset=utf-8"
+            if path == "/metrics":
+                status, body, content_type = b"200 OK", REGISTRY.render().encode(), CONTENT_TYPE.encode()
+            else:
+                ok = path == "/healthz" or (path == "/readyz" and self.ready)
+                body = b"ok\n" if ok else b"not ready\n"
+                status = b"200 OK" if ok else (b"404 Not Found" if path not in ("/healthz", "/readyz") else b"503 Service Unavailable")
             try:
-                await stream.send(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode()
+                await stream.send(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: " + str(len(body)).encode()
                                   + b"\r\nConnection: close\r\n\r\n" + body)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass

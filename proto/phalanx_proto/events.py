@@ -108,6 +108,9 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
     summary: str = ""
     reasons: dict[str, int] = {}
     """Reason → number of nodes that failed for it."""
+    fits_empty_cluster: bool = True
+    """False when the gang would not fit even if every current reservation were gone: waiting
+    cannot help, so it must not hold other gangs back (fairness gate)."""
 
 
 class BindRequested(GangEvent, tag="bind.requested"):
@@ -178,13 +181,19 @@ class GangPending(GangEvent, tag="gang.pending"):
     reason: str = ""
 
 
+class GangDeadline(GangEvent, tag="gang.deadline"):
+    """The attempt's deadline: published by gang-coordinator as a JetStream scheduled message
+    when the attempt starts (``phx.deadline.sched.<gang>``) and delivered by the server at the
+    deadline to ``phx.deadline.fired.<gang>``. Ignored unless ``attempt`` is still running."""
+
+
 GANG_EVENTS = (
     GangAdmitted, PlacementRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
-    RollbackStarted, ReleaseRequested, Released, GangScheduled, GangPending,
+    RollbackStarted, ReleaseRequested, Released, GangScheduled, GangPending, GangDeadline,
 )
 AnyGangEvent = (
     GangAdmitted | PlacementRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
-    | RollbackStarted | ReleaseRequested | Released | GangScheduled | GangPending
+    | RollbackStarted | ReleaseRequested | Released | GangScheduled | GangPending | GangDeadline
 )
 
 

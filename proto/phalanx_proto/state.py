@@ -42,9 +42,27 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     bound: tuple[PodRef, ...] = ()
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
+    fits_empty_cluster: bool = True
+    """From the last PlacementFailed: could the gang fit the cluster with nothing reserved?"""
     created_at: float = 0.0
     updated_at: float = 0.0
     trace_id: str = ""
+    priority: int = 0
+    """``spec.priority`` of the members (the highest); orders the queue before arrival."""
+    timeout_s: float = 0.0
+    """Per-gang attempt deadline (pod annotation ``phalanx.io/gang-timeout-seconds``); 0: default."""
+    min_member_declared: bool = True
+    """False when no pod said min-member: the gang is the pods seen once the group is quiet."""
+    last_member_at: float = 0.0
+    attempt_started_at: float = 0.0
+    """Unix time the current attempt started; its deadline is this + the timeout."""
+    failures: int = 0
+    """Failed attempts so far (drives the backoff)."""
+    backoff_until: float = 0.0
+    rollback_done: tuple[str, ...] = ()
+    """Compensations of the current attempt already run (``unbind``, ``mig``, ``release``)."""
+    unbound: tuple[PodRef, ...] = ()
+    """Members deleted by the ``unbind`` compensation (so their deletion is not a new failure)."""
 
 
 gang_state_decoder = msgspec.json.Decoder(GangState)

@@ -13,6 +13,8 @@ subject                        events                                  consumed 
 ``phx.topology.<node>``        NodeTopologyReported, NodeHeartbeat     placement, subscribers
 ``phx.node.<node>.mig``        MigPrepareRequested, MigDestroyRequested mig-manager
 ``phx.node.<node>.reply``      MigReady, MigFailed, MigDestroyed       gang-coordinator
+``phx.deadline.sched.<gang>``  GangDeadline (scheduled message)        (the server)
+``phx.deadline.fired.<gang>``  GangDeadline (delivered at the time)    gang-coordinator
 =============================  ======================================  ==================
 """
 
@@ -71,6 +73,18 @@ def mig_subject(node: str) -> str:
 
 def node_reply_subject(node: str) -> str:
     return f"phx.node.{token(node)}.reply"
+
+
+def deadline_schedule_subject(gang_id: str) -> str:
+    """Where a gang's deadline is scheduled; one pending schedule per subject, so a new
+    attempt's deadline replaces the previous one."""
+    return f"phx.deadline.sched.{gang_key(gang_id)}"
+
+
+def deadline_fired_subject(gang_id: str) -> str:
+    """Where the server delivers the deadline; must be inside ``PHX_DEADLINE`` (the server
+    refuses a schedule target outside the stream)."""
+    return f"phx.deadline.fired.{gang_key(gang_id)}"
 
 
 def dead_letter_subject(stream: str, consumer: str) -> str:

@@ -4,9 +4,15 @@ For each ``BindRequested``: write the assignment annotation (so the node's devic
 runtime hook can read it), then the Binding, then a ``Scheduled`` event, and reply ``Bound``.
 Idempotent: a pod already bound to the same node counts as success (a redelivered command
 after a crash), bound elsewhere or recreated is a ``BindFailed`` with the reason.
+
+Metrics: ``phalanx_pod_pending_to_bound_seconds`` (from the pod's creation time) and
+``phalanx_binds_total{result}``; span ``binder.bind`` with ``k8s.pod.name``,
+``k8s.namespace.name`` and ``k8s.node.name``.
 """
 
 from __future__ import annotations
+
+import time
 
 import anyio
 
@@ -14,7 +20,7 @@ from phalanx_bus import Bus, Delivery, consume
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, BindConflict, ClusterPort, PodGone
 from phalanx_proto import subjects as S
 from phalanx_proto.events import BindFailed, BindRequested, Bound, encoder, gang_decoder
-from phalanx_telemetry import log, warn
+from phalanx_telemetry import log, metrics, tracer, warn
 
 DURABLE = "binder"
 
@@ -33,6 +39,14 @@ class Binder:
 
     async def bind(self, ev: BindRequested) -> None:
         a = ev.assignment
+        with tracer().start_as_current_span("binder.bind", attributes={
+                "k8s.pod.name": a.pod.name, "k8s.namespace.name": a.pod.namespace, "k8s.node.name": a.node,
+                "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                "phalanx.gpus": list(a.gpus)}) as span:
+            await self._bind(ev, span)
+
+    async def _bind(self, ev: BindRequested, span) -> None:
+        a = ev.assignment
         ref = a.pod
         try:
             pod = await self.cluster.get_pod(ref)
@@ -40,6 +54,8 @@ class Binder:
                 raise PodGone(f"pod {ref} no longer exists")
             if pod.node_name == a.node:
                 log("already bound", pod=str(ref), node=a.node, gang=ev.gang_id)
+                metrics.BINDS.inc(result="already_bound")
+                span.set_attribute("phalanx.outcome", "already_bound")
             else:
                 await self.cluster.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: encoder.encode(a).decode()})
                 await self.cluster.bind(ref, a.node)
@@ -48,7 +64,14 @@ class Binder:
                     ref, reason="Scheduled",
                     message=f"Successfully assigned {ref} to {a.node} (GPUs {gpus}) by phalanx, gang {ev.gang_id} attempt {ev.attempt}")
                 log("bound", pod=str(ref), node=a.node, gpus=gpus, gang=ev.gang_id, attempt=ev.attempt)
+                metrics.BINDS.inc(result="bound")
+                span.set_attribute("phalanx.outcome", "bound")
+                if pod.created:
+                    metrics.POD_PENDING_TO_BOUND_SECONDS.observe(max(0.0, time.time() - pod.created))
         except (BindConflict, PodGone) as e:
+            metrics.BINDS.inc(result="failed")
+            span.set_attribute("phalanx.outcome", "failed")
+            span.set_attribute("phalanx.failure_reason", str(e))
             await self.bus.publish(S.coord_subject(ev.gang_id), BindFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, reason=str(e)))
             return

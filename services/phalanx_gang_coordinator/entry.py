@@ -9,9 +9,23 @@ NEEDS_CLUSTER = True
 
 def add_arguments(p) -> None:
     p.add_argument("--resync-s", type=float, default=2.0, help="seconds between pod re-lists (default %(default)s)")
+    p.add_argument("--redrive-after-s", type=float, default=5.0,
+                   help="re-publish the commands of a gang without progress for this long (default %(default)s)")
+    p.add_argument("--default-timeout-s", type=float, default=180.0,
+                   help="attempt deadline when the pods set no phalanx.io/gang-timeout-seconds (default %(default)s)")
+    p.add_argument("--backoff-base-s", type=float, default=1.0, help="first retry delay (default %(default)s)")
+    p.add_argument("--backoff-max-s", type=float, default=60.0, help="largest retry delay (default %(default)s)")
+    p.add_argument("--settle-s", type=float, default=2.0,
+                   help="a gang without min-member starts after no member arrived for this long (default %(default)s)")
+    p.add_argument("--starve-after-s", type=float, default=60.0,
+                   help="a head-of-line gang waiting this long holds back later gangs; 0 turns it off "
+                        "(default %(default)s)")
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_gang_coordinator.service import Config, run
 
-    await run(bus, cluster, Config(resync_s=args.resync_s), task_status=task_status)
+    config = Config(resync_s=args.resync_s, redrive_after_s=args.redrive_after_s,
+                    default_timeout_s=args.default_timeout_s, backoff_base_s=args.backoff_base_s,
+                    backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s)
+    await run(bus, cluster, config, task_status=task_status)

@@ -1,54 +1,99 @@
 """Gang identity and member requests: which gang a pod belongs to and what it asks for.
 
-Keys, first match wins (docs/saga.md):
+Called by the coordinator for every unbound pod it sees. Keys, first match wins
+(docs/saga.md, "Gang identity"):
 
-1. ``scheduling.x-k8s.io/pod-group`` label (scheduler-plugins PodGroup); min-member from the
-   ``scheduling.x-k8s.io/min-member`` / ``aliyun.com/min-member`` label or annotation;
-2. ``jobset.sigs.k8s.io/jobset-name`` label (JobSet; the gang is the whole JobSet);
-   min-member from ``aliyun.com/min-member``;
-3. ``training.kubeflow.org/job-name`` label (Kubeflow MPIJob submitted with gang on);
-4. otherwise the pod alone is a gang of one.
+1. label ``scheduling.x-k8s.io/pod-group`` (scheduler-plugins PodGroup), or the older
+   ``pod-group.scheduling.sigs.k8s.io`` label → ``<ns>/podgroup-<name>``;
+2. annotation ``scheduling.k8s.io/group-name`` (the pod group Volcano and arena
+   ``--gang`` write, e.g. on a Kubeflow MPIJob) → ``<ns>/podgroup-<name>``;
+3. label ``jobset.sigs.k8s.io/jobset-name`` (JobSet: the whole JobSet is one gang)
+   → ``<ns>/jobset-<name>``;
+4. label ``training.kubeflow.org/job-name`` (Kubeflow MPIJob submitted with gang on)
+   → ``<ns>/mpijob-<name>``;
+5. otherwise the pod alone is a gang of one (``<ns>/<pod>``).
 
-When min-member is absent it is taken as 1 for a single pod and as the number of member pods
-seen so far for a group — which is reported on the pods as a Warning event, because it
-cannot know whether more members are coming.
+min-member is the label or annotation ``aliyun.com/min-member`` (= the job's parallelism),
+``scheduling.x-k8s.io/min-member`` or ``pod-group.scheduling.sigs.k8s.io/min-available``.
+When a group's pods do not say it, the gang is the GPU pods seen once no new member has
+arrived for the settle time, and every member gets a Warning event saying so. When pods of
+one gang disagree, the largest value wins and the pods get a Warning event. When more pods
+than min-member are present, every present pod is placed (all or nothing) and the pods are
+told.
+
+Pods that ask for no GPU (an MPIJob launcher) are not gang members: Phalanx places GPUs, so
+such a pod is refused with a Warning event telling to give it the default scheduler.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx_engine.requests import RequestError, RequestKind, Violation, parse_pod
 from phalanx_kube.port import Pod
 from phalanx_proto.events import MemberSpec
 
-MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member", "pod-group.scheduling.sigs.k8s.io/min-available")
+MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member",
+                   "pod-group.scheduling.sigs.k8s.io/min-available")
 GROUP_LABELS = (
     ("scheduling.x-k8s.io/pod-group", "podgroup"),
     ("pod-group.scheduling.sigs.k8s.io", "podgroup"),
+)
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+JOB_LABELS = (
     ("jobset.sigs.k8s.io/jobset-name", "jobset"),
     ("training.kubeflow.org/job-name", "mpijob"),
 )
-WHOLE_GPU_RESOURCES = ("nvidia.com/gpu", "aliyun.com/gpu")
+TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"
 
 
 @dataclass(frozen=True, slots=True)
 class GangIdentity:
     gang_id: str
     kind: str
+    """podgroup, jobset, mpijob or pod."""
     min_member: int | None
     """None when the pod does not say."""
+    timeout_s: float = 0.0
+    """The pod's ``phalanx.io/gang-timeout-seconds``; 0 when absent."""
+    priority: int = 0
 
 
 class InvalidMember(ValueError):
-    """The pod's request cannot be scheduled; the message names the field and the rule."""
+    """The pod cannot be a gang member; ``violations`` name field, value and rule."""
+
+    def __init__(self, violations: tuple[Violation, ...]) -> None:
+        self.violations = violations
+        super().__init__("; ".join(str(v) for v in violations))
 
 
 def identity(pod: Pod) -> GangIdentity:
+    """The gang of ``pod``. Raises ``InvalidMember`` for a bad min-member or timeout value."""
+    common = dict(min_member=_min_member(pod), timeout_s=_timeout(pod), priority=_priority(pod))
     for label, kind in GROUP_LABELS:
-        group = pod.labels.get(label)
-        if group:
-            return GangIdentity(f"{pod.namespace}/{kind}-{group}", kind, _min_member(pod))
-    return GangIdentity(f"{pod.namespace}/{pod.name}", "pod", 1)
+        if pod.labels.get(label):
+            return GangIdentity(f"{pod.namespace}/{kind}-{pod.labels[label]}", kind, **common)
+    if pod.annotations.get(GROUP_ANNOTATION):
+        return GangIdentity(f"{pod.namespace}/podgroup-{pod.annotations[GROUP_ANNOTATION]}", "podgroup", **common)
+    for label, kind in JOB_LABELS:
+        if pod.labels.get(label):
+            return GangIdentity(f"{pod.namespace}/{kind}-{pod.labels[label]}", kind, **common)
+    return GangIdentity(f"{pod.namespace}/{pod.name}", "pod", **{**common, "min_member": 1})
+
+
+def member_spec(pod: Pod) -> MemberSpec:
+    """The wire request of one pod, parsed by ``phalanx_engine.requests.parse_pod`` (whole,
+    multi-GPU, TDM, MIG, RDMA). Raises ``InvalidMember`` with every violation."""
+    try:
+        req = parse_pod(pod.raw)
+    except RequestError as e:
+        raise InvalidMember(e.violations) from None
+    if req.kind is RequestKind.NONE:
+        raise InvalidMember((Violation(
+            "spec.containers[*].resources.limits", "no GPU resource",
+            "Phalanx schedules GPU pods only: ask for nvidia.com/gpu, aliyun.com/gpu, gpu-core/gpu-memory or "
+            "gpu-slice, or give a pod without GPUs (an MPIJob launcher) schedulerName default-scheduler"),))
+    return req.member_spec(pod.ref)
 
 
 def _min_member(pod: Pod) -> int | None:
@@ -56,35 +101,32 @@ def _min_member(pod: Pod) -> int | None:
         raw = pod.labels.get(key) or pod.annotations.get(key)
         if raw is None:
             continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InvalidMember(f"{key}={raw!r} is not an integer; it must be the number of pods in the gang") from None
-        if value < 1:
-            raise InvalidMember(f"{key}={raw!r} must be at least 1")
+        value = _int(raw)
+        if value is None or value < 1:
+            raise InvalidMember((Violation(f"metadata.labels[{key}]", str(raw),
+                                           "min-member is the number of pods in the gang: an integer >= 1"),))
         return value
     return None
 
 
-def _limits(pod: Pod) -> dict[str, str]:
-    merged: dict[str, str] = {}
-    for c in (pod.raw.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        for k, v in {**(res.get("requests") or {}), **(res.get("limits") or {})}.items():
-            merged[k] = str(v)
-    return merged
+def _timeout(pod: Pod) -> float:
+    raw = pod.annotations.get(TIMEOUT_ANNOTATION)
+    if raw is None:
+        return 0.0
+    value = _int(raw)
+    if value is None or value < 1:
+        raise InvalidMember((Violation(f"metadata.annotations[{TIMEOUT_ANNOTATION}]", str(raw),
+                                       "the gang timeout is a whole number of seconds >= 1"),))
+    return float(value)
 
 
-def member_spec(pod: Pod) -> MemberSpec:
-    """The wire request of one pod (whole GPUs in this version). Raises ``InvalidMember``."""
-    limits = _limits(pod)
-    for name in WHOLE_GPU_RESOURCES:
-        if name in limits:
-            try:
-                count = int(limits[name])
-            except ValueError:
-                raise InvalidMember(f"resources.limits[{name}]={limits[name]!r} must be a whole number of GPUs") from None
-            if count < 1:
-                raise InvalidMember(f"resources.limits[{name}]={count} must be at least 1")
-            return MemberSpec(pod=pod.ref, gpus=count, resource_name=name)
-    raise InvalidMember("the pod asks for no GPU: set resources.limits[nvidia.com/gpu] or [aliyun.com/gpu]")
+def _priority(pod: Pod) -> int:
+    value = (pod.raw.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _int(raw: object) -> int | None:
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return None

@@ -1,26 +1,32 @@
-"""gang-coordinator: the orchestrator of the gang saga.
+"""gang-coordinator: the orchestrator of the gang saga (docs/saga.md).
 
-It watches pending pods with our scheduler names, groups them into gangs, and drives each
-gang through ``waiting → placing → binding → scheduled`` (or back to ``backoff`` on a failed
-attempt) by publishing commands and consuming replies. Saga state lives in KV ``phx-gangs``
-and every transition is a compare-and-set, so replicas and restarts never fork a gang.
+It watches pending pods with our scheduler names, groups them into gangs (``gangs.py``), and
+drives each gang through ``waiting → placing → preparing → binding → scheduled``, or through
+``rolling_back → backoff → placing`` when an attempt fails or its deadline fires. The rules
+are pure functions in ``saga.py``; this module applies them by compare-and-set on KV
+``phx-gangs`` and performs the side effects the new state calls for.
 
-Crash safety: state is written before the command that follows from it is published; a
-resync loop re-drives gangs that sit in ``placing``/``binding`` without progress by
-re-publishing the same command (same ``Nats-Msg-Id``), and every downstream handler is
-idempotent, so a crash between the two loses nothing and doubles nothing.
+Crash safety: state is written before the command that follows from it is published; the
+resync loop re-drives a gang that sits in a running phase (or in ``rolling_back``) without
+progress by re-publishing the same commands (same ``Nats-Msg-Id``) or re-running the
+compensations not yet recorded as done; every downstream handler and every compensation is
+idempotent, so a crash between two steps loses nothing and doubles nothing. The attempt
+deadline is a JetStream scheduled message, so it fires even while this service is down.
 """
 
 from __future__ import annotations
 
-import random
 import time
+import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 import anyio
 import msgspec
+from opentelemetry import context as otel_context
 
 from phalanx_bus import Bus, Delivery, KvConflict, consume
+from phalanx_gang_coordinator import saga
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
@@ -29,8 +35,14 @@ from phalanx_proto.events import (
     BindRequested,
     Bound,
     GangAdmitted,
+    GangDeadline,
     GangPending,
     GangScheduled,
+    MigDestroyed,
+    MigDestroyRequested,
+    MigFailed,
+    MigPrepareRequested,
+    MigReady,
     Placed,
     PlacementFailed,
     PlacementRequested,
@@ -40,11 +52,15 @@ from phalanx_proto.events import (
     RollbackStarted,
     encoder,
     gang_decoder,
+    node_decoder,
 )
 from phalanx_proto.state import GangState, gang_state_decoder
-from phalanx_telemetry import log, warn
+from phalanx_telemetry import log, metrics, tracer, warn
 
 DURABLE = "gang-coordinator"
+DURABLE_NODE = "gang-coordinator-node"
+DURABLE_DEADLINE = "gang-coordinator-deadline"
+COMPENSATION_LIMIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,21 @@ class Config:
     redrive_after_s: float = 5.0
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
+    default_timeout_s: float = 180.0
+    settle_s: float = 2.0
+    """An undeclared gang (no min-member) starts once no member arrived for this long."""
+    starve_after_s: float = 60.0
+    """A head-of-line gang waiting longer than this holds back the gangs behind it (0: off)."""
+
+
+def _rollback_reason(reason: str) -> str:
+    """A bounded metric label for a free-text rollback reason."""
+    text = reason.lower()
+    for needle, label in (("deadline", "deadline"), ("bind", "bind_failed"), ("mig", "mig_failed"),
+                          ("deleted", "member_deleted"), ("nodes are available", "placement_failed")):
+        if needle in text:
+            return label
+    return "other"
 
 
 class Coordinator:
@@ -61,7 +92,8 @@ class Coordinator:
         self.cluster = cluster
         self.kv = gangs_kv
         self.config = config
-        self._warned: set[tuple[str, str]] = set()
+        self._queue: list[GangState] = []
+        """Gang states as of the last resync: the view the fairness gate decides on."""
 
     # -- state -----------------------------------------------------------------------------
     async def load(self, gang_id: str) -> tuple[GangState | None, int | None]:
@@ -69,13 +101,6 @@ class Coordinator:
         if entry is None:
             return None, None
         return gang_state_decoder.decode(entry.value), entry.revision
-
-    async def save(self, state: GangState, revision: int | None) -> int:
-        state = msgspec.structs.replace(state, updated_at=time.time())
-        data = encoder.encode(state)
-        if revision is None:
-            return await self.kv.create(S.gang_key(state.gang_id), data)
-        return await self.kv.update(S.gang_key(state.gang_id), data, last=revision)
 
     async def transition(self, gang_id: str, change) -> GangState | None:
         """Apply ``change(state) -> new state | None`` by compare-and-set, retrying on conflict.
@@ -85,8 +110,12 @@ class Coordinator:
             new = change(state)
             if new is None:
                 return None
+            data = encoder.encode(msgspec.structs.replace(new, updated_at=time.time()))
             try:
-                await self.save(new, rev)
+                if rev is None:
+                    await self.kv.create(S.gang_key(gang_id), data)
+                else:
+                    await self.kv.update(S.gang_key(gang_id), data, last=rev)
                 return new
             except KvConflict:
                 continue
@@ -100,33 +129,54 @@ class Coordinator:
             ident = identity(pod)
             spec = member_spec(pod)
         except InvalidMember as e:
-            await self._reject(pod, str(e))
+            await self._reject(pod, e)
             return
-
-        def add(state: GangState | None) -> GangState | None:
-            if state is None:
-                state = GangState(gang_id=ident.gang_id, min_member=ident.min_member or 1, created_at=time.time())
-            if any(m.pod.namespace == pod.namespace and m.pod.name == pod.name and m.pod.uid == pod.uid
-                   for m in state.members):
-                return None
-            members = tuple(m for m in state.members if not (m.pod.namespace == pod.namespace and m.pod.name == pod.name))
-            members += (spec,)
-            min_member = ident.min_member or max(state.min_member, len(members))
-            return msgspec.structs.replace(state, members=members, min_member=min_member)
-
-        await self.transition(ident.gang_id, add)
+        now = time.time()
+        state = await self.transition(ident.gang_id, lambda s: saga.add_member(
+            s, spec, gang_id=ident.gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
+            priority=ident.priority, now=now))
+        if state is not None:
+            await self._warn_membership(pod, ident.min_member, state)
         await self.maybe_start(ident.gang_id)
 
-    async def _reject(self, pod: Pod, message: str) -> None:
-        key = (f"{pod.namespace}/{pod.name}", pod.uid)
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=message)
-        await self.cluster.record_event(pod.ref, reason="FailedScheduling", message=f"invalid request: {message}",
-                                        type="Warning")
-        await self.cluster.set_scheduled_condition(pod.ref, status=False, reason="Unschedulable",
-                                                   message=f"invalid request: {message}")
+    async def _warn_membership(self, pod: Pod, declared: int | None, s: GangState) -> None:
+        """Tell the pod what its gang is when that is not plain (no silent guesses)."""
+        msg = ""
+        if not s.min_member_declared and s.gang_id != f"{pod.namespace}/{pod.name}":
+            msg = (f"gang {s.gang_id}: no pod says min-member (aliyun.com/min-member); the gang is taken as the "
+                   f"pods present once none arrived for {self.config.settle_s:g}s ({len(s.members)} so far)")
+        elif declared is not None and declared != s.min_member:
+            msg = f"gang {s.gang_id}: this pod says min-member {declared}, others say {s.min_member}; using {s.min_member}"
+        elif len(s.members) > s.min_member:
+            msg = (f"gang {s.gang_id}: {len(s.members)} pods present but min-member is {s.min_member}; every "
+                   "present pod is placed, all or nothing")
+        elif len(s.members) < s.min_member:
+            await self._condition(pod.ref, saga.pending_reason(s, time.time()))
+        if msg:
+            await self._event(pod.ref, "GangMembership", msg)
+
+    async def _reject(self, pod: Pod, error: InvalidMember) -> None:
+        """Warning event + PodScheduled=False naming field, value and rule; once per message
+        (the condition on the pod is the record, so a restart does not repeat it)."""
+        message = f"invalid request: {error}"
+        for c in ((pod.raw.get("status") or {}).get("conditions") or []):
+            if c.get("type") == "PodScheduled" and c.get("message") == message:
+                return
+        warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(error))
+        await self._event(pod.ref, "FailedScheduling", message)
+        await self._condition(pod.ref, message)
+
+    async def _event(self, ref: PodRef, reason: str, message: str) -> None:
+        try:
+            await self.cluster.record_event(ref, reason=reason, message=message, type="Warning")
+        except Exception as e:  # noqa: BLE001 - the pod may be gone; the gang state says it all
+            warn("cannot record event", pod=str(ref), error=repr(e))
+
+    async def _condition(self, ref: PodRef, message: str) -> None:
+        try:
+            await self.cluster.set_scheduled_condition(ref, status=False, reason="Unschedulable", message=message)
+        except Exception as e:  # noqa: BLE001 - as above
+            warn("cannot set PodScheduled", pod=str(ref), error=repr(e))
 
     async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None) -> None:
         if gang_id is None:
@@ -134,62 +184,101 @@ class Coordinator:
                 gang_id = identity(pod).gang_id
             except InvalidMember:
                 return
-        state, _ = await self.load(gang_id)
-        if state is None:
-            return
         ref = PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid)
-
-        def drop(s: GangState | None) -> GangState | None:
-            if s is None or not any(m.pod == ref for m in s.members):
-                return None
-            return msgspec.structs.replace(
-                s, members=tuple(m for m in s.members if m.pod != ref),
-                bound=tuple(b for b in s.bound if b != ref),
-                assignments=tuple(a for a in s.assignments if a.pod != ref))
-
-        new = await self.transition(gang_id, drop)
-        if new is None:
+        before, _ = await self.load(gang_id)
+        new = await self.transition(gang_id, lambda s: saga.drop_member(s, ref))
+        if new is None or before is None:
             return
-        if state.attempt >= 1:
-            await self.bus.publish(S.placement_subject(gang_id), ReleaseRequested(
-                gang_id=gang_id, attempt=state.attempt, reason="pod deleted", pods=(ref,)))
         log("member gone", gang=gang_id, pod=str(ref))
+        if before.attempt >= 1:
+            await self.bus.publish(S.placement_subject(gang_id), ReleaseRequested(
+                gang_id=gang_id, attempt=before.attempt, reason="pod deleted", pods=(ref,)))
         if not new.members:
             await self.kv.delete(S.gang_key(gang_id))
             log("gang gone", gang=gang_id)
+            return
+        if new.phase in saga.RUNNING and ref not in new.unbound:
+            failed = await self.transition(gang_id, lambda s: saga.fail(s, new.attempt, f"member {ref} was deleted"))
+            if failed is not None:
+                await self.roll_back(failed)
 
     # -- saga steps ------------------------------------------------------------------------
     async def maybe_start(self, gang_id: str) -> None:
-        """Start a new attempt when the gang is complete and waiting (or its backoff is over)."""
+        """Start a new attempt when the gang is complete and waiting (or its backoff is over),
+        unless the fairness gate holds it back behind a starving head-of-line gang."""
         now = time.time()
-
-        def start(s: GangState | None) -> GangState | None:
-            if s is None or len(s.members) < s.min_member:
-                return None
-            if s.phase == "backoff" and now < s.updated_at + self.backoff_delay(s.attempt):
-                return None
-            if s.phase not in ("waiting", "backoff"):
-                return None
-            return msgspec.structs.replace(s, phase="placing", attempt=s.attempt + 1)
-
-        state = await self.transition(gang_id, start)
+        current, _ = await self.load(gang_id)
+        if current is None or current.phase not in ("waiting", "backoff"):
+            return
+        head = saga.held_back_by(current, [s for s in self._queue if s.gang_id != gang_id], now=now,
+                                 starve_after_s=self.config.starve_after_s)
+        if head is not None:
+            reason = f"held back behind {head.gang_id}, first in queue and waiting too long (fairness)"
+            held = await self.transition(gang_id, lambda s: None if s is None or s.reason == reason or s.phase not in (
+                "waiting", "backoff") else msgspec.structs.replace(s, reason=reason))
+            if held is not None:
+                log("held back", gang=gang_id, head=head.gang_id, head_waited_s=round(now - head.created_at))
+                await self._tell_pending(held)
+            return
+        state = await self.transition(gang_id, lambda s: saga.start_attempt(s, now=now, settle_s=self.config.settle_s))
         if state is None:
             return
-        log("attempt started", gang=gang_id, attempt=state.attempt, members=len(state.members))
-        await self.bus.publish(S.status_subject(gang_id), GangAdmitted(
-            gang_id=gang_id, attempt=state.attempt, members=tuple(m.pod for m in state.members),
-            min_member=state.min_member))
-        await self._request_placement(state)
+        metrics.GANG_ATTEMPTS.inc()
+        # One trace per attempt: a root span whose context travels in every command's headers.
+        with tracer().start_as_current_span("gang.attempt", context=otel_context.Context(), attributes={
+                "phalanx.gang": gang_id, "phalanx.attempt": state.attempt,
+                "phalanx.members": len(state.members), "phalanx.min_member": state.min_member}) as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            traced = await self.transition(gang_id, lambda s, a=state.attempt: None if s is None or s.attempt != a
+                                           else msgspec.structs.replace(s, trace_id=trace_id))
+            state = traced or state
+            log("attempt started", gang=gang_id, attempt=state.attempt, members=len(state.members), trace=trace_id)
+            await self._schedule_deadline(state)
+            await self.bus.publish(S.status_subject(gang_id), GangAdmitted(
+                gang_id=gang_id, attempt=state.attempt, members=tuple(m.pod for m in state.members),
+                min_member=state.min_member))
+            await self._request_placement(state)
+
+    def timeout_of(self, state: GangState) -> float:
+        return state.timeout_s or self.config.default_timeout_s
+
+    async def _schedule_deadline(self, state: GangState) -> None:
+        at = state.attempt_started_at + self.timeout_of(state)
+        await self.bus.publish_scheduled(S.deadline_schedule_subject(state.gang_id),
+                                         GangDeadline(gang_id=state.gang_id, attempt=state.attempt),
+                                         at=at, target=S.deadline_fired_subject(state.gang_id))
 
     async def _request_placement(self, state: GangState) -> None:
         await self.bus.publish(S.placement_subject(state.gang_id), PlacementRequested(
             gang_id=state.gang_id, attempt=state.attempt, members=state.members))
 
-    def backoff_delay(self, attempt: int) -> float:
-        """Exponential backoff with deterministic jitter per attempt (so every replica agrees)."""
-        base = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** max(0, attempt - 1))
-        return base * (0.75 + 0.5 * random.Random(attempt).random())
+    async def _request_mig(self, state: GangState) -> None:
+        for a in state.assignments:
+            if a.mig_profile and not a.mig_instance_uuid:
+                await self.bus.publish(S.mig_subject(a.node), MigPrepareRequested(
+                    node=a.node, gang_id=state.gang_id, attempt=state.attempt, pod=a.pod,
+                    gpu=a.gpus[0] if a.gpus else 0, profile=a.mig_profile, start=max(0, a.mig_start)))
 
+    async def _request_binds(self, state: GangState) -> None:
+        done = set(state.bound)
+        for a in state.assignments:
+            if a.pod not in done:
+                await self.bus.publish(S.binder_subject(state.gang_id), BindRequested(
+                    gang_id=state.gang_id, attempt=state.attempt, assignment=a))
+
+    async def drive(self, state: GangState) -> None:
+        """Publish what ``state`` waits for (idempotent: same commands, same message ids)."""
+        match state.phase:
+            case "placing":
+                await self._request_placement(state)
+            case "preparing":
+                await self._request_mig(state)
+            case "binding":
+                await self._request_binds(state)
+            case "rolling_back":
+                await self.roll_back(state)
+
+    # -- replies ---------------------------------------------------------------------------
     async def on_reply(self, event, delivery: Delivery) -> None:
         match event:
             case Placed():
@@ -199,90 +288,148 @@ class Coordinator:
             case Bound():
                 await self.on_bound(event)
             case BindFailed():
-                await self.on_bind_failed(event)
+                state = await self.transition(event.gang_id, lambda s: saga.bind_failed(s, event))
+                if state is not None:
+                    await self.roll_back(state)
             case Released():
-                pass
+                pass  # release is fire-and-forget on a durable stream (docs/saga.md)
             case _:
                 warn("unexpected event on coordinator subject", kind=type(event).__name__)
 
-    async def on_placed(self, ev: Placed) -> None:
-        def to_binding(s: GangState | None) -> GangState | None:
-            if s is None or s.attempt != ev.attempt or s.phase != "placing":
-                return None
-            return msgspec.structs.replace(s, phase="binding", assignments=ev.assignments, reason="")
+    async def on_node_reply(self, event, delivery: Delivery) -> None:
+        match event:
+            case MigReady():
+                state = await self.transition(event.gang_id, lambda s: saga.mig_ready(s, event))
+                if state is not None and state.phase == "binding":
+                    log("mig ready", gang=event.gang_id, attempt=event.attempt)
+                    await self._request_binds(state)
+            case MigFailed():
+                state = await self.transition(event.gang_id, lambda s: saga.mig_failed(s, event))
+                if state is not None:
+                    await self.roll_back(state)
+            case MigDestroyed():
+                pass
+            case _:
+                pass  # commands to node agents share the stream; not ours
 
-        state = await self.transition(ev.gang_id, to_binding)
+    async def on_deadline(self, event, delivery: Delivery) -> None:
+        if not isinstance(event, GangDeadline):
+            return
+        state = await self.transition(event.gang_id, lambda s: saga.deadline(s, event))
+        if state is None:
+            log("deadline ignored", gang=event.gang_id, attempt=event.attempt)
+            return
+        warn("deadline fired", gang=event.gang_id, attempt=event.attempt)
+        await self.roll_back(state)
+
+    async def on_placed(self, ev: Placed) -> None:
+        state = await self.transition(ev.gang_id, lambda s: saga.placed(s, ev))
         if state is None:
             current, _ = await self.load(ev.gang_id)
-            if current is None or current.attempt != ev.attempt or current.phase in ("backoff", "waiting"):
+            if current is None or current.attempt != ev.attempt or current.phase in ("backoff", "waiting",
+                                                                                     "rolling_back"):
                 # A reservation nobody will use (old attempt, or gang gone): give it back.
                 await self.bus.publish(S.placement_subject(ev.gang_id), ReleaseRequested(
-                    gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt"))
+                    gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt"),
+                    msg_id=f"stale-release:{ev.gang_id}:{ev.attempt}:{time.time():.3f}")
             return
-        log("placed", gang=ev.gang_id, attempt=ev.attempt,
+        log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
             nodes=",".join(sorted({a.node for a in ev.assignments})))
-        await self._request_binds(state)
-
-    async def _request_binds(self, state: GangState) -> None:
-        bound = set(state.bound)
-        for a in state.assignments:
-            if a.pod not in bound:
-                await self.bus.publish(S.binder_subject(state.gang_id), BindRequested(
-                    gang_id=state.gang_id, attempt=state.attempt, assignment=a))
+        await self.drive(state)
 
     async def on_placement_failed(self, ev: PlacementFailed) -> None:
-        def to_backoff(s: GangState | None) -> GangState | None:
-            if s is None or s.attempt != ev.attempt or s.phase != "placing":
-                return None
-            return msgspec.structs.replace(s, phase="backoff", reason=ev.summary)
-
-        state = await self.transition(ev.gang_id, to_backoff)
-        if state is None:
-            return
-        reason = f"{ev.summary} (attempt {ev.attempt})"
-        log("pending", gang=ev.gang_id, attempt=ev.attempt, reason=ev.summary)
-        await self._tell_pending(state, reason)
-
-    async def _tell_pending(self, state: GangState, reason: str) -> None:
-        await self.bus.publish(S.status_subject(state.gang_id), GangPending(
-            gang_id=state.gang_id, attempt=max(1, state.attempt), reason=reason))
-        for m in state.members:
-            try:
-                await self.cluster.record_event(m.pod, reason="FailedScheduling", message=reason, type="Warning")
-                await self.cluster.set_scheduled_condition(m.pod, status=False, reason="Unschedulable", message=reason)
-            except Exception as e:  # noqa: BLE001 - the pod may be gone; the gang state says it all
-                warn("cannot report pending reason", pod=str(m.pod), error=repr(e))
+        c = self.config
+        state = await self.transition(ev.gang_id, lambda s: saga.placement_failed(
+            s, ev, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s))
+        if state is not None:
+            log("pending", gang=ev.gang_id, attempt=ev.attempt, reason=ev.summary)
+            await self._tell_pending(state)
 
     async def on_bound(self, ev: Bound) -> None:
-        def add_bound(s: GangState | None) -> GangState | None:
-            if s is None or s.attempt != ev.attempt or s.phase != "binding" or ev.pod in s.bound:
-                return None
-            bound = s.bound + (ev.pod,)
-            done = {a.pod for a in s.assignments} <= set(bound)
-            return msgspec.structs.replace(s, bound=bound, phase="scheduled" if done else "binding")
-
-        state = await self.transition(ev.gang_id, add_bound)
-        if state is not None and state.phase == "scheduled":
+        state = await self.transition(ev.gang_id, lambda s: saga.bound(s, ev))
+        if state is None:
+            await self._undo_late_bind(ev)
+            return
+        if state.phase == "scheduled":
             log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)
             await self.bus.publish(S.status_subject(ev.gang_id), GangScheduled(
                 gang_id=ev.gang_id, attempt=ev.attempt, assignments=state.assignments))
 
-    async def on_bind_failed(self, ev: BindFailed) -> None:
-        def to_backoff(s: GangState | None) -> GangState | None:
-            if s is None or s.attempt != ev.attempt or s.phase != "binding":
-                return None
-            return msgspec.structs.replace(s, phase="backoff", reason=f"bind failed: {ev.reason}",
-                                           assignments=(), bound=())
-
-        state = await self.transition(ev.gang_id, to_backoff)
-        if state is None:
+    async def _undo_late_bind(self, ev: Bound) -> None:
+        """A bind of an attempt that was rolled back (binder was slow): its reservation is
+        released, so the pod must not stay bound. Delete it, with an event saying why."""
+        current, _ = await self.load(ev.gang_id)
+        if current is not None and current.phase in ("binding", "scheduled") and any(
+                a.pod == ev.pod and a.node == ev.node for a in current.assignments):
+            return  # a duplicate reply, or the current attempt wants the pod on that node too
+        pod = await self.cluster.get_pod(ev.pod)
+        if pod is None or pod.node_name != ev.node:
             return
-        warn("bind failed, rolling back", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason)
-        await self.bus.publish(S.status_subject(ev.gang_id), RollbackStarted(
-            gang_id=ev.gang_id, attempt=ev.attempt, reason=ev.reason))
-        await self.bus.publish(S.placement_subject(ev.gang_id), ReleaseRequested(
-            gang_id=ev.gang_id, attempt=ev.attempt, reason=f"bind failed: {ev.reason}"))
-        await self._tell_pending(state, f"bind failed: {ev.reason} (attempt {ev.attempt})")
+        await self._event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back before "
+                                                  "this pod was bound; deleting it so its controller recreates it")
+        await self.cluster.delete_pod(ev.pod)
+
+    # -- rollback --------------------------------------------------------------------------
+    async def roll_back(self, state: GangState) -> None:
+        """Run the attempt's compensations not yet done, in reverse order of the steps, each
+        shielded and time-limited, recording each in ``phx-gangs`` as it completes. Resumable:
+        a crash part-way leaves ``rolling_back`` with the done steps, and resync continues."""
+        if not state.rollback_done:
+            metrics.GANG_ROLLBACKS.inc(reason=_rollback_reason(state.reason))
+            warn("rolling back", gang=state.gang_id, attempt=state.attempt, reason=state.reason)
+            await self.bus.publish(S.status_subject(state.gang_id), RollbackStarted(
+                gang_id=state.gang_id, attempt=state.attempt, reason=state.reason))
+        c = self.config
+        while state is not None and state.phase == "rolling_back":
+            step = saga.next_compensation(state)
+            if step is None:
+                break
+            with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
+                unbound = await self._compensate(state, step)
+            state = await self.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
+                s, a, st, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s, unbound=u))
+        if state is not None and state.phase == "backoff":
+            log("rolled back", gang=state.gang_id, attempt=state.attempt)
+            await self._tell_pending(state)
+
+    async def _compensate(self, state: GangState, step: str) -> tuple[PodRef, ...]:
+        """One compensation; may run more than once, and when its step never happened."""
+        reason = f"gang {state.gang_id} attempt {state.attempt} rolled back: {state.reason}"
+        match step:
+            case "unbind":
+                # Cancel the attempt's binds still queued (binder down or slow), then delete
+                # the members already bound. A bind already in binder's hands is undone when
+                # its late ``Bound`` arrives (``_undo_late_bind``).
+                await self.bus.js.purge_stream(S.STREAM_GANG, subject=S.binder_subject(state.gang_id))
+                deleted = []
+                for a in state.assignments:
+                    pod = await self.cluster.get_pod(a.pod)
+                    if pod is None or not pod.node_name or (a.pod.uid and pod.uid != a.pod.uid):
+                        continue
+                    await self._event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its "
+                                                             "controller recreates it")
+                    await self.cluster.delete_pod(a.pod)
+                    deleted.append(a.pod)
+                return tuple(deleted)
+            case "mig":
+                for a in state.assignments:
+                    if a.mig_profile:
+                        await self.bus.publish(S.mig_subject(a.node), MigDestroyRequested(
+                            node=a.node, gang_id=state.gang_id, attempt=state.attempt, pod=a.pod,
+                            gpu=a.gpus[0] if a.gpus else 0, instance_uuid=a.mig_instance_uuid))
+            case "release":
+                await self.bus.publish(S.placement_subject(state.gang_id), ReleaseRequested(
+                    gang_id=state.gang_id, attempt=state.attempt, reason=state.reason))
+        return ()
+
+    async def _tell_pending(self, state: GangState) -> None:
+        reason = saga.pending_reason(state, time.time())
+        await self.bus.publish(S.status_subject(state.gang_id), GangPending(
+            gang_id=state.gang_id, attempt=max(1, state.attempt), reason=reason),
+            msg_id=f"gang.pending:{state.gang_id}:{state.attempt}:{state.failures}:{zlib.crc32(reason.encode())}")
+        for m in state.members:
+            await self._event(m.pod, "FailedScheduling", reason)
+            await self._condition(m.pod, reason)
 
     # -- loops -----------------------------------------------------------------------------
     async def watch_pods(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
@@ -293,10 +440,13 @@ class Coordinator:
                     started = True
                     task_status.started()
                 continue
-            if ev.type == "DELETED":
-                await self.on_pod_deleted(ev.pod)
-            else:
-                await self.on_pod(ev.pod)
+            try:
+                if ev.type == "DELETED":
+                    await self.on_pod_deleted(ev.pod)
+                else:
+                    await self.on_pod(ev.pod)
+            except Exception:  # noqa: BLE001 - resync covers whatever this missed
+                log("pod event failed", level=40, exc_info=True)
 
     async def resync(self) -> None:
         """Re-list pods and re-drive stalled gangs: the informer-resync safety net."""
@@ -312,31 +462,48 @@ class Coordinator:
         live = {(p.namespace, p.name, p.uid) for p in pods}
         for pod in pods:
             await self.on_pod(pod)
+        states = [gang_state_decoder.decode(e.value) for e in await self.kv.items()]
+        self._queue = [s for s in states if s.phase != "scheduled"]
+        metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
-        for entry in await self.kv.items():
-            state = gang_state_decoder.decode(entry.value)
-            gone = [m.pod for m in state.members if (m.pod.namespace, m.pod.name, m.pod.uid) not in live]
-            for ref in gone:
-                await self.on_pod_deleted(Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid), state.gang_id)
-            if gone:
-                continue
-            if state.phase in ("waiting", "backoff"):
-                await self.maybe_start(state.gang_id)
-            elif state.phase == "placing" and now - state.updated_at > self.config.redrive_after_s:
-                await self._request_placement(state)
-            elif state.phase == "binding" and now - state.updated_at > self.config.redrive_after_s:
-                await self._request_binds(state)
+        for state in sorted(states, key=saga.queue_key):
+            try:
+                await self._resync_gang(state, live, now)
+            except Exception:  # noqa: BLE001 - one gang's trouble must not stall the others
+                log("resync of gang failed", level=40, exc_info=True, gang=state.gang_id)
+
+    async def _resync_gang(self, state: GangState, live: set, now: float) -> None:
+        """Re-drive one gang: drop gone members, start it, re-publish its commands, resume its rollback."""
+        gone = [m.pod for m in state.members if (m.pod.namespace, m.pod.name, m.pod.uid) not in live]
+        for ref in gone:
+            await self.on_pod_deleted(Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid), state.gang_id)
+        if gone:
+            return
+        stalled = now - state.updated_at > self.config.redrive_after_s
+        if state.phase in ("waiting", "backoff"):
+            await self.maybe_start(state.gang_id)
+        elif state.phase in saga.RUNNING and stalled:
+            await self._schedule_deadline(state)
+            await self.drive(state)
+        elif state.phase == "rolling_back" and stalled:
+            await self.roll_back(state)
 
 
 async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run gang-coordinator until cancelled; ready once the reply consumer and pod watch are live."""
+    """Run gang-coordinator until cancelled; ready once its three consumers and the pod watch are live."""
     gangs_kv = await bus.kv(S.KV_GANGS)
     coord = Coordinator(bus, cluster, gangs_kv, config)
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: consume(
             bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.coord.>",
             decoder=gang_decoder, handler=coord.on_reply, task_status=task_status))
+        await tg.start(lambda task_status: consume(
+            bus, stream=S.STREAM_NODE, durable=DURABLE_NODE, filter_subject="phx.node.*.reply",
+            decoder=node_decoder, handler=coord.on_node_reply, task_status=task_status))
+        await tg.start(lambda task_status: consume(
+            bus, stream=S.STREAM_DEADLINE, durable=DURABLE_DEADLINE, filter_subject="phx.deadline.fired.>",
+            decoder=gang_decoder, handler=coord.on_deadline, task_status=task_status))
         await tg.start(coord.watch_pods)
         tg.start_soon(coord.resync)
         task_status.started()

@@ -6,10 +6,16 @@ reservations by compare-and-set on the revisions it read, and replies ``Placed``
 ``PlacementFailed``. A lost race (another replica changed a node) means: re-read, decide
 again. Redelivery is safe: if the ledger already holds this gang's attempt, the same
 ``Placed`` is sent again without deciding.
+
+Metrics: decision time, ledger conflicts, and after every commit and release the GPUs,
+core % and memory allocated by node, model and mode plus fragmentation
+(``phalanx_telemetry.allocation``). Spans ``placement.decide`` and ``placement.commit`` carry
+the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -32,7 +38,7 @@ from phalanx_proto.events import (
     gang_decoder,
 )
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key, ledger_decoder
-from phalanx_telemetry import log, warn
+from phalanx_telemetry import allocation, log, metrics, tracer, warn
 
 DURABLE = "placement"
 _beat_decoder = msgspec.json.Decoder(NodeHeartbeat)
@@ -99,22 +105,42 @@ class Placement:
                     gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
                 return
             snap = await self.snapshot(ev.gang_id, ledgers)
-            started = time.perf_counter()
-            result = place_snapshot(snap, ev.members)
-            elapsed_ms = (time.perf_counter() - started) * 1000
+            with tracer().start_as_current_span("placement.decide", attributes={
+                    "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                    "phalanx.members": len(ev.members)}) as span:
+                started = time.perf_counter()
+                result = place_snapshot(snap, ev.members)
+                elapsed = time.perf_counter() - started
+                _annotate_decision(span, result)
+            elapsed_ms = elapsed * 1000
+            metrics.PLACEMENT_DECISION_SECONDS.observe(
+                elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
+                empty = Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes))
+                fits_empty = isinstance(place_snapshot(empty, ev.members), Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
-                    gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons)))
+                    gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
+                    fits_empty_cluster=fits_empty))
                 return
             if self.config.decide_delay_s:
                 await anyio.sleep(self.config.decide_delay_s)
             try:
-                await self.commit(ev, result, ledgers)
+                with tracer().start_as_current_span("placement.commit", attributes={
+                        "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                        "k8s.node.name": sorted({a.node for a in result.assignments})}) as span:
+                    try:
+                        await self.commit(ev, result, ledgers)
+                    except KvConflict:
+                        span.set_attribute("phalanx.outcome", "conflict")
+                        raise
+                    span.set_attribute("phalanx.outcome", "committed")
             except KvConflict as e:
                 self.conflicts += 1
+                metrics.LEDGER_COMMIT_CONFLICTS.inc()
                 log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e), conflicts=self.conflicts)
                 continue
+            _record_allocation(snap, result.assignments)
             log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
                 assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments))
             await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
@@ -167,7 +193,35 @@ class Placement:
         else:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
+        if released:
+            _record_allocation(await self.snapshot("", await self.ledgers()), ())
         await self.bus.publish(S.coord_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+
+
+def _annotate_decision(span, result) -> None:
+    """Span attributes of a decision: where it went, or why nothing fits."""
+    if isinstance(result, NoFit):
+        span.set_attribute("phalanx.outcome", "no_fit")
+        span.set_attribute("phalanx.failure_reason", result.summary)
+        return
+    span.set_attribute("phalanx.outcome", "placed")
+    span.set_attribute("k8s.node.name", sorted({a.node for a in result.assignments}))
+    span.set_attribute("phalanx.gpus", [f"{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments])
+    levels = sorted({a.rdma_level for a in result.assignments if a.rdma_level})
+    if levels:
+        span.set_attribute("phalanx.rdma_level", levels)
+
+
+def _record_allocation(snap: Snapshot, placed: tuple) -> None:
+    """Allocation gauges from the snapshot's reservations (other gangs) plus ``placed``."""
+    allocation.record(allocation.NodeAllocation(
+        node=n.name, topology=n.topology, enabled=n.enabled,
+        assignments=n.allocations + tuple(a for a in placed if a.node == n.name)) for n in snap.nodes)
+
+
+def _emptied(node: NodeView) -> NodeView:
+    """The node as it would be with no reservations (for "could this ever fit?")."""
+    return dataclasses.replace(node, allocations=(), used_gpus=frozenset())
 
 
 def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
@@ -188,5 +242,9 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
     await enable_atomic(bus, S.KV_LEDGER)
     placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
                           await bus.kv(S.KV_LEDGER), config)
+    try:
+        _record_allocation(await placement.snapshot("", await placement.ledgers()), ())
+    except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting
+        warn("allocation metrics not computed at start", error=repr(e))
     await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.placement.>",
                   decoder=gang_decoder, handler=placement.on_command, task_status=task_status)

@@ -25,7 +25,7 @@ from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
-from phalanx_telemetry import log, warn
+from phalanx_telemetry import log, metrics, warn
 from phalanx_topology.tiers import tiers_from_labels
 
 ENABLE_LABEL = "lj_runtimekit_enable"
@@ -86,6 +86,7 @@ class Discovery:
             await topo_kv.put(S.token(self.config.node), encoder.encode(report))
             await self.bus.publish(S.topology_subject(self.config.node), report,
                                    msg_id=f"{report.key()}:{time.time():.3f}")
+            metrics.TOPOLOGY_REPORTS.inc()
             log("topology reported", node=self.config.node, gpus=len(topo.gpus), nics=len(topo.nics),
                 enabled=report.enabled, hypernode=report.tiers.hypernode, generation=topo.generation)
         self._last = report
@@ -104,6 +105,7 @@ class Discovery:
             try:
                 await self.report_once()
             except Exception as e:  # noqa: BLE001 - next beat retries
+                metrics.HEARTBEAT_FAILURES.inc()
                 warn("report failed", node=self.config.node, error=repr(e))
 
 

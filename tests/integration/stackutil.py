@@ -82,3 +82,24 @@ async def gang_states(bus: Bus) -> dict:
 
 def ref(name: str) -> PodRef:
     return PodRef(namespace="default", name=name)
+
+
+def gang_pod(name: str, gpus: int, gang: str, size: int, *, annotations: dict | None = None,
+             priority: int | None = None) -> dict:
+    """A JobSet member: label ``jobset.sigs.k8s.io/jobset-name`` and ``aliyun.com/min-member``."""
+    pod = gpu_pod(name, gpus, labels={"jobset.sigs.k8s.io/jobset-name": gang, "aliyun.com/min-member": str(size)})
+    pod["metadata"]["annotations"] = annotations or {}
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    return pod
+
+
+async def partial_gangs(bus: Bus, states: dict) -> list[str]:
+    """Gangs with some but not all members reserved in the ledger (must always be empty)."""
+    per_pod = await audit_ledger(bus)
+    out = []
+    for gid, s in states.items():
+        held = [m for m in s.members if f"{m.pod.namespace}/{m.pod.name}" in per_pod]
+        if held and len(held) < len(s.members) and s.phase != "scheduled":
+            out.append(gid)
+    return out

@@ -152,7 +152,7 @@ async def test_kv_keys_lists_every_key_while_they_are_being_rewritten(bus):
         while True:
             await kv.put(names[i % len(names)], str(i).encode())
             i += 1
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:

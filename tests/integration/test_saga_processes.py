@@ -80,7 +80,7 @@ async def test_an_invalid_pod_gets_a_warning_event_and_is_never_bound(stack):
 
         events = await wait_until(warned, 30)
         assert [(e.reason, e.type) for e in events] == [("FailedScheduling", "Warning")]
-        assert "resources.limits[nvidia.com/gpu]=0 must be at least 1" in events[0].message
+        assert "resources.limits[nvidia.com/gpu] = '0': nvidia.com/gpu is a number of whole GPUs and must be at least 1" in events[0].message
         pod = await sim.get_pod(ref("zero-gpus"))
         assert pod.node_name == ""
         cond = [c for c in pod.raw["status"]["conditions"] if c["type"] == "PodScheduled"]

@@ -47,8 +47,8 @@ async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus
                 await anyio.sleep(0.1)
                 tg.cancel_scope.cancel()
         by_name = {s.name: s for s in spans.get_finished_spans()}
-        send = by_name["send phx.gang.placement.default"]
-        process = by_name["process placement.requested"]
+        send = by_name["publish phx.gang.placement.{gang}"]
+        process = by_name["process phx.gang.placement.{gang}"]
         assert send.parent.span_id == root.get_span_context().span_id
         assert process.parent.span_id == send.context.span_id
         assert process.context.trace_id == root.get_span_context().trace_id
@@ -56,5 +56,14 @@ async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus
         assert (process.attributes["phalanx.gang"], process.attributes["phalanx.attempt"],
                 process.attributes["messaging.system"], process.attributes["phalanx.outcome"]) == (
             "default/g", 3, "nats", "ack")
+        # OTel messaging semantic conventions (operation name/type, destination and its template).
+        for span, op, op_type in ((send, "publish", "send"), (process, "process", "process")):
+            assert (span.attributes["messaging.operation.name"], span.attributes["messaging.operation.type"],
+                    span.attributes["messaging.destination.name"], span.attributes["messaging.destination.template"],
+                    span.attributes["messaging.message.id"]) == (
+                op, op_type, "phx.gang.placement.default.g", "phx.gang.placement.{gang}",
+                "placement.requested:default/g:3")
+        assert process.attributes["messaging.consumer.group.name"] == "trace-test"
+        assert process.attributes["messaging.nats.message.delivery_count"] == 1
     finally:
         await bus.close()

@@ -28,6 +28,7 @@ SAMPLES = [
     E.Released(gang_id="default/g"),
     E.GangScheduled(gang_id="default/g", assignments=(ASSIGNMENT,)),
     E.GangPending(gang_id="default/g", reason="gang incomplete"),
+    E.GangDeadline(gang_id="default/g", attempt=3),
     E.NodeHeartbeat(node="v100-a", generation=3, at=1.5),
     E.MigPrepareRequested(node="a100-a", gang_id="default/g", pod=POD, gpu=0, profile="3g.20gb", start=4),
     E.MigFailed(node="a100-a", gang_id="default/g", pod=POD, reason="no"),
@@ -56,7 +57,7 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
     assert [E.tag_of(t) for t in E.ALL_EVENTS] == [
         "gang.admitted", "placement.requested", "gang.placed", "gang.placement_failed", "bind.requested",
         "gang.bound", "gang.bind_failed", "gang.rollback", "placement.release_requested", "gang.released",
-        "gang.scheduled", "gang.pending", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
+        "gang.scheduled", "gang.pending", "gang.deadline", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed",
     ]
 

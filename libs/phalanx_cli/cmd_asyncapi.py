@@ -1,0 +1,275 @@
+"""``phalanx asyncapi``: write (or check) ``proto/asyncapi.yaml``, the AsyncAPI 3.0 contract.
+
+The document is generated from ``proto/``: channel addresses come from the subject and key
+functions of ``phalanx_proto.subjects`` (called with placeholder arguments, so a changed
+subject changes the document), messages are the event types of ``phalanx_proto.events`` and
+the KV values of ``phalanx_proto.state``, and every payload points at the JSON Schema that
+``phalanx schema`` writes into ``proto/schema/``. What is not in the code — which service
+sends and which consumes each channel — is the table ``CHANNELS`` below.
+
+``tests/unit/test_asyncapi.py`` fails when the checked-in file drifts from this generator;
+``--check`` exits 1 in that case, like ``phalanx schema --check``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx_proto import events as E
+from phalanx_proto import subjects as S
+
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "proto" / "asyncapi.yaml"
+VERSION = "0.1.0"
+"""The contract's version (``info.version``); bump with incompatible changes, which the rules
+in docs/events.md forbid for existing tags."""
+
+_GANG_NS, _GANG_NAME, _NODE = "PHXGANGNS", "PHXGANGNAME", "PHXNODE"
+_GANG = f"{_GANG_NS}/{_GANG_NAME}"
+_STREAM, _CONSUMER = "PHXSTREAM", "PHXCONSUMER"
+
+PARAMETERS = {
+    "gang": "The gang's key, gang_key(gang_id): '<namespace>.<name>' with every character outside "
+            "[A-Za-z0-9_-] replaced by '_' (two subject tokens; subscribe with '*.*' or '>').",
+    "node": "The node name as one subject token (token(node): characters outside [A-Za-z0-9_-] become '_').",
+    "stream": "The stream the dead message came from (PHX_GANG, PHX_TOPOLOGY, PHX_NODE, PHX_DEADLINE).",
+    "consumer": "The durable consumer that gave the message up (placement, binder, gang-coordinator, "
+                "mig-manager-<node>, ...).",
+}
+
+
+def _address(subject: str) -> str:
+    return (subject.replace(f"{_GANG_NS}.{_GANG_NAME}", "{gang}").replace(_NODE, "{node}")
+            .replace(_STREAM, "{stream}").replace(_CONSUMER, "{consumer}"))
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: str
+    address: str
+    messages: tuple[str, ...]
+    """Message ids (event tags, or the ids of ``EXTRA_MESSAGES``)."""
+    producer: str
+    consumer: str
+    description: str
+    stream: str = ""
+    durable: str = ""
+
+
+CHANNELS = (
+    Channel("gangPlacement", _address(S.placement_subject(_GANG)),
+            (E.tag_of(E.PlacementRequested), E.tag_of(E.ReleaseRequested)), "gang-coordinator", "placement",
+            "Commands to placement: place and reserve a whole gang (all or nothing), or drop its reservations.",
+            S.STREAM_GANG, "placement"),
+    Channel("gangBinder", _address(S.binder_subject(_GANG)), (E.tag_of(E.BindRequested),),
+            "gang-coordinator", "binder", "Commands to binder: annotate and bind one placed member.",
+            S.STREAM_GANG, "binder"),
+    Channel("gangCoordinator", _address(S.coord_subject(_GANG)),
+            tuple(E.tag_of(t) for t in (E.Placed, E.PlacementFailed, E.Released, E.Bound, E.BindFailed)),
+            "placement, binder", "gang-coordinator",
+            "Replies to gang-coordinator from placement (Placed, PlacementFailed, Released) and binder "
+            "(Bound, BindFailed).", S.STREAM_GANG, "gang-coordinator"),
+    Channel("gangStatus", _address(S.status_subject(_GANG)),
+            tuple(E.tag_of(t) for t in (E.GangAdmitted, E.GangScheduled, E.GangPending, E.RollbackStarted)),
+            "gang-coordinator", "subscribers",
+            "What happens to a gang, for everybody else: an attempt starts, it is scheduled, it waits (with "
+            "the reason its pods show), it is rolled back. Phalanx itself does not consume it.",
+            S.STREAM_GANG),
+    Channel("topology", _address(S.topology_subject(_NODE)), (E.tag_of(E.NodeTopologyReported),),
+            "topology-discovery", "subscribers",
+            "A node's GPU/NIC topology, published when it changes (new hardware generation, new labels). The "
+            "current report is also in KV phx-topology; heartbeats go to KV phx-heartbeat only.",
+            S.STREAM_TOPOLOGY),
+    Channel("nodeMig", _address(S.mig_subject(_NODE)),
+            (E.tag_of(E.MigPrepareRequested), E.tag_of(E.MigDestroyRequested)), "gang-coordinator",
+            "mig-manager", "Commands to the mig-manager of one node: create or destroy a MIG instance.",
+            S.STREAM_NODE, "mig-manager-{node}"),
+    Channel("nodeReply", _address(S.node_reply_subject(_NODE)),
+            tuple(E.tag_of(t) for t in (E.MigReady, E.MigFailed, E.MigDestroyed)), "mig-manager",
+            "gang-coordinator", "Replies of a node's mig-manager.", S.STREAM_NODE, "gang-coordinator-node"),
+    Channel("deadlineSchedule", _address(S.deadline_schedule_subject(_GANG)), ("deadline.scheduled",),
+            "gang-coordinator", "the NATS server",
+            "An attempt's deadline, stored as a JetStream scheduled message (header Nats-Schedule: @at <time>); "
+            "one pending schedule per subject, so a new attempt's deadline replaces the old one.",
+            S.STREAM_DEADLINE),
+    Channel("deadlineFired", _address(S.deadline_fired_subject(_GANG)), (E.tag_of(E.GangDeadline),),
+            "the NATS server", "gang-coordinator",
+            "The deadline, delivered by the server at its time (Nats-Schedule-Target). Ignored unless the "
+            "attempt is still running.", S.STREAM_DEADLINE, "gang-coordinator-deadline"),
+    Channel("deadLetter", _address(S.dead_letter_subject(_STREAM, _CONSUMER)), ("dead_letter",),
+            "every consumer", "operators",
+            "Messages a consumer gave up on (undecodable, or refused with PermanentError): the original "
+            "payload with the error and origin in headers.", S.STREAM_DEAD_LETTER),
+    Channel("kvGangs", f"$KV.{S.KV_GANGS}.{{gang}}", ("kv.GangState",), "gang-coordinator",
+            "phalanx explain, subscribers",
+            "KV phx-gangs: the saga state of each gang (watch it as a subscription on this subject, or with a "
+            "KV watcher). Written by compare-and-set only.", f"KV_{S.KV_GANGS}"),
+    Channel("kvLedger", f"$KV.{S.KV_LEDGER}.{{node}}", ("kv.NodeLedger",), "placement", "placement, subscribers",
+            "KV phx-ledger: every reservation on one node; all nodes of a decision commit in one atomic batch.",
+            f"KV_{S.KV_LEDGER}"),
+    Channel("kvTopology", f"$KV.{S.KV_TOPOLOGY}.{{node}}", ("kv.NodeTopologyReported",), "topology-discovery",
+            "placement, subscribers", "KV phx-topology: the current topology report of each node.",
+            f"KV_{S.KV_TOPOLOGY}"),
+    Channel("kvHeartbeat", f"$KV.{S.KV_HEARTBEAT}.{{node}}", ("kv.NodeHeartbeat",), "topology-discovery",
+            "placement, subscribers", "KV phx-heartbeat: the last heartbeat of each node's topology-discovery.",
+            f"KV_{S.KV_HEARTBEAT}"),
+)
+
+
+def _summary(t: type) -> str:
+    return (t.__doc__ or "").strip().splitlines()[0] if t.__doc__ else t.__name__
+
+
+def _messages() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for t in E.ALL_EVENTS:
+        tag = E.tag_of(t)
+        out[tag] = {
+            "name": tag, "title": t.__name__, "summary": _summary(t), "contentType": "application/json",
+            "headers": {"$ref": "#/components/schemas/PhalanxHeaders"},
+            "payload": {"$ref": f"schema/{tag}.json"},
+        }
+    out["deadline.scheduled"] = {
+        "name": E.tag_of(E.GangDeadline), "title": "GangDeadline (scheduled)",
+        "summary": "A GangDeadline waiting on the schedule subject until its time.", "contentType": "application/json",
+        "headers": {"$ref": "#/components/schemas/ScheduleHeaders"},
+        "payload": {"$ref": f"schema/{E.tag_of(E.GangDeadline)}.json"},
+    }
+    out["dead_letter"] = {
+        "name": "dead_letter", "title": "Dead letter",
+        "summary": "The original message a consumer gave up on, unchanged (it may not decode).",
+        "contentType": "application/json", "headers": {"$ref": "#/components/schemas/DeadLetterHeaders"},
+        "payload": {"description": "The original payload, byte for byte."},
+    }
+    for name, ref in (("GangState", "kv.GangState.json"), ("NodeLedger", "kv.NodeLedger.json"),
+                      ("NodeTopologyReported", f"{E.tag_of(E.NodeTopologyReported)}.json"),
+                      ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json")):
+        out[f"kv.{name}"] = {
+            "name": f"kv.{name}", "title": f"KV value {name}",
+            "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",
+            "contentType": "application/json", "payload": {"$ref": f"schema/{ref}"},
+        }
+    return out
+
+
+SCHEMAS = {
+    "PhalanxHeaders": {
+        "type": "object",
+        "required": ["Nats-Msg-Id", "Phalanx-Kind"],
+        "properties": {
+            "Nats-Msg-Id": {"type": "string", "description": "The event's idempotency key (event.key()): the "
+                            "server drops a second publish with the same id inside the two-minute duplicate "
+                            "window, and handlers use it to recognise a redelivery.",
+                            "examples": ["placement.requested:default.train:2"]},
+            "Phalanx-Kind": {"type": "string", "description": "The event's tag, the same as its 'kind' field."},
+            "traceparent": {"type": "string", "description": "W3C trace context of the publishing span."},
+            "tracestate": {"type": "string", "description": "W3C trace state, when present."},
+        },
+    },
+    "ScheduleHeaders": {
+        "type": "object",
+        "required": ["Nats-Schedule", "Nats-Schedule-Target"],
+        "properties": {
+            "Nats-Schedule": {"type": "string", "examples": ["@at 2026-01-01T00:00:00Z"]},
+            "Nats-Schedule-Target": {"type": "string", "description": "The deadlineFired subject of the gang."},
+            "Nats-Msg-Id": {"type": "string"}, "Phalanx-Kind": {"type": "string"},
+            "traceparent": {"type": "string"},
+        },
+    },
+    "DeadLetterHeaders": {
+        "type": "object",
+        "required": ["Phalanx-Error", "Phalanx-Original-Subject", "Phalanx-Original-Stream", "Nats-Msg-Id"],
+        "properties": {
+            "Phalanx-Error": {"type": "string", "description": "Why it was given up (first 1000 characters)."},
+            "Phalanx-Original-Subject": {"type": "string"},
+            "Phalanx-Original-Stream": {"type": "string"},
+            "Nats-Msg-Id": {"type": "string", "description": "dlq:<stream>:<consumer>:<stream sequence>"},
+        },
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    """The AsyncAPI 3.0 document as plain data."""
+    messages = _messages()
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    for ch in CHANNELS:
+        params = [p for p in PARAMETERS if "{" + p + "}" in ch.address]
+        channel: dict[str, Any] = {"address": ch.address, "title": ch.id, "description": ch.description}
+        if params:
+            channel["parameters"] = {p: {"description": PARAMETERS[p]} for p in params}
+        channel["messages"] = {m: {"$ref": f"#/components/messages/{m}"} for m in ch.messages}
+        if ch.stream:
+            channel["x-phalanx-stream"] = ch.stream
+        channels[ch.id] = channel
+        msg_refs = [{"$ref": f"#/channels/{ch.id}/messages/{m}"} for m in ch.messages]
+        operations[f"{ch.id}Send"] = {
+            "action": "send", "channel": {"$ref": f"#/channels/{ch.id}"}, "messages": msg_refs,
+            "summary": f"{ch.producer} publishes on {ch.address}.",
+        }
+        receive: dict[str, Any] = {
+            "action": "receive", "channel": {"$ref": f"#/channels/{ch.id}"}, "messages": msg_refs,
+            "summary": f"{ch.consumer} receives {ch.address}.",
+        }
+        if ch.durable:
+            receive["x-phalanx-durable"] = ch.durable
+        operations[f"{ch.id}Receive"] = receive
+    used = {m for ch in CHANNELS for m in ch.messages} | {E.tag_of(t) for t in E.ALL_EVENTS}
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Phalanx events",
+            "version": VERSION,
+            "description": "The wire contract of Phalanx, the topology-aware GPU and gang scheduler: the NATS "
+                           "JetStream subjects its services exchange and the KV buckets they share. Delivery is "
+                           "at least once; every event carries its idempotency key as Nats-Msg-Id. Generated "
+                           "from proto/ by `phalanx asyncapi`; read docs/events.md for how to subscribe.",
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "local": {"host": "localhost:4222", "protocol": "nats",
+                      "description": "The NATS server of `phalanx up --nats` or compose.yaml (JetStream enabled)."},
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {
+            "messages": {k: v for k, v in messages.items() if k in used},
+            "schemas": SCHEMAS,
+        },
+    }
+
+
+HEADER = ("# Phalanx wire contract, AsyncAPI 3.0. GENERATED by `phalanx asyncapi` from proto/ (subjects,\n"
+          "# events, KV values); do not edit. tests/unit/test_asyncapi.py fails when it drifts.\n"
+          "# Payload schemas: proto/schema/*.json (`phalanx schema`). How to subscribe: docs/events.md.\n")
+
+
+def render() -> str:
+    return HEADER + yaml.safe_dump(document(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("asyncapi", help="write the AsyncAPI 3.0 contract (proto/asyncapi.yaml)",
+                       description="Generate the AsyncAPI 3.0 document of every subject and KV bucket from proto/.")
+    p.add_argument("--out", default=str(DEFAULT_PATH), help="file to write (default %(default)s)")
+    p.add_argument("--check", action="store_true", help="do not write; exit 1 if the file differs from the code")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    text = render()
+    if args.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"asyncapi drift: {out} (run `phalanx asyncapi`)", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,188 @@
+"""``phalanx explain NAMESPACE/POD``: why a pod is where it is, or why it is still pending.
+
+It reads only what the services recorded: the pod (from the simulated cluster or, with
+``--cluster kube``, the API server), its gang's saga state in KV ``phx-gangs`` (found by
+member), the pod's Events, and the trace id of the gang's attempt. The output is a few labelled
+lines, or one JSON document with ``--json``:
+
+    {"pod": {"namespace", "name", "uid", "scheduler_name", "node"}, "status": "bound" | "pending",
+     "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "members", "bound"} | null,
+     "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
+     "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}]}
+
+``reason`` is the gang's last reason (placement's kube-scheduler style summary) while the pod
+is pending. Without a gang, it is the pod's ``PodScheduled`` message (for example, an invalid
+request), or it says that the pod is not Phalanx's or has not been seen yet.
+
+Exit codes: 0 explained, 1 no such pod, 2 bad argument or the bus/cluster cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import msgspec
+
+from phalanx_cli.cmd_run import open_cluster
+
+
+def register(sub) -> None:
+    p = sub.add_parser("explain", help="why a pod is placed where it is, or why it is pending",
+                       description="Show a pod's gang, saga phase and attempt, the last reason, its assignment, "
+                                   "its events and the trace id of its gang's attempt.")
+    p.add_argument("pod", metavar="NAMESPACE/POD", help="the pod (namespace 'default' when omitted)")
+    p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+    p.add_argument("--cluster", choices=("sim", "kube"), default=os.environ.get("PHALANX_CLUSTER", "sim"),
+                   help="where pods live: the simulated cluster in NATS KV, or a real API server (default %(default)s)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig for --cluster kube (default: $KUBECONFIG, in-cluster)")
+    p.add_argument("--traces-url", default=os.environ.get("PHALANX_TRACES_URL", ""),
+                   help="Jaeger UI base URL, to print a link to the trace (env PHALANX_TRACES_URL)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for NATS (default %(default)s)")
+    p.set_defaults(func=run)
+
+
+def parse_ref(text: str) -> tuple[str, str]:
+    ns, sep, name = text.partition("/")
+    if not sep:
+        ns, name = "default", text
+    if not ns or not name or "/" in name:
+        raise ValueError(f"{text!r}: expected NAMESPACE/POD")
+    return ns, name
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ns, name = parse_ref(args.pod)
+    except ValueError as e:
+        print(f"phalanx explain: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = anyio.run(gather, args, ns, name)
+    except Exception as e:  # noqa: BLE001 - unreachable bus or cluster: say so, exit 2
+        print(f"phalanx explain: {e}", file=sys.stderr)
+        return 2
+    if report is None:
+        print(f"phalanx explain: pod {ns}/{name} not found", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+async def gather(args: argparse.Namespace, namespace: str, name: str) -> dict[str, Any] | None:
+    """The report for one pod, or None when the pod does not exist."""
+    from phalanx_bus import Bus
+    from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
+    from phalanx_proto import subjects as S
+    from phalanx_proto.events import PodRef
+    from phalanx_proto.state import gang_state_decoder
+
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(args.nats, service="cli", connect_timeout_s=args.timeout)
+        stack.push_async_callback(bus.close)
+        cluster = await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack)
+        ref = PodRef(namespace=namespace, name=name)
+        pod = await cluster.get_pod(ref)
+        if pod is None:
+            return None
+        events = await cluster.list_events(ref)
+        state = None
+        for entry in await (await bus.kv(S.KV_GANGS)).items():
+            candidate = gang_state_decoder.decode(entry.value)
+            members = [m.pod for m in candidate.members if m.pod.namespace == namespace and m.pod.name == name]
+            if members and (state is None or any(m.uid == pod.uid for m in members)):
+                state = candidate
+
+    condition = next((c for c in (pod.raw.get("status") or {}).get("conditions") or []
+                      if c.get("type") == "PodScheduled"), None)
+    assignment = None
+    if state is not None:
+        assignment = next((a for a in state.assignments if a.pod.namespace == namespace and a.pod.name == name), None)
+    assignment_doc = msgspec.to_builtins(assignment) if assignment is not None else None
+    if assignment_doc is None and pod.annotations.get(ASSIGNMENT_ANNOTATION):
+        try:
+            assignment_doc = json.loads(pod.annotations[ASSIGNMENT_ANNOTATION])
+        except ValueError:
+            assignment_doc = {"raw": pod.annotations[ASSIGNMENT_ANNOTATION]}
+
+    managed = pod.scheduler_name in SCHEDULER_NAMES
+    if pod.node_name:
+        reason = ""
+    elif state is not None and state.reason:
+        reason = state.reason
+    elif condition is not None and condition.get("status") == "False" and condition.get("message"):
+        reason = condition["message"]
+    elif not managed:
+        reason = f"not scheduled by phalanx (schedulerName {pod.scheduler_name!r})"
+    elif state is None:
+        reason = "not seen by gang-coordinator yet"
+    else:
+        reason = f"gang {state.phase}"
+    trace_id = state.trace_id if state is not None and state.trace_id else None
+    base = args.traces_url.rstrip("/")
+    return {
+        "pod": {"namespace": namespace, "name": name, "uid": pod.uid, "scheduler_name": pod.scheduler_name,
+                "node": pod.node_name or None},
+        "status": "bound" if pod.node_name else "pending",
+        "managed": managed,
+        "gang": None if state is None else {
+            "id": state.gang_id, "phase": state.phase, "attempt": state.attempt, "failures": state.failures,
+            "min_member": state.min_member, "members": [str(m.pod) for m in state.members],
+            "bound": [str(b) for b in state.bound]},
+        "reason": reason,
+        "assignment": assignment_doc,
+        "condition": condition,
+        "trace_id": trace_id,
+        "trace_url": f"{base}/trace/{trace_id}" if trace_id and base else None,
+        "events": [{"type": e.type, "reason": e.reason, "message": e.message, "count": e.count, "at": e.at}
+                   for e in events],
+    }
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
+
+
+def render(r: dict[str, Any]) -> str:
+    pod = r["pod"]
+    lines = [f"Pod:         {pod['namespace']}/{pod['name']}  (uid {pod['uid'] or '-'}, "
+             f"schedulerName {pod['scheduler_name']})"]
+    lines.append(f"Status:      bound to {pod['node']}" if r["status"] == "bound" else "Status:      pending")
+    g = r["gang"]
+    if g is None:
+        lines.append("Gang:        -")
+    else:
+        lines.append(f"Gang:        {g['id']}  phase {g['phase']}, attempt {g['attempt']} ({g['failures']} failed), "
+                     f"{len(g['members'])} member(s) (min {g['min_member']}), {len(g['bound'])} bound")
+    lines.append(f"Reason:      {r['reason'] or '-'}")
+    a = r["assignment"]
+    if a:
+        parts = [f"node {a.get('node', '-')}", f"GPUs {','.join(map(str, a.get('gpus') or [])) or '-'}"]
+        if a.get("core_pct") or a.get("memory_mib"):
+            parts.append(f"share {a.get('core_pct', 0)}% / {a.get('memory_mib', 0)} MiB per GPU")
+        if a.get("mig_profile"):
+            parts.append(f"MIG {a['mig_profile']}")
+        if a.get("nics"):
+            parts.append(f"NICs {','.join(a['nics'])} ({a.get('rdma_level') or '-'})")
+        lines.append(f"Assignment:  {', '.join(parts)}")
+    else:
+        lines.append("Assignment:  -")
+    c = r["condition"]
+    if c:
+        text = f"PodScheduled={c.get('status')} {c.get('reason', '')}"
+        lines.append(f"Condition:   {text}: {c['message']}" if c.get("message") else f"Condition:   {text}")
+    trace = r["trace_id"] or "-"
+    lines.append(f"Trace:       {trace}" + (f"  {r['trace_url']}" if r["trace_url"] else ""))
+    lines.append("Events:" if r["events"] else "Events:      -")
+    for e in r["events"]:
+        count = f" (x{e['count']})" if e["count"] > 1 else ""
+        lines.append(f"  {_stamp(e['at'])}  {e['type']:<7}  {e['reason']}{count}: {e['message']}")
+    return "\n".join(lines)

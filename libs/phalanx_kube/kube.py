@@ -1,0 +1,418 @@
+"""The real Kubernetes adapter: ``ClusterPort`` over kubernetes-asyncio.
+
+``phalanx run SERVICE --cluster kube`` opens it with ``await KubeCluster.open(kubeconfig)``
+(a kubeconfig file, else ``KUBECONFIG``, else the in-cluster ServiceAccount). It is the only
+module besides its package that may import ``kubernetes_asyncio`` (import-linter contract).
+
+Every call goes through the generated ``CoreV1Api`` methods with ``_preload_content=False`` and
+decodes the raw JSON itself: ``Pod.raw``/``Node`` then hold camelCase dicts exactly as
+``pod_from_dict``/``node_from_dict`` expect (and as the simulator stores them), no model
+round-trip costs time on the watch, and the Binding subresource, whose response is a
+``Status`` the generated client cannot deserialize into ``V1Binding``, just works.
+
+Mapping of the port's rules onto the API:
+
+* pods: list + watch with ``spec.schedulerName!=default-scheduler`` (a field selector cannot
+  OR our two names; the rest is filtered here), ``allowWatchBookmarks``, a re-list on
+  ``410 Gone``, exponential backoff on errors;
+* a uid in a ``PodRef`` is a precondition: patches carry ``metadata.uid`` (a mismatch is a
+  422 on ``metadata.uid``, reported as ``PodGone`` like the simulator), the Binding carries it
+  too (409, re-read to tell "already bound here" from a conflict), deletes use
+  ``preconditions.uid``;
+* events are core/v1 Events named after (pod uid, reason, message), so a repeat, from any
+  process, bumps ``count`` of the same object (get + patch with the resourceVersion read).
+
+RBAC this needs (``deploy/k8s/rbac.yaml`` grants each service only its part): pods
+get/list/watch/patch/delete, pods/binding create, pods/status patch, events create/get/patch,
+nodes get/list/watch, nodes/status patch; ``list_events`` (tests, CLI) also needs events list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import os
+import random
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, Literal
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client, config
+
+from phalanx_kube.port import (
+    SCHEDULER_NAMES,
+    BindConflict,
+    KubeEvent,
+    Node,
+    Pod,
+    PodEvent,
+    PodGone,
+    node_from_dict,
+    pod_from_dict,
+)
+from phalanx_proto.events import PodRef
+from phalanx_telemetry import warn
+
+REQUEST_TIMEOUT_S = 30.0
+WATCH_TIMEOUT_S = (240, 300)
+"""The server ends each watch after a random time in this range; the loop then resumes it."""
+EVENT_COMPONENT = "phalanx"
+MESSAGE_LIMIT = 1024
+"""The apiserver rejects Event messages above 1 KiB when ``eventTime`` is set."""
+
+_decode = msgspec.json.decode
+
+
+class KubeApiError(RuntimeError):
+    """The API server answered with an unexpected status."""
+
+    def __init__(self, status: int, body: Any, what: str) -> None:
+        self.status = status
+        self.body = body if isinstance(body, dict) else {}
+        self.reason = self.body.get("reason", "")
+        super().__init__(f"{what}: HTTP {status} {self.reason}: {self.body.get('message', body)}")
+
+
+def _iso(t: float, micro: bool = False) -> str:
+    d = dt.datetime.fromtimestamp(t, dt.UTC)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(s: str | None) -> float:
+    if not s:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def pod_from_api(obj: dict[str, Any]) -> Pod:
+    """A ``Pod`` from an API object; ``created`` is ``metadata.creationTimestamp``."""
+    pod = pod_from_dict(obj)
+    return msgspec.structs.replace(pod, created=_epoch((obj.get("metadata") or {}).get("creationTimestamp")))
+
+
+def _uid_mismatch(e: KubeApiError) -> bool:
+    causes = (e.body.get("details") or {}).get("causes") or []
+    return e.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
+
+
+class KubeCluster:
+    """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
+    ``await close()`` (or ``async with``) releases the HTTP session."""
+
+    def __init__(self, api_client: client.ApiClient, scheduler_names=SCHEDULER_NAMES) -> None:
+        self._client = api_client
+        self._core = client.CoreV1Api(api_client)
+        self.scheduler_names = tuple(scheduler_names)
+        self._instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
+
+    @classmethod
+    async def open(cls, kubeconfig: str | None = None, *, context: str | None = None,
+                   scheduler_names=SCHEDULER_NAMES) -> KubeCluster:
+        """Connect with ``kubeconfig`` (a path), else ``$KUBECONFIG``, else the in-cluster
+        ServiceAccount, else ``~/.kube/config``. Raises ``ConfigException`` when none works."""
+        cfg = client.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        if not path and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            await config.load_kube_config(config_file=path or None, context=context, client_configuration=cfg,
+                                          persist_config=False)
+        return cls(client.ApiClient(configuration=cfg), scheduler_names)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> KubeCluster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- transport -------------------------------------------------------------------------
+    async def _call(self, what: str, method, *args, ok: tuple[int, ...] = (), **kwargs) -> tuple[int, Any]:
+        """Call a generated API method raw: (status, decoded JSON). Non-2xx outside ``ok``
+        raises ``KubeApiError``."""
+        resp = await method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+        try:
+            data = await resp.read()
+            status = resp.status
+        finally:
+            resp.release()
+        body = _safe_decode(data) if data else {}
+        if not 200 <= status < 300 and status not in ok:
+            raise KubeApiError(status, body, what)
+        return status, body
+
+    # -- pods ------------------------------------------------------------------------------
+    @property
+    def _field_selector(self) -> str | None:
+        return None if "default-scheduler" in self.scheduler_names else "spec.schedulerName!=default-scheduler"
+
+    def _ours(self, obj: dict[str, Any]) -> bool:
+        return ((obj.get("spec") or {}).get("schedulerName") or "default-scheduler") in self.scheduler_names
+
+    async def _list_raw(self) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        token, rv = None, ""
+        while True:
+            kw: dict[str, Any] = {"limit": 500}
+            if token:
+                kw["_continue"] = token
+            if self._field_selector:
+                kw["field_selector"] = self._field_selector
+            _, body = await self._call("list pods", self._core.list_pod_for_all_namespaces, **kw)
+            meta = body.get("metadata") or {}
+            rv = rv or meta.get("resourceVersion", "")
+            items += [o for o in body.get("items") or [] if self._ours(o)]
+            token = meta.get("continue")
+            if not token:
+                return items, rv
+
+    async def list_pods(self) -> list[Pod]:
+        items, _ = await self._list_raw()
+        return sorted((pod_from_api(o) for o in items), key=lambda p: (p.created, p.namespace, p.name))
+
+    async def watch_pods(self) -> AsyncIterator[PodEvent | None]:
+        """List (ADDED…, then ``None``), then watch from the list's resourceVersion. A watch that
+        ends, or breaks, is resumed from the last resourceVersion seen (bookmarks keep it fresh),
+        after a backoff when it broke; ``410 Gone`` triggers a re-list, which reports what changed
+        meanwhile (ADDED/MODIFIED/DELETED) and then ``None`` again."""
+        known: dict[tuple[str, str], Pod] = {}
+        rv: str | None = None
+        delay = 0.5
+        while True:
+            try:
+                if rv is None:
+                    items, rv = await self._list_raw()
+                    for ev in self._relist_diff(known, items):
+                        yield ev
+                    yield None
+                started, seen = time.monotonic(), 0
+                async with aclosing(self._watch_stream(rv)) as stream:
+                    async for etype, obj in stream:
+                        delay, seen = 0.5, seen + 1
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        if etype == "ERROR":
+                            raise Gone() if obj.get("code") == 410 else KubeApiError(
+                                int(obj.get("code") or 0), obj, "watch pods")
+                        if etype in ("ADDED", "MODIFIED", "DELETED") and self._ours(obj):
+                            for ev in self._apply(known, etype, pod_from_api(obj)):
+                                yield ev
+                if not seen and time.monotonic() - started < 1.0:
+                    raise ConnectionError("the watch ended at once")  # back off, do not spin
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                rv = None
+            except Exception as e:  # noqa: BLE001 - API server away or stream broken: back off, resume
+                pause = delay * (0.75 + 0.5 * random.random())
+                warn("pod watch failed", error=repr(e)[:300], retry_s=round(pause, 2))
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 10.0)
+
+    @staticmethod
+    def _apply(known: dict[tuple[str, str], Pod], etype: str, pod: Pod) -> list[PodEvent]:
+        key = (pod.namespace, pod.name)
+        if etype == "DELETED":
+            known.pop(key, None)
+            return [PodEvent(type="DELETED", pod=pod)]
+        out = []
+        old = known.get(key)
+        if old is not None and old.uid != pod.uid:  # deleted and recreated between two events
+            out.append(PodEvent(type="DELETED", pod=old))
+            old = None
+        known[key] = pod
+        out.append(PodEvent(type="MODIFIED" if old is not None else "ADDED", pod=pod))
+        return out
+
+    def _relist_diff(self, known: dict[tuple[str, str], Pod], items: list[dict[str, Any]]) -> list[PodEvent]:
+        events: list[PodEvent] = []
+        fresh = {}
+        for obj in items:
+            pod = pod_from_api(obj)
+            fresh[(pod.namespace, pod.name)] = pod
+        for key in [k for k in known if k not in fresh or known[k].uid != fresh[k].uid]:
+            events.append(PodEvent(type="DELETED", pod=known.pop(key)))
+        for key, pod in sorted(fresh.items(), key=lambda kv: (kv[1].created, kv[0])):
+            old = known.get(key)
+            rv_of = lambda p: (p.raw.get("metadata") or {}).get("resourceVersion")  # noqa: E731
+            if old is None:
+                events.append(PodEvent(type="ADDED", pod=pod))
+            elif rv_of(old) != rv_of(pod):
+                events.append(PodEvent(type="MODIFIED", pod=pod))
+            known[key] = pod
+        return events
+
+    async def _watch_stream(self, rv: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One watch request: yields (type, object) until the server ends it."""
+        server_timeout = random.randint(*WATCH_TIMEOUT_S)
+        kw: dict[str, Any] = {"watch": True, "resource_version": rv, "allow_watch_bookmarks": True,
+                              "timeout_seconds": server_timeout}
+        if self._field_selector:
+            kw["field_selector"] = self._field_selector
+        resp = await self._core.list_pod_for_all_namespaces(
+            _preload_content=False, **kw,
+            _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=server_timeout + 30))
+        try:
+            if resp.status == 410:
+                raise Gone()
+            if resp.status != 200:
+                data = await resp.read()
+                raise KubeApiError(resp.status, _safe_decode(data), "watch pods")
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        ev = _decode(line)
+                        yield ev.get("type", ""), ev.get("object") or {}
+        finally:
+            resp.release()
+
+    async def get_pod(self, ref: PodRef) -> Pod | None:
+        status, body = await self._call(f"get pod {ref}", self._core.read_namespaced_pod, ref.name, ref.namespace,
+                                        ok=(404,))
+        return None if status == 404 else pod_from_api(body)
+
+    async def _patch_pod(self, ref: PodRef, body: dict[str, Any], *, status: bool = False) -> None:
+        if ref.uid:
+            body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
+        method = self._core.patch_namespaced_pod_status if status else self._core.patch_namespaced_pod
+        ctype = "application/strategic-merge-patch+json" if status else "application/merge-patch+json"
+        try:
+            code, _ = await self._call(f"patch pod {ref}", method, ref.name, ref.namespace, body,
+                                       _content_type=ctype, ok=(404,))
+        except KubeApiError as e:
+            if _uid_mismatch(e):
+                raise PodGone(f"pod {ref} not found (recreated with another uid)") from e
+            raise
+        if code == 404:
+            raise PodGone(f"pod {ref} not found")
+
+    async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
+        await self._patch_pod(ref, {"metadata": {"annotations": dict(annotations)}})
+
+    async def bind(self, ref: PodRef, node: str) -> None:
+        binding = {"apiVersion": "v1", "kind": "Binding",
+                   "metadata": {"name": ref.name, "namespace": ref.namespace, **({"uid": ref.uid} if ref.uid else {})},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        status, body = await self._call(f"bind pod {ref}", self._core.create_namespaced_pod_binding,
+                                        ref.name, ref.namespace, binding, ok=(404, 409))
+        if status == 404:
+            raise PodGone(f"pod {ref} not found")
+        if status != 409:
+            return
+        # Conflict: a uid precondition that failed, or a pod already bound. Look.
+        pod = await self.get_pod(ref)
+        if pod is None:
+            raise PodGone(f"pod {ref} not found")
+        if ref.uid and pod.uid != ref.uid:
+            raise BindConflict(f"pod {ref} was recreated (uid {pod.uid})")
+        if pod.node_name == node:
+            return
+        if pod.node_name:
+            raise BindConflict(f"pod {ref} is already bound to {pod.node_name}")
+        raise KubeApiError(status, body, f"bind pod {ref}")
+
+    async def delete_pod(self, ref: PodRef) -> None:
+        opts: dict[str, Any] = {"gracePeriodSeconds": 0}
+        if ref.uid:
+            opts["preconditions"] = {"uid": ref.uid}
+        await self._call(f"delete pod {ref}", self._core.delete_namespaced_pod, ref.name, ref.namespace,
+                         body=opts, ok=(404, 409))
+
+    # -- events ----------------------------------------------------------------------------
+    async def record_event(self, ref: PodRef, *, reason: str, message: str,
+                           type: Literal["Normal", "Warning"] = "Normal") -> None:
+        message = message[:MESSAGE_LIMIT]
+        digest = hashlib.sha256(f"{ref.uid}\0{reason}\0{message}".encode()).hexdigest()[:16]
+        name = f"{ref.name[:200]}.{digest}"
+        now = time.time()
+        uid = ref.uid
+        if not uid:
+            pod = await self.get_pod(ref)
+            uid = pod.uid if pod else ""
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": ref.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name,
+                               **({"uid": uid} if uid else {})},
+            "reason": reason, "message": message, "type": type, "count": 1,
+            "firstTimestamp": _iso(now), "lastTimestamp": _iso(now), "eventTime": _iso(now, micro=True),
+            "source": {"component": EVENT_COMPONENT}, "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": self._instance, "action": "Scheduling",
+        }
+        status, _ = await self._call(f"create event for {ref}", self._core.create_namespaced_event, ref.namespace,
+                                     event, ok=(409,))
+        if status != 409:
+            return
+        for _ in range(10):  # the same event again: bump its count, resourceVersion as precondition
+            _, current = await self._call(f"read event {name}", self._core.read_namespaced_event, name, ref.namespace)
+            bump = {"metadata": {"resourceVersion": (current.get("metadata") or {}).get("resourceVersion")},
+                    "count": int(current.get("count") or 1) + 1, "lastTimestamp": _iso(time.time())}
+            status, _ = await self._call(f"bump event {name}", self._core.patch_namespaced_event, name,
+                                         ref.namespace, bump, _content_type="application/merge-patch+json",
+                                         ok=(409,))
+            if status != 409:
+                return
+        raise RuntimeError(f"event {ref.namespace}/{name}: too many concurrent updates")
+
+    async def list_events(self, ref: PodRef) -> list[KubeEvent]:
+        sel = f"involvedObject.kind=Pod,involvedObject.name={ref.name}"
+        _, body = await self._call(f"list events of {ref}", self._core.list_namespaced_event, ref.namespace,
+                                   field_selector=sel)
+        items = sorted(body.get("items") or [], key=lambda e: (
+            _epoch(e.get("eventTime")) or _epoch(e.get("firstTimestamp")),
+            _epoch((e.get("metadata") or {}).get("creationTimestamp")), (e.get("metadata") or {}).get("name", "")))
+        return [KubeEvent(reason=e.get("reason") or "", message=e.get("message") or "",
+                          type="Warning" if e.get("type") == "Warning" else "Normal", count=int(e.get("count") or 1),
+                          at=_epoch(e.get("lastTimestamp")) or _epoch(e.get("eventTime")))
+                for e in items]
+
+    async def set_scheduled_condition(self, ref: PodRef, *, status: bool, reason: str, message: str) -> None:
+        cond = {"type": "PodScheduled", "status": "True" if status else "False", "reason": reason,
+                "message": message}
+        pod = await self.get_pod(ref)
+        if pod is None or (ref.uid and pod.uid != ref.uid):
+            raise PodGone(f"pod {ref} not found")
+        old = [c for c in (pod.raw.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+        if not old or old[0].get("status") != cond["status"]:
+            cond["lastTransitionTime"] = _iso(time.time())
+        await self._patch_pod(ref, {"status": {"conditions": [cond]}}, status=True)
+
+    # -- nodes -----------------------------------------------------------------------------
+    async def list_nodes(self) -> list[Node]:
+        _, body = await self._call("list nodes", self._core.list_node)
+        return sorted((node_from_dict(o) for o in body.get("items") or []), key=lambda n: n.name)
+
+    async def get_node(self, name: str) -> Node | None:
+        status, body = await self._call(f"get node {name}", self._core.read_node, name, ok=(404,))
+        return None if status == 404 else node_from_dict(body)
+
+    async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
+        res = {k: str(v) for k, v in resources.items()}
+        status, _ = await self._call(f"patch node {name} status", self._core.patch_node_status, name,
+                                     {"status": {"capacity": res, "allocatable": res}},
+                                     _content_type="application/merge-patch+json", ok=(404,))
+        if status == 404:
+            raise KeyError(f"node {name} not found")
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): re-list."""
+
+
+def _safe_decode(data: bytes) -> Any:
+    try:
+        return _decode(data)
+    except msgspec.DecodeError:
+        return {"message": data[:200].decode(errors="replace")}

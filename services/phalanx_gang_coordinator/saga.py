@@ -1,0 +1,216 @@
+"""The gang saga's transitions, as pure functions: state (+ event, + now) in, new state out.
+
+Called by ``service.Coordinator`` inside its compare-and-set loop; no I/O, no clock (``now``
+is passed in), so every rule is unit-tested table-driven (tests/unit/test_saga_transitions.py).
+Each function returns the new ``GangState``, or ``None`` for "no change" — which is what a
+redelivered command, a duplicate reply, a reply for an old attempt or a pod event seen twice
+must produce. The side effects that follow a transition are chosen by the service from the
+new state (``service.Coordinator.drive``).
+
+    waiting ──complete──▶ placing ──Placed──▶ preparing (any MIG) ──all MigReady──▶ binding
+    placing ──Placed (no MIG)──▶ binding ──all Bound──▶ scheduled
+    placing ──PlacementFailed──▶ backoff                     (nothing was reserved)
+    preparing/binding: MigFailed, BindFailed, deadline; placing: deadline
+        ──▶ rolling_back ──compensations done──▶ backoff ──backoff over──▶ placing
+
+Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
+``mig`` (destroy the attempt's MIG instances), ``release`` (the reservation).
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+from phalanx_proto.events import (
+    BindFailed,
+    Bound,
+    GangDeadline,
+    MemberSpec,
+    MigFailed,
+    MigReady,
+    Placed,
+    PlacementFailed,
+)
+from phalanx_proto.state import GangState
+
+COMPENSATIONS = ("unbind", "mig", "release")
+"""Reverse order of the steps reserve → prepare MIG → bind."""
+RUNNING = ("placing", "preparing", "binding")
+
+replace = msgspec.structs.replace
+
+
+def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:
+    """Exponential backoff with jitter: base·2^(failures-1), capped, times 0.75..1.25. The
+    jitter is seeded by gang and failure count, so replicas and restarts agree."""
+    raw = min(max_s, base_s * 2 ** max(0, failures - 1))
+    return raw * (0.75 + 0.5 * random.Random(f"{gang_id}:{failures}").random())
+
+
+def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_member: int | None,
+               timeout_s: float, priority: int, now: float) -> GangState | None:
+    """Record a pod as a member (a recreated pod, same name new uid, replaces the old one)."""
+    if s is None:
+        s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now,
+                      min_member_declared=min_member is not None)
+    if spec in s.members:
+        return None
+    members = tuple(m for m in s.members if m.pod.name != spec.pod.name or m.pod.namespace != spec.pod.namespace)
+    members += (spec,)
+    declared = s.min_member_declared or min_member is not None
+    target = max(min_member or 0, s.min_member if s.min_member_declared else 0) if declared else len(members)
+    return replace(s, members=members, min_member=max(1, target), min_member_declared=declared,
+                   timeout_s=max(s.timeout_s, timeout_s), priority=max(s.priority, priority), last_member_at=now)
+
+
+def drop_member(s: GangState | None, pod) -> GangState | None:
+    """A member pod is gone (deleted, or recreated with a new uid)."""
+    if s is None or not any(m.pod == pod for m in s.members):
+        return None
+    return replace(s, members=tuple(m for m in s.members if m.pod != pod),
+                   bound=tuple(b for b in s.bound if b != pod),
+                   assignments=tuple(a for a in s.assignments if a.pod != pod),
+                   min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
+
+
+def complete(s: GangState, now: float, settle_s: float) -> bool:
+    """All min-member pods are present (for an undeclared gang: and it has been quiet)."""
+    if len(s.members) < s.min_member:
+        return False
+    return s.min_member_declared or now - s.last_member_at >= settle_s
+
+
+def start_attempt(s: GangState | None, *, now: float, settle_s: float) -> GangState | None:
+    """waiting (complete) or backoff (over) → placing, attempt + 1."""
+    if s is None or s.phase not in ("waiting", "backoff") or not complete(s, now, settle_s):
+        return None
+    if s.phase == "backoff" and now < s.backoff_until:
+        return None
+    return replace(s, phase="placing", attempt=s.attempt + 1, assignments=(), bound=(), rollback_done=(),
+                   unbound=(), attempt_started_at=now)
+
+
+def placed(s: GangState | None, ev: Placed) -> GangState | None:
+    """placing → preparing (some assignment has a MIG profile) or binding."""
+    if s is None or s.attempt != ev.attempt or s.phase != "placing":
+        return None
+    mig = any(a.mig_profile for a in ev.assignments)
+    return replace(s, phase="preparing" if mig else "binding", assignments=ev.assignments)
+
+
+def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
+                     max_s: float) -> GangState | None:
+    """placing → backoff: nothing was reserved, so there is nothing to compensate."""
+    if s is None or s.attempt != ev.attempt or s.phase != "placing":
+        return None
+    failures = s.failures + 1
+    delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
+    return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=ev.summary,
+                   fits_empty_cluster=ev.fits_empty_cluster)
+
+
+def mig_ready(s: GangState | None, ev: MigReady) -> GangState | None:
+    """Put the instance into its assignment; preparing → binding once every MIG member is ready."""
+    if s is None or s.attempt != ev.attempt or s.phase != "preparing":
+        return None
+    changed = False
+    out = []
+    for a in s.assignments:
+        if a.pod == ev.pod and a.node == ev.node and a.mig_profile and a.mig_instance_uuid != ev.instance_uuid:
+            a = replace(a, mig_instance_uuid=ev.instance_uuid)
+            changed = True
+        out.append(a)
+    if not changed:
+        return None
+    done = all(a.mig_instance_uuid for a in out if a.mig_profile)
+    return replace(s, assignments=tuple(out), phase="binding" if done else "preparing")
+
+
+def bound(s: GangState | None, ev: Bound) -> GangState | None:
+    """binding: one more member bound; → scheduled when every assignment is bound."""
+    if s is None or s.attempt != ev.attempt or s.phase != "binding" or ev.pod in s.bound:
+        return None
+    if not any(a.pod == ev.pod for a in s.assignments):
+        return None
+    now_bound = s.bound + (ev.pod,)
+    done = {a.pod for a in s.assignments} <= set(now_bound)
+    return replace(s, bound=now_bound, phase="scheduled" if done else "binding", reason="" if done else s.reason)
+
+
+def fail(s: GangState | None, attempt: int, reason: str, *, phases=RUNNING) -> GangState | None:
+    """A running attempt failed (MIG, bind, deadline, a member gone): → rolling_back."""
+    if s is None or s.attempt != attempt or s.phase not in phases:
+        return None
+    return replace(s, phase="rolling_back", reason=reason, rollback_done=())
+
+
+def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
+    return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", phases=("preparing",))
+
+
+def bind_failed(s: GangState | None, ev: BindFailed) -> GangState | None:
+    return fail(s, ev.attempt, f"bind of {ev.pod} failed: {ev.reason}", phases=("binding",))
+
+
+def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
+    """The deadline of the current, unfinished attempt: give it up. Old attempt: ignored."""
+    if s is None:
+        return None
+    timeout = f"{s.timeout_s:g} s" if s.timeout_s else "the gang timeout"
+    return fail(s, ev.attempt, f"not every member was ready within {timeout}")
+
+
+def compensated(s: GangState | None, attempt: int, step: str, *, now: float, base_s: float,
+                max_s: float, unbound: tuple = ()) -> GangState | None:
+    """Record that compensation ``step`` of ``attempt`` ran; after the last, → backoff."""
+    if s is None or s.attempt != attempt or s.phase != "rolling_back" or step in s.rollback_done:
+        return None
+    done = s.rollback_done + (step,)
+    s = replace(s, rollback_done=done, unbound=s.unbound + tuple(p for p in unbound if p not in s.unbound))
+    if step == "unbind":
+        s = replace(s, bound=())
+    if all(c in done for c in COMPENSATIONS):
+        failures = s.failures + 1
+        delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
+        s = replace(s, phase="backoff", failures=failures, backoff_until=now + delay, assignments=())
+    return s
+
+
+def next_compensation(s: GangState) -> str | None:
+    """The next compensation to run (reverse order of the steps), or None when all ran."""
+    return next((c for c in COMPENSATIONS if c not in s.rollback_done), None)
+
+
+def pending_reason(s: GangState, now: float) -> str:
+    """What the pods say while the gang waits: attempt count and last failure."""
+    if s.reason.startswith("held back"):
+        return s.reason if s.attempt == 0 else f"{s.reason} (attempt {s.attempt} was the last)"
+    if s.phase == "waiting" or s.attempt == 0:
+        have, need = len(s.members), s.min_member
+        return f"gang incomplete: {have}/{need} members present" if have < need else "gang waiting to start"
+    retry = max(0.0, s.backoff_until - now)
+    return f"{s.reason} (attempt {s.attempt}); next try in {retry:.0f}s"
+
+
+def queue_key(s: GangState) -> tuple:
+    """The documented order: higher ``spec.priority`` first, then earlier arrival."""
+    return (-s.priority, s.created_at, s.gang_id)
+
+
+def held_back_by(s: GangState, others: list[GangState], *, now: float, starve_after_s: float) -> GangState | None:
+    """Anti-starvation: the head of the queue (first by ``queue_key`` among gangs not
+    scheduled) that has waited longer than ``starve_after_s`` holds back every gang behind
+    it, until it fits. A gang that is ahead of it, or is the head, is never held back."""
+    if starve_after_s <= 0:
+        return None
+    # A gang that would not fit even an empty cluster can never be helped by waiting: it
+    # must not hold anyone back.
+    waiting = [o for o in others if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster]
+    if not waiting:
+        return None
+    head = min(waiting, key=queue_key)
+    if head.gang_id == s.gang_id or queue_key(s) < queue_key(head):
+        return None
+    return head if now - head.created_at > starve_after_s else None

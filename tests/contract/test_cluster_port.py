@@ -1,0 +1,269 @@
+"""One contract suite for ``ClusterPort``, run on both adapters (style rule 10).
+
+* ``sim``: ``SimCluster`` on a real nats-server; pods and nodes are created with its loaders
+  (``apply_pod``/``apply_node``), as ``phalanx up`` does.
+* ``kube``: ``KubeCluster`` on the real kube-apiserver of the session; pods and nodes are created
+  by an admin through the harness's own REST client, as a user's ``kubectl`` would.
+
+Each test gets its own namespace (and node names of its own), so the backends' shared state
+never leaks between tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from kubeharness import KubeApi, gpu_pod, unique
+
+from phalanx_kube.port import BindConflict, KubeEvent, Node, Pod, PodGone
+from phalanx_proto.events import PodRef
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+@dataclass
+class Backend:
+    """A cluster under test plus a way to create objects in it the way its users do."""
+
+    name: str
+    cluster: Any
+    namespace: str
+    _create_pod: Any
+    _create_node: Any
+
+    async def pod(self, name: str, *, scheduler: str = "phalanx", annotations: dict | None = None,
+                  labels: dict | None = None) -> PodRef:
+        obj = gpu_pod(name, self.namespace, 1, scheduler=scheduler, labels=labels)
+        if annotations:
+            obj["metadata"]["annotations"] = annotations
+        uid = await self._create_pod(obj)
+        return PodRef(namespace=self.namespace, name=name, uid=uid)
+
+    async def node(self, name: str, *, labels: dict[str, str], capacity: dict[str, str]) -> None:
+        await self._create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                                 "status": {"capacity": dict(capacity), "allocatable": dict(capacity)}})
+
+    def ref(self, name: str, uid: str = "") -> PodRef:
+        return PodRef(namespace=self.namespace, name=name, uid=uid)
+
+
+@pytest.fixture(params=["sim", "kube"])
+async def backend(request) -> Any:
+    ns = unique("contract")
+    if request.param == "sim":
+        from phalanx_bus import Bus
+        from phalanx_kube.sim import SimCluster
+
+        bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="contract-test")
+        sim = await SimCluster.open(bus)
+
+        async def create_pod(obj):
+            return (await sim.apply_pod(obj)).uid
+
+        try:
+            yield Backend("sim", sim, ns, create_pod, sim.apply_node)
+        finally:
+            await bus.close()
+    else:
+        from phalanx_kube.kube import KubeCluster
+
+        plane = request.getfixturevalue("kube")
+        api: KubeApi = request.getfixturevalue("kube_api")
+        api.create_namespace(ns)
+
+        async def create_pod(obj):
+            return (await anyio.to_thread.run_sync(api.create_pod, obj))["metadata"]["uid"]
+
+        async def create_node(obj):
+            await anyio.to_thread.run_sync(api.create_node, obj)
+
+        cluster = await KubeCluster.open(str(plane.kubeconfig))
+        try:
+            yield Backend("kube", cluster, ns, create_pod, create_node)
+        finally:
+            # Leave no pod with our scheduler names behind: the e2e tier's gang-coordinator
+            # watches the same API server and would schedule them.
+            for pod in mine_of(ns, await cluster.list_pods()):
+                await cluster.delete_pod(pod.ref)
+            await cluster.close()
+
+
+def mine_of(namespace: str, pods: list[Pod]) -> list[Pod]:
+    return [p for p in pods if p.namespace == namespace]
+
+
+def mine(backend: Backend, pods: list[Pod]) -> list[Pod]:
+    return mine_of(backend.namespace, pods)
+
+
+def scheduled_condition(pod: Pod) -> dict:
+    conds = [c for c in (pod.raw.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    assert len(conds) == 1, pod.raw.get("status")
+    return conds[0]
+
+
+# -- pods ------------------------------------------------------------------------------------------
+async def test_list_pods_returns_only_pods_with_our_scheduler_names(backend):
+    uid_a = (await backend.pod("a", scheduler="phalanx", labels={"team": "ml"})).uid
+    uid_b = (await backend.pod("b", scheduler="lj-runtimekit-scheduler")).uid
+    await backend.pod("c", scheduler="default-scheduler")
+    await backend.pod("d", scheduler="volcano")
+
+    pods = mine(backend, await backend.cluster.list_pods())
+
+    assert sorted((p.name, p.uid, p.scheduler_name, p.node_name, p.phase, p.deleting, p.labels) for p in pods) == [
+        ("a", uid_a, "phalanx", "", "Pending", False, {"team": "ml"}),
+        ("b", uid_b, "lj-runtimekit-scheduler", "", "Pending", False, {}),
+    ]
+    assert all(p.uid for p in pods)
+    assert pods[0].raw["spec"]["schedulerName"] in ("phalanx", "lj-runtimekit-scheduler")  # camelCase raw
+    assert pods[0].raw["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+async def test_get_pod_returns_the_pod_and_none_for_a_missing_one(backend):
+    ref = await backend.pod("present")
+    pod = await backend.cluster.get_pod(ref)
+    assert (pod.namespace, pod.name, pod.uid, pod.scheduler_name, pod.ref) == (
+        backend.namespace, "present", ref.uid, "phalanx", ref)
+    assert await backend.cluster.get_pod(backend.ref("absent")) is None
+
+
+async def test_watch_yields_listed_pods_as_added_then_none_then_every_change(backend):
+    first = await backend.pod("first")
+    await backend.pod("not-ours", scheduler="default-scheduler")
+    seen: list[tuple[str, str]] = []
+    watch = backend.cluster.watch_pods()
+
+    async def until(predicate) -> Any:
+        """Consume the watch until ``predicate(event)``; record our namespace's events."""
+        with anyio.fail_after(15):
+            async for ev in watch:
+                if ev is not None and ev.pod.namespace != backend.namespace:
+                    continue
+                seen.append(("NONE", "") if ev is None else (ev.type, ev.pod.name))
+                if predicate(ev):
+                    return ev
+        raise AssertionError("watch ended")
+
+    try:
+        await until(lambda ev: ev is None)
+        assert seen[-2:] == [("ADDED", "first"), ("NONE", "")]
+
+        second = await backend.pod("second")
+        ev = await until(lambda ev: ev is not None and ev.pod.name == "second")
+        assert (ev.type, ev.pod.uid) == ("ADDED", second.uid)
+
+        await backend.cluster.annotate_pod(first, {"phalanx.io/test": "yes"})
+        ev = await until(lambda ev: ev is not None and ev.pod.annotations.get("phalanx.io/test") == "yes")
+        assert (ev.type, ev.pod.name) == ("MODIFIED", "first")
+
+        await backend.cluster.delete_pod(first)
+        ev = await until(lambda ev: ev is not None and ev.type == "DELETED")
+        assert (ev.pod.name, ev.pod.uid) == ("first", first.uid)
+        assert not any(name == "not-ours" for _, name in seen), seen
+    finally:
+        await watch.aclose()
+
+
+async def test_annotate_merges_into_the_existing_annotations(backend):
+    ref = await backend.pod("annotated", annotations={"keep": "me"})
+    await backend.cluster.annotate_pod(ref, {"phalanx.io/assignment": '{"node":"n1"}'})
+    await backend.cluster.annotate_pod(ref, {"other": "x"})
+    pod = await backend.cluster.get_pod(ref)
+    assert pod.annotations == {"keep": "me", "phalanx.io/assignment": '{"node":"n1"}', "other": "x"}
+
+
+@pytest.mark.parametrize("ref_of", [
+    pytest.param(lambda b, uid: b.ref("never-existed"), id="missing pod"),
+    pytest.param(lambda b, uid: b.ref("recreated", uid="00000000-0000-0000-0000-000000000000"), id="other uid"),
+])
+async def test_annotating_a_pod_that_is_gone_raises_pod_gone(backend, ref_of):
+    ref = await backend.pod("recreated")
+    with pytest.raises(PodGone):
+        await backend.cluster.annotate_pod(ref_of(backend, ref.uid), {"a": "b"})
+
+
+async def test_bind_sets_the_node_and_binding_again_to_the_same_node_is_success(backend):
+    ref = await backend.pod("bound")
+    await backend.cluster.bind(ref, "node-1")
+    await backend.cluster.bind(ref, "node-1")
+    pod = await backend.cluster.get_pod(ref)
+    assert pod.node_name == "node-1"
+    assert scheduled_condition(pod)["status"] == "True"
+
+
+async def test_bind_to_another_node_raises_bind_conflict_and_keeps_the_first_binding(backend):
+    ref = await backend.pod("taken")
+    await backend.cluster.bind(ref, "node-1")
+    with pytest.raises(BindConflict, match="already bound to node-1"):
+        await backend.cluster.bind(ref, "node-2")
+    assert (await backend.cluster.get_pod(ref)).node_name == "node-1"
+
+
+async def test_bind_of_a_recreated_pod_raises_bind_conflict_and_a_missing_one_pod_gone(backend):
+    ref = await backend.pod("recreated")
+    with pytest.raises(BindConflict):
+        await backend.cluster.bind(backend.ref("recreated", uid="00000000-0000-0000-0000-000000000000"), "node-1")
+    assert (await backend.cluster.get_pod(ref)).node_name == ""
+    with pytest.raises(PodGone):
+        await backend.cluster.bind(backend.ref("never-existed"), "node-1")
+
+
+async def test_delete_removes_the_pod_and_deleting_again_or_another_uid_is_a_no_op(backend):
+    ref = await backend.pod("doomed")
+    await backend.cluster.delete_pod(backend.ref("doomed", uid="00000000-0000-0000-0000-000000000000"))
+    assert (await backend.cluster.get_pod(ref)) is not None
+    await backend.cluster.delete_pod(ref)
+    assert await backend.cluster.get_pod(ref) is None
+    await backend.cluster.delete_pod(ref)
+    await backend.cluster.delete_pod(backend.ref("never-existed"))
+
+
+# -- events and conditions -------------------------------------------------------------------------
+async def test_the_same_event_again_bumps_its_count_and_another_one_is_listed_after_it(backend):
+    ref = await backend.pod("eventful")
+    c = backend.cluster
+    assert await c.list_events(ref) == []
+    await c.record_event(ref, reason="FailedScheduling", message="0/2 nodes are available", type="Warning")
+    await c.record_event(ref, reason="FailedScheduling", message="0/2 nodes are available", type="Warning")
+    await c.record_event(ref, reason="Scheduled", message="Successfully assigned to node-1")
+    events = await c.list_events(ref)
+    assert [(e.reason, e.message, e.type, e.count) for e in events] == [
+        ("FailedScheduling", "0/2 nodes are available", "Warning", 2),
+        ("Scheduled", "Successfully assigned to node-1", "Normal", 1),
+    ]
+    assert all(isinstance(e, KubeEvent) and e.at > 0 for e in events)
+
+
+async def test_the_scheduled_condition_carries_the_pending_reason(backend):
+    ref = await backend.pod("pending")
+    c = backend.cluster
+    await c.set_scheduled_condition(ref, status=False, reason="Unschedulable", message="0/2 nodes are available")
+    await c.set_scheduled_condition(ref, status=False, reason="Unschedulable", message="0/3 nodes are available")
+    cond = scheduled_condition(await c.get_pod(ref))
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", "0/3 nodes are available")
+    with pytest.raises(PodGone):
+        await c.set_scheduled_condition(backend.ref("never-existed"), status=False, reason="r", message="m")
+
+
+# -- nodes -----------------------------------------------------------------------------------------
+async def test_nodes_are_listed_and_extended_resources_patched_into_capacity_and_allocatable(backend):
+    name = unique("gpu-node")
+    labels = {"kubernetes.io/hostname": name, "lj_runtimekit_enable": "true"}
+    await backend.node(name, labels=labels, capacity={"cpu": "64", "memory": "512Gi"})
+    c = backend.cluster
+
+    assert await c.get_node(name) == Node(name=name, labels=labels, capacity={"cpu": "64", "memory": "512Gi"},
+                                          allocatable={"cpu": "64", "memory": "512Gi"})
+    assert name in [n.name for n in await c.list_nodes()]
+
+    await c.patch_node_capacity(name, {"nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800"})
+    want = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800"}
+    assert await c.get_node(name) == Node(name=name, labels=labels, capacity=want, allocatable=want)
+
+    assert await c.get_node(unique("no-such-node")) is None
+    with pytest.raises(KeyError):
+        await c.patch_node_capacity(unique("no-such-node"), {"nvidia.com/gpu": "8"})

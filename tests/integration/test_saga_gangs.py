@@ -1,0 +1,193 @@
+"""Gang saga guarantees through the real service processes: no gang deadlock, the deadline
+(a JetStream scheduled message) rolls an attempt back even across a coordinator restart,
+rollback releases everything, and a starving large gang gets its turn."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from phalanx_runtime.stack import ClusterFile, Stack
+from stackutil import (
+    CLUSTER,
+    audit_ledger,
+    bound_pods,
+    connect,
+    gang_pod,
+    gang_states,
+    partial_gangs,
+    ref,
+    seed_nodes,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+FAST = ["--resync-s", "0.5", "--redrive-after-s", "2", "--backoff-base-s", "0.5", "--backoff-max-s", "2"]
+
+
+async def start(tmp_path, coord_args=(), **kw):
+    stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"),
+                  service_args={"gang-coordinator": [*FAST, *coord_args]}, **kw)
+    stack.start_nats()
+    bus, sim = await connect(stack)
+    await seed_nodes(stack, sim)
+    await anyio.to_thread.run_sync(stack.start_services)
+    return stack, bus, sim
+
+
+async def phase_of(bus, gang_id):
+    s = (await gang_states(bus)).get(gang_id)
+    return s.phase if s else None
+
+
+async def test_two_gangs_each_over_half_the_cluster_never_hold_halves_of_it(tmp_path):
+    stack, bus, sim = await start(tmp_path)
+    try:
+        partial_seen = []
+
+        async def audit_forever():
+            while True:
+                partial_seen.extend(await partial_gangs(bus, await gang_states(bus)))
+                await anyio.sleep(0.05)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(audit_forever)
+            for i in range(3):  # interleaved: a0 b0 a1 b1 a2 b2; each gang is 3 x 4 = 12 of 16 GPUs
+                await sim.apply_pod(gang_pod(f"a{i}", 4, "a", 3))
+                await sim.apply_pod(gang_pod(f"b{i}", 4, "b", 3))
+
+            async def settled():
+                st = await gang_states(bus)
+                phases = sorted(s.phase for s in st.values())
+                return st if phases == ["backoff", "scheduled"] else None
+
+            states = await wait_until(settled, 60)
+            await anyio.sleep(3)  # a few more retries of the loser
+            tg.cancel_scope.cancel()
+        winner = next(g for g, s in states.items() if s.phase == "scheduled")
+        loser = next(g for g in states if g != winner)
+        letter = winner.rsplit("-", 1)[1]
+        assert set(await bound_pods(sim)) == {f"default/{letter}{i}" for i in range(3)}
+        assert await audit_ledger(bus) == {f"default/{letter}{i}": 1 for i in range(3)}
+        assert partial_seen == []
+        assert await phase_of(bus, loser) == "backoff"
+        reason = (await gang_states(bus))[loser].reason
+        assert "nodes are available" in reason
+    finally:
+        await bus.close()
+        stack.stop()
+
+
+async def test_binder_down_the_deadline_rolls_back_and_releases_then_the_gang_schedules(tmp_path):
+    stack, bus, sim = await start(tmp_path, ["--default-timeout-s", "4"])
+    try:
+        await anyio.to_thread.run_sync(stack.kill, "binder")
+        for i in range(2):
+            await sim.apply_pod(gang_pod(f"t{i}", 2, "t", 2))
+
+        async def reserved():
+            return await audit_ledger(bus) or None
+
+        assert set(await wait_until(reserved, 30)) == {"default/t0", "default/t1"}
+
+        async def rolled_back():
+            s = (await gang_states(bus)).get("default/jobset-t")
+            return s if s is not None and s.failures >= 1 and s.phase in ("backoff", "placing") else None
+
+        state = await wait_until(rolled_back, 30)
+        assert "not every member was ready within" in state.reason
+        events = await sim.list_events(ref("t0"))
+        assert any("not every member was ready within" in e.message and "(attempt 1)" in e.message for e in events)
+
+        # With binder still down every attempt is rolled back and gives its reservation back.
+        async def released_between_attempts():
+            s = (await gang_states(bus))["default/jobset-t"]
+            return s.phase == "backoff" and not await audit_ledger(bus)
+
+        await wait_until(released_between_attempts, 30)
+        await anyio.to_thread.run_sync(stack.restart, "binder")
+
+        async def scheduled():
+            s = (await gang_states(bus))["default/jobset-t"]
+            return s if s.phase == "scheduled" else None
+
+        state = await wait_until(scheduled, 60)
+        assert state.attempt >= 2
+        bound = await bound_pods(sim)
+        assert set(bound) == {"default/t0", "default/t1"}
+        assert await audit_ledger(bus) == {"default/t0": 1, "default/t1": 1}
+    finally:
+        await bus.close()
+        stack.stop()
+
+
+async def test_the_deadline_fires_even_if_the_coordinator_was_killed_and_restarted_meanwhile(tmp_path):
+    stack, bus, sim = await start(tmp_path, ["--default-timeout-s", "60"])
+    try:
+        await anyio.to_thread.run_sync(stack.kill, "binder")
+        await sim.apply_pod(gang_pod("d0", 1, "d", 1, annotations={"phalanx.io/gang-timeout-seconds": "5"}))
+
+        async def placed():
+            s = (await gang_states(bus)).get("default/jobset-d")
+            return s if s is not None and s.phase == "binding" else None
+
+        s = await wait_until(placed, 30)
+        assert s.attempt == 1 and s.timeout_s == 5.0
+        await anyio.to_thread.run_sync(stack.kill, "gang-coordinator")
+        await anyio.sleep(max(0.0, s.attempt_started_at + 6 - time.time()))  # the deadline passes while it is down
+        await anyio.to_thread.run_sync(stack.restart, "gang-coordinator")
+
+        async def rolled_back():
+            st = (await gang_states(bus))["default/jobset-d"]
+            return st if st.failures >= 1 else None
+
+        st = await wait_until(rolled_back, 20)
+        assert st.reason == "not every member was ready within 5 s"
+        log = stack.procs["gang-coordinator"].log_path.read_text()
+        assert "deadline fired" in log
+    finally:
+        await bus.close()
+        stack.stop()
+
+
+async def test_a_large_gang_is_not_starved_by_a_stream_of_small_ones(tmp_path):
+    # 16 GPUs. Small single-pod gangs of 4 GPUs keep arriving and finishing; a 2 x 8 gang needs
+    # the whole cluster. After --starve-after-s the big gang holds the later ones back.
+    stack, bus, sim = await start(tmp_path, ["--starve-after-s", "4"])
+    try:
+        for i in range(4):
+            await sim.apply_pod(gang_pod(f"s{i}", 4, f"s{i}", 1))
+        await wait_until(lambda: _count_bound(sim, 4), 30)
+        for i in range(2):
+            await sim.apply_pod(gang_pod(f"big{i}", 8, "big", 2))
+        n = 4
+        deadline = time.monotonic() + 60
+        big_scheduled = None
+        while time.monotonic() < deadline:
+            # One small gang finishes, another arrives: without fairness they would keep the
+            # cluster busy forever.
+            bound = await bound_pods(sim)
+            if {"default/big0", "default/big1"} <= set(bound):
+                big_scheduled = time.monotonic()
+                break
+            small = sorted(p for p in bound if p.startswith("default/s"))
+            if small:
+                await sim.delete_pod(ref(small[0].split("/")[1]))
+            await sim.apply_pod(gang_pod(f"s{n}", 4, f"s{n}", 1))
+            n += 1
+            await anyio.sleep(1.0)
+        assert big_scheduled is not None, f"big gang starved; states: {await gang_states(bus)}"
+        assert await phase_of(bus, "default/jobset-big") == "scheduled"
+        told = [i for i in range(4, n) for e in await sim.list_events(ref(f"s{i}"))
+                if "held back behind default/jobset-big" in e.message]
+        assert told, "no small gang was told it is held back"
+    finally:
+        await bus.close()
+        stack.stop()
+
+
+async def _count_bound(sim, n):
+    return len(await bound_pods(sim)) >= n

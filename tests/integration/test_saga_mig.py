@@ -1,0 +1,125 @@
+"""The MIG step of the saga: gang-coordinator (in-process, real nats-server) asks the node for
+every MIG instance, waits for all ``MigReady``, binds with the instance uuid; a ``MigFailed``
+rolls the attempt back (destroy the attempt's instances, release the reservation). Placement
+and mig-manager are played by the test, so only the coordinator's side is under test."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from phalanx_bus import Bus
+from phalanx_gang_coordinator.service import Config, run
+from phalanx_kube.sim import SimCluster
+from phalanx_proto import subjects as S
+from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, gang_decoder, node_decoder
+from stackutil import gang_states, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+GANG = "default/jobset-mig"
+
+
+def mig_pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": "mig", "aliyun.com/min-member": "2"}},
+            "spec": {"schedulerName": "phalanx", "containers": [{"name": "c", "image": "x", "resources": {
+                "limits": {"aliyun.com/gpu-slice": "3", "aliyun.com/gpu-memory": "20"}}}]}}
+
+
+async def last(bus: Bus, stream: str, subject: str, decoder, kind: str = ""):
+    """The last event on ``subject`` (of type ``kind`` if given), waiting for it (it is
+    published just after the state write the test waited for)."""
+    async def get():
+        try:
+            ev = decoder.decode((await bus.js.get_last_msg(stream, subject)).data)
+        except Exception:  # noqa: BLE001 - not there yet
+            return None
+        return ev if not kind or type(ev).__name__ == kind else None
+
+    return await wait_until(get, 10)
+
+
+async def placed_gang(nats_private):
+    bus = await Bus.connect(nats_private.url, service="test")
+    await bus.declare()
+    sim = await SimCluster.open(bus)
+    return bus, sim
+
+
+async def start_and_place(bus, sim, tg):
+    await tg.start(lambda task_status: run(bus, sim, Config(resync_s=0.3, redrive_after_s=30),
+                                           task_status=task_status))
+    pods = [await sim.apply_pod(mig_pod(f"m{i}")) for i in range(2)]
+
+    async def placing():
+        s = (await gang_states(bus)).get(GANG)
+        return s if s is not None and s.phase == "placing" else None
+
+    s = await wait_until(placing, 15)
+    assignments = tuple(Assignment(pod=p.ref, node="a100", gpus=(i,), mig_profile="3g.20gb", mig_start=4)
+                        for i, p in enumerate(pods))
+    await bus.publish(S.coord_subject(GANG), Placed(gang_id=GANG, attempt=s.attempt, assignments=assignments))
+
+    async def preparing():
+        st = (await gang_states(bus)).get(GANG)
+        return st if st.phase == "preparing" else None
+
+    return await wait_until(preparing, 15), pods
+
+
+async def test_every_mig_instance_is_prepared_before_binding_and_its_uuid_is_bound(nats_private):
+    bus, sim = await placed_gang(nats_private)
+    try:
+        async with anyio.create_task_group() as tg:
+            state, pods = await start_and_place(bus, sim, tg)
+            cmd = await last(bus, S.STREAM_NODE, S.mig_subject("a100"), node_decoder, "MigPrepareRequested")
+            assert (cmd.node, cmd.gang_id, cmd.profile, cmd.start) == ("a100", GANG, "3g.20gb", 4)
+            await bus.publish(S.node_reply_subject("a100"), MigReady(
+                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[0].ref, instance_uuid="MIG-0"))
+            await bus.publish(S.node_reply_subject("a100"), MigReady(  # a duplicate reply: no change
+                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[0].ref, instance_uuid="MIG-0"),
+                msg_id="dup")
+            await anyio.sleep(1)
+            assert (await gang_states(bus))[GANG].phase == "preparing"
+            await bus.publish(S.node_reply_subject("a100"), MigReady(
+                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[1].ref, instance_uuid="MIG-1"))
+
+            async def binding():
+                st = (await gang_states(bus))[GANG]
+                return st if st.phase == "binding" else None
+
+            st = await wait_until(binding, 15)
+            assert [a.mig_instance_uuid for a in st.assignments] == ["MIG-0", "MIG-1"]
+            bind = await last(bus, S.STREAM_GANG, S.binder_subject(GANG), gang_decoder, "BindRequested")
+            assert bind.assignment.mig_instance_uuid in ("MIG-0", "MIG-1")
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+
+
+async def test_a_failed_mig_instance_rolls_back_destroying_instances_and_releasing(nats_private):
+    bus, sim = await placed_gang(nats_private)
+    try:
+        async with anyio.create_task_group() as tg:
+            state, pods = await start_and_place(bus, sim, tg)
+            await bus.publish(S.node_reply_subject("a100"), MigFailed(
+                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[1].ref, reason="no free slot"))
+
+            async def backoff():
+                st = (await gang_states(bus))[GANG]
+                return st if st.phase == "backoff" else None
+
+            st = await wait_until(backoff, 15)
+            assert st.reason == "MIG instance for default/m1 on a100 failed: no free slot"
+            assert st.rollback_done == ("unbind", "mig", "release")
+            destroy = await last(bus, S.STREAM_NODE, S.mig_subject("a100"), node_decoder, "MigDestroyRequested")
+            assert destroy.attempt == state.attempt
+            release = await last(bus, S.STREAM_GANG, S.placement_subject(GANG), gang_decoder, "ReleaseRequested")
+            assert release.attempt == state.attempt
+            events = await sim.list_events(pods[0].ref)
+            assert any("no free slot" in e.message for e in events)
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()

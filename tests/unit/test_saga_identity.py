@@ -1,0 +1,86 @@
+"""Gang identity and member requests (services/phalanx_gang_coordinator/gangs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
+from phalanx_kube.port import pod_from_dict
+from phalanx_proto.events import MemberSpec, PodRef
+
+
+def pod(name="p", *, labels=None, annotations=None, limits=None, priority=None, host_network=False, caps=None):
+    """Builder: a pod for the phalanx scheduler."""
+    spec = {"schedulerName": "phalanx", "containers": [
+        {"name": "c", "image": "x", "resources": {"limits": limits if limits is not None else {"nvidia.com/gpu": "1"}},
+         **({"securityContext": {"capabilities": {"add": caps}}} if caps else {})}]}
+    if priority is not None:
+        spec["priority"] = priority
+    if host_network:
+        spec["hostNetwork"] = True
+    return pod_from_dict({"metadata": {"name": name, "namespace": "ml", "uid": "u", "labels": labels or {},
+                                       "annotations": annotations or {}}, "spec": spec})
+
+
+IDS = [
+    ("a single pod is a gang of one", pod("solo"), ("ml/solo", "pod", 1)),
+    ("a JobSet is one gang sized by aliyun.com/min-member",
+     pod(labels={"jobset.sigs.k8s.io/jobset-name": "nccl", "aliyun.com/min-member": "7"}), ("ml/jobset-nccl", "jobset", 7)),
+    ("an MPIJob with gang on is one gang",
+     pod(labels={"training.kubeflow.org/job-name": "mpi", "aliyun.com/min-member": "2"}), ("ml/mpijob-mpi", "mpijob", 2)),
+    ("the Volcano/arena pod-group annotation names the gang",
+     pod(labels={"training.kubeflow.org/job-name": "mpi"}, annotations={"scheduling.k8s.io/group-name": "mpi-pg"}),
+     ("ml/podgroup-mpi-pg", "podgroup", None)),
+    ("a scheduler-plugins PodGroup label names the gang, min-member from its label",
+     pod(labels={"scheduling.x-k8s.io/pod-group": "pg", "scheduling.x-k8s.io/min-member": "3"}),
+     ("ml/podgroup-pg", "podgroup", 3)),
+    ("a group without min-member says so (None)", pod(labels={"jobset.sigs.k8s.io/jobset-name": "js"}),
+     ("ml/jobset-js", "jobset", None)),
+]
+
+
+@pytest.mark.parametrize(("name", "p", "expected"), IDS, ids=[c[0] for c in IDS])
+def test_identity(name, p, expected):
+    i = identity(p)
+    assert (i.gang_id, i.kind, i.min_member) == expected
+
+
+def test_timeout_annotation_and_priority_are_read():
+    i = identity(pod(annotations={"phalanx.io/gang-timeout-seconds": "30"}, priority=5))
+    assert (i.timeout_s, i.priority) == (30.0, 5)
+
+
+@pytest.mark.parametrize("bad", ["0", "soon"])
+def test_a_bad_gang_timeout_names_the_annotation(bad):
+    with pytest.raises(InvalidMember, match=r"phalanx.io/gang-timeout-seconds\] = '" + bad):
+        identity(pod(annotations={"phalanx.io/gang-timeout-seconds": bad}))
+
+
+REF = PodRef(namespace="ml", name="p", uid="u")
+SPECS = [
+    ("whole GPUs", {"nvidia.com/gpu": "2"}, {}, MemberSpec(pod=REF, gpus=2, vendor="nvidia")),
+    ("a TDM share", {"aliyun.com/gpu-core": "30", "aliyun.com/gpu-memory": "4"}, {},
+     MemberSpec(pod=REF, gpus=1, core_pct=30, memory_mib=4096)),
+    ("a MIG slice", {"aliyun.com/gpu-slice": "3", "aliyun.com/gpu-memory": "20"}, {},
+     MemberSpec(pod=REF, gpus=1, mig_slices=3, memory_mib=20480)),
+    ("RDMA with whole GPUs", {"aliyun.com/gpu": "4", "aliyun.com/rdma": "1"}, {"host_network": True},
+     MemberSpec(pod=REF, gpus=4, rdma=True, resource_name="aliyun.com/gpu")),
+]
+
+
+@pytest.mark.parametrize(("name", "limits", "kw", "expected"), SPECS, ids=[c[0] for c in SPECS])
+def test_member_spec_admits_every_request_kind(name, limits, kw, expected):
+    assert member_spec(pod(limits=limits, **kw)) == expected
+
+
+def test_an_invalid_request_names_field_value_and_rule():
+    with pytest.raises(InvalidMember) as e:
+        member_spec(pod(limits={"aliyun.com/gpu-core": "0"}))
+    (v,) = e.value.violations
+    assert (v.field, v.value) == ("spec.containers[c].resources.limits[aliyun.com/gpu-core]", "0")
+    assert "gpu-core 0 is not allowed" in v.rule
+
+
+def test_a_launcher_without_gpus_is_told_to_use_the_default_scheduler():
+    with pytest.raises(InvalidMember, match="schedulerName default-scheduler"):
+        member_spec(pod(limits={}))

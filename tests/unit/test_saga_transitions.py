@@ -1,0 +1,192 @@
+"""The saga's pure transitions (services/phalanx_gang_coordinator/saga.py), table-driven."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from phalanx_gang_coordinator import saga
+from phalanx_proto.events import (
+    Assignment,
+    BindFailed,
+    Bound,
+    GangDeadline,
+    MemberSpec,
+    MigFailed,
+    MigReady,
+    Placed,
+    PlacementFailed,
+    PodRef,
+)
+from phalanx_proto.state import GangState
+
+G = "default/jobset-train"
+P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
+A1, A2 = Assignment(pod=P1, node="n1", gpus=(0,)), Assignment(pod=P2, node="n1", gpus=(1,))
+M1 = Assignment(pod=P1, node="a100", gpus=(0,), mig_profile="3g.20gb", mig_start=4)
+MEMBERS = (MemberSpec(pod=P1, gpus=1), MemberSpec(pod=P2, gpus=1))
+BO = dict(base_s=1.0, max_s=60.0)
+replace = msgspec.structs.replace
+
+
+def gang(phase="waiting", attempt=0, **kw) -> GangState:
+    """Builder: a two-member gang in ``phase``."""
+    return GangState(gang_id=G, phase=phase, attempt=attempt, min_member=2, members=MEMBERS, **kw)
+
+
+PLACING = gang("placing", 2)
+BINDING = gang("binding", 2, assignments=(A1, A2))
+HALF_BOUND = gang("binding", 2, assignments=(A1, A2), bound=(P1,))
+PREPARING = gang("preparing", 2, assignments=(M1, A2))
+ROLLING = gang("rolling_back", 2, assignments=(A1, A2), reason="deadline")
+
+CASES = [
+    # (name, transition, state, expected)
+    ("a complete waiting gang starts attempt 1",
+     lambda s: saga.start_attempt(s, now=10.0, settle_s=2), gang(),
+     gang("placing", 1, attempt_started_at=10.0)),
+    ("an incomplete gang does not start",
+     lambda s: saga.start_attempt(s, now=10.0, settle_s=2), replace(gang(), members=MEMBERS[:1]), None),
+    ("a gang in backoff does not start before its backoff is over",
+     lambda s: saga.start_attempt(s, now=10.0, settle_s=2), gang("backoff", 1, backoff_until=11.0), None),
+    ("a gang in backoff starts the next attempt afterwards",
+     lambda s: saga.start_attempt(s, now=12.0, settle_s=2), gang("backoff", 1, backoff_until=11.0, reason="x"),
+     gang("placing", 2, backoff_until=11.0, reason="x", attempt_started_at=12.0)),
+    ("a redelivered start command while placing changes nothing",
+     lambda s: saga.start_attempt(s, now=12.0, settle_s=2), PLACING, None),
+    ("an undeclared gang waits until it has been quiet for the settle time",
+     lambda s: saga.start_attempt(s, now=11.0, settle_s=2), gang(min_member_declared=False, last_member_at=10.0),
+     None),
+    ("Placed for the current attempt moves to binding",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1, A2))), PLACING, BINDING),
+    ("Placed with a MIG assignment moves to preparing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(M1, A2))), PLACING, PREPARING),
+    ("a duplicate Placed changes nothing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1, A2))), BINDING, None),
+    ("Placed for an old attempt changes nothing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=1, assignments=(A1, A2))), PLACING, None),
+    ("PlacementFailed goes to backoff with the reason and a retry time",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes"), now=100.0, **BO),
+     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes",
+                   backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("PlacementFailed for an old attempt changes nothing",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=1), now=1.0, **BO), PLACING, None),
+    ("MigReady puts the instance into the assignment and, the last one, moves to binding",
+     lambda s: saga.mig_ready(s, MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")),
+     PREPARING, gang("binding", 2, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2))),
+    ("a duplicate MigReady changes nothing",
+     lambda s: saga.mig_ready(s, MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")),
+     gang("binding", 2, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2)), None),
+    ("MigFailed rolls back with its reason",
+     lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=2, pod=P1, reason="no slot")),
+     PREPARING, replace(PREPARING, phase="rolling_back",
+                        reason="MIG instance for default/w-0 on a100 failed: no slot")),
+    ("MigFailed for an old attempt changes nothing",
+     lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=1, pod=P1, reason="x")),
+     PREPARING, None),
+    ("Bound records one member",
+     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P1, node="n1")), BINDING, HALF_BOUND),
+    ("the last Bound schedules the gang",
+     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P2, node="n1")), HALF_BOUND,
+     gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2))),
+    ("a duplicate Bound changes nothing",
+     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P1, node="n1")), HALF_BOUND, None),
+    ("Bound for an old attempt changes nothing",
+     lambda s: saga.bound(s, Bound(gang_id=G, attempt=1, pod=P2, node="n1")), HALF_BOUND, None),
+    ("BindFailed rolls back",
+     lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=P2, reason="gone")), HALF_BOUND,
+     replace(HALF_BOUND, phase="rolling_back", reason="bind of default/w-1 failed: gone")),
+    ("the deadline of the running attempt rolls it back",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), replace(HALF_BOUND, timeout_s=30.0),
+     replace(HALF_BOUND, timeout_s=30.0, phase="rolling_back", reason="not every member was ready within 30 s")),
+    ("the deadline of an old attempt is ignored",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=1)), PLACING, None),
+    ("the deadline of a scheduled gang is ignored",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)),
+     gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2)), None),
+    ("a deadline delivered twice changes nothing the second time",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), ROLLING, None),
+    ("a compensation is recorded as done",
+     lambda s: saga.compensated(s, 2, "unbind", now=5.0, **BO, unbound=(P1,)), replace(ROLLING, bound=(P1,)),
+     replace(ROLLING, rollback_done=("unbind",), unbound=(P1,))),
+    ("a compensation recorded twice changes nothing",
+     lambda s: saga.compensated(s, 2, "unbind", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind",)), None),
+    ("the last compensation moves to backoff",
+     lambda s: saga.compensated(s, 2, "release", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind", "mig")),
+     replace(ROLLING, phase="backoff", rollback_done=saga.COMPENSATIONS, failures=1, assignments=(),
+             backoff_until=5.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a compensation for an old attempt changes nothing",
+     lambda s: saga.compensated(s, 1, "unbind", now=5.0, **BO), ROLLING, None),
+    ("a pod event seen twice changes nothing",
+     lambda s: saga.add_member(s, MEMBERS[0], gang_id=G, min_member=2, timeout_s=0, priority=0, now=1.0), gang(),
+     None),
+    ("a recreated pod (new uid) replaces the old member",
+     lambda s: saga.add_member(s, MemberSpec(pod=replace(P1, uid="u9"), gpus=1), gang_id=G, min_member=2,
+                               timeout_s=0, priority=0, now=1.0), gang(),
+     replace(gang(), members=(MEMBERS[1], MemberSpec(pod=replace(P1, uid="u9"), gpus=1)), last_member_at=1.0)),
+    ("a deleted member is dropped with its assignment",
+     lambda s: saga.drop_member(s, P2), HALF_BOUND,
+     replace(HALF_BOUND, members=MEMBERS[:1], assignments=(A1,))),
+    ("deleting a pod that is not a member changes nothing",
+     lambda s: saga.drop_member(s, PodRef(namespace="default", name="x")), HALF_BOUND, None),
+]
+
+
+@pytest.mark.parametrize(("name", "transition", "state", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_transition(name, transition, state, expected):
+    assert transition(state) == expected
+
+
+def test_compensations_run_in_reverse_order_of_the_steps():
+    s = ROLLING
+    order = []
+    while (step := saga.next_compensation(s)) is not None:
+        order.append(step)
+        s = saga.compensated(s, 2, step, now=1.0, **BO)
+    assert order == ["unbind", "mig", "release"] and s.phase == "backoff"
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter_and_a_cap():
+    delays = [saga.backoff_delay(n, base_s=1.0, max_s=8.0, gang_id=G) for n in range(1, 7)]
+    for n, d in enumerate(delays, start=1):
+        raw = min(8.0, 2 ** (n - 1))
+        assert 0.75 * raw <= d <= 1.25 * raw
+    assert delays == [saga.backoff_delay(n, base_s=1.0, max_s=8.0, gang_id=G) for n in range(1, 7)]
+
+
+def test_the_pending_reason_shows_the_attempt_and_the_last_failure():
+    s = gang("backoff", 3, failures=3, reason="0/2 nodes are available: 2 insufficient free GPUs.",
+             backoff_until=14.0)
+    assert saga.pending_reason(s, 10.0) == "0/2 nodes are available: 2 insufficient free GPUs. (attempt 3); next try in 4s"
+    assert saga.pending_reason(replace(gang(), members=MEMBERS[:1]), 0) == "gang incomplete: 1/2 members present"
+
+
+def q(name, created, priority=0, phase="backoff"):
+    return GangState(gang_id=f"default/{name}", phase=phase, attempt=1, created_at=created, priority=priority)
+
+
+FAIR = [
+    ("a gang behind a head that waited too long is held back", q("small", 50), [q("big", 0)], 100.0, "default/big"),
+    ("a gang behind a head that has not waited long is not held back", q("small", 50), [q("big", 0)], 30.0, None),
+    ("the head itself is never held back", q("big", 0), [q("small", 50)], 100.0, None),
+    ("a gang of higher priority is never held back", q("urgent", 50, priority=10), [q("big", 0)], 100.0, None),
+    ("a scheduled gang is no head", q("small", 50), [q("big", 0, phase="scheduled")], 100.0, None),
+]
+
+
+@pytest.mark.parametrize(("name", "gang_", "others", "now", "head"), FAIR, ids=[c[0] for c in FAIR])
+def test_fairness_gate(name, gang_, others, now, head):
+    got = saga.held_back_by(gang_, others, now=now, starve_after_s=60.0)
+    assert (got.gang_id if got else None) == head
+
+
+def test_a_head_gang_that_could_never_fit_holds_nobody_back():
+    from phalanx_gang_coordinator import saga
+    from phalanx_proto.state import GangState
+
+    hopeless = GangState(gang_id="default/too-big", phase="backoff", attempt=3, created_at=0.0,
+                         fits_empty_cluster=False)
+    later = GangState(gang_id="default/small", phase="waiting", attempt=0, created_at=10.0)
+    assert saga.held_back_by(later, [hopeless], now=1000.0, starve_after_s=60.0) is None
+    hopeful = GangState(gang_id="default/big", phase="backoff", attempt=3, created_at=0.0)
+    assert saga.held_back_by(later, [hopeful], now=1000.0, starve_after_s=60.0) == hopeful
