@@ -4,7 +4,7 @@ Called by the coordinator for every unbound pod it sees. Keys, first match wins
 (docs/saga.md, "Gang identity"):
 
 1. label ``scheduling.x-k8s.io/pod-group`` (scheduler-plugins PodGroup), or the older
-   ``pod-group.scheduling.sigs.k8s.io`` label → ``<ns>/podgroup-<name>``;
+   ``pod-group.scheduling.sigs.k8s.io/name`` (ACK / lightweight coscheduling) or the older ``pod-group.scheduling.sigs.k8s.io`` label → ``<ns>/podgroup-<name>``;
 2. annotation ``scheduling.k8s.io/group-name`` (the pod group Volcano and arena
    ``--gang`` write, e.g. on a Kubeflow MPIJob) → ``<ns>/podgroup-<name>``;
 3. label ``jobset.sigs.k8s.io/jobset-name`` (JobSet: the whole JobSet is one gang)
@@ -37,6 +37,7 @@ MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member",
                    "pod-group.scheduling.sigs.k8s.io/min-available")
 GROUP_LABELS = (
     ("scheduling.x-k8s.io/pod-group", "podgroup"),
+    ("pod-group.scheduling.sigs.k8s.io/name", "podgroup"),
     ("pod-group.scheduling.sigs.k8s.io", "podgroup"),
 )
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
