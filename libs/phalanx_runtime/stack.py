@@ -34,6 +34,7 @@ class ClusterNode:
     topology_file: str
     gpu_model: str = ""
     gpu_memory_mib: int = 0
+    mig_enabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class ClusterFile:
             raise StackError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: nodes")
         nodes = []
         for i, n in enumerate(doc["nodes"]):
-            allowed = {"name", "labels", "topology", "gpuModel", "gpuMemoryMiB"}
+            allowed = {"name", "labels", "topology", "gpuModel", "gpuMemoryMiB", "migEnabled"}
             extra = set(n) - allowed
             if extra:
                 raise StackError(f"{p}: nodes[{i}]: unknown key(s) {sorted(extra)}; allowed: {', '.join(sorted(allowed))}")
@@ -68,13 +69,26 @@ class ClusterFile:
             if not topo.is_file():
                 raise StackError(f"{p}: nodes[{i}].topology: file {topo} does not exist")
             nodes.append(ClusterNode(str(n["name"]), {str(k): str(v) for k, v in (n.get("labels") or {}).items()},
-                                     str(topo), str(n.get("gpuModel") or ""), mem))
+                                     str(topo), str(n.get("gpuModel") or ""), mem, bool(n.get("migEnabled", False))))
         return cls(tuple(nodes))
 
     def node_objects(self) -> list[dict[str, Any]]:
         return [{"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
                  "status": {"capacity": {}, "allocatable": {}}} for n in self.nodes]
+
+
+def _fake_mig_nvml(node: ClusterNode) -> list[str]:
+    """The simulated node's MIG GPUs for mig-manager: ``--nvml fake:<table>x<count>``, so the
+    simulator exercises the real create/verify/destroy path against the rules of that model."""
+    from phalanx_engine import mig
+    from phalanx_topology import load_file
+
+    table = mig.mig_table(node.gpu_model, node.gpu_memory_mib) if node.gpu_model else None
+    if table is None:
+        return []
+    count = len(load_file(node.topology_file, node=node.name).gpus)
+    return ["--nvml", f"fake:{table.model}x{count}" + ("" if node.mig_enabled else "@off")]
 
 
 def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -138,9 +152,11 @@ class Stack:
         for n in self.cluster.nodes:
             fill = (["--gpu-model", n.gpu_model] if n.gpu_model else []) + (
                 ["--gpu-memory-mib", str(n.gpu_memory_mib)] if n.gpu_memory_mib else [])
+            if n.mig_enabled:
+                fill.append("--mig-enabled")
             out.append((f"topology-discovery@{n.name}", "topology-discovery",
                         ["--node", n.name, "--topology-file", n.topology_file, *fill]))
-            out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name]))
+            out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name, *_fake_mig_nvml(n)]))
         for service in ("placement", "binder", "gang-coordinator"):
             for i in range(self.replicas.get(service, 1)):
                 out.append((service if i == 0 else f"{service}#{i + 1}", service, []))

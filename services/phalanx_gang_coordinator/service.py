@@ -191,6 +191,13 @@ class Coordinator:
             return
         log("member gone", gang=gang_id, pod=str(ref))
         if before.attempt >= 1:
+            # Destroy the pod's MIG instance before its reservation is released, so the slot is
+            # never rebooked while an instance still sits in it (R3: reclaimed with the pod).
+            for a in before.assignments:
+                if (a.pod.namespace, a.pod.name) == (ref.namespace, ref.name) and a.mig_profile:
+                    await self.bus.publish(S.mig_subject(a.node), MigDestroyRequested(
+                        node=a.node, gang_id=gang_id, attempt=before.attempt, pod=a.pod,
+                        gpu=a.gpus[0] if a.gpus else 0, instance_uuid=a.mig_instance_uuid))
             await self.bus.publish(S.placement_subject(gang_id), ReleaseRequested(
                 gang_id=gang_id, attempt=before.attempt, reason="pod deleted", pods=(ref,)))
         if not new.members:

@@ -17,6 +17,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu-model", default="", help="GPU model for a topology file that does not name it "
                    "(nvidia-smi topo -m prints no model)")
     p.add_argument("--gpu-memory-mib", type=int, default=0, help="GPU memory (MiB) for a topology file without it")
+    p.add_argument("--mig-enabled", action="store_true",
+                   help="mark the file's MIG-capable GPUs as in MIG mode (NVML reports the real mode)")
     p.add_argument("--heartbeat-s", type=float, default=3.0, help="seconds between heartbeats (default %(default)s)")
 
 
@@ -28,7 +30,8 @@ def _reader(args):
 
         topo = load_file(args.topology_file, node=args.node)
         gpus = tuple(msgspec.structs.replace(g, model=g.model or args.gpu_model,
-                                             memory_mib=g.memory_mib or args.gpu_memory_mib) for g in topo.gpus)
+                                             memory_mib=g.memory_mib or args.gpu_memory_mib,
+                                             mig_enabled=g.mig_enabled or args.mig_enabled) for g in topo.gpus)
         topo = msgspec.structs.replace(topo, gpus=gpus)
         return lambda: topo
     from phalanx_nvml import NvmlDiscovery
