@@ -10,7 +10,7 @@ subject                        events                                  consumed 
 ``phx.gang.binder.<gang>``     BindRequested                           binder
 ``phx.gang.coord.<gang>``      Placed, PlacementFailed, Bound, …       gang-coordinator
 ``phx.gang.status.<gang>``     GangAdmitted, GangScheduled, …          subscribers
-``phx.topology.<node>``        NodeTopologyReported, NodeHeartbeat     placement, subscribers
+``phx.topology.<node>``        NodeTopologyReported                    subscribers (placement reads KV)
 ``phx.node.<node>.mig``        MigPrepareRequested, MigDestroyRequested mig-manager
 ``phx.node.<node>.reply``      MigReady, MigFailed, MigDestroyed       gang-coordinator
 ``phx.deadline.sched.<gang>``  GangDeadline (scheduled message)        (the server)
