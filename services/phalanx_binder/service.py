@@ -20,6 +20,7 @@ from phalanx_bus import Bus, Delivery, consume
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, BindConflict, ClusterPort, PodGone
 from phalanx_proto import subjects as S
 from phalanx_proto.events import BindFailed, BindRequested, Bound, encoder, gang_decoder
+from phalanx_proto.state import gang_state_decoder
 from phalanx_telemetry import log, metrics, tracer, warn
 
 DURABLE = "binder"
@@ -37,8 +38,21 @@ class Binder:
             case _:
                 warn("unexpected event on binder subject", kind=type(event).__name__)
 
+    async def current(self, ev: BindRequested) -> bool:
+        """Is the command's attempt still the gang's live binding attempt? A bind for an attempt
+        that was rolled back (or superseded) must not happen: it would bind a pod with the old
+        attempt's GPUs. Read from ``phx-gangs``; absent state means the gang is gone."""
+        entry = await (await self.bus.kv(S.KV_GANGS)).get(S.gang_key(ev.gang_id))
+        if entry is None:
+            return False
+        state = gang_state_decoder.decode(entry.value)
+        return state.attempt == ev.attempt and state.phase in ("binding", "scheduled")
+
     async def bind(self, ev: BindRequested) -> None:
         a = ev.assignment
+        if not await self.current(ev):
+            log("stale bind skipped", pod=str(a.pod), gang=ev.gang_id, attempt=ev.attempt)
+            return
         with tracer().start_as_current_span("binder.bind", attributes={
                 "k8s.pod.name": a.pod.name, "k8s.namespace.name": a.pod.namespace, "k8s.node.name": a.node,
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
