@@ -186,10 +186,10 @@ class Coordinator:
                 return
         ref = PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid)
         before, _ = await self.load(gang_id)
-        new = await self.transition(gang_id, lambda s: saga.drop_member(s, ref))
-        if new is None or before is None:
+        if before is None or saga.drop_member(before, ref) is None:
             return
-        log("member gone", gang=gang_id, pod=str(ref))
+        # Compensate first, then forget the member: a crash in between leaves the member in
+        # phx-gangs, so the resync repeats these idempotent commands instead of leaking them.
         if before.attempt >= 1:
             # Destroy the pod's MIG instance before its reservation is released, so the slot is
             # never rebooked while an instance still sits in it (R3: reclaimed with the pod).
@@ -200,6 +200,10 @@ class Coordinator:
                         gpu=a.gpus[0] if a.gpus else 0, instance_uuid=a.mig_instance_uuid))
             await self.bus.publish(S.placement_subject(gang_id), ReleaseRequested(
                 gang_id=gang_id, attempt=before.attempt, reason="pod deleted", pods=(ref,)))
+        new = await self.transition(gang_id, lambda s: saga.drop_member(s, ref))
+        if new is None:
+            return
+        log("member gone", gang=gang_id, pod=str(ref))
         if not new.members:
             await self.kv.delete(S.gang_key(gang_id))
             log("gang gone", gang=gang_id)
