@@ -1,10 +1,10 @@
 """The seed's YAML examples end to end: real kube-apiserver, kwok GPU nodes, real nats-server,
 and every Phalanx service as its own process with ``--cluster kube --kubeconfig F``.
 
-Covered now (the placement engine places whole GPUs): seed 004 §3.1 ``whole-card-demo``, an
+Covered here: seed 004 §3.1 ``whole-card-demo``, an
 invalid request (seed FAQ Q1: ``gpu-core: 0``; and 0 whole GPUs), and a pod too big for any node
-(seed FAQ Q2: pending with the reason in ``PodScheduled``). TDM, MIG, multi-GPU ``replica``,
-RDMA and gang examples follow when the engine supports them (docs/kubernetes.md).
+(seed FAQ Q2: pending with the reason in ``PodScheduled``). TDM, multi-GPU ``replica``, the
+4-GPU topology pod, RDMA, MIG and the gang are in ``test_seed_requests.py``.
 """
 
 from __future__ import annotations
