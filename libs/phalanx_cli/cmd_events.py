@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from phalanx_cli.cmd_run import add_nats
 from phalanx_proto.events import AnyGangEvent, AnyNodeEvent, AnyTopologyEvent, Assignment, MemberSpec, PodRef
 
 any_decoder = msgspec.json.Decoder(AnyGangEvent | AnyTopologyEvent | AnyNodeEvent)
@@ -34,8 +34,7 @@ def register(sub) -> None:
                        description="Print every event published on the Phalanx subjects, one line per event "
                                    "(or JSON lines), as it happens.")
     p.add_argument("--subject", default="phx.>", help="subject filter (NATS wildcards; default %(default)s)")
-    p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+    add_nats(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="exit after this many events (default: never)")
     p.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds (default: never)")

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import open_cluster
+from phalanx_cli.cmd_run import add_cluster, add_nats, open_cluster
 
 
 def register(sub) -> None:
@@ -38,11 +38,8 @@ def register(sub) -> None:
                        description="Show a pod's gang, saga phase and attempt, the last reason, its assignment, "
                                    "its events and the trace id of its gang's attempt.")
     p.add_argument("pod", metavar="NAMESPACE/POD", help="the pod (namespace 'default' when omitted)")
-    p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
-    p.add_argument("--cluster", choices=("sim", "kube"), default=os.environ.get("PHALANX_CLUSTER", "sim"),
-                   help="where pods live: the simulated cluster in NATS KV, or a real API server (default %(default)s)")
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig for --cluster kube (default: $KUBECONFIG, in-cluster)")
+    add_nats(p)
+    add_cluster(p)
     p.add_argument("--traces-url", default=os.environ.get("PHALANX_TRACES_URL", ""),
                    help="Jaeger UI base URL, to print a link to the trace (env PHALANX_TRACES_URL)")
     p.add_argument("--json", action="store_true", help="print one JSON document")

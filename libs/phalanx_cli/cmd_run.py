@@ -28,15 +28,25 @@ SERVICES = {
 }
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_nats(p: argparse.ArgumentParser) -> None:
+    """``--nats``: the one definition every bus-facing command shares."""
     p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+
+
+def add_cluster(p: argparse.ArgumentParser) -> None:
+    """``--cluster`` and ``--kubeconfig``: which Kubernetes backend (see ``open_cluster``)."""
     p.add_argument("--cluster", choices=("sim", "kube"), default=os.environ.get("PHALANX_CLUSTER", "sim"),
                    help="Kubernetes backend: 'sim' = the simulated cluster in NATS KV, 'kube' = a real API server "
                         "(env PHALANX_CLUSTER; default %(default)s)")
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file for --cluster kube (default: $KUBECONFIG, else the in-cluster "
                         "ServiceAccount, else ~/.kube/config)")
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    add_nats(p)
+    add_cluster(p)
     p.add_argument("--health-addr", default=os.environ.get("PHALANX_HEALTH_ADDR", "127.0.0.1:0"),
                    help="host:port for /healthz and /readyz (default %(default)s: a free loopback port)")
     p.add_argument("--ready-file", default=None, help="write PID and health port here once ready")

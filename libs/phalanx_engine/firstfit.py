@@ -9,20 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from phalanx_engine.decide import R_GPUS, node_reason
 from phalanx_engine.snapshot import Decision, NoFit, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec
-
-
-def node_filter_reason(node, need: int) -> str | None:
-    if not node.enabled:
-        return "not enabled for Phalanx (label lj_runtimekit_enable=true or ack.node.gpu.schedule=topology)"
-    if not node.fresh:
-        return "topology heartbeat stale (topology-discovery not reporting)"
-    if not node.topology.gpus:
-        return "no GPUs reported"
-    if len(node.free_gpus()) < need:
-        return "insufficient free GPUs"
-    return None
 
 
 def place_first_fit(snapshot: Snapshot, members: tuple[MemberSpec, ...]) -> Decision | NoFit:
@@ -31,9 +20,9 @@ def place_first_fit(snapshot: Snapshot, members: tuple[MemberSpec, ...]) -> Deci
     for m in members:
         reasons: Counter = Counter()
         for node in sorted(snapshot.nodes, key=lambda n: n.name):
-            why = node_filter_reason(node, 0)
+            why = node_reason(node)
             if why is None and len(free[node.name]) < m.gpus:
-                why = "insufficient free GPUs"
+                why = R_GPUS
             if why is not None:
                 reasons[why] += 1
                 continue
