@@ -471,9 +471,15 @@ class Coordinator:
     async def resync_once(self) -> None:
         pods = await self.cluster.list_pods()
         live = {(p.namespace, p.name, p.uid) for p in pods}
-        for pod in pods:
-            await self.on_pod(pod)
         states = [gang_state_decoder.decode(e.value) for e in await self.kv.items()]
+        # Pods already members of a gang need no re-admission (that is two KV reads a pod a
+        # tick); their gang is re-driven below. Only pods the watch may have missed go through.
+        members = {(m.pod.namespace, m.pod.name, m.pod.uid) for st in states for m in st.members}
+        unknown = [p for p in pods if (p.namespace, p.name, p.uid) not in members]
+        for pod in unknown:
+            await self.on_pod(pod)
+        if unknown:
+            states = [gang_state_decoder.decode(e.value) for e in await self.kv.items()]
         self._queue = [s for s in states if s.phase != "scheduled"]
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
