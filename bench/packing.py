@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from phalanx_engine.sharepack import (
+from phalanx_bench.sharepack import (
     MILLI,
     POLICIES,
-    NodeState,
     PhalanxPack,
     PodRequest,
     ShareCluster,
+    ShareNode,
     TargetMix,
     make_policy,
 )
@@ -111,7 +111,7 @@ def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: f
     t0 = time.perf_counter()
     order, seq = workload(trace, seed)
     ranked = sorted(range(len(trace.nodes)), key=order.__getitem__)
-    nodes = [NodeState.empty(*trace.nodes[k]) for k in ranked]
+    nodes = [ShareNode.empty(*trace.nodes[k]) for k in ranked]
     if policy_name == "phalanx" and phalanx_options:
         policy = PhalanxPack(mix, **phalanx_options)
     else:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import msgspec
 
+from phalanx_bench.firstfit import free_gpus, place_first_fit
 from phalanx_engine.decide import Cluster, decide
-from phalanx_engine.firstfit import place_first_fit
 from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.topology import NetworkTiers
@@ -64,6 +64,7 @@ def run_size(n: int, seed: int, baseline: bool) -> dict:
     snap = synthetic(n, seed)
     cluster = Cluster.from_snapshot(snap)
     build_ms = (time.perf_counter() - t0) * 1000
+    free = free_gpus(snap) if baseline else {}
     out = {"nodes": n, "build_ms": round(build_ms, 1), "cases": []}
     for name, members, gpus, decisions in CASES:
         row = {"case": name}
@@ -72,7 +73,7 @@ def run_size(n: int, seed: int, baseline: bool) -> dict:
             for k in range(decisions if engine == "phalanx" else max(3, decisions // 4)):
                 g = gang(members, gpus, k)
                 start = time.perf_counter()
-                result = decide(cluster, g) if engine == "phalanx" else place_first_fit(snap, g)
+                result = decide(cluster, g) if engine == "phalanx" else place_first_fit(snap, g, free)
                 times.append((time.perf_counter() - start) * 1000)
                 placed += hasattr(result, "assignments")
             row[engine] = {"p50_ms": round(statistics.median(times), 3), "p99_ms": round(pct(times, 0.99), 3),
@@ -85,15 +86,16 @@ def run_size(n: int, seed: int, baseline: bool) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'nodes':>6}  {'request':<12} {'phalanx p50':>12} {'phalanx p99':>12} {'first-fit p50':>14} "
-             f"{'first-fit p99':>14}  {'placed':>7}",
-             "-" * 86]
+    lines = [f"{'nodes':>6}  {'request':<12} {'phalanx p50':>12} {'phalanx p99':>12} {'placed':>8} "
+             f"{'first-fit p50':>14} {'first-fit p99':>14} {'placed':>7}",
+             "-" * 94]
     for r in results:
         for c in r["cases"]:
             p, f = c["phalanx"], c.get("first-fit")
-            ff = (f"{f['p50_ms']:>11.3f} ms {f['p99_ms']:>11.3f} ms" if f else f"{'-':>14} {'-':>14}")
+            ff = (f"{f['p50_ms']:>11.3f} ms {f['p99_ms']:>11.3f} ms {f['placed']:>3}/{f['decisions']:<3}" if f
+                  else f"{'-':>14} {'-':>14} {'-':>7}")
             lines.append(f"{r['nodes']:>6}  {c['case']:<12} {p['p50_ms']:>9.3f} ms {p['p99_ms']:>9.3f} ms "
-                         f"{ff}  {p['placed']:>3}/{p['decisions']:<3}")
+                         f"{p['placed']:>4}/{p['decisions']:<3} {ff}")
         lines.append(f"{'':>6}  snapshot build {r['build_ms']:.0f} ms, peak RSS {r['peak_rss_mib']:.0f} MiB")
     return "\n".join(lines)
 

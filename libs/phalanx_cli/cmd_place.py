@@ -20,7 +20,7 @@ from typing import TextIO
 
 import msgspec
 
-from phalanx_engine.gpuset import NoFit, choose_gpus
+from phalanx_engine.gpuset import NoChoice, choose_gpus
 from phalanx_engine.rdma import choose_gpus_and_nics
 from phalanx_topology import load_file
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     except ValueError as e:
         print(f"phalanx place: {e}", file=err)
         return 2
-    if isinstance(result, NoFit):
+    if isinstance(result, NoChoice):
         print(f"phalanx place: no fit on {topology.node} ({result.code}): {'; '.join(result.reasons)}", file=err)
         return 1
     choice = result.gpus if args.rdma else result

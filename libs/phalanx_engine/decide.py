@@ -30,11 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phalanx_engine import mig
-from phalanx_engine.gpuset import NoFit as SetNoFit
-from phalanx_engine.gpuset import choose_gpus
+from phalanx_engine.gpuset import NoChoice, choose_gpus
 from phalanx_engine.rdma import choose_gpus_and_nics
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
-from phalanx_proto.events import Assignment, MemberSpec
+from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
 
 CANDIDATES = 8
@@ -58,17 +57,9 @@ R_AMD_SLICE = "AMD GPUs take whole-GPU requests only"
 R_VENDOR = "GPU vendor does not match"
 
 
-def _kind(m: MemberSpec) -> str:
-    if m.mig_slices:
-        return "mig"
-    if m.core_pct or m.memory_mib:
-        return "tdm"
-    return "whole"
-
-
 def _units(m: MemberSpec) -> int:
     """Whole free GPUs a member needs (0 for shares, which fit on partly used GPUs)."""
-    return max(1, m.gpus) if _kind(m) == "whole" else 0
+    return m.gpus if m.kind is RequestKind.WHOLE else 0
 
 
 class NodeState:
@@ -86,8 +77,6 @@ class NodeState:
         self._free: set[int] | None = None
         for a in view.allocations:
             self.take(a)
-        self.whole |= set(view.used_gpus) - set(self.core) - set(self.mig_inst)
-        self._free = None
 
     def copy(self) -> NodeState:
         other = NodeState.__new__(NodeState)
@@ -99,15 +88,16 @@ class NodeState:
 
     def take(self, a: Assignment) -> None:
         self._free = None
-        if a.mig_profile:
-            for g in a.gpus:
-                self.mig_inst.setdefault(g, []).append(mig.MigInstance(profile=a.mig_profile, start=a.mig_start))
-        elif a.core_pct or a.memory_mib:
-            for g in a.gpus:
-                self.core[g] = self.core.get(g, 0) + a.core_pct
-                self.mem[g] = self.mem.get(g, 0) + a.memory_mib
-        else:
-            self.whole.update(a.gpus)
+        match a.kind:
+            case RequestKind.MIG:
+                for g in a.gpus:
+                    self.mig_inst.setdefault(g, []).append(mig.MigInstance(profile=a.mig_profile, start=a.mig_start))
+            case RequestKind.TDM:
+                for g in a.gpus:
+                    self.core[g] = self.core.get(g, 0) + a.core_pct
+                    self.mem[g] = self.mem.get(g, 0) + a.memory_mib
+            case _:
+                self.whole.update(a.gpus)
 
     def free_whole(self) -> set[int]:
         """GPUs with no work of any kind (and not in MIG mode). Cached until the next take."""
@@ -118,31 +108,33 @@ class NodeState:
 
     def fit(self, m: MemberSpec) -> Assignment | str:
         """Where ``m`` would go on this node, or the reason it does not fit."""
-        kind = _kind(m)
+        kind = m.kind
+        if kind is RequestKind.NONE:
+            return self._assignment(m, ())
         vendors = {g.vendor for g in self.gpus.values()}
         if m.vendor and m.vendor not in vendors:
             return R_VENDOR
-        if kind != "whole" and vendors == {"amd"}:
+        if kind is not RequestKind.WHOLE and vendors == {"amd"}:
             return R_AMD_SLICE
-        if kind == "whole":
+        if kind is RequestKind.WHOLE:
             return self._fit_whole(m)
-        if kind == "tdm":
+        if kind is RequestKind.TDM:
             return self._fit_tdm(m)
         return self._fit_mig(m)
 
     def _fit_whole(self, m: MemberSpec) -> Assignment | str:
         free = self.free_whole()
-        need = max(1, m.gpus)
+        need = m.gpus
         if len(free) < need:
             return R_GPUS
         topo = self.view.topology
         if m.rdma:
             choice = choose_gpus_and_nics(topo, free, need)
-            if isinstance(choice, SetNoFit):
+            if isinstance(choice, NoChoice):
                 return R_NO_RDMA if choice.code == "no-rdma-nic" else R_GPUS
             return self._assignment(m, choice.gpus.gpus, nics=choice.nics, rdma_level=str(choice.level))
         choice = choose_gpus(topo, free, need)
-        if isinstance(choice, SetNoFit):
+        if isinstance(choice, NoChoice):
             return R_GPUS
         return self._assignment(m, choice.gpus)
 
@@ -172,7 +164,7 @@ class NodeState:
                                           self.gpus[i].memory_mib - self.mem.get(i, 0) - m.memory_mib, i))
             return self._assignment(m, (best,))
         choice = choose_gpus(self.view.topology, set(ok), need)
-        if isinstance(choice, SetNoFit):
+        if isinstance(choice, NoChoice):
             return R_GPUS
         return self._assignment(m, choice.gpus)
 
@@ -190,7 +182,7 @@ class NodeState:
             if table is not None:
                 gpus[i] = mig.MigGpu(table=table, instances=tuple(self.mig_inst.get(i, ())))
         slot = mig.choose_gpu(gpus, m.mig_slices, m.memory_mib) if gpus else None
-        if slot is None or isinstance(slot, SetNoFit):
+        if slot is None or isinstance(slot, NoChoice):
             return R_MIG_FULL
         return self._assignment(m, (slot.gpu,), mig_profile=slot.profile, mig_start=slot.start)
 
@@ -241,14 +233,6 @@ class Cluster:
                 filtered[why] += 1
         return cls(nodes=nodes, total=len(snapshot.nodes), filtered=filtered)
 
-    def apply(self, decision: Decision) -> None:
-        """Book a committed decision into this state (for callers that keep a Cluster)."""
-        for a in decision.assignments:
-            st = self.nodes[a.node]
-            self.by_free[len(st.free_whole())].discard(a.node)
-            st.take(a)
-            self.by_free.setdefault(len(st.free_whole()), set()).add(a.node)
-
 
 def _quality(a: Assignment, state: NodeState) -> tuple:
     """Larger is better: RDMA level, then the GPU set's links."""
@@ -265,7 +249,7 @@ def _quality(a: Assignment, state: NodeState) -> tuple:
     return (rdma, worst, total)
 
 
-def _place_one(cluster: Cluster, states: dict[str, NodeState], m: MemberSpec, order: Iterable[str],
+def _place_one(states: dict[str, NodeState], m: MemberSpec, order: Iterable[str],
                reasons: Counter | None) -> Assignment | None:
     """The best node for one member among ``order`` (tightest first); ``fit`` never mutates."""
     best = None
@@ -290,7 +274,7 @@ def _tightness(a: Assignment, st: NodeState) -> tuple:
     """For a TDM share, larger when the chosen GPU is left with less free core % and memory:
     the tightest GPU anywhere in the cluster wins (the share-packing rule measured in
     docs/packing.md). Whole GPUs and MIG: neutral."""
-    if a.mig_profile or not (a.core_pct or a.memory_mib):
+    if a.kind is not RequestKind.TDM:
         return (0, 0)
     g = a.gpus[0]
     return (-(100 - st.core.get(g, 0) - a.core_pct), -(st.gpus[g].memory_mib - st.mem.get(g, 0) - a.memory_mib))
@@ -306,14 +290,14 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...]) -> Decision | NoFi
         return Decision(assignments=())
     if len(members) == 1:
         m = members[0]
-        got = _place_one(cluster, cluster.nodes, m, cluster.tightest(_units(m)), None)
+        got = _place_one(cluster.nodes, m, cluster.tightest(_units(m)), None)
         if got is None:
             reasons = Counter(cluster.filtered)
             for st in cluster.nodes.values():
                 why = st.fit(m)
                 reasons[why if isinstance(why, str) else R_GPUS] += 1
             return NoFit(total_nodes=cluster.total, reasons=reasons)
-        return Decision(assignments=(got,), revisions={got.node: cluster.nodes[got.node].view.revision})
+        return Decision(assignments=(got,))
     return _decide_gang(cluster, members)
 
 
@@ -340,8 +324,7 @@ def _decide_gang(cluster: Cluster, members: tuple[MemberSpec, ...]) -> Decision 
             if got is not None:
                 order = {m.pod: i for i, m in enumerate(members)}
                 assignments = tuple(sorted(got, key=lambda a: order[a.pod]))
-                return Decision(assignments=assignments,
-                                revisions={a.node: cluster.nodes[a.node].view.revision for a in assignments})
+                return Decision(assignments=assignments)
     reasons = Counter(cluster.filtered)
     usable = len(cluster.nodes)
     if usable:

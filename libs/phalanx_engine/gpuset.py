@@ -3,7 +3,7 @@
 Called by the placement service for every member that asks for more than one GPU on a node,
 by ``phalanx place`` and by ``phalanx_engine.rdma`` (which narrows the candidates to GPUs
 near an RDMA NIC). Pure: a topology snapshot and a free set in, a ``GpuChoice`` or a
-``NoFit`` out.
+``NoChoice`` out.
 
 The objective, compared lexicographically (larger is better; docs/placement.md explains why):
 
@@ -48,7 +48,7 @@ _FIELD = (1 << 20) - 1
 _SINGLE = 1 << 30  # "ring bottleneck" of one GPU: better than any link
 
 
-class NoFit(msgspec.Struct, frozen=True, kw_only=True):
+class NoChoice(msgspec.Struct, frozen=True, kw_only=True):
     """No set fits. ``code`` is stable (for metrics and tests); ``reasons`` are for people."""
 
     code: str
@@ -89,12 +89,12 @@ def choose_gpus(
     *,
     eligible: Set[int] | None = None,
     prefer: Mapping[int, int] | None = None,
-) -> GpuChoice | NoFit:
+) -> GpuChoice | NoChoice:
     """The best set of ``count`` GPUs (by ``Gpu.index``) among ``free`` that contains ``require``.
 
     ``eligible`` (default: all of ``free``) limits which free GPUs the set may use; the
     leftover score (c) is still measured over all of ``free``. ``prefer`` maps GPU index to
-    a tie-break bonus (d), higher better, missing GPUs 0. Returns ``NoFit`` when not
+    a tie-break bonus (d), higher better, missing GPUs 0. Returns ``NoChoice`` when not
     enough eligible free GPUs exist or a required GPU is not free/eligible. Raises
     ``ValueError`` for a count below 1 or an index the node does not have (caller bugs).
     """
@@ -163,9 +163,9 @@ class _Graph:
             w = nv << _NV_SHIFT | cls << _CLS_SHIFT | _same_numa(gpus[p], gpus[q])
             self.rank[p][q] = self.rank[q][p] = r
             self.qual[p][q] = self.qual[q][p] = w
-        self.cache: OrderedDict[tuple, GpuChoice | NoFit] = OrderedDict()
+        self.cache: OrderedDict[tuple, GpuChoice | NoChoice] = OrderedDict()
 
-    def remember(self, key: tuple, value: GpuChoice | NoFit) -> None:
+    def remember(self, key: tuple, value: GpuChoice | NoChoice) -> None:
         self.cache[key] = value
         if len(self.cache) > self.RESULTS:
             self.cache.popitem(last=False)
@@ -282,28 +282,28 @@ def _graph(topology: NodeTopology) -> _Graph:
 
 def _choose(
     graph: _Graph, free_mask: int, elig_mask: int, req_mask: int, count: int, bonus: dict[int, int]
-) -> GpuChoice | NoFit:
+) -> GpuChoice | NoChoice:
     """Overview: validate, enumerate candidate sets (exact or greedy), keep the best key
     (bottleneck, pair sum, leftover sum, preference) with the first-seen set winning ties; enumeration
     runs in ascending index order, so the first seen is the lowest-indexed."""
     idx = graph.index
     not_free = req_mask & ~free_mask
     if not_free:
-        return NoFit(code="required-gpu-not-free",
+        return NoChoice(code="required-gpu-not-free",
                      reasons=(f"required GPUs {[idx[p] for p in graph.positions(not_free)]} are not free",))
     not_elig = req_mask & ~elig_mask
     if not_elig:
-        return NoFit(code="required-gpu-not-eligible",
+        return NoChoice(code="required-gpu-not-eligible",
                      reasons=(f"required GPUs {[idx[p] for p in graph.positions(not_elig)]} are not eligible",))
     required = graph.positions(req_mask)
     if len(required) > count:
-        return NoFit(code="too-many-required",
+        return NoChoice(code="too-many-required",
                      reasons=(f"{len(required)} GPUs required but only {count} asked for",))
     pool = graph.positions(elig_mask & ~req_mask)
     need = count - len(required)
     if need > len(pool):
         have = len(pool) + len(required)
-        return NoFit(code="not-enough-free-gpus",
+        return NoChoice(code="not-enough-free-gpus",
                      reasons=(f"{count} GPUs asked, {have} free{' and eligible' if elig_mask != free_mask else ''}",))
 
     free = graph.positions(free_mask)

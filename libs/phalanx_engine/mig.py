@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from phalanx_engine.gpuset import NoFit
+from phalanx_engine.gpuset import NoChoice
 
 
 class MigProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,7 +191,7 @@ def layout_problems(table: MigTable, instances: Iterable[MigInstance]) -> tuple[
 
 def place(
     table: MigTable, instances: Iterable[MigInstance], profile: str, start: int | None = None
-) -> MigSlot | NoFit:
+) -> MigSlot | NoChoice:
     """Where a new ``profile`` instance goes on a GPU that already has ``instances``.
 
     With ``start`` given, that start is checked (legal for the profile, no overlap). Without
@@ -205,24 +205,24 @@ def place(
         raise ValueError(f"illegal existing MIG layout on {table.model}: {'; '.join(broken)}")
     p = table.profile(profile)
     if p is None:
-        return NoFit(code="mig-unknown-profile",
+        return NoChoice(code="mig-unknown-profile",
                      reasons=(f"profile {profile!r} does not exist on {table.model}",))
     used = _used(table, existing)
     if start is not None:
         problems = layout_problems(table, (*existing, MigInstance(profile=profile, start=start)))
         if problems:
-            return NoFit(code="mig-illegal-slot", reasons=problems)
+            return NoChoice(code="mig-illegal-slot", reasons=problems)
         return MigSlot(profile=p.name, start=start, size=p.size)
     options = [s for s in p.starts if not used & _span(s, p.size)]
     if not options:
-        return NoFit(code="mig-no-free-slot",
+        return NoChoice(code="mig-no-free-slot",
                      reasons=(f"no free start for {p.name} on {table.model} "
                               f"(legal starts {list(p.starts)}, used slices {_bits(used)})",))
     best = max(options, key=lambda s: (capacity(table, used | _span(s, p.size)), s))
     return MigSlot(profile=p.name, start=best, size=p.size)
 
 
-def choose_gpu(gpus: Mapping[int, MigGpu], slices: int, memory_mib: int = 0) -> MigSlot | NoFit:
+def choose_gpu(gpus: Mapping[int, MigGpu], slices: int, memory_mib: int = 0) -> MigSlot | NoChoice:
     """The GPU and start for a ``slices``/``memory_mib`` request among MIG-enabled GPUs.
 
     Each GPU's own profile is resolved from its table; the GPU whose capacity drops least
@@ -239,7 +239,7 @@ def choose_gpu(gpus: Mapping[int, MigGpu], slices: int, memory_mib: int = 0) -> 
                            f"{memory_mib} MiB")
             continue
         slot = place(gpu.table, gpu.instances, prof.name)
-        if isinstance(slot, NoFit):
+        if isinstance(slot, NoChoice):
             reasons.extend(f"GPU {index}: {r}" for r in slot.reasons)
             continue
         used = _used(gpu.table, gpu.instances)
@@ -249,7 +249,7 @@ def choose_gpu(gpus: Mapping[int, MigGpu], slices: int, memory_mib: int = 0) -> 
         if best is None or (loss, -index) > (best[0], -best[1]):
             best = (loss, index, MigSlot(gpu=index, profile=slot.profile, start=slot.start, size=slot.size))
     if best is None:
-        return NoFit(code="mig-no-fit", reasons=tuple(reasons) or ("no MIG-enabled GPU",))
+        return NoChoice(code="mig-no-fit", reasons=tuple(reasons) or ("no MIG-enabled GPU",))
     return best[2]
 
 

@@ -2,7 +2,7 @@
 
 Called by the placement service (and ``phalanx place --rdma``) for members that ask for
 ``aliyun.com/rdma: "1"`` with whole GPUs. Pure: a topology, the free GPUs and (optionally)
-the free NICs in; an ``RdmaChoice`` or a ``NoFit`` out.
+the free NICs in; an ``RdmaChoice`` or a ``NoChoice`` out.
 
 Levels, best first, as the seed's four-level fallback (a GPU/NIC pair's level comes from
 their ``nvidia-smi topo`` relation):
@@ -42,7 +42,7 @@ from collections.abc import Mapping, Set
 
 import msgspec
 
-from phalanx_engine.gpuset import GpuChoice, NoFit, choose_gpus
+from phalanx_engine.gpuset import GpuChoice, NoChoice, choose_gpus
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
 
@@ -102,9 +102,9 @@ def choose_gpus_and_nics(
     *,
     free_nics: Set[str] | None = None,
     numa_sockets: Mapping[int, int] | None = None,
-) -> RdmaChoice | NoFit:
+) -> RdmaChoice | NoChoice:
     """The best group of ``count`` free GPUs plus NICs, by the level ladder described in
-    the module docstring. ``NoFit`` when the node has no usable RDMA NIC or not enough free
+    the module docstring. ``NoChoice`` when the node has no usable RDMA NIC or not enough free
     GPUs. Raises ``ValueError`` like ``choose_gpus`` for caller bugs."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -112,7 +112,7 @@ def choose_gpus_and_nics(
     nics = [n for n in topology.nics if n.rdma and (free_nics is None or n.name in free_nics)]
     if not nics:
         why = "no free RDMA NIC" if topology.nics and free_nics is not None else "no RDMA NIC"
-        return NoFit(code="no-rdma-nic", reasons=(f"node {topology.node} has {why}",))
+        return NoChoice(code="no-rdma-nic", reasons=(f"node {topology.node} has {why}",))
     gpus = {g.index: g for g in topology.gpus}
     best: dict[int, tuple[RdmaLevel, list[tuple[int, int, Nic]]]] = {}
     for i in free:
@@ -133,7 +133,7 @@ def choose_gpus_and_nics(
         if not last and (len(eligible) < count or not set(require) <= eligible):
             continue
         chosen = choose_gpus(topology, free, count, require, eligible=eligible, prefer=prefer)
-        if isinstance(chosen, NoFit):
+        if isinstance(chosen, NoChoice):
             if last:
                 return chosen
             continue

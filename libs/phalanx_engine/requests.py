@@ -29,7 +29,6 @@ whole GPUs add up over containers, as in Kubernetes.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,7 +36,7 @@ from typing import Any
 import msgspec
 
 from phalanx_engine import mig
-from phalanx_proto.events import MemberSpec, PodRef
+from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 
 SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -57,13 +56,6 @@ RDMA_MAX_GPUS = 8
 WHOLE_RESOURCES = (NVIDIA_GPU, ALIYUN_GPU)
 SHARE_RESOURCES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE)
 RESOURCES = (*WHOLE_RESOURCES, *SHARE_RESOURCES, RDMA)
-
-
-class RequestKind(enum.StrEnum):
-    NONE = "none"
-    WHOLE = "whole"
-    TDM = "tdm"
-    MIG = "mig"
 
 
 class Violation(msgspec.Struct, frozen=True):

@@ -24,15 +24,10 @@ class NodeView:
     fresh: bool = True
     """False when the node's discovery heartbeat is older than the bound."""
     tiers: NetworkTiers = NetworkTiers()
-    used_gpus: frozenset[int] = frozenset()
-    """Whole GPUs taken (also derivable from ``allocations``; kept for simple callers)."""
     allocations: tuple[Assignment, ...] = ()
     """Every reservation on the node that the decision must respect."""
     revision: int = 0
-    """Ledger revision the used set was read at (0: no ledger entry yet)."""
-
-    def free_gpus(self) -> set[int]:
-        return {g.index for g in self.topology.gpus} - set(self.used_gpus)
+    """Ledger revision the allocations were read at (0: no ledger entry yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +37,9 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Every member placed; ``revisions`` are the ledger revisions the decision read."""
+    """Every member placed, in the order the members were given."""
 
     assignments: tuple[Assignment, ...]
-    revisions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from phalanx_proto.events import Assignment
+from phalanx_proto.events import Assignment, RequestKind
 from phalanx_proto.topology import NodeTopology
 from phalanx_telemetry import metrics
 
@@ -35,13 +35,13 @@ class NodeAllocation:
     assignments: tuple[Assignment, ...]
 
 
+_MODE_LABEL = {RequestKind.MIG: "mig", RequestKind.TDM: "shared"}
+"""The metrics' ``mode`` label per request kind (``shared`` is the label's name for TDM)."""
+
+
 def mode_of(a: Assignment) -> str:
-    """``mig`` for a MIG slice, ``shared`` for a TDM share (core %/memory), else ``whole``."""
-    if a.mig_profile:
-        return "mig"
-    if a.core_pct or a.memory_mib:
-        return "shared"
-    return "whole"
+    """The ``mode`` label of a reservation: ``mig``, ``shared`` (TDM) or ``whole``."""
+    return _MODE_LABEL.get(a.kind, "whole")
 
 
 def _usage(a: Assignment, gpu_memory_mib: int) -> tuple[float, float]:

@@ -13,6 +13,7 @@ redelivered one is recognised by its handler.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Literal
 
 import msgspec
@@ -34,6 +35,30 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return f"{self.namespace}/{self.name}"
 
 
+class RequestKind(enum.StrEnum):
+    """What kind of GPU work a member asks for (and an assignment holds): the one vocabulary
+    every part of Phalanx uses. Derived from the fields, never sent on its own."""
+
+    NONE = "none"
+    """No GPU: CPU, memory and other resources only."""
+    WHOLE = "whole"
+    """Whole GPUs, nothing else on them."""
+    TDM = "tdm"
+    """A time-division share of each GPU: core percent and/or GPU memory."""
+    MIG = "mig"
+    """A MIG instance (compute slices) on one GPU."""
+
+
+def request_kind(*, gpus: int, core_pct: int, memory_mib: int, mig: bool) -> RequestKind:
+    """The kind of a request or reservation: MIG when it names a MIG slice or profile, TDM when
+    it names a core percent or GPU memory, whole GPUs when it counts GPUs, else none."""
+    if mig:
+        return RequestKind.MIG
+    if core_pct or memory_mib:
+        return RequestKind.TDM
+    return RequestKind.WHOLE if gpus else RequestKind.NONE
+
+
 class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What one gang member asks for, in wire form (parsed from the pod by gang-coordinator).
 
@@ -49,6 +74,11 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     rdma: bool = False
     vendor: str = ""
     resource_name: str = "nvidia.com/gpu"
+
+    @property
+    def kind(self) -> RequestKind:
+        return request_kind(gpus=self.gpus, core_pct=self.core_pct, memory_mib=self.memory_mib,
+                            mig=bool(self.mig_slices))
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -70,6 +100,11 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     nics: tuple[str, ...] = ()
     rdma_level: str = ""
     """RDMA fallback level reached: pcie-switch, numa, socket, cross-socket (empty without RDMA)."""
+
+    @property
+    def kind(self) -> RequestKind:
+        return request_kind(gpus=len(self.gpus), core_pct=self.core_pct, memory_mib=self.memory_mib,
+                            mig=bool(self.mig_profile))
 
 
 class GangEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):

@@ -221,7 +221,7 @@ def _record_allocation(snap: Snapshot, placed: tuple) -> None:
 
 def _emptied(node: NodeView) -> NodeView:
     """The node as it would be with no reservations (for "could this ever fit?")."""
-    return dataclasses.replace(node, allocations=(), used_gpus=frozenset())
+    return dataclasses.replace(node, allocations=())
 
 
 def _existing(ev: PlacementRequested, ledgers) -> tuple | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from phalanx_cli.main import main
-from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoFit, choose_gpus, score_set
+from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoChoice, choose_gpus, score_set
 from phalanx_proto.topology import Gpu, NodeTopology
 from phalanx_topology import load_file
 from phalanx_topology.links import link_rank
@@ -119,14 +119,14 @@ def test_gpuset_sequential_allocation_keeps_groups_intact(case: str, fixture: st
 
 @pytest.mark.parametrize(("case", "free", "count", "require", "expected"), cases(
     ("more GPUs than are free do not fit", {0, 1, 2, 3}, 5, (),
-     NoFit(code="not-enough-free-gpus", reasons=("5 GPUs asked, 4 free",))),
+     NoChoice(code="not-enough-free-gpus", reasons=("5 GPUs asked, 4 free",))),
     ("a required GPU that is busy does not fit", {0, 1, 2}, 2, (3,),
-     NoFit(code="required-gpu-not-free", reasons=("required GPUs [3] are not free",))),
+     NoChoice(code="required-gpu-not-free", reasons=("required GPUs [3] are not free",))),
     ("more required GPUs than asked for do not fit", ALL, 1, (0, 1),
-     NoFit(code="too-many-required", reasons=("2 GPUs required but only 1 asked for",))),
+     NoChoice(code="too-many-required", reasons=("2 GPUs required but only 1 asked for",))),
 ))
 def test_gpuset_no_fit_says_why(case: str, free: set[int], count: int, require: tuple[int, ...],
-                                expected: NoFit) -> None:
+                                expected: NoChoice) -> None:
     assert choose_gpus(node(V100), set(free), count, set(require)) == expected
 
 
@@ -140,7 +140,7 @@ def test_gpuset_caller_bugs_raise() -> None:
 def test_gpuset_eligible_limits_the_set_but_leftover_counts_every_free_gpu() -> None:
     choice = choose_gpus(node(V100), ALL, 2, eligible={0, 1, 2, 3})
     assert isinstance(choice, GpuChoice) and choice.gpus == (0, 3)
-    assert choose_gpus(node(V100), ALL, 3, eligible={6, 7}) == NoFit(
+    assert choose_gpus(node(V100), ALL, 3, eligible={6, 7}) == NoChoice(
         code="not-enough-free-gpus", reasons=("3 GPUs asked, 2 free and eligible",))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.gpuset import NoFit
+from phalanx_engine.gpuset import NoChoice
 from phalanx_engine.mig import (
     TABLES,
     MigGpu,
@@ -128,25 +128,25 @@ def test_mig_profiles_place_keeps_larger_profiles_possible(case: str, existing: 
 
 @pytest.mark.parametrize(("case", "existing", "profile", "start", "expected"), cases(
     ("a start that is not a legal placement is refused", (), "2g.10gb", 1,
-     NoFit(code="mig-illegal-slot",
+     NoChoice(code="mig-illegal-slot",
            reasons=("2g.10gb cannot start at slot 1 on A100-40GB (legal starts [0, 2, 4])",))),
     ("a 1g cannot use memory slice 7", (), "1g.5gb", 7,
-     NoFit(code="mig-illegal-slot",
+     NoChoice(code="mig-illegal-slot",
            reasons=("1g.5gb cannot start at slot 7 on A100-40GB (legal starts [0, 1, 2, 3, 4, 5, 6])",))),
     ("an overlapping start is refused", ("3g.20gb@0",), "2g.10gb", 2,
-     NoFit(code="mig-illegal-slot", reasons=("2g.10gb@2 overlaps 3g.20gb@0 at memory slice 2",))),
+     NoChoice(code="mig-illegal-slot", reasons=("2g.10gb@2 overlaps 3g.20gb@0 at memory slice 2",))),
     ("a full GPU has no free slot", ("7g.40gb@0",), "1g.5gb", None,
-     NoFit(code="mig-no-free-slot",
+     NoChoice(code="mig-no-free-slot",
            reasons=("no free start for 1g.5gb on A100-40GB (legal starts [0, 1, 2, 3, 4, 5, 6], used slices "
                     "[0, 1, 2, 3, 4, 5, 6, 7])",))),
     ("a 4g after a 2g at 0 has nowhere to go", ("2g.10gb@0",), "4g.20gb", None,
-     NoFit(code="mig-no-free-slot",
+     NoChoice(code="mig-no-free-slot",
            reasons=("no free start for 4g.20gb on A100-40GB (legal starts [0], used slices [0, 1])",))),
     ("a profile of another model is unknown", (), "3g.40gb", None,
-     NoFit(code="mig-unknown-profile", reasons=("profile '3g.40gb' does not exist on A100-40GB",))),
+     NoChoice(code="mig-unknown-profile", reasons=("profile '3g.40gb' does not exist on A100-40GB",))),
 ))
 def test_mig_profiles_illegal_slots_and_overlaps_are_refused(case: str, existing: tuple[str, ...], profile: str,
-                                                             start: int | None, expected: NoFit) -> None:
+                                                             start: int | None, expected: NoChoice) -> None:
     assert place(A100, layout(*existing), profile, start) == expected
 
 
@@ -191,13 +191,13 @@ def test_mig_profiles_capacity_counts_each_compute_size_alone() -> None:
      MigSlot(gpu=1, profile="3g.20gb", start=4, size=4)),
     ("no GPU fits a request that is too big",
      {0: MigGpu(table=A100, instances=layout("7g.40gb@0")), 1: MigGpu(table=A30, instances=layout("1g.6gb@3"))},
-     4, 0, NoFit(code="mig-no-fit", reasons=(
+     4, 0, NoChoice(code="mig-no-fit", reasons=(
          "GPU 0: no free start for 4g.20gb on A100-40GB (legal starts [0], used slices [0, 1, 2, 3, 4, 5, 6, 7])",
          "GPU 1: no free start for 4g.24gb on A30-24GB (legal starts [0], used slices [3])",
      ))),
     ("a GPU without a matching profile says so", {0: MigGpu(table=A30)}, 3, 2048,
-     NoFit(code="mig-no-fit", reasons=("GPU 0 (A30-24GB) has no 3-slice profile with 2048 MiB",))),
+     NoChoice(code="mig-no-fit", reasons=("GPU 0 (A30-24GB) has no 3-slice profile with 2048 MiB",))),
 ))
 def test_mig_profiles_choose_gpu_packs_partly_used_gpus_first(case: str, gpus: dict[int, MigGpu], slices: int,
-                                                              memory_mib: int, expected: MigSlot | NoFit) -> None:
+                                                              memory_mib: int, expected: MigSlot | NoChoice) -> None:
     assert choose_gpu(gpus, slices, memory_mib) == expected

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoFit
+from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoChoice
 from phalanx_engine.rdma import GpuNic, RdmaChoice, RdmaLevel, choose_gpus_and_nics, pair_level
 from phalanx_proto.topology import NodeTopology
 from phalanx_topology import load_file
@@ -123,16 +123,16 @@ def test_rdma_pair_level_follows_the_relation(case: str, fixture: str, gpu: int,
 
 @pytest.mark.parametrize(("case", "fixture", "free", "count", "kw", "expected"), cases(
     ("a node without NICs has no RDMA placement", H100, ALL, 2, {},
-     NoFit(code="no-rdma-nic", reasons=("node aws-p5.48xlarge_8xH100_NV18 has no RDMA NIC",))),
+     NoChoice(code="no-rdma-nic", reasons=("node aws-p5.48xlarge_8xH100_NV18 has no RDMA NIC",))),
     ("a node whose NICs are all taken has no RDMA placement", V100, ALL, 2, {"free_nics": set()},
-     NoFit(code="no-rdma-nic", reasons=("node dgx1v-like_8xV100-SXM2_mlx5_oneflow has no free RDMA NIC",))),
+     NoChoice(code="no-rdma-nic", reasons=("node dgx1v-like_8xV100-SXM2_mlx5_oneflow has no free RDMA NIC",))),
     ("too few free GPUs do not fit at any level", V100, {0, 1}, 3, {},
-     NoFit(code="not-enough-free-gpus", reasons=("3 GPUs asked, 2 free",))),
+     NoChoice(code="not-enough-free-gpus", reasons=("3 GPUs asked, 2 free",))),
     ("a busy required GPU does not fit", V100, {0, 1}, 2, {"require": {3}},
-     NoFit(code="required-gpu-not-free", reasons=("required GPUs [3] are not free",))),
+     NoChoice(code="required-gpu-not-free", reasons=("required GPUs [3] are not free",))),
 ))
 def test_rdma_no_fit_says_why(case: str, fixture: str, free: set[int], count: int, kw: dict,
-                              expected: NoFit) -> None:
+                              expected: NoChoice) -> None:
     assert choose_gpus_and_nics(node(fixture), set(free), count, **kw) == expected
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for phalanx_engine.sharepack: filter, fragmentation, policies, placement loop."""
+"""Unit tests for phalanx_bench.sharepack: filter, fragmentation, policies, placement loop."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from phalanx_engine.sharepack import (
+from phalanx_bench.sharepack import (
     FGD,
     MILLI,
     BestFit,
-    NodeState,
     PhalanxPack,
-    Placement,
     PodRequest,
     RandomFit,
+    ShareChoice,
     ShareCluster,
+    ShareNode,
     TargetMix,
     WorkloadShape,
     best_fit,
@@ -38,8 +38,8 @@ from phalanx_engine.sharepack import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def node(cpu: int, gpus: list[int], memory: int = 64_000, model: str | None = "T4", name: str = "n") -> NodeState:
-    return NodeState(name, cpu, memory, list(gpus), model)
+def node(cpu: int, gpus: list[int], memory: int = 64_000, model: str | None = "T4", name: str = "n") -> ShareNode:
+    return ShareNode(name, cpu, memory, list(gpus), model)
 
 
 def share(milli: int, cpu: int = 1000, memory: int = 1000, models=None) -> PodRequest:
@@ -200,13 +200,13 @@ def test_fgd_score_value(before, after, expected):
 @pytest.mark.parametrize(
     "nodes, pod, expected",
     [
-        pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 0])], share(500), Placement(1, (0,), 94),
+        pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 0])], share(500), ShareChoice(1, (0,), 94),
                      id="best fit picks the node with the least GPU left afterwards"),
-        pytest.param([node(64000, [1000]), node(8000, [1000])], cpu_only(4000), Placement(1, (), 92),
+        pytest.param([node(64000, [1000]), node(8000, [1000])], cpu_only(4000), ShareChoice(1, (), 92),
                      id="best fit picks the node with the least CPU left afterwards"),
-        pytest.param([node(8000, [1000, 600, 700, 600])], share(500), Placement(0, (1,), 82),
+        pytest.param([node(8000, [1000, 600, 700, 600])], share(500), ShareChoice(0, (1,), 82),
                      id="best fit puts a share on the tightest GPU, lowest index first"),
-        pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 1000])], whole(1), Placement(0, (0,), 91),
+        pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 1000])], whole(1), ShareChoice(0, (0,), 91),
                      id="best fit breaks ties by node order and takes the lowest free GPU"),
     ],
 )
@@ -230,14 +230,14 @@ ONLY_HALF = mix((1000, 500, 1, 1.0))
     [
         # A: [1000,1000] -> [1000,500]: F 0 -> 500, score 37.  B: [1000,500] -> [1000,0]: F 500 -> 0, score 62.
         pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 500])], ONLY_WHOLE, share(500),
-                     Placement(1, (1,), 62), id="FGD fills the half-used GPU so a whole GPU stays free"),
+                     ShareChoice(1, (1,), 62), id="FGD fills the half-used GPU so a whole GPU stays free"),
         # A: [700] -> [400]: the 500 share no longer fits, F 0 -> 400, score 40.  B: [1000] -> [700]: 50.
-        pytest.param([node(8000, [700]), node(8000, [1000])], ONLY_HALF, share(300), Placement(1, (0,), 50),
+        pytest.param([node(8000, [700]), node(8000, [1000])], ONLY_HALF, share(300), ShareChoice(1, (0,), 50),
                      id="FGD avoids leaving a hole too small for the typical share, unlike best fit"),
-        pytest.param([node(8000, [1000, 400, 1000])], ONLY_HALF, share(400), Placement(0, (1,), 59),
+        pytest.param([node(8000, [1000, 400, 1000])], ONLY_HALF, share(400), ShareChoice(0, (1,), 59),
                      id="FGD puts the share on the GPU whose remainder fragments least"),
         pytest.param([node(8000, [1000, 1000]), node(8000, [1000, 1000])], ONLY_WHOLE, whole(2),
-                     Placement(0, (0, 1), 50), id="FGD breaks ties by node order"),
+                     ShareChoice(0, (0, 1), 50), id="FGD breaks ties by node order"),
     ],
 )
 def test_fgd(nodes, target, pod, expected):
@@ -300,7 +300,7 @@ def test_phalanx_derives_cpu_per_gpu_from_the_mix():
 def test_random_fit_only_picks_feasible_nodes():
     nodes = [node(100, [1000]), node(8000, [200, 900]), node(8000, [100])]
     for seed in range(20):
-        assert random_fit(nodes, share(800), random.Random(seed)) == Placement(1, (1,), 0)
+        assert random_fit(nodes, share(800), random.Random(seed)) == ShareChoice(1, (1,), 0)
 
 
 def test_random_fit_is_reproducible_with_a_seed():
@@ -357,13 +357,13 @@ def test_tightest_gpu_raises_when_nothing_fits():
         tightest_gpu(node(8000, [100]), share(200))
 
 
-def _small_workload(seed: int, n_nodes: int, n_pods: int) -> tuple[list[NodeState], list[PodRequest]]:
+def _small_workload(seed: int, n_nodes: int, n_pods: int) -> tuple[list[ShareNode], list[PodRequest]]:
     rng = random.Random(seed)
     kinds = [(8, 96000, "G2"), (2, 104000, "T4"), (2, 16000, "P100"), (4, 32000, "V100")]
     nodes = []
     for i in range(n_nodes):
         gpus, cpu, model = rng.choice(kinds)
-        nodes.append(NodeState.empty(f"node-{i}", cpu, cpu * 4, gpus, model))
+        nodes.append(ShareNode.empty(f"node-{i}", cpu, cpu * 4, gpus, model))
     shapes = [share(810, 3152), share(470, 11908), share(320, 4000), share(650, 11908), whole(1, 11300),
               whole(1, 18708), whole(2, 24000), whole(8, 88000), cpu_only(12500), cpu_only(32000),
               share(230, 4000, models={"T4"})]

@@ -1,6 +1,8 @@
-"""TDM GPU-share packing: fit filter, scoring policies and an incremental placement loop.
+"""TDM GPU-share packing research model: fit filter, scoring policies and an incremental loop.
 
-A pure library (standard library only) for placing pods that ask for fractions of a GPU
+Used by ``bench/packing.py`` only (the trace replay against the FGD paper); the placement
+service's own policy lives in ``phalanx_engine``. A pure library (standard library only) for
+placing pods that ask for fractions of a GPU
 (time-division multiplexing, "TDM" sharing) or for whole GPUs, on nodes that each hold a
 number of GPUs of one model. See docs/packing.md for the method and the measured figures.
 
@@ -42,6 +44,7 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 MILLI = 1000
 """Milli of one whole GPU."""
@@ -116,7 +119,7 @@ class PodRequest:
 
 
 @dataclass(slots=True)
-class NodeState:
+class ShareNode:
     """A node's free resources: CPU milli, memory MiB, and milli left on each GPU (by index)."""
 
     name: str
@@ -127,7 +130,7 @@ class NodeState:
 
     @classmethod
     def empty(cls, name: str, cpu_milli: int, memory_mib: int, gpus: int,
-              gpu_model: str | None = None) -> NodeState:
+              gpu_model: str | None = None) -> ShareNode:
         return cls(name, cpu_milli, memory_mib, [MILLI] * gpus, gpu_model)
 
     @property
@@ -139,8 +142,8 @@ class NodeState:
         """Number of completely free GPUs."""
         return sum(1 for g in self.gpu_free if g == MILLI)
 
-    def copy(self) -> NodeState:
-        return NodeState(self.name, self.cpu_free, self.memory_free, list(self.gpu_free), self.gpu_model)
+    def copy(self) -> ShareNode:
+        return ShareNode(self.name, self.cpu_free, self.memory_free, list(self.gpu_free), self.gpu_model)
 
     def allocate(self, pod: PodRequest, gpu_ids: Sequence[int]) -> None:
         """Take the pod's resources, ``pod.gpu_milli`` from each GPU in ``gpu_ids``."""
@@ -166,7 +169,7 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class ShareChoice:
     """Where a pod went: the node's position in the cluster's node list, and its GPU indices."""
 
     node: int
@@ -182,7 +185,7 @@ def model_ok(gpu_model: str | None, pod: PodRequest) -> bool:
     return pod.gpu_count == 0 or pod.gpu_models is None or gpu_model in pod.gpu_models
 
 
-def fits(node: NodeState, pod: PodRequest) -> bool:
+def fits(node: ShareNode, pod: PodRequest) -> bool:
     """The filter: CPU, memory, GPU model and GPU capacity all fit the node's remainder."""
     if pod.cpu_milli > node.cpu_free or pod.memory_mib > node.memory_free:
         return False
@@ -194,12 +197,12 @@ def fits(node: NodeState, pod: PodRequest) -> bool:
     return sum(1 for g in node.gpu_free if g >= milli) >= need
 
 
-def candidate_gpus(node: NodeState, pod: PodRequest) -> list[int]:
+def candidate_gpus(node: ShareNode, pod: PodRequest) -> list[int]:
     """Indices of the GPUs that could take (one of) the pod's GPU parts."""
     return [i for i, g in enumerate(node.gpu_free) if g >= pod.gpu_milli] if pod.gpu_count else []
 
 
-def lowest_free_gpus(node: NodeState, pod: PodRequest) -> tuple[int, ...]:
+def lowest_free_gpus(node: ShareNode, pod: PodRequest) -> tuple[int, ...]:
     """For a whole-GPU pod, the lowest-index completely free GPUs (the reference's choice)."""
     ids = [i for i, g in enumerate(node.gpu_free) if g == MILLI][: pod.gpu_count]
     if len(ids) < pod.gpu_count:
@@ -300,11 +303,11 @@ class TargetMix:
         self._memo[key] = value
         return value
 
-    def node_fragmentation(self, node: NodeState) -> float:
+    def node_fragmentation(self, node: ShareNode) -> float:
         return self.fragmentation(node.cpu_free, tuple(sorted(node.gpu_free, reverse=True)), node.gpu_model)
 
 
-def node_fragmentation(node: NodeState, mix: TargetMix) -> float:
+def node_fragmentation(node: ShareNode, mix: TargetMix) -> float:
     """FGD's fragmentation measure F_n of one node w.r.t. the target mix."""
     return mix.node_fragmentation(node)
 
@@ -357,23 +360,22 @@ def fgd_after(cpu_free: int, gpus_desc: tuple[int, ...], gpu_model: str | None,
 # --------------------------------------------------------------------------- policies
 
 
-class Policy:
+class Policy(Protocol):
     """A scoring policy. ``score`` is only asked about nodes that pass :func:`fits`.
 
     Scores are integers, higher is better; equal scores go to the node first in node order.
     ``score_key`` names what the score depends on so a cluster can memoise it (``None``: do not).
+    The policies below subclass it to inherit that default ``score_key``.
     """
 
-    name = "policy"
-    randomized = False
+    name: str = "policy"
+    randomized: bool = False
 
-    def score(self, node: NodeState, pod: PodRequest) -> int:
-        raise NotImplementedError
+    def score(self, node: ShareNode, pod: PodRequest) -> int: ...
 
-    def select_gpus(self, node: NodeState, pod: PodRequest) -> tuple[int, ...]:
-        raise NotImplementedError
+    def select_gpus(self, node: ShareNode, pod: PodRequest) -> tuple[int, ...]: ...
 
-    def score_key(self, node: NodeState) -> Hashable | None:
+    def score_key(self, node: ShareNode) -> Hashable | None:
         return (node.cpu_free, tuple(sorted(node.gpu_free, reverse=True)), node.gpu_model)
 
 
@@ -386,10 +388,10 @@ class RandomFit(Policy):
     def __init__(self, seed: int | str = 0):
         self.rng = random.Random(seed)
 
-    def score(self, node: NodeState, pod: PodRequest) -> int:
+    def score(self, node: ShareNode, pod: PodRequest) -> int:
         return 0
 
-    def select_gpus(self, node: NodeState, pod: PodRequest) -> tuple[int, ...]:
+    def select_gpus(self, node: ShareNode, pod: PodRequest) -> tuple[int, ...]:
         if pod.gpu_count == 0:
             return ()
         if pod.is_share:
@@ -397,14 +399,14 @@ class RandomFit(Policy):
         return lowest_free_gpus(node, pod)
 
 
-def best_fit_score(node: NodeState, pod: PodRequest) -> int:
+def best_fit_score(node: ShareNode, pod: PodRequest) -> int:
     """Best fit as the FGD paper's baseline defines it: 0..100, higher = less left afterwards."""
     left = (0.5 * (node.cpu_free - pod.cpu_milli) / MAX_SPEC_CPU
             + 0.5 * (sum(node.gpu_free) - pod.total_gpu_milli) / MAX_SPEC_GPU)
     return int((1.0 - left) * 100)
 
 
-def tightest_gpu(node: NodeState, pod: PodRequest) -> int:
+def tightest_gpu(node: ShareNode, pod: PodRequest) -> int:
     """For a sharing pod, the GPU with the least milli left that still fits (lowest index on ties)."""
     best = -1
     for i, g in enumerate(node.gpu_free):
@@ -420,10 +422,10 @@ class BestFit(Policy):
 
     name = "bestfit"
 
-    def score(self, node: NodeState, pod: PodRequest) -> int:
+    def score(self, node: ShareNode, pod: PodRequest) -> int:
         return best_fit_score(node, pod)
 
-    def select_gpus(self, node: NodeState, pod: PodRequest) -> tuple[int, ...]:
+    def select_gpus(self, node: ShareNode, pod: PodRequest) -> tuple[int, ...]:
         if pod.gpu_count == 0:
             return ()
         if pod.is_share:
@@ -431,7 +433,7 @@ class BestFit(Policy):
         return lowest_free_gpus(node, pod)
 
 
-def _pick_share_gpu(node: NodeState, best_values: set[int]) -> int:
+def _pick_share_gpu(node: ShareNode, best_values: set[int]) -> int:
     return next(i for i, g in enumerate(node.gpu_free) if g in best_values)
 
 
@@ -448,7 +450,7 @@ class FGD(Policy):
     def __init__(self, mix: TargetMix):
         self.mix = mix
 
-    def _share(self, node: NodeState, pod: PodRequest) -> tuple[int, set[int]]:
+    def _share(self, node: ShareNode, pod: PodRequest) -> tuple[int, set[int]]:
         gpus = tuple(sorted(node.gpu_free, reverse=True))
         before = self.mix.fragmentation(node.cpu_free, gpus, node.gpu_model)
         scored = [(fgd_score_value(before, f), g) for g, f in
@@ -456,14 +458,14 @@ class FGD(Policy):
         top = max(s for s, _ in scored)
         return top, {g for s, g in scored if s == top}
 
-    def score(self, node: NodeState, pod: PodRequest) -> int:
+    def score(self, node: ShareNode, pod: PodRequest) -> int:
         if pod.is_share:
             return self._share(node, pod)[0]
         gpus = tuple(sorted(node.gpu_free, reverse=True))
         before = self.mix.fragmentation(node.cpu_free, gpus, node.gpu_model)
         return fgd_score_value(before, fgd_after(node.cpu_free, gpus, node.gpu_model, pod, self.mix))
 
-    def select_gpus(self, node: NodeState, pod: PodRequest) -> tuple[int, ...]:
+    def select_gpus(self, node: ShareNode, pod: PodRequest) -> tuple[int, ...]:
         if pod.gpu_count == 0:
             return ()
         if pod.is_share:
@@ -506,7 +508,7 @@ class PhalanxPack(Policy):
         return (self.mix.fragmentation(cpu_free, gpus_desc, gpu_model)
                 + self.stranding_weight * self.stranded(cpu_free, sum(gpus_desc)))
 
-    def _share(self, node: NodeState, pod: PodRequest) -> tuple[int, set[int]]:
+    def _share(self, node: ShareNode, pod: PodRequest) -> tuple[int, set[int]]:
         gpus = tuple(sorted(node.gpu_free, reverse=True))
         before = self.fragmentation(node.cpu_free, gpus, node.gpu_model)
         cpu_after = node.cpu_free - pod.cpu_milli
@@ -526,7 +528,7 @@ class PhalanxPack(Policy):
         top = max(s for s, _ in scored)
         return top, {g for s, g in scored if s == top}
 
-    def score(self, node: NodeState, pod: PodRequest) -> int:
+    def score(self, node: ShareNode, pod: PodRequest) -> int:
         if pod.is_share:
             return self._share(node, pod)[0]
         gpus = tuple(sorted(node.gpu_free, reverse=True))
@@ -535,7 +537,7 @@ class PhalanxPack(Policy):
                                    node.gpu_model)
         return fgd_score_value(before, after)
 
-    def select_gpus(self, node: NodeState, pod: PodRequest) -> tuple[int, ...]:
+    def select_gpus(self, node: ShareNode, pod: PodRequest) -> tuple[int, ...]:
         if pod.gpu_count == 0:
             return ()
         if pod.is_share:
@@ -564,8 +566,8 @@ def make_policy(name: str, mix: TargetMix | None = None, seed: int | str = 0) ->
 # --------------------------------------------------------------------------- one-shot placement
 
 
-def place_one(nodes: Sequence[NodeState], pod: PodRequest, policy: Policy,
-              rng: random.Random | None = None) -> Placement | None:
+def place_one(nodes: Sequence[ShareNode], pod: PodRequest, policy: Policy,
+              rng: random.Random | None = None) -> ShareChoice | None:
     """Filter and score ``nodes`` for one pod and return the policy's choice (nodes unchanged).
 
     Equal scores go to the earliest node in ``nodes``; a randomized policy (random fit) draws
@@ -576,33 +578,33 @@ def place_one(nodes: Sequence[NodeState], pod: PodRequest, policy: Policy,
         return None
     if policy.randomized:
         i = feasible[(rng or random.Random(0)).randrange(len(feasible))]
-        return Placement(i, policy.select_gpus(nodes[i], pod), 0)
+        return ShareChoice(i, policy.select_gpus(nodes[i], pod), 0)
     best_i, best_s = feasible[0], policy.score(nodes[feasible[0]], pod)
     for i in feasible[1:]:
         s = policy.score(nodes[i], pod)
         if s > best_s:
             best_i, best_s = i, s
-    return Placement(best_i, policy.select_gpus(nodes[best_i], pod), best_s)
+    return ShareChoice(best_i, policy.select_gpus(nodes[best_i], pod), best_s)
 
 
-def random_fit(nodes: Sequence[NodeState], pod: PodRequest, rng: random.Random) -> Placement | None:
+def random_fit(nodes: Sequence[ShareNode], pod: PodRequest, rng: random.Random) -> ShareChoice | None:
     """Random fit: a uniformly random feasible node and a random GPU that fits (drawn from rng)."""
     policy = RandomFit()
     policy.rng = rng
     return place_one(nodes, pod, policy, rng)
 
 
-def best_fit(nodes: Sequence[NodeState], pod: PodRequest) -> Placement | None:
+def best_fit(nodes: Sequence[ShareNode], pod: PodRequest) -> ShareChoice | None:
     """The paper's best fit (:class:`BestFit`) over ``nodes``."""
     return place_one(nodes, pod, BestFit())
 
 
-def fgd(nodes: Sequence[NodeState], pod: PodRequest, mix: TargetMix) -> Placement | None:
+def fgd(nodes: Sequence[ShareNode], pod: PodRequest, mix: TargetMix) -> ShareChoice | None:
     """Fragmentation Gradient Descent (:class:`FGD`) over ``nodes``."""
     return place_one(nodes, pod, FGD(mix))
 
 
-def phalanx_pack(nodes: Sequence[NodeState], pod: PodRequest, mix: TargetMix) -> Placement | None:
+def phalanx_pack(nodes: Sequence[ShareNode], pod: PodRequest, mix: TargetMix) -> ShareChoice | None:
     """Phalanx's policy (:class:`PhalanxPack`) over ``nodes``."""
     return place_one(nodes, pod, PhalanxPack(mix))
 
@@ -623,7 +625,7 @@ class ShareCluster:
     request), so nodes in the same state are scored once.
     """
 
-    def __init__(self, nodes: Sequence[NodeState], policy: Policy, rng: random.Random | None = None):
+    def __init__(self, nodes: Sequence[ShareNode], policy: Policy, rng: random.Random | None = None):
         self.nodes = list(nodes)
         self.policy = policy
         self.rng = rng if rng is not None else random.Random(0)
@@ -671,7 +673,7 @@ class ShareCluster:
         self._vectors[pod] = (vec, len(changes))
         return vec
 
-    def choose(self, pod: PodRequest) -> Placement | None:
+    def choose(self, pod: PodRequest) -> ShareChoice | None:
         """Where the policy would put ``pod`` (nothing is changed), or None if it fits nowhere."""
         vec = self._vector(pod)
         if self.policy.randomized:
@@ -686,7 +688,7 @@ class ShareCluster:
                 return None
             score, rest = divmod(top, self._stride)
             i = self._n - rest
-        return Placement(i, self.policy.select_gpus(self.nodes[i], pod), score)
+        return ShareChoice(i, self.policy.select_gpus(self.nodes[i], pod), score)
 
     def _changed(self, i: int) -> None:
         self._changes.append(i)
@@ -694,19 +696,19 @@ class ShareCluster:
             self._changes.clear()
             self._vectors.clear()
 
-    def place(self, pod: PodRequest, placement: Placement) -> None:
+    def place(self, pod: PodRequest, placement: ShareChoice) -> None:
         """Apply a placement (from :meth:`choose`, or any feasible one)."""
         self.nodes[placement.node].allocate(pod, placement.gpu_ids)
         self.gpu_allocated += pod.total_gpu_milli
         self._changed(placement.node)
 
-    def remove(self, pod: PodRequest, placement: Placement) -> None:
+    def remove(self, pod: PodRequest, placement: ShareChoice) -> None:
         """Undo :meth:`place` (the pod left)."""
         self.nodes[placement.node].release(pod, placement.gpu_ids)
         self.gpu_allocated -= pod.total_gpu_milli
         self._changed(placement.node)
 
-    def schedule(self, pod: PodRequest) -> Placement | None:
+    def schedule(self, pod: PodRequest) -> ShareChoice | None:
         """Choose and place; None (and nothing changes) when the pod fits nowhere."""
         placement = self.choose(pod)
         if placement is not None:
