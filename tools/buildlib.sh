@@ -3,8 +3,9 @@
 # fail loudly. Source it after setting HERE (the tool's directory); then:
 #
 #   KEY=...; BIN_DIR=...; BINARIES=(...)   # what the cache holds
+#   CACHE_FILES=(...)     # optional: other files (relative to BIN_DIR) a complete cache has
 #   begin_build "$@"      # --print-bin-dir / --force / --help; exits 0 when already cached
-#   build NAME MODULE_DIR PACKAGE LDFLAGS  # once per binary
+#   build NAME MODULE_DIR PACKAGE LDFLAGS  # once per binary (kept when already built, unless --force)
 #   finish_build [key=value ...]           # writes the marker, prints the summary and BIN_DIR
 #
 # The machine's go env (GOPROXY, GOSUMDB, GOFLAGS, GOCACHE, GOMODCACHE) is used as is.
@@ -27,18 +28,20 @@ _cache_complete() {
 	[[ -f "$BIN_DIR/.build-complete" ]] || return 1
 	local b
 	for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+	for b in ${CACHE_FILES[@]+"${CACHE_FILES[@]}"}; do [[ -f "$BIN_DIR/$b" ]] || return 1; done
 }
 
 begin_build() {
-	local force=0 script=${BASH_SOURCE[1]}
+	local script=${BASH_SOURCE[1]}
+	FORCE=0
 	case "${1:-}" in
 		--print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
-		--force) force=1 ;;
+		--force) FORCE=1 ;;
 		"") ;;
 		-h|--help) sed -n '2,/^set -euo/p' "$script" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
 		*) die "unknown argument: $1 (use --print-bin-dir, --force or --help)" ;;
 	esac
-	if [[ $force == 0 ]] && _cache_complete; then
+	if [[ $FORCE == 0 ]] && _cache_complete; then
 		log "cached: $BIN_DIR ($(tr '\n' ' ' < "$BIN_DIR/.build-complete"))"
 		echo "$BIN_DIR"
 		exit 0
@@ -49,7 +52,7 @@ begin_build() {
 	exec 9>"$BIN_DIR/.lock"
 	if command -v flock >/dev/null; then
 		flock 9 || die "cannot lock $BIN_DIR/.lock"
-		if [[ $force == 0 ]] && _cache_complete; then
+		if [[ $FORCE == 0 ]] && _cache_complete; then
 			log "cached (built by a concurrent run): $BIN_DIR"
 			echo "$BIN_DIR"
 			exit 0
@@ -61,9 +64,16 @@ begin_build() {
 	SUMMARY=()
 }
 
-# build NAME MODULE_DIR PACKAGE LDFLAGS: go build into NAME.tmp, then rename (atomic).
+# build NAME MODULE_DIR PACKAGE LDFLAGS: go build into NAME.tmp, then rename (atomic). A binary
+# already in BIN_DIR is complete (only renamed there whole) and is kept unless --force: a cache
+# that lacks only a newly added tool builds just that tool.
 build() {
 	local name=$1 dir=$2 pkg=$3 ldflags=$4 start=$SECONDS secs
+	if [[ $FORCE == 0 && -x "$BIN_DIR/$name" ]]; then
+		SUMMARY+=("$(printf '%-24s  kept  %s' "$name" "$(du -h "$BIN_DIR/$name" | cut -f1)")")
+		log "[$name] already built, kept (use --force to rebuild)"
+		return 0
+	fi
 	log "[$name] go build $pkg (in ${HERE#"$(dirname "$(dirname "$HERE")")/"}/$dir) ..."
 	if ! (cd "$HERE/$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
 			-o "$BIN_DIR/$name.tmp" "$pkg") >&2; then
@@ -72,7 +82,7 @@ build() {
 	fi
 	mv -f "$BIN_DIR/$name.tmp" "$BIN_DIR/$name"
 	secs=$((SECONDS - start))
-	SUMMARY+=("$(printf '%-15s %5ss  %s' "$name" "$secs" "$(du -h "$BIN_DIR/$name" | cut -f1)")")
+	SUMMARY+=("$(printf '%-24s %5ss  %s' "$name" "$secs" "$(du -h "$BIN_DIR/$name" | cut -f1)")")
 	log "[$name] done in ${secs}s"
 }
 
