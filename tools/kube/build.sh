@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build the test control plane (kube-apiserver, kube-scheduler, etcd, kwok) from the
-# Go modules in tools/kube/{k8s,etcd,kwok} into a cache OUTSIDE the work tree:
+# Build the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
+# kwok) from the Go modules in tools/kube/{k8s,etcd,kwok} into a cache OUTSIDE the work tree:
 #
 #   ${PHALANX_KUBE_CACHE:-$HOME/.cache/phalanx-kube}/<version-key>/
-#       kube-apiserver kube-scheduler etcd kwok .build-complete
+#       kube-apiserver kube-controller-manager kube-scheduler etcd kwok .build-complete
 #
 # <version-key> is derived from the wrapper go.mod files, e.g. v1.36.3-etcd3.6.16-kwok0.8.0.
 #
@@ -30,11 +30,11 @@ KWOK_VERSION=$(modver kwok sigs.k8s.io/kwok)           # v0.8.0
 KEY="${KUBE_VERSION}-etcd${ETCD_VERSION#v}-kwok${KWOK_VERSION#v}"
 CACHE_ROOT=${PHALANX_KUBE_CACHE:-$HOME/.cache/phalanx-kube}
 BIN_DIR="$CACHE_ROOT/$KEY"
-BINARIES=(kube-apiserver kube-scheduler etcd kwok)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
 
 begin_build "$@"
 
-# kube-apiserver / kube-scheduler: the ldflags of upstream hack/lib/version.sh, else the
+# kube-apiserver / kube-scheduler / kube-controller-manager: the ldflags of upstream hack/lib/version.sh, else the
 # binaries report v0.0.0-master+$Format:%H$.
 KMAJ=${KUBE_VERSION#v}; KMAJ=${KMAJ%%.*}
 KMIN=${KUBE_VERSION#v*.}; KMIN=${KMIN%%.*}
@@ -50,12 +50,14 @@ WLDF="-s -w -X 'sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}'"
 
 build kube-apiserver k8s  k8s.io/kubernetes/cmd/kube-apiserver "$KLDF"
 build kube-scheduler k8s  k8s.io/kubernetes/cmd/kube-scheduler "$KLDF"
+build kube-controller-manager k8s k8s.io/kubernetes/cmd/kube-controller-manager "$KLDF"
 build etcd           etcd go.etcd.io/etcd/server/v3            "$ELDF"
 build kwok           kwok sigs.k8s.io/kwok/cmd/kwok            "$WLDF"
 
 # Smoke: every binary must at least print its version.
 "$BIN_DIR/kube-apiserver" --version >&2 || die "kube-apiserver --version failed"
 "$BIN_DIR/kube-scheduler" --version >&2 || die "kube-scheduler --version failed"
+"$BIN_DIR/kube-controller-manager" --version >&2 || die "kube-controller-manager --version failed"
 "$BIN_DIR/etcd" --version >&2           || die "etcd --version failed"
 "$BIN_DIR/kwok" --version >&2           || die "kwok --version failed"
 
