@@ -22,10 +22,12 @@ demo: install
 test: install kube
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
-## Build (or reuse) the Go-built test tools: the Kubernetes control plane and the Jaeger trace
-## receiver (cached outside the work tree; seconds when cached, ~7 + ~5 min cold on 2 cores).
+## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with
+## kube-controller-manager), the JobSet controller and MPI Operator, and the Jaeger trace receiver
+## (cached outside the work tree; seconds when cached; cold times in tools/*/README.md).
 kube:
 	bash tools/kube/build.sh >/dev/null
+	bash tools/controllers/build.sh >/dev/null
 	bash tools/traces/build.sh >/dev/null
 
 test-e2e: install kube
