@@ -1,0 +1,102 @@
+"""Phalanx on pods the real controllers create: the seed's JobSet ``gang-nccl-test`` applied as
+written (image aside) to the JobSet controller, whose Job the Job controller turns into 7 pods,
+which the Phalanx services (own processes, ``--cluster kube``) place and bind.
+
+The cluster: four kwok nodes of 4 GPUs (one RDMA NIC each), two per network-pod, every node on
+its own HyperNode and leaf switch. A gang of 7 one-GPU pods needs two nodes, so it lands whole
+only if placement keeps it inside one network-pod.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import yaml
+from kubecontrollers import wait_for
+from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
+from test_seed_examples import EXAMPLES, SERVICES, condition
+
+from phalanx_runtime.stack import ClusterFile, Stack
+
+pytestmark = pytest.mark.e2e
+
+TOPOLOGY_4GPU = EXAMPLES / "topology" / "pcie-4xL40S-handwritten.yaml"
+NETWORK_POD = "phalanx.io/network-pod"
+
+
+@pytest.fixture(scope="module")
+def stack4(jobset_controller: ControlPlane, kube_api: KubeApi, tmp_path_factory):
+    """Four 4-GPU kwok nodes in two network-pods and the whole stack on the real API."""
+    kube_api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "lj-runtime"},
+        "handler": "lj-runtime"}, ok=(409,))
+    work = tmp_path_factory.mktemp("e2e-ctl")
+    nodes = []
+    for netpod in ("np-a", "np-b"):
+        for _ in range(2):
+            name = unique("e2e-ctl")
+            labels = {"lj_runtimekit_enable": "true", "phalanx.io/hypernode": f"hn-{name}",
+                      "phalanx.io/leaf-switch": f"leaf-{name}", NETWORK_POD: netpod}
+            topo = yaml.safe_load(TOPOLOGY_4GPU.read_text())
+            topo["node"] = name
+            (work / f"{name}.yaml").write_text(yaml.safe_dump(topo))
+            kube_api.create_node(fake_gpu_node(name, gpus=4, labels=labels))
+            nodes.append({"name": name, "labels": labels, "topology": f"{name}.yaml"})
+    names = [n["name"] for n in nodes]
+    wait_for(lambda: all(condition(kube_api.get(f"/api/v1/nodes/{n}"), "Ready") for n in names), 30,
+             "kwok to mark the nodes Ready")
+    cluster_file = work / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump({"nodes": nodes}))
+    kube_args = ["--cluster", "kube", "--kubeconfig", str(jobset_controller.kubeconfig)]
+    stack = Stack(ClusterFile.load(cluster_file), workdir=str(work / "stack"),
+                  service_args={s: kube_args for s in SERVICES})
+    stack.start_nats()
+    try:
+        stack.start_services(timeout_s=90)
+        wait_for(lambda: all(kube_api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core")
+                             == "400" for n in names), 30, "topology-discovery to patch node capacity")
+        stack.network_pods = {n["name"]: n["labels"][NETWORK_POD] for n in nodes}  # type: ignore[attr-defined]
+        yield stack
+    finally:
+        stack.stop()
+
+
+def dump(stack: Stack) -> str:
+    return "\n".join(stack.tail(n, 30) for n in ("gang-coordinator", "placement", "binder"))
+
+
+def test_the_seed_jobset_from_the_controller_lands_whole_within_one_network_pod(stack4, kube_api, kube_ns):
+    jobset = yaml.safe_load((EXAMPLES / "pods" / "gang-nccl-test.yaml").read_text())
+    jobset["metadata"]["namespace"] = kube_ns
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["image"] = \
+        "registry.example/nccl:latest"
+    kube_api.post(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{kube_ns}/jobsets", jobset)
+    selector = {"labelSelector": "jobset.sigs.k8s.io/jobset-name=gang-nccl-test"}
+
+    def all_bound():
+        pods = kube_api.get(f"/api/v1/namespaces/{kube_ns}/pods", query=selector)["items"]
+        return len(pods) == 7 and all(p["spec"].get("nodeName") for p in pods) and pods
+
+    try:
+        pods = wait_for(all_bound, 120, "the JobSet's 7 pods to be bound")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{dump(stack4)}") from None
+    placed = [json.loads(p["metadata"]["annotations"]["phalanx.io/assignment"]) for p in pods]
+    assert {a["pod"]["uid"] for a in placed} == {p["metadata"]["uid"] for p in pods}
+    per_node = Counter(p["spec"]["nodeName"] for p in pods)
+    assert sorted(per_node.values()) == [3, 4], per_node  # two nodes, filled tightest first
+    assert len({stack4.network_pods[n] for n in per_node}) == 1, per_node
+    used = [(a["node"], g) for a in placed for g in a["gpus"]]
+    assert len(used) == len(set(used)) == 7
+    assert all(a["nics"] == ["mlx5_0"] for a in placed)
+    # kwok plays the kubelet for the controller's pods too.
+    wait_for(lambda: {p["status"].get("phase") for p in kube_api.get(
+        f"/api/v1/namespaces/{kube_ns}/pods", query=selector)["items"]} == {"Running"}, 30,
+        "kwok to run the 7 pods")
+
+
+def test_every_service_process_is_still_running(stack4):
+    dead = {n: sp.proc.returncode for n, sp in stack4.procs.items() if sp.proc.poll() is not None}
+    assert dead == {}, dump(stack4)
