@@ -62,8 +62,11 @@ class Channel:
 
 CHANNELS = (
     Channel("gangPlacement", _address(S.placement_subject(_GANG)),
-            (E.tag_of(E.PlacementRequested), E.tag_of(E.ReleaseRequested)), "gang-coordinator", "placement",
-            "Commands to placement: place and reserve a whole gang (all or nothing), or drop its reservations.",
+            (E.tag_of(E.PlacementRequested), E.tag_of(E.ReleaseRequested), E.tag_of(E.AdoptRequested)),
+            "gang-coordinator", "placement",
+            "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
+            "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
+            "against the gang's record in KV phx-gangs and the ledger.",
             S.STREAM_GANG, "placement"),
     Channel("gangBinder", _address(S.binder_subject(_GANG)), (E.tag_of(E.BindRequested),),
             "gang-coordinator", "binder", "Commands to binder: annotate and bind one placed member.",
@@ -102,8 +105,8 @@ CHANNELS = (
             "attempt is still running.", S.STREAM_DEADLINE, "gang-coordinator-deadline"),
     Channel("deadLetter", _address(S.dead_letter_subject(_STREAM, _CONSUMER)), ("dead_letter",),
             "every consumer", "operators",
-            "Messages a consumer gave up on (undecodable, or refused with PermanentError): the original "
-            "payload with the error and origin in headers.", S.STREAM_DEAD_LETTER),
+            "Messages a consumer gave up on (undecodable, refused with PermanentError, or failed on their last "
+            "delivery): the original payload with the error and origin in headers.", S.STREAM_DEAD_LETTER),
     Channel("kvGangs", f"$KV.{S.KV_GANGS}.{{gang}}", ("kv.GangState",), "gang-coordinator",
             "phalanx explain, subscribers",
             "KV phx-gangs: the saga state of each gang (watch it as a subscription on this subject, or with a "

@@ -8,12 +8,17 @@ service reads a newer event.
 
 Every event has an ``idempotency_key`` (``key()``): it is also the ``Nats-Msg-Id`` it is
 published with, so a republished command is dropped by the server's duplicate window and a
-redelivered one is recognised by its handler.
+redelivered one is recognised by its handler. Keys name the pods they are about by uid
+(contract C2): a per-pod message carries ``<namespace>/<name>/<uid>``, a gang-level one a
+digest of its pods' uids (``uid_digest``). So a pod recreated under the same name, or a gang
+recreated under the same id, is a new message, not a duplicate of the old one.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 import msgspec
@@ -57,6 +62,18 @@ def request_kind(*, gpus: int, core_pct: int, memory_mib: int, mig: bool) -> Req
     if core_pct or memory_mib:
         return RequestKind.TDM
     return RequestKind.WHOLE if gpus else RequestKind.NONE
+
+
+def pod_key(pod: PodRef) -> str:
+    """``<namespace>/<name>/<uid>``: one pod, not one pod name (a recreated pod is another)."""
+    return f"{pod.namespace}/{pod.name}/{pod.uid}"
+
+
+def uid_digest(pods: Iterable[PodRef]) -> str:
+    """A short digest of a set of pods by uid (order does not matter): the part of a
+    gang-level idempotency key that tells one incarnation of a gang from another."""
+    text = "\n".join(sorted(pod_key(p) for p in pods))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -114,8 +131,15 @@ class GangEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
     attempt: Attempt = 1
 
     def key(self) -> str:
-        """The idempotency key, also sent as ``Nats-Msg-Id``."""
-        return f"{self.__struct_config__.tag}:{self.gang_id}:{self.attempt}"
+        """The idempotency key, also sent as ``Nats-Msg-Id``: tag, gang, attempt and the
+        pods the event is about (``scope``)."""
+        base = f"{self.__struct_config__.tag}:{self.gang_id}:{self.attempt}"
+        scope = self.scope()
+        return f"{base}:{scope}" if scope else base
+
+    def scope(self) -> str:
+        """The pods part of the key: a pod's ``pod_key`` or a digest of several pods' uids."""
+        return ""
 
 
 class GangAdmitted(GangEvent, tag="gang.admitted"):
@@ -124,17 +148,29 @@ class GangAdmitted(GangEvent, tag="gang.admitted"):
     members: tuple[PodRef, ...] = ()
     min_member: NonNegative = 1
 
+    def scope(self) -> str:
+        return uid_digest(self.members)
+
 
 class PlacementRequested(GangEvent, tag="placement.requested"):
-    """Command to placement: find room for every member, all or nothing, and reserve it."""
+    """Command to placement: find room for every member, all or nothing, and reserve it.
+
+    Placement accepts it only when the gang's record in ``phx-gangs`` is at this attempt and
+    names every one of these members (docs/saga.md, "Checks")."""
 
     members: tuple[MemberSpec, ...] = ()
+
+    def scope(self) -> str:
+        return uid_digest(m.pod for m in self.members)
 
 
 class Placed(GangEvent, tag="gang.placed"):
     """Reply from placement: the reservation is committed in the ledger."""
 
     assignments: tuple[Assignment, ...] = ()
+
+    def scope(self) -> str:
+        return uid_digest(a.pod for a in self.assignments)
 
 
 class PlacementFailed(GangEvent, tag="gang.placement_failed"):
@@ -146,15 +182,21 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
     fits_empty_cluster: bool = True
     """False when the gang would not fit even if every current reservation were gone: waiting
     cannot help, so it must not hold other gangs back (fairness gate)."""
+    members: tuple[PodRef, ...] = ()
+    """The pods of the request this answers (so a reply is matched to one gang incarnation)."""
+
+    def scope(self) -> str:
+        return uid_digest(self.members)
 
 
 class BindRequested(GangEvent, tag="bind.requested"):
-    """Command to binder: annotate and bind one member."""
+    """Command to binder: annotate and bind one member. Binder binds only what the ledger
+    holds for this gang, attempt and pod uid (docs/saga.md, "Checks")."""
 
     assignment: Assignment
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.assignment.pod}"
+    def scope(self) -> str:
+        return pod_key(self.assignment.pod)
 
 
 class Bound(GangEvent, tag="gang.bound"):
@@ -163,8 +205,8 @@ class Bound(GangEvent, tag="gang.bound"):
     pod: PodRef
     node: str
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
+    def scope(self) -> str:
+        return pod_key(self.pod)
 
 
 class BindFailed(GangEvent, tag="gang.bind_failed"):
@@ -173,25 +215,42 @@ class BindFailed(GangEvent, tag="gang.bind_failed"):
     pod: PodRef
     reason: str
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
+    def scope(self) -> str:
+        return pod_key(self.pod)
 
 
 class RollbackStarted(GangEvent, tag="gang.rollback"):
     """gang-coordinator gives the attempt up and runs its compensations."""
 
     reason: str = ""
+    members_digest: str = ""
+    """``uid_digest`` of the attempt's members."""
+
+    def scope(self) -> str:
+        return self.members_digest
 
 
 class ReleaseRequested(GangEvent, tag="placement.release_requested"):
-    """Command to placement: drop the gang's reservations for ``attempt`` (or only ``pods``)."""
+    """Command to placement: drop exactly the reservations of (gang, attempt, pod uid) for
+    each of ``pods`` — never another attempt's, never by name alone (contract C1)."""
 
     reason: str = ""
     pods: tuple[PodRef, ...] = ()
 
-    def key(self) -> str:
-        suffix = ",".join(str(p) for p in self.pods)
-        return f"{super().key()}:{suffix}" if suffix else super().key()
+    def scope(self) -> str:
+        return uid_digest(self.pods)
+
+
+class AdoptRequested(GangEvent, tag="placement.adopt_requested"):
+    """Command to placement from gang-coordinator's reconciler: a pod with a Phalanx
+    schedulerName is bound to ``assignment.node`` without a reservation; record one for it if
+    its GPUs are free there (never a GPU booked twice), as (gang, attempt, pod uid)."""
+
+    assignment: Assignment
+    reason: str = ""
+
+    def scope(self) -> str:
+        return pod_key(self.assignment.pod)
 
 
 class Released(GangEvent, tag="gang.released"):
@@ -199,15 +258,17 @@ class Released(GangEvent, tag="gang.released"):
 
     pods: tuple[PodRef, ...] = ()
 
-    def key(self) -> str:
-        suffix = ",".join(str(p) for p in self.pods)
-        return f"{super().key()}:{suffix}" if suffix else super().key()
+    def scope(self) -> str:
+        return uid_digest(self.pods)
 
 
 class GangScheduled(GangEvent, tag="gang.scheduled"):
     """Every member is bound: the attempt succeeded."""
 
     assignments: tuple[Assignment, ...] = ()
+
+    def scope(self) -> str:
+        return uid_digest(a.pod for a in self.assignments)
 
 
 class GangPending(GangEvent, tag="gang.pending"):
@@ -219,16 +280,24 @@ class GangPending(GangEvent, tag="gang.pending"):
 class GangDeadline(GangEvent, tag="gang.deadline"):
     """The attempt's deadline: published by gang-coordinator as a JetStream scheduled message
     when the attempt starts (``phx.deadline.sched.<gang>``) and delivered by the server at the
-    deadline to ``phx.deadline.fired.<gang>``. Ignored unless ``attempt`` is still running."""
+    deadline to ``phx.deadline.fired.<gang>``. Ignored unless ``attempt`` is still running
+    with exactly these members (``members_digest``)."""
+
+    members_digest: str = ""
+    """``uid_digest`` of the attempt's members: a deadline of an earlier incarnation of the
+    gang (same id, same attempt number, other pods) is not this attempt's."""
+
+    def scope(self) -> str:
+        return self.members_digest
 
 
 GANG_EVENTS = (
     GangAdmitted, PlacementRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
-    RollbackStarted, ReleaseRequested, Released, GangScheduled, GangPending, GangDeadline,
+    RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
 )
 AnyGangEvent = (
     GangAdmitted | PlacementRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
-    | RollbackStarted | ReleaseRequested | Released | GangScheduled | GangPending | GangDeadline
+    | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
 )
 
 
@@ -279,48 +348,38 @@ class NodeEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
         return f"{self.__struct_config__.tag}:{self.node}:{self.gang_id}:{self.attempt}"
 
 
-class MigPrepareRequested(NodeEvent, tag="mig.prepare_requested"):
-    """Command: create a MIG instance of ``profile`` at ``start`` on ``gpu`` for ``pod``."""
+class _PodNodeEvent(NodeEvent, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """A node event about one pod: its key carries the pod's uid (C2)."""
 
     pod: PodRef
+
+    def key(self) -> str:
+        return f"{super().key()}:{pod_key(self.pod)}"
+
+
+class MigPrepareRequested(_PodNodeEvent, tag="mig.prepare_requested"):
+    """Command: create a MIG instance of ``profile`` at ``start`` on ``gpu`` for ``pod``."""
+
     gpu: NonNegative = 0
     profile: str = ""
     start: NonNegative = 0
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
 
-
-class MigDestroyRequested(NodeEvent, tag="mig.destroy_requested"):
-    pod: PodRef
+class MigDestroyRequested(_PodNodeEvent, tag="mig.destroy_requested"):
     gpu: NonNegative = 0
     instance_uuid: str = ""
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
 
-
-class MigReady(NodeEvent, tag="mig.ready"):
-    pod: PodRef
+class MigReady(_PodNodeEvent, tag="mig.ready"):
     instance_uuid: str
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
 
-
-class MigFailed(NodeEvent, tag="mig.failed"):
-    pod: PodRef
+class MigFailed(_PodNodeEvent, tag="mig.failed"):
     reason: str
 
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
 
-
-class MigDestroyed(NodeEvent, tag="mig.destroyed"):
-    pod: PodRef
-
-    def key(self) -> str:
-        return f"{super().key()}:{self.pod}"
+class MigDestroyed(_PodNodeEvent, tag="mig.destroyed"):
+    pass
 
 
 NODE_EVENTS = (MigPrepareRequested, MigDestroyRequested, MigReady, MigFailed, MigDestroyed)

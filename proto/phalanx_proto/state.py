@@ -1,21 +1,51 @@
-"""Values stored in the shared KV buckets: saga state (``phx-gangs``) and the ledger
-(``phx-ledger``). They are part of the contract because ``phalanx explain`` and other systems
-read them; like events they accept unknown fields and only grow fields with defaults.
+"""Values stored in the shared KV buckets: saga state (``phx-gangs``), the ledger
+(``phx-ledger``), MIG ownership (``phx-mig``), gang-coordinator's lease and reconciler report
+(``phx-leases``), and the rules a value must keep to be believed (``BUCKETS``). They are part
+of the contract because ``phalanx explain``, ``phalanx doctor`` and other systems read them;
+like events they accept unknown fields and only grow fields with defaults.
+
+A value that does not decode or breaks its bucket's rule is *bad*: every reader skips it,
+counts it and names it (``phalanx_bus.records``), and ``phalanx doctor`` lists it.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import msgspec
 
-from phalanx_proto.events import Assignment, MemberSpec, Phase, PodRef
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    Assignment,
+    MemberSpec,
+    NodeHeartbeat,
+    NodeTopologyReported,
+    Phase,
+    PodRef,
+    RequestKind,
+    pod_key,
+)
+
+MAX_GANG_TIMEOUT_S = 7 * 24 * 3600.0
+"""The largest per-gang attempt deadline (``phalanx.io/gang-timeout-seconds``): a week."""
+MAX_GANG_MEMBERS = 10_000
+"""The largest gang (min-member): a decision commits at most 1,000 nodes at once anyway."""
 
 
 class Allocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One member's reservation on one node."""
+    """One member's reservation on one node: the authority for what may be bound there.
+
+    ``(gang_id, attempt, pod uid)`` name it exactly; a release must name all three."""
 
     gang_id: str
     attempt: int
     assignment: Assignment
+    adopted: bool = False
+    """Recorded for a pod found bound without a reservation (the reconciler's repair), not by
+    a placement decision."""
 
 
 class NodeLedger(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -27,7 +57,9 @@ class NodeLedger(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 def alloc_key(pod: PodRef) -> str:
-    return f"{pod.namespace}/{pod.name}"
+    """Key of a pod's allocation in ``NodeLedger.allocations``: ``<namespace>/<name>/<uid>``
+    (contract C1), so a recreated pod (same name, new uid) never matches the old one's."""
+    return pod_key(pod)
 
 
 class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -65,5 +97,162 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Members deleted by the ``unbind`` compensation (so their deletion is not a new failure)."""
 
 
+class MigRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who owns the MIG instance at one GPU start slot of a node (KV ``phx-mig``, key
+    ``mig_record_key``). Written only by that node's mig-manager; gang-coordinator's
+    reconciler and ``phalanx doctor`` read it."""
+
+    node: str
+    gpu: int
+    start: int
+    profile: str
+    gang_id: str
+    attempt: int
+    pod: PodRef
+    state: str = "creating"
+    """``creating`` (intent, written before the create) or ``ready`` (verified)."""
+    uuid: str = ""
+    gi_id: int = -1
+    updated_at: float = 0.0
+
+    def owned_by(self, gang_id: str, attempt: int, pod: PodRef) -> bool:
+        return (self.gang_id, self.attempt, str(self.pod)) == (gang_id, attempt, str(pod))
+
+
+def mig_record_key(node: str, gpu: int, start: int) -> str:
+    return f"{S.token(node)}.{gpu}.{start}"
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A lease in ``phx-leases``: held by ``owner`` until ``expires_at`` (unix seconds), taken
+    and renewed by compare-and-set on the entry's revision."""
+
+    name: str
+    owner: str
+    expires_at: float
+    acquired_at: float = 0.0
+
+
+class ReconcilerReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What gang-coordinator's reconciler found in its last pass (``phx-leases``, key
+    ``RECONCILER_REPORT_KEY``): findings by kind (0 is healthy), and a few lines naming them."""
+
+    owner: str
+    at: float
+    findings: dict[str, int] = {}
+    details: tuple[str, ...] = ()
+    repairs: dict[str, int] = {}
+    """Repairs asked for in that pass, by action."""
+
+
+RECONCILER_LEASE_KEY = "gang-coordinator.reconciler"
+RECONCILER_REPORT_KEY = "gang-coordinator.reconciler-report"
+
 gang_state_decoder = msgspec.json.Decoder(GangState)
 ledger_decoder = msgspec.json.Decoder(NodeLedger)
+report_decoder = msgspec.json.Decoder(NodeTopologyReported)
+heartbeat_decoder = msgspec.json.Decoder(NodeHeartbeat)
+mig_record_decoder = msgspec.json.Decoder(MigRecord)
+lease_decoder = msgspec.json.Decoder(Lease)
+reconciler_report_decoder = msgspec.json.Decoder(ReconcilerReport)
+
+
+# --- the rules a stored value must keep --------------------------------------------------------
+
+def gpu_conflicts(allocations: list[Assignment] | tuple[Assignment, ...]) -> list[str]:
+    """Where these reservations on one node book a GPU twice, one sentence each (empty: none).
+
+    A GPU holds one whole-GPU reservation, or TDM shares whose core percentages add up to at
+    most 100, or MIG instances at distinct start slots; never two kinds at once (R5). GPU
+    memory is not checked here (it needs the node's topology)."""
+    by_gpu: dict[int, list[Assignment]] = defaultdict(list)
+    for a in allocations:
+        for g in set(a.gpus):
+            by_gpu[g].append(a)
+    out = []
+    for gpu, held in sorted(by_gpu.items()):
+        if len(held) < 2:
+            continue
+        kinds = {a.kind for a in held}
+        pods = ", ".join(sorted(str(a.pod) for a in held))
+        if len(kinds) > 1 or kinds == {RequestKind.WHOLE}:
+            out.append(f"GPU {gpu} is booked by {pods}")
+        elif kinds == {RequestKind.TDM} and sum(a.core_pct for a in held) > 100:
+            out.append(f"GPU {gpu} shares add up to {sum(a.core_pct for a in held)}% core ({pods})")
+        elif kinds == {RequestKind.MIG} and len({a.mig_start for a in held}) < len(held):
+            out.append(f"GPU {gpu} has two MIG reservations at one start slot ({pods})")
+    return out
+
+
+def ledger_problem(key: str, ledger: NodeLedger) -> str:
+    """Why a ``phx-ledger`` value cannot be believed, or "" when it keeps the rules."""
+    if key != S.token(ledger.node):
+        return f"key {key!r} does not match node {ledger.node!r} (expected {S.token(ledger.node)!r})"
+    for k, alloc in ledger.allocations.items():
+        a = alloc.assignment
+        if k != alloc_key(a.pod):
+            return f"allocation key {k!r} does not name its pod {alloc_key(a.pod)!r}"
+        if a.node != ledger.node:
+            return f"allocation {k!r} is for node {a.node!r}, not {ledger.node!r}"
+        if not a.pod.uid:
+            return f"allocation {k!r} has no pod uid"
+        if any(g < 0 for g in a.gpus) or len(set(a.gpus)) != len(a.gpus):
+            return f"allocation {k!r} has GPU indices {list(a.gpus)}: each must be >= 0 and listed once"
+    conflicts = gpu_conflicts([alloc.assignment for alloc in ledger.allocations.values()])
+    return f"double-booked: {'; '.join(conflicts)}" if conflicts else ""
+
+
+def gang_problem(key: str, state: GangState) -> str:
+    """Why a ``phx-gangs`` value cannot be believed, or "" when it keeps the rules."""
+    if key != S.gang_key(state.gang_id):
+        return f"key {key!r} does not match gang {state.gang_id!r} (expected {S.gang_key(state.gang_id)!r})"
+    if state.attempt < 0 or state.failures < 0:
+        return f"attempt {state.attempt} / failures {state.failures} must be >= 0"
+    if not 1 <= state.min_member <= MAX_GANG_MEMBERS:
+        return f"min_member {state.min_member} is outside 1..{MAX_GANG_MEMBERS}"
+    if not 0 <= state.timeout_s <= MAX_GANG_TIMEOUT_S:
+        return f"timeout_s {state.timeout_s:g} is outside 0..{MAX_GANG_TIMEOUT_S:g}"
+    members = [m.pod for m in state.members]
+    if len(set(members)) != len(members):
+        return "a pod is listed twice among members"
+    stray = [str(a.pod) for a in state.assignments if a.pod not in set(members)]
+    if stray:
+        return f"assignment(s) for non-member(s) {', '.join(stray[:3])}"
+    return ""
+
+
+def report_problem(key: str, report: NodeTopologyReported) -> str:
+    if key != S.token(report.node):
+        return f"key {key!r} does not match node {report.node!r}"
+    indices = [g.index for g in report.topology.gpus]
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        return f"GPU indices {indices}: each must be >= 0 and listed once"
+    return ""
+
+
+def heartbeat_problem(key: str, beat: NodeHeartbeat) -> str:
+    return "" if key == S.token(beat.node) else f"key {key!r} does not match node {beat.node!r}"
+
+
+def mig_record_problem(key: str, record: MigRecord) -> str:
+    expected = mig_record_key(record.node, record.gpu, record.start)
+    return "" if key == expected else f"key {key!r} does not match the record's slot {expected!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRule:
+    """How to read one bucket's values: the decoder and the rule a decoded value must keep."""
+
+    decoder: msgspec.json.Decoder
+    problem: Callable[[str, Any], str]
+
+
+BUCKETS: dict[str, BucketRule] = {
+    S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem),
+    S.KV_GANGS: BucketRule(gang_state_decoder, gang_problem),
+    S.KV_TOPOLOGY: BucketRule(report_decoder, report_problem),
+    S.KV_HEARTBEAT: BucketRule(heartbeat_decoder, heartbeat_problem),
+    S.KV_MIG: BucketRule(mig_record_decoder, mig_record_problem),
+}
+"""Every shared bucket whose values Phalanx believes, with its rule (``phx-leases`` holds
+gang-coordinator's own bookkeeping and is read with ``lease_decoder``/``reconciler_report_decoder``)."""

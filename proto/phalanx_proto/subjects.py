@@ -32,6 +32,10 @@ KV_TOPOLOGY = "phx-topology"
 KV_HEARTBEAT = "phx-heartbeat"
 KV_LEDGER = "phx-ledger"
 KV_GANGS = "phx-gangs"
+KV_MIG = "phx-mig"
+"""MIG ownership records, written by each node's mig-manager (``<node>.<gpu>.<start>``)."""
+KV_LEASES = "phx-leases"
+"""gang-coordinator's leases (one active reconciler) and the reconciler's last report."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -56,7 +56,8 @@ def test_a_newer_sender_with_unknown_fields_is_still_understood(event):
 def test_tags_are_the_stable_names_subscribers_rely_on():
     assert [E.tag_of(t) for t in E.ALL_EVENTS] == [
         "gang.admitted", "placement.requested", "gang.placed", "gang.placement_failed", "bind.requested",
-        "gang.bound", "gang.bind_failed", "gang.rollback", "placement.release_requested", "gang.released",
+        "gang.bound", "gang.bind_failed", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
+            "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed",
     ]
@@ -85,6 +86,24 @@ def test_idempotency_keys_differ_per_member_and_attempt():
         ASSIGNMENT, pod=E.PodRef(namespace="default", name="other")))
     assert len({a.key(), b.key(), other.key()}) == 3
     assert a.key() == E.BindRequested(gang_id="g", attempt=1, assignment=ASSIGNMENT).key()
+
+
+def test_a_recreated_pod_is_a_new_message_not_a_duplicate_of_the_old_one():
+    old = E.PodRef(namespace="default", name="w-0", uid="u-old")
+    new = msgspec.structs.replace(old, uid="u-new")
+    member = E.MemberSpec(pod=old, gpus=1)
+    pairs = [
+        (E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=old, node="n")),
+         E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=new, node="n"))),
+        (E.PlacementRequested(gang_id="g", attempt=1, members=(member,)),
+         E.PlacementRequested(gang_id="g", attempt=1, members=(msgspec.structs.replace(member, pod=new),))),
+        (E.ReleaseRequested(gang_id="g", attempt=1, pods=(old,)), E.ReleaseRequested(gang_id="g", attempt=1, pods=(new,))),
+        (E.MigReady(node="n", gang_id="g", attempt=1, pod=old, instance_uuid="m"),
+         E.MigReady(node="n", gang_id="g", attempt=1, pod=new, instance_uuid="m")),
+        (E.PlacementFailed(gang_id="g", attempt=1, members=(old,)), E.PlacementFailed(gang_id="g", attempt=1, members=(new,))),
+    ]
+    assert [a.key() != b.key() for a, b in pairs] == [True] * len(pairs)
+    assert E.uid_digest([old, new]) == E.uid_digest([new, old])
 
 
 def test_kv_values_round_trip():
