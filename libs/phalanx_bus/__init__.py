@@ -6,7 +6,8 @@ Mechanisms every service uses (style rules 6 and 7):
 * ``Bus.declare`` — streams, KV buckets idempotently at start;
 * ``Bus.publish`` — an event with ``Nats-Msg-Id`` (its idempotency key) and W3C trace headers;
 * ``consume`` (``phalanx_bus.consumer``) — a durable pull-consumer loop with the ack ladder;
-* ``Kv`` — compare-and-set access to a KV bucket.
+* ``Kv`` — compare-and-set access to a KV bucket;
+* ``phalanx_bus.records`` — reading values that may be bad (skipped, counted, named).
 """
 
 from phalanx_bus.bus import (
@@ -21,8 +22,9 @@ from phalanx_bus.bus import (
     tail,
 )
 from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
+from phalanx_bus.records import BadEntry, Record, read_all, read_one
 
 __all__ = [
     "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write", "tail",
-    "Delivery", "PermanentError", "TemporaryError", "consume",
+    "Delivery", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
 ]

@@ -62,6 +62,15 @@ def warn(event: str, **kv: object) -> None:
     log(event, level=logging.WARNING, **kv)
 
 
+def refused(rule: str, why: str, **kv: object) -> None:
+    """A message refused because it does not match the record: one warning naming the rule and
+    the reason, and ``phalanx_refused_messages_total{rule}``. Nothing else happens."""
+    from phalanx_telemetry import metrics
+
+    metrics.REFUSED.inc(rule=rule)
+    warn("refused", rule=rule, why=why, **kv)
+
+
 def setup_tracing(service: str) -> TracerProvider:
     """Install a tracer provider whose exporter is chosen by ``OTEL_TRACES_EXPORTER``."""
     name = os.environ.get("OTEL_SERVICE_NAME", f"phalanx-{service}")

@@ -284,6 +284,26 @@ BUS_CONSUMER_ACK_PENDING = Gauge(
     "phalanx_bus_consumer_ack_pending_messages", "Messages delivered to the consumer and not yet acknowledged.",
     ["stream", "consumer"])
 
+# --- bad KV values (phalanx_bus.records) ------------------------------------------------------
+KV_BUCKET_NAMES = ("phx-ledger", "phx-gangs", "phx-topology", "phx-heartbeat", "phx-mig", "phx-leases")
+KV_INVALID_ENTRIES = Gauge(
+    "phalanx_kv_invalid_entries",
+    "Values in a KV bucket that do not decode or break the bucket's rule, found by this process's last full "
+    "read of the bucket; they are skipped (0 is healthy; `phalanx doctor` names them).",
+    ["bucket"], allowed={"bucket": KV_BUCKET_NAMES})
+
+# --- checks against the record (placement, binder, gang-coordinator) --------------------------
+REFUSAL_RULES = (
+    "unknown_gang", "stale_attempt", "unstarted_attempt", "not_members", "not_placing", "live_release",
+    "unnamed_release", "not_in_ledger", "foreign_scheduler", "unknown_node", "node_disabled", "not_bound",
+    "not_member", "not_recorded", "unreadable_record",
+)
+REFUSED = Counter(
+    "phalanx_refused_messages_total",
+    "Commands and replies refused because they do not match the record (ledger, gang record, cluster), by "
+    "the rule they broke (docs/saga.md, Checks). Stale replies after a race count here too.",
+    ["rule"], allowed={"rule": REFUSAL_RULES})
+
 # --- placement ------------------------------------------------------------------------------
 PLACEMENT_DECISION_SECONDS = Histogram(
     "phalanx_placement_decision_duration_seconds",
