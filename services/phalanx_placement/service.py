@@ -7,6 +7,13 @@ reservations by compare-and-set on the revisions it read, and replies ``Placed``
 again. Redelivery is safe: if the ledger already holds this gang's attempt, the same
 ``Placed`` is sent again without deciding.
 
+Nothing is believed on its word (``checks.py``, docs/saga.md "Checks"): a request is carried
+out only for the attempt and the members the gang's record in ``phx-gangs`` names; a release
+frees exactly (gang, attempt, pod uid) and never a live member's reservation; an adoption
+(the reconciler's repair for a pod bound without a reservation) only onto free GPUs. A bad
+value in ``phx-ledger``, ``phx-topology`` or ``phx-heartbeat`` is skipped, counted and named
+(``phalanx_bus.records``): its node is left out of decisions, the others go on.
+
 Metrics: decision time, ledger conflicts, and after every commit and release the GPUs,
 core % and memory allocated by node, model and mode plus fragmentation
 (``phalanx_telemetry.allocation``). Spans ``placement.decide`` and ``placement.commit`` carry
@@ -20,15 +27,24 @@ import time
 from dataclasses import dataclass
 
 import anyio
-import msgspec
 
-from phalanx_bus import Bus, Delivery, KvConflict, TemporaryError, consume, enable_atomic, kv_atomic_write
+from phalanx_bus import (
+    Bus,
+    Delivery,
+    KvConflict,
+    Record,
+    TemporaryError,
+    consume,
+    enable_atomic,
+    kv_atomic_write,
+)
+from phalanx_bus import records as R
 from phalanx_engine.decide import place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
+from phalanx_placement import checks
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    NodeHeartbeat,
-    NodeTopologyReported,
+    AdoptRequested,
     Placed,
     PlacementFailed,
     PlacementRequested,
@@ -37,12 +53,10 @@ from phalanx_proto.events import (
     encoder,
     gang_decoder,
 )
-from phalanx_proto.state import Allocation, NodeLedger, alloc_key, ledger_decoder
-from phalanx_telemetry import allocation, log, metrics, tracer, warn
+from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
+from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
-_beat_decoder = msgspec.json.Decoder(NodeHeartbeat)
-_report_decoder = msgspec.json.Decoder(NodeTopologyReported)
 
 
 @dataclass(frozen=True)
@@ -54,30 +68,36 @@ class Config:
 
 
 class Placement:
-    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config) -> None:
+    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config, gangs_kv=None) -> None:
         self.bus = bus
         self.topo_kv = topo_kv
         self.beat_kv = beat_kv
         self.ledger_kv = ledger_kv
+        self.gangs_kv = gangs_kv
         self.config = config
         self.conflicts = 0
+        self.unreadable_nodes: set[str] = set()
+        """Nodes whose ledger entry is bad, as of the last ``ledgers()``: left out of decisions."""
 
     async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
-        out = {}
-        for e in await self.ledger_kv.items():
-            ledger = ledger_decoder.decode(e.value)
-            out[ledger.node] = (ledger, e.revision)
-        return out
+        good, bad = await R.read_all(self.ledger_kv)
+        self.unreadable_nodes = {b.key for b in bad}
+        return {r.value.node: (r.value, r.revision) for r in good}
+
+    async def gang_record(self, gang_id: str) -> GangState | R.BadEntry | None:
+        if self.gangs_kv is None:
+            self.gangs_kv = await self.bus.kv(S.KV_GANGS)
+        rec = await R.read_one(self.gangs_kv, S.gang_key(gang_id))
+        return rec.value if isinstance(rec, Record) else rec
 
     async def snapshot(self, gang_id: str, ledgers: dict[str, tuple[NodeLedger, int]]) -> Snapshot:
-        beats = {}
-        for e in await self.beat_kv.items():
-            hb = _beat_decoder.decode(e.value)
-            beats[hb.node] = hb.at
+        beats = {r.value.node: r.value.at for r in (await R.read_all(self.beat_kv))[0]}
         now = time.time()
         nodes = []
-        for e in await self.topo_kv.items():
-            rep = _report_decoder.decode(e.value)
+        for r in (await R.read_all(self.topo_kv))[0]:
+            rep = r.value
+            if S.token(rep.node) in self.unreadable_nodes:
+                continue  # its reservations are unknown: deciding on it could book a GPU twice
             ledger, rev = ledgers.get(rep.node, (NodeLedger(node=rep.node), 0))
             others = tuple(a.assignment for a in ledger.allocations.values() if a.gang_id != gang_id)
             nodes.append(NodeView(
@@ -92,10 +112,20 @@ class Placement:
                 await self.on_request(event)
             case ReleaseRequested():
                 await self.on_release(event)
+            case AdoptRequested():
+                await self.on_adopt(event)
             case _:
                 warn("unexpected event on placement subject", kind=type(event).__name__)
 
     async def on_request(self, ev: PlacementRequested) -> None:
+        record = await self.gang_record(ev.gang_id)
+        if isinstance(record, R.BadEntry):
+            refused("unreadable_record", str(record), gang=ev.gang_id, attempt=ev.attempt)
+            return
+        refusal = checks.check_request(record, ev)
+        if refusal is not None:
+            refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
+            return
         for _ in range(self.config.max_commit_retries):
             ledgers = await self.ledgers()
             existing = _existing(ev, ledgers)
@@ -103,6 +133,10 @@ class Placement:
                 log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
                 await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
                     gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
+                return
+            refusal = checks.check_decide(record)
+            if refusal is not None:
+                refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
                 return
             snap = await self.snapshot(ev.gang_id, ledgers)
             with tracer().start_as_current_span("placement.decide", attributes={
@@ -121,7 +155,7 @@ class Placement:
                 fits_empty = isinstance(place_snapshot(empty, ev.members), Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                    fits_empty_cluster=fits_empty))
+                    fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members)))
                 return
             if self.config.decide_delay_s:
                 await anyio.sleep(self.config.decide_delay_s)
@@ -175,16 +209,24 @@ class Placement:
         await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
 
     async def on_release(self, ev: ReleaseRequested) -> None:
-        pods = {alloc_key(p) for p in ev.pods}
+        """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
+        May be called more than once, and for a reservation that was never made (nothing to free)."""
+        record = await self.gang_record(ev.gang_id)
+        if isinstance(record, R.BadEntry):
+            refused("unreadable_record", str(record), gang=ev.gang_id, attempt=ev.attempt)
+            return
+        refusal = checks.check_release(record, ev)
+        if refusal is not None:
+            refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
+            return
         for _ in range(self.config.max_commit_retries):
             released, writes = 0, []
             for node, (ledger, rev) in (await self.ledgers()).items():
-                keep = {k: v for k, v in ledger.allocations.items()
-                        if not (v.gang_id == ev.gang_id and v.attempt <= ev.attempt and (not pods or k in pods))}
-                if len(keep) == len(ledger.allocations):
+                kept = checks.release(ledger, ev)
+                if kept is None:
                     continue
-                released += len(ledger.allocations) - len(keep)
-                writes.append((S.token(node), encoder.encode(NodeLedger(node=node, allocations=keep)), rev))
+                released += len(ledger.allocations) - len(kept.allocations)
+                writes.append((S.token(node), encoder.encode(kept), rev))
             try:
                 await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
                 break
@@ -196,6 +238,33 @@ class Placement:
         if released:
             _record_allocation(await self.snapshot("", await self.ledgers()), ())
         await self.bus.publish(S.coord_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+
+    async def on_adopt(self, ev: AdoptRequested) -> None:
+        """Record a reservation for a pod found bound without one, if its GPUs are free there
+        (``checks.adopt``); otherwise refuse and say why (the reconciler reports the pod)."""
+        node = ev.assignment.node
+        for _ in range(self.config.max_commit_retries):
+            entry = await R.read_one(self.ledger_kv, S.token(node))
+            topo = await R.read_one(self.topo_kv, S.token(node))
+            if isinstance(entry, R.BadEntry):
+                refused("unreadable_record", str(entry), gang=ev.gang_id, pod=str(ev.assignment.pod))
+                return
+            ledger, rev = (entry.value, entry.revision) if entry is not None else (NodeLedger(node=node), 0)
+            report = topo.value if isinstance(topo, Record) else None
+            out = checks.adopt(ledger, report.topology if report is not None and report.node == node else None, ev)
+            if out is None:
+                return
+            if isinstance(out, checks.Refusal):
+                refused(out.rule, out.why, gang=ev.gang_id, pod=str(ev.assignment.pod), command="adopt")
+                return
+            try:
+                await kv_atomic_write(self.bus, S.KV_LEDGER, [(S.token(node), encoder.encode(out), rev)])
+            except KvConflict:
+                continue
+            warn("reservation recorded for a bound pod", gang=ev.gang_id, attempt=ev.attempt,
+                 pod=str(ev.assignment.pod), node=node, gpus=",".join(map(str, ev.assignment.gpus)), reason=ev.reason)
+            return
+        raise TemporaryError(f"node {node}: ledger kept changing during adoption", delay=0.5)
 
 
 def _annotate_decision(span, result) -> None:
@@ -241,7 +310,7 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
     """Run placement until cancelled; ready once its durable consumer is live."""
     await enable_atomic(bus, S.KV_LEDGER)
     placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
-                          await bus.kv(S.KV_LEDGER), config)
+                          await bus.kv(S.KV_LEDGER), config, await bus.kv(S.KV_GANGS))
     try:
         _record_allocation(await placement.snapshot("", await placement.ledgers()), ())
     except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting

@@ -1,0 +1,95 @@
+"""Which commands placement carries out: each is checked against the gang's record in
+``phx-gangs`` and the ledger before anything is written (docs/saga.md, "Checks").
+
+Pure: a record and a command in, a ``Refusal`` (rule + reason) or ``None`` out; the exact
+release is a pure ledger edit. Called by ``service.Placement``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx_proto.events import AdoptRequested, PlacementRequested, ReleaseRequested
+from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, gpu_conflicts
+from phalanx_proto.topology import NodeTopology
+
+LIVE = ("placing", "preparing", "binding", "scheduled")
+"""Phases in which the current attempt's reservations are in use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    rule: str
+    """A value of ``phalanx_telemetry.metrics.REFUSAL_RULES``."""
+    why: str
+
+
+def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal | None:
+    """A request is for the gang's current attempt and names only members its record names
+    (with the same request each)."""
+    if record is None:
+        return Refusal("unknown_gang", f"no record of gang {ev.gang_id} in phx-gangs")
+    if ev.attempt > record.attempt:
+        return Refusal("unstarted_attempt", f"attempt {ev.attempt} was never started (the gang is at "
+                                            f"attempt {record.attempt})")
+    if ev.attempt < record.attempt:
+        return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
+    named = set(record.members)
+    stray = [str(m.pod) for m in ev.members if m not in named]
+    if not ev.members or stray:
+        return Refusal("not_members", "the request names no member" if not ev.members else
+                       f"{', '.join(stray[:5])}: not member(s) of the gang record with this request")
+    return None
+
+
+def check_decide(record: GangState) -> Refusal | None:
+    """A new decision is made only while the record says the attempt is placing."""
+    if record.phase != "placing":
+        return Refusal("not_placing", f"the attempt is {record.phase}, not placing")
+    return None
+
+
+def check_release(record: GangState | None, ev: ReleaseRequested) -> Refusal | None:
+    """A release names its pods, and none of them may be a member of the gang's attempt while
+    that attempt is live (placing to scheduled): the coordinator drops a member, or rolls the
+    attempt back, before it asks for a release."""
+    if not ev.pods:
+        return Refusal("unnamed_release", "a release names (gang, attempt, pod uid) for each pod it frees")
+    if record is not None and record.attempt == ev.attempt and record.phase in LIVE:
+        members = {m.pod for m in record.members}
+        live = [str(p) for p in ev.pods if p in members]
+        if live:
+            return Refusal("live_release", f"{', '.join(live[:5])} still member(s) of attempt {ev.attempt}, "
+                                           f"which is {record.phase}")
+    return None
+
+
+def release(ledger: NodeLedger, ev: ReleaseRequested) -> NodeLedger | None:
+    """The ledger without exactly the allocations of (gang, attempt, pod uid) the release
+    names; None when it holds none of them."""
+    keys = {alloc_key(p) for p in ev.pods}
+    keep = {k: v for k, v in ledger.allocations.items()
+            if not (k in keys and v.gang_id == ev.gang_id and v.attempt == ev.attempt)}
+    if len(keep) == len(ledger.allocations):
+        return None
+    return NodeLedger(node=ledger.node, allocations=keep)
+
+
+def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested) -> NodeLedger | Refusal | None:
+    """The ledger with a reservation recorded for a pod found bound without one, if its GPUs
+    are free: never a GPU booked twice. None when the pod already holds one there."""
+    a = ev.assignment
+    key = alloc_key(a.pod)
+    if key in ledger.allocations:
+        return None
+    if topology is None:
+        return Refusal("unknown_node", f"node {a.node} has no topology report")
+    known = {g.index for g in topology.gpus}
+    unknown = sorted(set(a.gpus) - known)
+    if unknown or not a.gpus:
+        return Refusal("not_recorded", f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
+    new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True)
+    conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
+    if conflicts:
+        return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
+    return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})

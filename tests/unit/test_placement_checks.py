@@ -1,0 +1,141 @@
+"""Placement's checks against the record (services/phalanx_placement/checks.py), table-driven:
+which requests, releases and adoptions it carries out, and the exact release."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from phalanx_placement import checks
+from phalanx_placement.checks import Refusal
+from phalanx_proto.events import (
+    AdoptRequested,
+    Assignment,
+    MemberSpec,
+    PlacementRequested,
+    PodRef,
+    ReleaseRequested,
+)
+from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
+from phalanx_proto.topology import Gpu, NodeTopology
+
+G = "default/jobset-train"
+P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
+OLD_P1 = PodRef(namespace="default", name="w-0", uid="u-old")
+M1, M2 = MemberSpec(pod=P1, gpus=1), MemberSpec(pod=P2, gpus=1)
+replace = msgspec.structs.replace
+
+
+def record(phase="placing", attempt=2, members=(M1, M2)) -> GangState:
+    return GangState(gang_id=G, phase=phase, attempt=attempt, min_member=2, members=members)
+
+
+def request(attempt=2, members=(M1, M2)) -> PlacementRequested:
+    return PlacementRequested(gang_id=G, attempt=attempt, members=members)
+
+
+REQUESTS = [
+    ("the request the record names is accepted", record(), request(), None),
+    ("a request for a gang without a record is refused", None, request(),
+     Refusal("unknown_gang", f"no record of gang {G} in phx-gangs")),
+    ("a request for an attempt the gang never started is refused", record(), request(attempt=3),
+     Refusal("unstarted_attempt", "attempt 3 was never started (the gang is at attempt 2)")),
+    ("a request for an old attempt is refused", record(), request(attempt=1),
+     Refusal("stale_attempt", "attempt 1 is over (the gang is at attempt 2)")),
+    ("a request naming a pod that is not a member is refused", record(),
+     request(members=(M1, MemberSpec(pod=PodRef(namespace="default", name="phantom", uid="x"), gpus=8))),
+     Refusal("not_members", "default/phantom: not member(s) of the gang record with this request")),
+    ("a request asking more for a member than the record says is refused", record(),
+     request(members=(M1, replace(M2, gpus=8))),
+     Refusal("not_members", "default/w-1: not member(s) of the gang record with this request")),
+    ("a request naming a recreated pod (another uid) is refused", record(),
+     request(members=(MemberSpec(pod=OLD_P1, gpus=1), M2)),
+     Refusal("not_members", "default/w-0: not member(s) of the gang record with this request")),
+    ("a request naming nobody is refused", record(), request(members=()),
+     Refusal("not_members", "the request names no member")),
+]
+
+
+@pytest.mark.parametrize(("name", "rec", "ev", "expected"), REQUESTS, ids=[c[0] for c in REQUESTS])
+def test_check_request(name, rec, ev, expected):
+    assert checks.check_request(rec, ev) == expected
+
+
+def test_a_new_decision_is_made_only_while_the_record_says_placing():
+    assert checks.check_decide(record()) is None
+    assert checks.check_decide(record("rolling_back")) == Refusal("not_placing", "the attempt is rolling_back, not placing")
+
+
+def release(attempt=2, pods=(P1,)) -> ReleaseRequested:
+    return ReleaseRequested(gang_id=G, attempt=attempt, pods=pods)
+
+
+RELEASES = [
+    ("a release of a rolled-back attempt is accepted", record("rolling_back"), release(), None),
+    ("a release of an old attempt is accepted while a newer one runs", record("binding", 3), release(), None),
+    ("a release of a pod that is no longer a member is accepted", record("scheduled", members=(M2,)), release(), None),
+    ("a release of the old pod under a recreated name is accepted", record("scheduled"), release(pods=(OLD_P1,)), None),
+    ("a release for a gang without a record is accepted", None, release(), None),
+    ("a release of a live member of the running attempt is refused", record("scheduled"), release(),
+     Refusal("live_release", "default/w-0 still member(s) of attempt 2, which is scheduled")),
+    ("a release naming no pod is refused", record("rolling_back"), release(pods=()),
+     Refusal("unnamed_release", "a release names (gang, attempt, pod uid) for each pod it frees")),
+]
+
+
+@pytest.mark.parametrize(("name", "rec", "ev", "expected"), RELEASES, ids=[c[0] for c in RELEASES])
+def test_check_release(name, rec, ev, expected):
+    assert checks.check_release(rec, ev) == expected
+
+
+def alloc(pod, attempt=2, gang=G, gpus=(0,)) -> tuple[str, Allocation]:
+    return alloc_key(pod), Allocation(gang_id=gang, attempt=attempt, assignment=Assignment(pod=pod, node="n1", gpus=gpus))
+
+
+LEDGER = NodeLedger(node="n1", allocations=dict([
+    alloc(P1, attempt=2), alloc(P2, attempt=1, gpus=(1,)),
+    alloc(PodRef(namespace="default", name="other", uid="o"), gang="default/other", gpus=(2,))]))
+
+EXACT = [
+    ("exactly the named pod of the named attempt is freed", release(pods=(P1,)),
+     NodeLedger(node="n1", allocations={k: v for k, v in LEDGER.allocations.items() if k != alloc_key(P1)})),
+    ("a later attempt's release does not free an earlier attempt's reservation", release(attempt=3, pods=(P2,)), None),
+    ("an earlier attempt's release does not free a later attempt's reservation", release(attempt=1, pods=(P1,)), None),
+    ("a release naming the pod's old uid frees nothing", release(pods=(OLD_P1,)), None),
+    ("another gang's reservation is never freed", ReleaseRequested(gang_id="default/x", attempt=2,
+                                                                   pods=(PodRef(namespace="default", name="other",
+                                                                                uid="o"),)), None),
+]
+
+
+@pytest.mark.parametrize(("name", "ev", "expected"), EXACT, ids=[c[0] for c in EXACT])
+def test_release_is_exact(name, ev, expected):
+    assert checks.release(LEDGER, ev) == expected
+
+
+TOPO = NodeTopology(node="n1", gpus=tuple(Gpu(index=i, name=f"GPU{i}") for i in range(4)))
+STRAY = PodRef(namespace="default", name="stray", uid="s")
+
+
+def adopt(gpus=(3,), pod=STRAY) -> AdoptRequested:
+    return AdoptRequested(gang_id="default/stray", attempt=1, assignment=Assignment(pod=pod, node="n1", gpus=gpus))
+
+
+def test_a_bound_pod_on_free_gpus_is_recorded_as_adopted():
+    got = checks.adopt(LEDGER, TOPO, adopt())
+    assert got == NodeLedger(node="n1", allocations={**LEDGER.allocations, alloc_key(STRAY): Allocation(
+        gang_id="default/stray", attempt=1, assignment=adopt().assignment, adopted=True)})
+
+
+ADOPTIONS = [
+    ("a pod on a GPU another pod holds is never recorded", adopt(gpus=(0,)),
+     Refusal("not_recorded", "cannot record default/stray on n1: GPU 0 is booked by default/stray, default/w-0")),
+    ("a pod on a GPU the node does not have is refused", adopt(gpus=(9,)),
+     Refusal("not_recorded", "GPU(s) [9] do not exist on n1")),
+    ("a pod that already holds its reservation changes nothing", adopt(pod=P1, gpus=(0,)), None),
+]
+
+
+@pytest.mark.parametrize(("name", "ev", "expected"), ADOPTIONS, ids=[c[0] for c in ADOPTIONS])
+def test_adopt(name, ev, expected):
+    assert checks.adopt(LEDGER, TOPO, ev) == expected
