@@ -32,6 +32,7 @@ from phalanx_proto.events import (
     MigReady,
     Placed,
     PlacementFailed,
+    uid_digest,
 )
 from phalanx_proto.state import GangState
 
@@ -51,11 +52,15 @@ def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = 
 
 def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_member: int | None,
                timeout_s: float, priority: int, now: float) -> GangState | None:
-    """Record a pod as a member (a recreated pod, same name new uid, replaces the old one)."""
+    """Record a pod as a member (a recreated pod, same name new uid, replaces the old one).
+
+    Not while an attempt runs or rolls back: an attempt's members stay the members it was
+    started with, so every command and reply of the attempt is about the same pods. A pod that
+    arrives meanwhile is admitted by a later resync, once the gang waits again."""
     if s is None:
         s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now,
                       min_member_declared=min_member is not None)
-    if spec in s.members:
+    if spec in s.members or s.phase in RUNNING + ("rolling_back",):
         return None
     members = tuple(m for m in s.members if m.pod.name != spec.pod.name or m.pod.namespace != spec.pod.namespace)
     members += (spec,)
@@ -92,9 +97,18 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float) -> GangSt
                    unbound=(), attempt_started_at=now)
 
 
+def members_digest(s: GangState) -> str:
+    """``uid_digest`` of the members: names this incarnation of the gang's attempt."""
+    return uid_digest(m.pod for m in s.members)
+
+
 def placed(s: GangState | None, ev: Placed) -> GangState | None:
-    """placing → preparing (some assignment has a MIG profile) or binding."""
+    """placing → preparing (some assignment has a MIG profile) or binding. The assignments
+    must be exactly one per member (by uid)."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
+        return None
+    pods = [a.pod for a in ev.assignments]
+    if len(set(pods)) != len(pods) or set(pods) != {m.pod for m in s.members}:
         return None
     mig = any(a.mig_profile for a in ev.assignments)
     return replace(s, phase="preparing" if mig else "binding", assignments=ev.assignments)
@@ -102,8 +116,11 @@ def placed(s: GangState | None, ev: Placed) -> GangState | None:
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
                      max_s: float) -> GangState | None:
-    """placing → backoff: nothing was reserved, so there is nothing to compensate."""
+    """placing → backoff: nothing was reserved, so there is nothing to compensate. A reply
+    naming other pods than the members (another incarnation of the gang) changes nothing."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
+        return None
+    if ev.members and set(ev.members) != {m.pod for m in s.members}:
         return None
     failures = s.failures + 1
     delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
@@ -146,17 +163,28 @@ def fail(s: GangState | None, attempt: int, reason: str, *, phases=RUNNING) -> G
     return replace(s, phase="rolling_back", reason=reason, rollback_done=())
 
 
+def _assigned(s: GangState | None, pod, node: str | None = None) -> bool:
+    return s is not None and any(a.pod == pod and (node is None or a.node == node) for a in s.assignments)
+
+
 def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
+    """A MIG instance of one of the attempt's assignments failed: roll back."""
+    if not _assigned(s, ev.pod, ev.node):
+        return None
     return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", phases=("preparing",))
 
 
 def bind_failed(s: GangState | None, ev: BindFailed) -> GangState | None:
+    """The bind of one of the attempt's assignments failed: roll back."""
+    if not _assigned(s, ev.pod):
+        return None
     return fail(s, ev.attempt, f"bind of {ev.pod} failed: {ev.reason}", phases=("binding",))
 
 
 def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
-    """The deadline of the current, unfinished attempt: give it up. Old attempt: ignored."""
-    if s is None:
+    """The deadline of the current, unfinished attempt of these members: give it up. Old
+    attempt, or another incarnation of the gang (other members): ignored."""
+    if s is None or ev.members_digest != members_digest(s):
         return None
     timeout = f"{s.timeout_s:g} s" if s.timeout_s else "the gang timeout"
     return fail(s, ev.attempt, f"not every member was ready within {timeout}")

@@ -25,10 +25,10 @@ import anyio
 import msgspec
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, KvConflict, consume
+from phalanx_bus import Bus, Delivery, KvConflict, Record, consume, read_one
 from phalanx_gang_coordinator import saga
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
-from phalanx_kube.port import ClusterPort, Pod
+from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     BindFailed,
@@ -54,8 +54,8 @@ from phalanx_proto.events import (
     gang_decoder,
     node_decoder,
 )
-from phalanx_proto.state import GangState, gang_state_decoder
-from phalanx_telemetry import log, metrics, tracer, warn
+from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, gang_state_decoder
+from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "gang-coordinator"
 DURABLE_NODE = "gang-coordinator-node"
@@ -188,22 +188,23 @@ class Coordinator:
         before, _ = await self.load(gang_id)
         if before is None or saga.drop_member(before, ref) is None:
             return
-        # Compensate first, then forget the member: a crash in between leaves the member in
-        # phx-gangs, so the resync repeats these idempotent commands instead of leaking them.
+        # Forget the member first, then give back what it held: placement refuses to release a
+        # reservation of a live member (docs/saga.md, Checks). A crash in between leaves a
+        # reservation without a pod, which the reconciler releases.
+        new = await self.transition(gang_id, lambda s: saga.drop_member(s, ref))
+        if new is None:
+            return
+        log("member gone", gang=gang_id, pod=str(ref))
         if before.attempt >= 1:
             # Destroy the pod's MIG instance before its reservation is released, so the slot is
             # never rebooked while an instance still sits in it (R3: reclaimed with the pod).
             for a in before.assignments:
-                if (a.pod.namespace, a.pod.name) == (ref.namespace, ref.name) and a.mig_profile:
+                if a.pod == ref and a.mig_profile:
                     await self.bus.publish(S.mig_subject(a.node), MigDestroyRequested(
                         node=a.node, gang_id=gang_id, attempt=before.attempt, pod=a.pod,
                         gpu=a.gpus[0] if a.gpus else 0, instance_uuid=a.mig_instance_uuid))
             await self.bus.publish(S.placement_subject(gang_id), ReleaseRequested(
                 gang_id=gang_id, attempt=before.attempt, reason="pod deleted", pods=(ref,)))
-        new = await self.transition(gang_id, lambda s: saga.drop_member(s, ref))
-        if new is None:
-            return
-        log("member gone", gang=gang_id, pod=str(ref))
         if not new.members:
             await self.kv.delete(S.gang_key(gang_id))
             log("gang gone", gang=gang_id)
@@ -251,13 +252,13 @@ class Coordinator:
             await self._request_placement(state)
 
     def timeout_of(self, state: GangState) -> float:
-        return state.timeout_s or self.config.default_timeout_s
+        return min(state.timeout_s or self.config.default_timeout_s, MAX_GANG_TIMEOUT_S)
 
     async def _schedule_deadline(self, state: GangState) -> None:
         at = state.attempt_started_at + self.timeout_of(state)
-        await self.bus.publish_scheduled(S.deadline_schedule_subject(state.gang_id),
-                                         GangDeadline(gang_id=state.gang_id, attempt=state.attempt),
-                                         at=at, target=S.deadline_fired_subject(state.gang_id))
+        await self.bus.publish_scheduled(S.deadline_schedule_subject(state.gang_id), GangDeadline(
+            gang_id=state.gang_id, attempt=state.attempt, members_digest=saga.members_digest(state)),
+            at=at, target=S.deadline_fired_subject(state.gang_id))
 
     async def _request_placement(self, state: GangState) -> None:
         await self.bus.publish(S.placement_subject(state.gang_id), PlacementRequested(
@@ -334,19 +335,47 @@ class Coordinator:
         await self.roll_back(state)
 
     async def on_placed(self, ev: Placed) -> None:
+        """Act on a ``Placed`` only for an attempt this gang started, and only as far as the
+        ledger confirms it: the reservations must be there for (gang, attempt, pod uid)."""
+        current, _ = await self.load(ev.gang_id)
+        if current is None or ev.attempt > current.attempt:
+            refused("unstarted_attempt", f"Placed for attempt {ev.attempt}, which this gang never started",
+                    gang=ev.gang_id, attempt=ev.attempt)
+            return
+        held = await self._recorded(ev.gang_id, ev.attempt, ev.assignments)
+        if current.attempt != ev.attempt or current.phase != "placing":
+            # Late or redelivered: a reservation nobody will use (old attempt, or rolled back).
+            pods = tuple(a.pod for a in ev.assignments if a in held)
+            if pods and not (current.attempt == ev.attempt and current.phase in ("preparing", "binding", "scheduled")):
+                release = ReleaseRequested(gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt",
+                                           pods=pods)
+                await self.bus.publish(S.placement_subject(ev.gang_id), release, msg_id=f"{release.key()}:after-placed")
+            return
+        if len(held) != len(ev.assignments):
+            refused("not_recorded", f"{len(ev.assignments) - len(held)} of {len(ev.assignments)} assignment(s) are not "
+                                    "in the ledger for this gang attempt", gang=ev.gang_id, attempt=ev.attempt)
+            return
         state = await self.transition(ev.gang_id, lambda s: saga.placed(s, ev))
         if state is None:
-            current, _ = await self.load(ev.gang_id)
-            if current is None or current.attempt != ev.attempt or current.phase in ("backoff", "waiting",
-                                                                                     "rolling_back"):
-                # A reservation nobody will use (old attempt, or gang gone): give it back.
-                await self.bus.publish(S.placement_subject(ev.gang_id), ReleaseRequested(
-                    gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt"),
-                    msg_id=f"stale-release:{ev.gang_id}:{ev.attempt}:{time.time():.3f}")
             return
         log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
             nodes=",".join(sorted({a.node for a in ev.assignments})))
         await self.drive(state)
+
+    async def _recorded(self, gang_id: str, attempt: int, assignments) -> list:
+        """The ``assignments`` the ledger holds for exactly (gang, attempt, pod uid)."""
+        ledger_kv = await self.bus.kv(S.KV_LEDGER)
+        ledgers = {}
+        for node in {a.node for a in assignments}:
+            rec = await read_one(ledger_kv, S.token(node))
+            ledgers[node] = rec.value if isinstance(rec, Record) else None
+        out = []
+        for a in assignments:
+            ledger = ledgers.get(a.node)
+            alloc = ledger.allocations.get(alloc_key(a.pod)) if ledger is not None else None
+            if alloc is not None and (alloc.gang_id, alloc.attempt) == (gang_id, attempt) and alloc.assignment == a:
+                out.append(a)
+        return out
 
     async def on_placement_failed(self, ev: PlacementFailed) -> None:
         c = self.config
@@ -357,24 +386,44 @@ class Coordinator:
             await self._tell_pending(state)
 
     async def on_bound(self, ev: Bound) -> None:
+        """Record a member bound only for an attempt this gang started and only when the
+        cluster shows that pod (uid) bound to that node; a bind the attempt no longer wants is
+        undone (``_undo_late_bind``)."""
+        current, _ = await self.load(ev.gang_id)
+        if current is None or ev.attempt > current.attempt:
+            refused("unstarted_attempt", f"Bound for attempt {ev.attempt}, which this gang never started",
+                    gang=ev.gang_id, attempt=ev.attempt, pod=str(ev.pod))
+            return
+        pod = await self.cluster.get_pod(ev.pod)
+        if pod is None or pod.uid != ev.pod.uid or pod.node_name != ev.node:
+            refused("not_bound", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not bound to {ev.node}",
+                    gang=ev.gang_id, attempt=ev.attempt)
+            return
         state = await self.transition(ev.gang_id, lambda s: saga.bound(s, ev))
         if state is None:
-            await self._undo_late_bind(ev)
+            await self._undo_late_bind(ev, pod)
             return
         if state.phase == "scheduled":
             log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)
             await self.bus.publish(S.status_subject(ev.gang_id), GangScheduled(
                 gang_id=ev.gang_id, attempt=ev.attempt, assignments=state.assignments))
 
-    async def _undo_late_bind(self, ev: Bound) -> None:
+    async def _undo_late_bind(self, ev: Bound, pod: Pod) -> None:
         """A bind of an attempt that was rolled back (binder was slow): its reservation is
-        released, so the pod must not stay bound. Delete it, with an event saying why."""
+        released, so the pod must not stay bound. Delete it, with an event saying why — but
+        only a pod (by uid) that is a member of this gang, has a Phalanx schedulerName and is
+        bound where the reply says, and only when the gang's live attempt does not want it
+        there."""
         current, _ = await self.load(ev.gang_id)
-        if current is not None and current.phase in ("binding", "scheduled") and any(
+        if current is None or ev.pod not in {m.pod for m in current.members}:
+            refused("not_member", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not a member of {ev.gang_id}",
+                    gang=ev.gang_id, attempt=ev.attempt)
+            return
+        if current.phase in ("binding", "scheduled") and any(
                 a.pod == ev.pod and a.node == ev.node for a in current.assignments):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
-        pod = await self.cluster.get_pod(ev.pod)
-        if pod is None or pod.node_name != ev.node:
+        if pod.scheduler_name not in SCHEDULER_NAMES:
+            refused("foreign_scheduler", f"{ev.pod} has schedulerName {pod.scheduler_name!r}", gang=ev.gang_id)
             return
         await self._event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back before "
                                                   "this pod was bound; deleting it so its controller recreates it")
@@ -389,7 +438,8 @@ class Coordinator:
             metrics.GANG_ROLLBACKS.inc(reason=_rollback_reason(state.reason))
             warn("rolling back", gang=state.gang_id, attempt=state.attempt, reason=state.reason)
             await self.bus.publish(S.status_subject(state.gang_id), RollbackStarted(
-                gang_id=state.gang_id, attempt=state.attempt, reason=state.reason))
+                gang_id=state.gang_id, attempt=state.attempt, reason=state.reason,
+                members_digest=saga.members_digest(state)))
         c = self.config
         while state is not None and state.phase == "rolling_back":
             step = saga.next_compensation(state)
@@ -408,14 +458,14 @@ class Coordinator:
         reason = f"gang {state.gang_id} attempt {state.attempt} rolled back: {state.reason}"
         match step:
             case "unbind":
-                # Cancel the attempt's binds still queued (binder down or slow), then delete
-                # the members already bound. A bind already in binder's hands is undone when
-                # its late ``Bound`` arrives (``_undo_late_bind``).
-                await self.bus.js.purge_stream(S.STREAM_GANG, subject=S.binder_subject(state.gang_id))
+                # Delete the members already bound. A bind still queued at binder finds its
+                # reservation released and is refused; one already in binder's hands is
+                # undone when its late ``Bound`` arrives (``_undo_late_bind``).
                 deleted = []
                 for a in state.assignments:
                     pod = await self.cluster.get_pod(a.pod)
-                    if pod is None or not pod.node_name or (a.pod.uid and pod.uid != a.pod.uid):
+                    if pod is None or not pod.node_name or pod.uid != a.pod.uid or \
+                            pod.scheduler_name not in SCHEDULER_NAMES:
                         continue
                     await self._event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its "
                                                              "controller recreates it")
@@ -429,15 +479,18 @@ class Coordinator:
                             node=a.node, gang_id=state.gang_id, attempt=state.attempt, pod=a.pod,
                             gpu=a.gpus[0] if a.gpus else 0, instance_uuid=a.mig_instance_uuid))
             case "release":
-                await self.bus.publish(S.placement_subject(state.gang_id), ReleaseRequested(
-                    gang_id=state.gang_id, attempt=state.attempt, reason=state.reason))
+                pods = tuple(a.pod for a in state.assignments) or tuple(m.pod for m in state.members)
+                if pods:
+                    await self.bus.publish(S.placement_subject(state.gang_id), ReleaseRequested(
+                        gang_id=state.gang_id, attempt=state.attempt, reason=state.reason, pods=pods))
         return ()
 
     async def _tell_pending(self, state: GangState) -> None:
         reason = saga.pending_reason(state, time.time())
         await self.bus.publish(S.status_subject(state.gang_id), GangPending(
             gang_id=state.gang_id, attempt=max(1, state.attempt), reason=reason),
-            msg_id=f"gang.pending:{state.gang_id}:{state.attempt}:{state.failures}:{zlib.crc32(reason.encode())}")
+            msg_id=f"gang.pending:{state.gang_id}:{state.attempt}:{saga.members_digest(state)}:{state.failures}:"
+                   f"{zlib.crc32(reason.encode())}")
         for m in state.members:
             await self._event(m.pod, "FailedScheduling", reason)
             await self._condition(m.pod, reason)

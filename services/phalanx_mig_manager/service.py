@@ -40,43 +40,15 @@ from phalanx_proto.events import (
     MigFailed,
     MigPrepareRequested,
     MigReady,
-    PodRef,
     node_decoder,
 )
-from phalanx_proto.state import NodeLedger
+from phalanx_proto.state import MigRecord, ledger_decoder, mig_record_decoder, mig_record_key
 from phalanx_telemetry import log, warn
 
-KV_MIG = "phx-mig"
-"""Ownership records of MIG instances (not in ``phalanx_proto.subjects`` yet: this service is
-its only reader and writer)."""
-
-
-class MigRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Who owns the MIG instance at one GPU start slot of this node (KV ``phx-mig``)."""
-
-    node: str
-    gpu: int
-    start: int
-    profile: str
-    gang_id: str
-    attempt: int
-    pod: PodRef
-    state: str = "creating"
-    """``creating`` (intent, written before the create) or ``ready`` (verified)."""
-    uuid: str = ""
-    gi_id: int = -1
-    updated_at: float = 0.0
-
-    def owned_by(self, gang_id: str, attempt: int, pod: PodRef) -> bool:
-        return (self.gang_id, self.attempt, str(self.pod)) == (gang_id, attempt, str(pod))
-
-
-_record_decoder = msgspec.json.Decoder(MigRecord)
-_ledger_decoder = msgspec.json.Decoder(NodeLedger)
-
-
-def record_key(node: str, gpu: int, start: int) -> str:
-    return f"{S.token(node)}.{gpu}.{start}"
+KV_MIG = S.KV_MIG
+record_key = mig_record_key
+_record_decoder = mig_record_decoder
+_ledger_decoder = ledger_decoder
 
 
 def not_mig_mode(gpu: int) -> str:

@@ -45,12 +45,12 @@ async def ledger(bus: Bus) -> dict[str, NodeLedger]:
 
 
 async def audit_ledger(bus: Bus) -> Counter:
-    """Raise if any GPU is booked twice; return reservations per pod."""
+    """Raise if any GPU is booked twice; return reservations per pod (``namespace/name``)."""
     per_pod: Counter = Counter()
     for node, led in (await ledger(bus)).items():
         used: Counter = Counter()
-        for key, alloc in led.allocations.items():
-            per_pod[key] += 1
+        for alloc in led.allocations.values():
+            per_pod[str(alloc.assignment.pod)] += 1
             used.update(alloc.assignment.gpus)
         double = [g for g, n in used.items() if n > 1]
         assert not double, f"GPU(s) {double} on {node} booked twice: {led.allocations}"

@@ -12,7 +12,8 @@ from phalanx_bus import Bus
 from phalanx_gang_coordinator.service import Config, run
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, gang_decoder, node_decoder
+from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, encoder, gang_decoder, node_decoder
+from phalanx_proto.state import Allocation, NodeLedger, alloc_key
 from stackutil import gang_states, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -60,6 +61,10 @@ async def start_and_place(bus, sim, tg):
     s = await wait_until(placing, 15)
     assignments = tuple(Assignment(pod=p.ref, node="a100", gpus=(i,), mig_profile="3g.20gb", mig_start=4)
                         for i, p in enumerate(pods))
+    # As placement does: the reservation is in the ledger before the reply (the coordinator checks).
+    ledger = NodeLedger(node="a100", allocations={
+        alloc_key(a.pod): Allocation(gang_id=GANG, attempt=s.attempt, assignment=a) for a in assignments})
+    await (await bus.kv(S.KV_LEDGER)).put(S.token("a100"), encoder.encode(ledger))
     await bus.publish(S.coord_subject(GANG), Placed(gang_id=GANG, attempt=s.attempt, assignments=assignments))
 
     async def preparing():

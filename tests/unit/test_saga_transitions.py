@@ -34,6 +34,9 @@ def gang(phase="waiting", attempt=0, **kw) -> GangState:
     return GangState(gang_id=G, phase=phase, attempt=attempt, min_member=2, members=MEMBERS, **kw)
 
 
+DIGEST = saga.members_digest(gang())
+STRANGER = PodRef(namespace="default", name="w-0", uid="u-other")
+"""A pod with a member's name but another uid (a recreated pod, or a forged one)."""
 PLACING = gang("placing", 2)
 BINDING = gang("binding", 2, assignments=(A1, A2))
 HALF_BOUND = gang("binding", 2, assignments=(A1, A2), bound=(P1,))
@@ -97,15 +100,15 @@ CASES = [
      lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=P2, reason="gone")), HALF_BOUND,
      replace(HALF_BOUND, phase="rolling_back", reason="bind of default/w-1 failed: gone")),
     ("the deadline of the running attempt rolls it back",
-     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), replace(HALF_BOUND, timeout_s=30.0),
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), replace(HALF_BOUND, timeout_s=30.0),
      replace(HALF_BOUND, timeout_s=30.0, phase="rolling_back", reason="not every member was ready within 30 s")),
     ("the deadline of an old attempt is ignored",
-     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=1)), PLACING, None),
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=1, members_digest=DIGEST)), PLACING, None),
     ("the deadline of a scheduled gang is ignored",
-     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)),
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)),
      gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2)), None),
     ("a deadline delivered twice changes nothing the second time",
-     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), ROLLING, None),
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), ROLLING, None),
     ("a compensation is recorded as done",
      lambda s: saga.compensated(s, 2, "unbind", now=5.0, **BO, unbound=(P1,)), replace(ROLLING, bound=(P1,)),
      replace(ROLLING, rollback_done=("unbind",), unbound=(P1,))),
@@ -129,6 +132,28 @@ CASES = [
      replace(HALF_BOUND, members=MEMBERS[:1], assignments=(A1,))),
     ("deleting a pod that is not a member changes nothing",
      lambda s: saga.drop_member(s, PodRef(namespace="default", name="x")), HALF_BOUND, None),
+    # Replies are checked against the record: only the attempt's own members, by uid.
+    ("a Placed that leaves a member out changes nothing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1,))), PLACING, None),
+    ("a Placed for a pod with a member's name but another uid changes nothing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(replace(A1, pod=STRANGER), A2))),
+     PLACING, None),
+    ("a PlacementFailed naming other pods (another incarnation of the gang) changes nothing",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, members=(STRANGER, P2)), now=1.0, **BO),
+     PLACING, None),
+    ("a BindFailed for a pod the attempt did not assign changes nothing",
+     lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=STRANGER, reason="x")), HALF_BOUND, None),
+    ("a Bound for a pod the attempt did not assign changes nothing",
+     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=STRANGER, node="n1")), BINDING, None),
+    ("a MigFailed for a pod on another node changes nothing",
+     lambda s: saga.mig_failed(s, MigFailed(node="n9", gang_id=G, attempt=2, pod=P1, reason="x")), PREPARING, None),
+    ("the deadline of another incarnation of the gang (other members) is ignored",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest="0" * 16)), BINDING, None),
+    ("a deadline without the members' digest is ignored",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), BINDING, None),
+    ("a pod that arrives while an attempt runs is not added to it",
+     lambda s: saga.add_member(s, MemberSpec(pod=PodRef(namespace="default", name="w-2", uid="u2"), gpus=1),
+                               gang_id=G, min_member=2, timeout_s=0, priority=0, now=1.0), BINDING, None),
 ]
 
 
