@@ -1,0 +1,301 @@
+"""Forged and replayed commands and replies, published straight onto the bus with a test
+connection, against the five real service processes and a real nats-server: each is refused
+(or repaired) and changes nothing — no reservation lost or added, no pod bound or deleted, no
+GPU booked twice at any poll (docs/saga.md, "Checks"; issue: every command checked against
+the record).
+
+One stack serves the whole module; every test uses its own pods and leaves the cluster empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import asynccontextmanager
+
+import anyio
+import msgspec
+import pytest
+
+from phalanx_bus import Bus
+from phalanx_kube.sim import KV_PODS, SimCluster
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    Assignment,
+    BindRequested,
+    Bound,
+    MemberSpec,
+    Placed,
+    PlacementRequested,
+    PodRef,
+    ReleaseRequested,
+)
+from phalanx_runtime.stack import ClusterFile, Stack
+from stackutil import (
+    CLUSTER,
+    audit_ledger,
+    bound_pods,
+    connect,
+    gang_states,
+    gpu_pod,
+    ledger,
+    seed_nodes,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+FAST = ["--resync-s", "0.5", "--redrive-after-s", "2", "--backoff-base-s", "0.5", "--backoff-max-s", "2"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path_factory.mktemp("hostile")),
+              service_args={"gang-coordinator": FAST})
+    s.start_nats()
+
+    async def seed() -> None:
+        bus, sim = await connect(s)
+        try:
+            await seed_nodes(s, sim)
+        finally:
+            await bus.close()
+
+    anyio.run(seed)
+    s.start_services()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def env(stack):
+    """(stack, bus, sim); every pod of the simulated cluster is deleted afterwards and the test
+    waits until nothing is reserved and no gang is left."""
+    bus, sim = await connect(stack)
+    try:
+        yield stack, bus, sim
+        pods = await bus.kv(KV_PODS)
+        for entry in await pods.items():
+            await pods.delete(entry.key)
+        await wait_until(lambda: _empty(bus, sim), 60, what="cluster empty")
+    finally:
+        await bus.close()
+
+
+@asynccontextmanager
+async def audited(bus: Bus):
+    """Audit the ledger every 50 ms while the body runs: a GPU booked twice at any poll fails."""
+    failures: list[str] = []
+
+    async def poll():
+        while True:
+            try:
+                await audit_ledger(bus)
+            except AssertionError as e:
+                failures.append(str(e))
+            await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        yield
+        tg.cancel_scope.cancel()
+    assert failures == [], failures[:3]
+
+
+async def _empty(bus, sim) -> bool:
+    return not await audit_ledger(bus) and not await sim.list_pods() and not await gang_states(bus)
+
+
+async def forge(bus: Bus, subject: str, event) -> None:
+    """Publish ``event`` as an attacker (or a replay after the duplicate window) would: a fresh
+    message id, so the server's de-duplication does not drop it."""
+    await bus.publish(subject, event, msg_id=f"forged-{uuid.uuid4().hex}")
+
+
+async def drained(bus: Bus, *durables: str) -> None:
+    """Wait until the named consumers of PHX_GANG have handled and acknowledged everything."""
+    async def idle():
+        for d in durables:
+            info = await bus.js.consumer_info(S.STREAM_GANG, d)
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+
+    await wait_until(idle, 30, what=f"{durables} drained")
+    await anyio.sleep(0.3)
+
+
+async def scheduled(bus: Bus, sim: SimCluster, name: str):
+    """Submit a one-GPU pod and wait until its gang is scheduled; its (pod, gang state)."""
+    pod = await sim.apply_pod(gpu_pod(name, 1))
+
+    async def done():
+        s = (await gang_states(bus)).get(f"default/{name}")
+        return s if s is not None and s.phase == "scheduled" else None
+
+    return pod, await wait_until(done, 45, what=f"{name} scheduled")
+
+
+async def record(bus: Bus, sim: SimCluster):
+    """What must not change: every allocation, every bound pod, every gang's phase and attempt."""
+    allocations = {(node, k): v for node, led in (await ledger(bus)).items() for k, v in led.allocations.items()}
+    gangs = {g: (s.phase, s.attempt, s.assignments) for g, s in (await gang_states(bus)).items()}
+    pods = {(p.namespace, p.name, p.uid): p.node_name for p in await sim.list_pods()}
+    return allocations, gangs, pods
+
+
+async def test_a_placed_for_an_attempt_never_started_or_not_from_placement_changes_nothing(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        pod, state = await scheduled(bus, sim, "victim-a")
+        mine = state.assignments[0]
+        before = await record(bus, sim)
+        other_gpu = Assignment(pod=pod.ref, node=mine.node, gpus=((mine.gpus[0] + 1) % 8,))
+        for forged in (
+            Placed(gang_id=state.gang_id, attempt=5, assignments=(other_gpu,)),      # never started
+            Placed(gang_id=state.gang_id, attempt=1, assignments=(other_gpu,)),      # not what the ledger holds
+            Placed(gang_id=state.gang_id, attempt=1, assignments=(mine,)),           # a replay of the real one
+        ):
+            await forge(bus, S.coord_subject(state.gang_id), forged)
+        await drained(bus, "gang-coordinator", "placement")
+        assert await record(bus, sim) == before
+        # Nobody else is put on the victim's GPU afterwards.
+        _, other = await scheduled(bus, sim, "after-a")
+        assert (other.assignments[0].node, other.assignments[0].gpus) != (mine.node, mine.gpus)
+
+
+async def test_a_forged_placed_and_bind_for_a_placing_attempt_bind_nothing_onto_an_occupied_gpu(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        _, holder = await scheduled(bus, sim, "holder-b")
+        held = holder.assignments[0]
+        await anyio.to_thread.run_sync(stack.kill, "placement")
+        try:
+            pod = await sim.apply_pod(gpu_pod("intruder-b", 1))
+
+            async def placing():
+                s = (await gang_states(bus)).get("default/intruder-b")
+                return s if s is not None and s.phase == "placing" else None
+
+            state = await wait_until(placing, 30)
+            onto_held = Assignment(pod=pod.ref, node=held.node, gpus=held.gpus)
+            await forge(bus, S.coord_subject(state.gang_id), Placed(gang_id=state.gang_id, attempt=state.attempt,
+                                                                    assignments=(onto_held,)))
+            await forge(bus, S.binder_subject(state.gang_id), BindRequested(gang_id=state.gang_id, attempt=state.attempt,
+                                                                            assignment=onto_held))
+            await drained(bus, "gang-coordinator", "binder")
+            assert (await sim.get_pod(pod.ref)).node_name == ""
+            assert (await gang_states(bus))[state.gang_id].phase == "placing"
+        finally:
+            await anyio.to_thread.run_sync(stack.restart, "placement")
+
+        async def bound():
+            return (await bound_pods(sim)).get("default/intruder-b")
+
+        node, gpus = await wait_until(bound, 45)
+        assert (node, gpus) != (held.node, held.gpus)
+
+
+async def test_a_bind_for_a_pod_outside_the_gang_or_onto_an_unknown_node_is_refused(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        _, owner = await scheduled(bus, sim, "owner-c")
+        outsider = await sim.apply_pod(gpu_pod("outsider-c", 1, scheduler="default-scheduler"))
+        waiting = await sim.apply_pod(gpu_pod("waiting-c", 1, labels={
+            "jobset.sigs.k8s.io/jobset-name": "incomplete-c", "aliyun.com/min-member": "2"}))
+        await wait_until(lambda: _known(bus, "default/jobset-incomplete-c"), 30)
+        before = await record(bus, sim)
+        a = owner.assignments[0]
+        for forged in (
+            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=outsider.ref)),
+            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=waiting.ref)),
+            BindRequested(gang_id="default/jobset-incomplete-c", attempt=1,
+                          assignment=Assignment(pod=waiting.ref, node="evil.node", gpus=(0,))),
+            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, node="v100-b"
+                          if a.node == "v100-a" else "v100-a")),
+        ):
+            await forge(bus, S.binder_subject(forged.gang_id), forged)
+        await drained(bus, "binder", "gang-coordinator")
+        assert await record(bus, sim) == before
+
+
+async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes_nothing(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        victim, vstate = await scheduled(bus, sim, "victim-d")
+        _, other = await scheduled(bus, sim, "other-d")
+        bystander = await sim.apply_pod(gpu_pod("bystander-d", 1, scheduler="default-scheduler"))
+        await sim.bind(bystander.ref, "v100-b")
+        bystander = await sim.get_pod(bystander.ref)
+        before = await record(bus, sim)
+        node = vstate.assignments[0].node
+        for forged in (
+            Bound(gang_id=other.gang_id, attempt=other.attempt, pod=victim.ref, node=node),   # a pod of another gang
+            Bound(gang_id=other.gang_id, attempt=other.attempt + 3, pod=victim.ref, node=node),  # never started
+            Bound(gang_id=vstate.gang_id, attempt=vstate.attempt, pod=bystander.ref, node="v100-b"),  # no member at all
+            Bound(gang_id=vstate.gang_id, attempt=vstate.attempt, pod=victim.ref,
+                  node="v100-b" if node == "v100-a" else "v100-a"),                          # not where it is bound
+        ):
+            await forge(bus, S.coord_subject(forged.gang_id), forged)
+        await drained(bus, "gang-coordinator")
+        assert await record(bus, sim) == before
+
+
+async def test_a_placement_request_whose_members_are_not_the_gangs_replaces_no_reservation(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        pod, state = await scheduled(bus, sim, "victim-e")
+        before = await record(bus, sim)
+        phantom = MemberSpec(pod=PodRef(namespace="default", name="phantom-e", uid="phantom"), gpus=8)
+        for forged in (
+            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt + 1, members=(phantom,)),
+            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt, members=(phantom,)),
+            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt, members=state.members),  # a replay
+            PlacementRequested(gang_id="default/phantom-e", attempt=1, members=(phantom,)),
+        ):
+            await forge(bus, S.placement_subject(forged.gang_id), forged)
+        await drained(bus, "placement", "gang-coordinator")
+        assert await record(bus, sim) == before
+
+
+async def test_an_old_release_replayed_after_the_pod_was_recreated_frees_nothing_and_the_new_pod_is_not_delayed(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        old, _ = await scheduled(bus, sim, "reborn-f")
+        await sim.delete_pod(old.ref)
+        await wait_until(lambda: _gone(bus, "default/reborn-f"), 30)
+        started = anyio.current_time()
+        new, state = await scheduled(bus, sim, "reborn-f")     # same name, new uid, same gang id, attempt 1 again
+        assert state.attempt == 1 and new.uid != old.uid
+        # Message ids carry the pod uids: the new pod's commands are not duplicates of the old one's.
+        assert anyio.current_time() - started < 30
+        before = await record(bus, sim)
+        for forged in (
+            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="replayed", pods=(old.ref,)),
+            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="by name", pods=(PodRef(namespace="default",
+                                                                                               name="reborn-f"),)),
+            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="live", pods=(new.ref,)),
+            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="everything"),
+            ReleaseRequested(gang_id=state.gang_id, attempt=9, reason="later", pods=(new.ref,)),
+        ):
+            await forge(bus, S.placement_subject(forged.gang_id), forged)
+        await drained(bus, "placement", "gang-coordinator")
+        assert await record(bus, sim) == before
+
+
+async def _known(bus, gang_id) -> bool:
+    return gang_id in await gang_states(bus)
+
+
+async def _gone(bus, gang_id) -> bool:
+    return gang_id not in await gang_states(bus) and not await audit_ledger(bus)
+
+
+async def test_a_message_id_burned_in_advance_does_not_hold_a_new_pod_back(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        # The old scheme's id for the next pod's first request, taken by someone else first.
+        junk = PlacementRequested(gang_id="default/burned-g", attempt=1)
+        await bus.publish(S.placement_subject(junk.gang_id), junk, msg_id="placement.requested:default/burned-g:1")
+        started = anyio.current_time()
+        await scheduled(bus, sim, "burned-g")
+        assert anyio.current_time() - started < 30
