@@ -7,7 +7,8 @@ Mechanisms every service uses (style rules 6 and 7):
 * ``Bus.publish`` — an event with ``Nats-Msg-Id`` (its idempotency key) and W3C trace headers;
 * ``consume`` (``phalanx_bus.consumer``) — a durable pull-consumer loop with the ack ladder;
 * ``Kv`` — compare-and-set access to a KV bucket;
-* ``phalanx_bus.records`` — reading values that may be bad (skipped, counted, named).
+* ``phalanx_bus.records`` — reading values that may be bad (skipped, counted, named);
+* ``KvMirror`` (``phalanx_bus.mirror``) — a bucket mirrored in memory from a KV watch.
 """
 
 from phalanx_bus.bus import (
@@ -22,9 +23,11 @@ from phalanx_bus.bus import (
     tail,
 )
 from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
+from phalanx_bus.mirror import KvMirror, MirrorEntry, MirrorLagging, Poisoned
 from phalanx_bus.records import BadEntry, Record, read_all, read_one
 
 __all__ = [
     "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write", "tail",
     "Delivery", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
+    "KvMirror", "MirrorEntry", "MirrorLagging", "Poisoned",
 ]

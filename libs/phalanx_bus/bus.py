@@ -10,6 +10,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
+import anyio
 import msgspec
 import nats
 import nats.errors
@@ -103,9 +104,9 @@ class Kv:
             e = await self._kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             return None
-        if e.value is None or getattr(e, "operation", None) in ("DEL", "PURGE"):
+        if getattr(e, "operation", None) in ("DEL", "PURGE"):
             return None
-        return KvEntry(key, e.value, e.revision)
+        return KvEntry(key, e.value or b"", e.revision)  # nats-py reads an empty value as None
 
     async def create(self, key: str, value: bytes) -> int:
         """Create ``key``; raise ``KvConflict`` when it exists."""
@@ -172,10 +173,11 @@ class Kv:
                 deleted = getattr(e, "operation", None) in ("DEL", "PURGE")
                 yield KvEntry(e.key, e.value or b"", e.revision, deleted)
         finally:
-            try:
-                await watcher.stop()
-            except Exception:  # noqa: BLE001 - the connection may already be gone
-                pass
+            with anyio.move_on_after(2, shield=True):  # a cancelled reader still unsubscribes
+                try:
+                    await watcher.stop()
+                except Exception:  # noqa: BLE001 - the connection may already be gone
+                    pass
 
 
 class Bus:
@@ -186,12 +188,28 @@ class Bus:
         self.js = nc.jetstream(timeout=5.0)
         self.service = service
         self._kv: dict[str, Kv] = {}
+        self.reconnects = 0
+        """How many times this connection came back after a break (server restart, network)."""
+        self._reconnected = asyncio.Event()
+
+    def _note_reconnect(self) -> None:
+        self.reconnects += 1
+        event, self._reconnected = self._reconnected, asyncio.Event()
+        event.set()
+
+    async def wait_reconnect(self, seen: int) -> None:
+        """Return once ``reconnects`` exceeds ``seen`` (at once if it already does): the
+        connection broke and came back, so server-side state such as ephemeral consumers may
+        be gone (``KvMirror`` re-lists its bucket then)."""
+        while self.reconnects <= seen:
+            await self._reconnected.wait()
 
     @classmethod
     async def connect(cls, url: str, *, service: str, connect_timeout_s: float = 30.0) -> Bus:
         """Connect, retrying until ``connect_timeout_s``; afterwards reconnect forever."""
 
         closing = {"yes": False}
+        made: dict[str, Bus] = {}
 
         async def on_disconnect() -> None:
             if not closing["yes"]:
@@ -199,6 +217,8 @@ class Bus:
 
         async def on_reconnect() -> None:
             log("nats reconnected", url=url)
+            if "bus" in made:
+                made["bus"]._note_reconnect()
 
         async def on_error(e: Exception) -> None:
             if not isinstance(e, nats.errors.SlowConsumerError):
@@ -215,6 +235,7 @@ class Bus:
                 )
                 bus = cls(nc, service)
                 bus._closing = closing
+                made["bus"] = bus
                 return bus
             except Exception as e:  # noqa: BLE001 - retried, then reported
                 if loop.time() > deadline:

@@ -354,3 +354,12 @@ GANGS = Gauge("phalanx_gangs", "Gangs known to gang-coordinator, by saga phase."
 # --- topology-discovery -----------------------------------------------------------------------
 TOPOLOGY_REPORTS = Counter("phalanx_topology_reports_total", "Topology reports published (changes only).")
 HEARTBEAT_FAILURES = Counter("phalanx_topology_report_failures_total", "Topology report or heartbeat attempts that failed.")
+
+# --- KV mirrors (phalanx_bus.mirror) -----------------------------------------------------------
+KV_MIRROR_LISTINGS = Counter(
+    "phalanx_kv_mirror_listings_total",
+    "Times a KV mirror listed its bucket and applied the difference (once at start, again after every break), "
+    "by bucket.", ["bucket"])
+KV_MIRROR_UNDECODABLE = Counter(
+    "phalanx_kv_mirror_undecodable_total",
+    "KV values a mirror could not decode; the key is held as poisoned and never handed out, by bucket.", ["bucket"])
