@@ -33,7 +33,9 @@ Contract:
   stream sequence it delivered when its idle heartbeats stop.
 * **Catching up.** ``wait_for(revision)`` returns once the mirror has applied that stream
   sequence of the bucket; ``catch_up()`` once it has applied everything the bucket held when
-  it was called (for a compare-and-set that lost: catch up, decide again).
+  it was called (for a compare-and-set that lost: catch up, decide again). After a break both
+  also wait for the new listing (``synced``): the old watch may have delivered later sequences
+  while a delete whose marker is gone is known only to the listing.
 """
 
 from __future__ import annotations
@@ -100,7 +102,10 @@ class KvMirror(Generic[T]):
         """Listings applied: 1 at start, one more after every break."""
         self.undecodable = 0
         self.callback_errors = 0
-        self._waiters: list[tuple[int, anyio.Event]] = []
+        self._listed_epoch = -1
+        """``bus.reconnects`` when the last listing began: an older one means the mirror may
+        miss what changed while it was away (a delete whose marker is gone) until it lists again."""
+        self._changed: anyio.Event | None = None
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -122,23 +127,23 @@ class KvMirror(Generic[T]):
         return iter(list(self._entries.values()))
 
     # -- catching up ----------------------------------------------------------------------
+    @property
+    def synced(self) -> bool:
+        """Listed since the connection last came back (so ``revision`` can be trusted)."""
+        return self._listed_epoch == self._bus.reconnects
+
     async def wait_for(self, revision: int, *, timeout_s: float = 10.0) -> None:
-        """Return once the mirror has applied stream sequence ``revision`` of the bucket;
-        ``MirrorLagging`` after ``timeout_s``."""
-        if self.revision >= revision:
+        """Return once the mirror has applied stream sequence ``revision`` of the bucket and,
+        after a break, listed the bucket again; ``MirrorLagging`` after ``timeout_s``."""
+        with anyio.move_on_after(timeout_s):
+            while not (self.synced and self.revision >= revision):
+                if self._changed is None:
+                    self._changed = anyio.Event()
+                await self._changed.wait()
             return
-        event = anyio.Event()
-        waiter = (revision, event)
-        self._waiters.append(waiter)
-        try:
-            with anyio.move_on_after(timeout_s):
-                await event.wait()
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-        if self.revision < revision:
-            raise MirrorLagging(f"mirror of {self.bucket} at revision {self.revision}, not {revision} "
-                                f"after {timeout_s}s")
+        raise MirrorLagging(f"mirror of {self.bucket} at revision {self.revision}"
+                            f"{'' if self.synced else ' (not listed since the last reconnect)'}, "
+                            f"not {revision} after {timeout_s}s")
 
     async def catch_up(self, *, timeout_s: float = 10.0) -> None:
         """Return once the mirror reflects every write the bucket had when this was called."""
@@ -150,10 +155,9 @@ class KvMirror(Generic[T]):
 
     def _advance(self, revision: int) -> None:
         self.revision = revision
-        if self._waiters:
-            for waiter in [w for w in self._waiters if w[0] <= revision]:
-                self._waiters.remove(waiter)
-                waiter[1].set()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     # -- running --------------------------------------------------------------------------
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -181,6 +185,7 @@ class KvMirror(Generic[T]):
     async def _follow(self, task_status) -> None:
         """One watch: stage the listing, apply it as a difference, then apply live changes."""
         kv: Kv = await self._bus.kv(self.bucket)
+        epoch = self._bus.reconnects
         floor = await self._last_seq()  # every write up to here is in the listing below
         staged: dict[str, KvEntry] | None = {}
         async with aclosing(kv.watch(self._keys)) as updates:
@@ -189,6 +194,7 @@ class KvMirror(Generic[T]):
                     if e is not None:
                         staged[e.key] = e
                         continue
+                    self._listed_epoch = epoch
                     self._apply_listing(staged, floor)
                     staged = None
                     if not self.started:
