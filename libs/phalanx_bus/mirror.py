@@ -11,12 +11,14 @@ Contract:
   (stream sequence) order, as the watch delivers it.
 * **What it holds.** ``entries`` maps key → ``MirrorEntry(key, value, revision)`` where
   ``value`` is the decoder's result. A deleted or purged key leaves ``entries``.
-* **Undecodable values are isolated.** A value the decoder refuses (any exception) is never
-  handed out, stale or new: the key leaves ``entries`` and appears in ``poisoned`` with its
-  revision and the error, every such value is counted (``undecodable`` and the metric
-  ``phalanx_kv_mirror_undecodable_total``), and it is logged once with its key until the key
-  decodes again. The other keys are untouched. Consumers that must not treat a poisoned key as
-  free (a ledger entry) look at ``poisoned``.
+* **Undecodable values are isolated.** A value the decoder refuses (any exception), or that
+  breaks the optional ``check`` (the bucket's rule: ``of_bucket`` takes it from
+  ``phalanx_proto.state.BUCKETS``), is never handed out, stale or new: the key leaves
+  ``entries`` and appears in ``poisoned`` with its revision and the error, every such value is
+  counted (``undecodable`` and the metric ``phalanx_kv_mirror_undecodable_total``), the
+  bucket's ``phalanx_kv_invalid_entries`` gauge holds how many keys are poisoned, and it is
+  logged once with its key until the key decodes again. The other keys are untouched.
+  Consumers that must not treat a poisoned key as free (a ledger entry) look at ``poisoned``.
 * **Callbacks** ``on_put(entry, previous)`` and ``on_delete(previous)`` let a consumer keep
   derived state (indexes, sums): they run inline, in revision order, after the mirror itself
   changed; ``previous`` is the entry the key held before (``None`` if none). A key turning
@@ -48,6 +50,7 @@ from typing import Generic, TypeVar
 import anyio
 
 from phalanx_bus.bus import Bus, BusError, Kv, KvEntry
+from phalanx_proto.state import BUCKETS
 from phalanx_telemetry import log, metrics, warn
 
 T = TypeVar("T")
@@ -84,12 +87,14 @@ class KvMirror(Generic[T]):
     """
 
     def __init__(self, bus: Bus, bucket: str, decoder: Callable[[bytes], T], *,
+                 check: Callable[[str, T], str] | None = None,
                  on_put: Callable[[MirrorEntry[T], MirrorEntry[T] | None], object] | None = None,
                  on_delete: Callable[[MirrorEntry[T]], object] | None = None,
                  keys: str = ">") -> None:
         self._bus = bus
         self.bucket = bucket
         self._decode = decoder
+        self._check = check
         self._on_put = on_put
         self._on_delete = on_delete
         self._keys = keys
@@ -106,6 +111,13 @@ class KvMirror(Generic[T]):
         """``bus.reconnects`` when the last listing began: an older one means the mirror may
         miss what changed while it was away (a delete whose marker is gone) until it lists again."""
         self._changed: anyio.Event | None = None
+
+    @classmethod
+    def of_bucket(cls, bus: Bus, bucket: str, **kw) -> KvMirror:
+        """A mirror of one of Phalanx's shared buckets, decoded and checked by the bucket's rule
+        (``phalanx_proto.state.BUCKETS``): a value breaking it is poisoned like an undecodable one."""
+        rule = BUCKETS[bucket]
+        return cls(bus, bucket, rule.decoder.decode, check=rule.problem, **kw)
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -233,30 +245,36 @@ class KvMirror(Generic[T]):
         previous = self._entries.get(key)
         try:
             value = self._decode(raw)
+            problem = self._check(key, value) if self._check is not None else ""
         except Exception as e:  # noqa: BLE001 - any refusal of the decoder isolates this key
-            self._poison(key, revision, previous, e)
+            self._poison(key, revision, previous, str(e))
+            return
+        if problem:
+            self._poison(key, revision, previous, problem)
             return
         if self._poisoned.pop(key, None) is not None:
+            metrics.KV_INVALID_ENTRIES.set(len(self._poisoned), bucket=self.bucket)
             log("kv value decodes again", bucket=self.bucket, key=key, revision=revision)
         entry = MirrorEntry(key, value, revision)
         self._entries[key] = entry
         if self._on_put is not None:
             self._callback(self._on_put, key, entry, previous)
 
-    def _poison(self, key: str, revision: int, previous: MirrorEntry[T] | None, error: Exception) -> None:
+    def _poison(self, key: str, revision: int, previous: MirrorEntry[T] | None, error: str) -> None:
         self.undecodable += 1
         metrics.KV_MIRROR_UNDECODABLE.inc(bucket=self.bucket)
         if key not in self._poisoned:
-            warn("undecodable kv value isolated", bucket=self.bucket, key=key, revision=revision,
-                 error=str(error)[:300])
-        self._poisoned[key] = Poisoned(key, revision, str(error)[:1000])
+            warn("undecodable kv value isolated", bucket=self.bucket, key=key, revision=revision, error=error[:300])
+        self._poisoned[key] = Poisoned(key, revision, error[:1000])
+        metrics.KV_INVALID_ENTRIES.set(len(self._poisoned), bucket=self.bucket)
         if previous is not None:
             del self._entries[key]
             if self._on_delete is not None:
                 self._callback(self._on_delete, key, previous)
 
     def _delete(self, key: str) -> None:
-        self._poisoned.pop(key, None)
+        if self._poisoned.pop(key, None) is not None:
+            metrics.KV_INVALID_ENTRIES.set(len(self._poisoned), bucket=self.bucket)
         previous = self._entries.pop(key, None)
         if previous is not None and self._on_delete is not None:
             self._callback(self._on_delete, key, previous)

@@ -16,6 +16,8 @@ import pytest
 
 from phalanx_bus import Bus, KvMirror, MirrorLagging
 from phalanx_bus.mirror import MirrorEntry
+from phalanx_proto import subjects as S
+from phalanx_proto.state import NodeLedger, ledger_problem
 from phalanx_runtime.natsserver import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -140,6 +142,21 @@ async def test_an_undecodable_value_is_isolated_counted_and_logged_once_with_its
             await mirror.wait_for(r_back)
             assert held(mirror) == ({"ok": (Item(2), r_ok), "bad": (Item(6), r_back)}, {})
             assert derived.values == {"ok": 2, "bad": 6}
+            tg.cancel_scope.cancel()
+
+
+async def test_a_value_breaking_its_buckets_rule_is_poisoned_like_an_undecodable_one(bus):
+    kv = await bus.kv(S.KV_LEDGER)
+    mirror = KvMirror.of_bucket(bus, S.KV_LEDGER)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(mirror.run)
+            r_good = await kv.put("n1", msgspec.json.encode(NodeLedger(node="n1")))
+            r_bad = await kv.put("n2", msgspec.json.encode(NodeLedger(node="n1")))
+            await mirror.wait_for(max(r_good, r_bad))
+            assert ({k: e.value for k, e in mirror.entries.items()}, list(mirror.poisoned)) == (
+                {"n1": NodeLedger(node="n1")}, ["n2"])
+            assert mirror.poisoned["n2"].error == ledger_problem("n2", NodeLedger(node="n1"))
             tg.cancel_scope.cancel()
 
 
