@@ -5,7 +5,8 @@
 * the kubernetes-asyncio adapter (real API server) implements the same protocol.
 
 Both pass the same contract tests (``tests/contract``). Only gang-coordinator and binder use
-the pod half; only topology-discovery writes node status.
+the pod half; only topology-discovery writes node status. Leases are the per-node fences of
+docs/delivery.md: binder writes them, the node agent's device plugin reads them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,29 @@ class KubeEvent(msgspec.Struct, frozen=True, kw_only=True):
     at: float = 0.0
 
 
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``coordination.k8s.io/v1`` Lease: an expiring owner record. Times are epoch seconds
+    (``acquireTime``/``renewTime``); ``resource_version`` is the version read, the precondition
+    of ``update_lease``/``delete_lease`` (empty on a lease not yet created)."""
+
+    namespace: str
+    name: str
+    holder: str = ""
+    duration_s: int = 0
+    acquired: float = 0.0
+    renewed: float = 0.0
+    annotations: dict[str, str] = {}
+    resource_version: str = ""
+
+    def expired(self, now: float) -> bool:
+        """True when the holder has not renewed within ``duration_s``."""
+        return self.renewed + self.duration_s <= now
+
+
+class LeaseConflict(Exception):
+    """The lease exists (create), or changed or vanished since ``resource_version`` was read."""
+
+
 class BindConflict(Exception):
     """The pod is already bound to another node (or was recreated with another uid)."""
 
@@ -116,6 +140,24 @@ class ClusterPort(Protocol):
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         """Set extended resources in the node's status capacity and allocatable."""
+        ...
+
+    async def get_lease(self, namespace: str, name: str) -> Lease | None: ...
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        """Create the lease; the result carries its ``resource_version``. Raises ``LeaseConflict``
+        when it exists."""
+        ...
+
+    async def update_lease(self, lease: Lease) -> Lease:
+        """Replace holder, times and annotations only if the lease is still at
+        ``lease.resource_version`` (renew, hand over, change what it records); raises
+        ``LeaseConflict`` when it changed or is gone."""
+        ...
+
+    async def delete_lease(self, namespace: str, name: str, *, resource_version: str = "") -> None:
+        """Release: delete the lease, only at ``resource_version`` when one is given (then
+        ``LeaseConflict`` if it changed). Absent is success."""
         ...
 
 

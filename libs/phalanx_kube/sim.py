@@ -6,7 +6,9 @@ through the bus. Writes are compare-and-set on the KV revision, like resourceVer
 real API server, so two writers never silently overwrite each other.
 
 Buckets: ``phx-sim-pods`` (``<namespace>.<name>`` → pod JSON), ``phx-sim-nodes``
-(``<name>`` → node JSON), ``phx-sim-events`` (``<namespace>.<name>`` → list of Events).
+(``<name>`` → node JSON), ``phx-sim-events`` (``<namespace>.<name>`` → list of Events),
+``phx-sim-leases`` (``<namespace>.<name>`` → ``Lease`` JSON; the KV revision is its
+resourceVersion).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from phalanx_kube.port import (
     SCHEDULER_NAMES,
     BindConflict,
     KubeEvent,
+    Lease,
+    LeaseConflict,
     Node,
     Pod,
     PodEvent,
@@ -38,9 +42,11 @@ from phalanx_proto.subjects import token
 KV_PODS = "phx-sim-pods"
 KV_NODES = "phx-sim-nodes"
 KV_EVENTS = "phx-sim-events"
+KV_LEASES = "phx-sim-leases"
 
 _json = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[KubeEvent])
+_lease_decoder = msgspec.json.Decoder(Lease)
 
 
 def pod_key(namespace: str, name: str) -> str:
@@ -50,11 +56,12 @@ def pod_key(namespace: str, name: str) -> str:
 class SimCluster:
     """``ClusterPort`` over NATS KV. Create with ``await SimCluster.open(bus)``."""
 
-    def __init__(self, bus: Bus, pods, nodes, events, scheduler_names=SCHEDULER_NAMES) -> None:
+    def __init__(self, bus: Bus, pods, nodes, events, leases=None, scheduler_names=SCHEDULER_NAMES) -> None:
         self._bus = bus
         self._pods = pods
         self._nodes = nodes
         self._events = events
+        self._leases = leases
         self.scheduler_names = tuple(scheduler_names)
 
     @classmethod
@@ -62,7 +69,8 @@ class SimCluster:
         pods = await bus.kv(KV_PODS, history=4)
         nodes = await bus.kv(KV_NODES, history=4)
         events = await bus.kv(KV_EVENTS, history=2)
-        return cls(bus, pods, nodes, events)
+        leases = await bus.kv(KV_LEASES, history=2)
+        return cls(bus, pods, nodes, events, leases)
 
     # -- loading -------------------------------------------------------------------------
     async def apply_pod(self, obj: dict[str, Any]) -> Pod:
@@ -219,6 +227,48 @@ class SimCluster:
                 return
             except KvConflict:
                 continue
+
+    # -- leases --------------------------------------------------------------------------
+    async def get_lease(self, namespace: str, name: str) -> Lease | None:
+        entry = await self._leases.get(pod_key(namespace, name))
+        if entry is None:
+            return None
+        return msgspec.structs.replace(_lease_decoder.decode(entry.value), resource_version=str(entry.revision))
+
+    @staticmethod
+    def _stored(lease: Lease) -> bytes:
+        return _json.encode(msgspec.structs.replace(lease, resource_version=""))
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        try:
+            rev = await self._leases.create(pod_key(lease.namespace, lease.name), self._stored(lease))
+        except KvConflict as e:
+            raise LeaseConflict(f"lease {lease.namespace}/{lease.name} exists") from e
+        return msgspec.structs.replace(lease, resource_version=str(rev))
+
+    async def update_lease(self, lease: Lease) -> Lease:
+        what = f"lease {lease.namespace}/{lease.name}"
+        if not lease.resource_version.isdigit():
+            raise LeaseConflict(f"{what}: no resource_version to update from")
+        if await self.get_lease(lease.namespace, lease.name) is None:
+            raise LeaseConflict(f"{what} is gone")
+        try:
+            rev = await self._leases.update(pod_key(lease.namespace, lease.name), self._stored(lease),
+                                            last=int(lease.resource_version))
+        except KvConflict as e:
+            raise LeaseConflict(f"{what} changed since {lease.resource_version}") from e
+        return msgspec.structs.replace(lease, resource_version=str(rev))
+
+    async def delete_lease(self, namespace: str, name: str, *, resource_version: str = "") -> None:
+        current = await self.get_lease(namespace, name)
+        if current is None:
+            return
+        if resource_version and current.resource_version != resource_version:
+            raise LeaseConflict(f"lease {namespace}/{name} changed since {resource_version}")
+        try:
+            await self._leases.delete(pod_key(namespace, name), last=int(current.resource_version))
+        except KvConflict as e:
+            raise LeaseConflict(f"lease {namespace}/{name} changed while deleting") from e
 
 
 def _set_condition(obj: dict[str, Any], status: bool, reason: str, message: str) -> None:

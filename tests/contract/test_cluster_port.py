@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from kubeharness import KubeApi, gpu_pod, unique
 
-from phalanx_kube.port import BindConflict, KubeEvent, Node, Pod, PodGone
+from phalanx_kube.port import BindConflict, KubeEvent, Lease, LeaseConflict, Node, Pod, PodGone
 from phalanx_proto.events import PodRef
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -267,3 +268,41 @@ async def test_nodes_are_listed_and_extended_resources_patched_into_capacity_and
     assert await c.get_node(unique("no-such-node")) is None
     with pytest.raises(KeyError):
         await c.patch_node_capacity(unique("no-such-node"), {"nvidia.com/gpu": "8"})
+
+
+# -- leases (the per-node fences of docs/delivery.md) ----------------------------------------------
+async def test_a_lease_is_created_read_renewed_and_released_with_its_version_as_precondition(backend):
+    c, ns = backend.cluster, backend.namespace
+    assert await c.get_lease(ns, "fence-n1") is None
+    want = Lease(namespace=ns, name="fence-n1", holder="binder-0", duration_s=30, acquired=1_700_000_000.25,
+                 renewed=1_700_000_000.25, annotations={"phalanx.io/fence": '{"pods":[]}'})
+    created = await c.create_lease(want)
+    assert created.resource_version
+    read = await c.get_lease(ns, "fence-n1")
+    assert read == msgspec.structs.replace(want, resource_version=created.resource_version)
+    assert (read.expired(1_700_000_030.0), read.expired(1_700_000_030.5)) == (False, True)
+
+    renewed = await c.update_lease(msgspec.structs.replace(read, renewed=1_700_000_010.5,
+                                                           annotations={"phalanx.io/fence": '{"pods":["a"]}'}))
+    assert renewed.resource_version != created.resource_version
+    assert await c.get_lease(ns, "fence-n1") == renewed
+
+    await c.delete_lease(ns, "fence-n1", resource_version=renewed.resource_version)
+    assert await c.get_lease(ns, "fence-n1") is None
+    await c.delete_lease(ns, "fence-n1")  # absent is success
+
+
+async def test_a_second_create_or_a_stale_update_or_delete_raises_lease_conflict_and_changes_nothing(backend):
+    c, ns = backend.cluster, backend.namespace
+    first = await c.create_lease(Lease(namespace=ns, name="fence-n2", holder="binder-0", duration_s=30, renewed=1.0))
+    with pytest.raises(LeaseConflict):
+        await c.create_lease(Lease(namespace=ns, name="fence-n2", holder="intruder", duration_s=30))
+    second = await c.update_lease(msgspec.structs.replace(first, holder="binder-1", renewed=2.0))
+    with pytest.raises(LeaseConflict):
+        await c.update_lease(msgspec.structs.replace(first, holder="stale-writer"))
+    with pytest.raises(LeaseConflict):
+        await c.delete_lease(ns, "fence-n2", resource_version=first.resource_version)
+    assert await c.get_lease(ns, "fence-n2") == second
+    await c.delete_lease(ns, "fence-n2")
+    with pytest.raises(LeaseConflict):
+        await c.update_lease(second)  # gone
