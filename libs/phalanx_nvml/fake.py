@@ -198,6 +198,8 @@ class FakeNvml:
         self.initialized = 0
         self.calls: list[str] = []
         """Names of the NVML functions called, in order (tests assert on the code path)."""
+        self.lost: set[str] = set()
+        """UUIDs of GPUs that fell off the bus: every call on them raises ``GPU_IS_LOST``."""
 
     def _enter(self, name: str) -> FakeMachine:
         self.calls.append(name)
@@ -206,7 +208,10 @@ class FakeNvml:
         return self.machine
 
     def _gpu(self, name: str, handle: _Handle) -> FakeGpu:
-        return self._enter(name).gpus[handle.index]
+        gpu = self._enter(name).gpus[handle.index]
+        if gpu.gpu.uuid in self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
 
     def nvmlInit(self) -> None:
         self.calls.append("nvmlInit")
@@ -225,6 +230,15 @@ class FakeNvml:
         if not 0 <= index < len(self._enter("nvmlDeviceGetHandleByIndex").gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for i, g in enumerate(self._enter("nvmlDeviceGetHandleByUUID").gpus):
+            if g.gpu.uuid == uuid:
+                if uuid in self.lost:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+                return _Handle(i)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         return self._gpu("nvmlDeviceGetUUID", handle).gpu.uuid
