@@ -1,0 +1,189 @@
+"""The per-node fence: binder's record of which pods it bound to a node and what it assigned.
+
+A ``coordination.k8s.io/v1`` Lease ``phalanx-fence-<node>`` in the Phalanx namespace, written
+only by binder (RBAC: no pod, user or node agent can write it). Its annotation
+``phalanx.io/fence`` holds a ``Fence``: for each pod between its Binding and its admission by
+the kubelet, the pod's uid, namespace/name, the SHA-256 of the ``phalanx.io/assignment``
+annotation binder wrote on it, and an expiry. The plugin serves a pod only if the fence names
+its uid, the entry has not expired, the lease is held (renewed within its duration), and the
+pod's annotation still hashes to the recorded digest: an annotation written or edited by anyone
+else is never trusted.
+
+Unlike a lock, the fence is a set: any number of pods (a gang's members on the node, several
+gangs) can be listed at once, because the plugin learns which one the kubelet is admitting from
+the kubelet itself (``identify``), not from the fence. So an entry left by a deleted or
+terminal pod blocks nothing; it is skipped (the pod is read) and pruned.
+
+Binder's protocol (docs/delivery.md, "The fence"): ``fence_pods`` before the Bindings (one
+write for a gang's pods on the node), ``release_pods`` when a pod is admitted, deleted or
+terminal; both compare-and-set on the lease's resourceVersion and prune lapsed entries. The
+plugin (``phalanx_deviceplugin``) uses ``read``/``verify``; both sides share this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated
+
+import msgspec
+
+from phalanx_kube.port import ClusterPort, Lease, LeaseConflict
+
+FENCE_ANNOTATION = "phalanx.io/fence"
+LEASE_PREFIX = "phalanx-fence-"
+ENTRY_TTL_S = 300.0
+"""How long binder lets a bound pod wait for its admission before the entry lapses."""
+LEASE_DURATION_S = 600
+MAX_ENTRIES = 256
+_NAME_OK = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+class FenceEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    uid: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    digest: Annotated[str, msgspec.Meta(pattern="^sha256:[0-9a-f]{64}$")]
+    expires: float
+    batch: str = ""
+    """The gang attempt (``<gang>#<attempt>``) the pod was bound in; informative."""
+
+
+class Fence(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    pods: Annotated[tuple[FenceEntry, ...], msgspec.Meta(max_length=MAX_ENTRIES)] = ()
+    v: int = 1
+
+    def entry(self, uid: str) -> FenceEntry | None:
+        return next((e for e in self.pods if e.uid == uid), None)
+
+
+_decoder = msgspec.json.Decoder(Fence)
+_encoder = msgspec.json.Encoder()
+
+
+class FenceError(ValueError):
+    """The lease does not hold a usable fence (absent, expired, malformed, another node's)."""
+
+
+def lease_name(node: str) -> str:
+    """``phalanx-fence-<node>``; a node name that would not fit a Lease name (253 characters,
+    DNS subdomain) is replaced by a digest of it."""
+    name = LEASE_PREFIX + node
+    if len(name) <= 253 and _NAME_OK.fullmatch(name):
+        return name
+    return LEASE_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:40]
+
+
+def digest(assignment_annotation: str) -> str:
+    """The digest binder records for the exact annotation text it wrote."""
+    return "sha256:" + hashlib.sha256(assignment_annotation.encode("utf-8")).hexdigest()
+
+
+def read(lease: Lease | None, node: str, now: float) -> Fence:
+    """The fence a lease holds, or ``FenceError`` naming what is wrong with it."""
+    if lease is None:
+        raise FenceError(f"no fence lease {lease_name(node)}: binder has bound no pod here")
+    if lease.expired(now):
+        raise FenceError(f"fence lease {lease.namespace}/{lease.name} expired (holder {lease.holder or '-'} "
+                         f"did not renew within {lease.duration_s}s)")
+    raw = lease.annotations.get(FENCE_ANNOTATION)
+    if raw is None:
+        raise FenceError(f"fence lease {lease.namespace}/{lease.name} has no {FENCE_ANNOTATION} annotation")
+    try:
+        fence = _decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        raise FenceError(f"fence lease {lease.namespace}/{lease.name}: {FENCE_ANNOTATION} is invalid: {e}") from e
+    except msgspec.DecodeError as e:
+        raise FenceError(f"fence lease {lease.namespace}/{lease.name}: {FENCE_ANNOTATION} is not JSON: {e}") from e
+    if fence.node != node:
+        raise FenceError(f"fence lease {lease.namespace}/{lease.name} is for node {fence.node!r}, not {node!r}")
+    return fence
+
+
+def verify(fence: Fence, *, uid: str, namespace: str, name: str, annotation: str | None, now: float) -> str:
+    """Empty when the fence vouches for this pod and this assignment annotation; else the reason."""
+    e = fence.entry(uid)
+    if e is None:
+        return f"pod {namespace}/{name} (uid {uid}) is not in the node's fence: binder did not bind it here"
+    if (e.namespace, e.name) != (namespace, name):
+        return f"fence entry for uid {uid} names {e.namespace}/{e.name}, not {namespace}/{name}"
+    if e.expires <= now:
+        return f"fence entry of pod {namespace}/{name} expired {now - e.expires:.0f}s ago"
+    if annotation is None:
+        return f"pod {namespace}/{name} has no phalanx.io/assignment annotation"
+    if digest(annotation) != e.digest:
+        return (f"pod {namespace}/{name}: phalanx.io/assignment differs from what binder wrote "
+                f"(digest {digest(annotation)[:19]}…, fence has {e.digest[:19]}…)")
+    return ""
+
+
+# -- binder's side (pure; binder does the compare-and-set) ---------------------------------------
+def encode(fence: Fence) -> str:
+    return _encoder.encode(fence).decode()
+
+
+def admit(fence: Fence, entries: list[FenceEntry], now: float) -> Fence:
+    """The fence with ``entries`` added (replacing entries of the same uid) and lapsed ones
+    pruned. Raises ``FenceError`` past ``MAX_ENTRIES``."""
+    uids = {e.uid for e in entries}
+    kept = [e for e in prune(fence, now).pods if e.uid not in uids]
+    if len(kept) + len(entries) > MAX_ENTRIES:
+        raise FenceError(f"fence of node {fence.node} would list more than {MAX_ENTRIES} pods")
+    return msgspec.structs.replace(fence, pods=tuple(kept + list(entries)))
+
+
+def release(fence: Fence, uids: set[str], now: float) -> Fence:
+    """The fence without ``uids`` (admitted, deleted or terminal pods), lapsed entries pruned."""
+    return msgspec.structs.replace(fence, pods=tuple(e for e in prune(fence, now).pods if e.uid not in uids))
+
+
+def prune(fence: Fence, now: float) -> Fence:
+    return msgspec.structs.replace(fence, pods=tuple(e for e in fence.pods if e.expires > now))
+
+
+# -- the writes, by compare-and-set (binder) ------------------------------------------------------
+CAS_RETRIES = 20
+
+
+async def _change(cluster: ClusterPort, *, namespace: str, node: str, holder: str, now: float,
+                  change) -> Lease | None:
+    """Read-modify-write the node's fence lease (create when absent) with the lease's
+    resourceVersion as precondition, retrying on conflicts. A fence left empty is deleted."""
+    name = lease_name(node)
+    for _ in range(CAS_RETRIES):
+        lease = await cluster.get_lease(namespace, name)
+        current = Fence(node=node)
+        if lease is not None and not lease.expired(now):
+            try:
+                current = read(lease, node, now)
+            except FenceError:
+                current = Fence(node=node)  # unreadable: binder owns the lease, so it rewrites it
+        fence = change(current)
+        try:
+            if not fence.pods:
+                if lease is not None:
+                    await cluster.delete_lease(namespace, name, resource_version=lease.resource_version)
+                return None
+            body = Lease(namespace=namespace, name=name, holder=holder, duration_s=LEASE_DURATION_S,
+                         acquired=lease.acquired if lease and lease.holder == holder else now, renewed=now,
+                         annotations={FENCE_ANNOTATION: encode(fence)},
+                         resource_version=lease.resource_version if lease else "")
+            return await (cluster.update_lease(body) if lease is not None else cluster.create_lease(body))
+        except LeaseConflict:
+            continue
+    raise LeaseConflict(f"fence lease {namespace}/{name}: too many concurrent writers")
+
+
+async def fence_pods(cluster: ClusterPort, *, namespace: str, node: str, entries: list[FenceEntry],
+                     holder: str, now: float) -> Lease | None:
+    """Add ``entries`` (a batch: every pod about to be bound to ``node``) in one write."""
+    return await _change(cluster, namespace=namespace, node=node, holder=holder, now=now,
+                         change=lambda f: admit(f, entries, now))
+
+
+async def release_pods(cluster: ClusterPort, *, namespace: str, node: str, uids: set[str], holder: str,
+                       now: float) -> Lease | None:
+    """Drop ``uids`` from the node's fence (admitted, deleted or terminal pods). Idempotent."""
+    return await _change(cluster, namespace=namespace, node=node, holder=holder, now=now,
+                         change=lambda f: release(f, uids, now))
