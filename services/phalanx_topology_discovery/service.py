@@ -7,8 +7,11 @@ the simulator and tests), reads its Node's labels for network tiers and enableme
   report changes (new generation, new labels);
 * puts a ``NodeHeartbeat`` in KV ``phx-heartbeat`` every ``heartbeat_s``; placement treats a
   node whose beat is older than its bound as unavailable;
-* advertises the node's extended resources on the Node status so kubelet admits pods
-  requesting them (R11: "resources reported").
+* reports the node's GPU resources to the kubelet (R11: "resources reported"): on a real node
+  by running the device plugin (``phalanx_deviceplugin``, docs/delivery.md) while the node is
+  enabled, so the kubelet advertises them and hands each pod exactly the devices Phalanx chose;
+  on nodes without a kubelet (the simulator, kwok) by patching them into the Node status
+  (``--advertise node-status``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import msgspec
@@ -60,12 +64,20 @@ def extended_resources(topo: NodeTopology) -> dict[str, str]:
     return res
 
 
+class ResourceAgent(Protocol):
+    """Serves the node's resources to the kubelet (the device plugin)."""
+
+    async def ensure(self, topo: NodeTopology, enabled: bool) -> None: ...
+
+
 class Discovery:
-    def __init__(self, bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology]) -> None:
+    def __init__(self, bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology],
+                 agent: ResourceAgent | None = None) -> None:
         self.bus = bus
         self.cluster = cluster
         self.config = config
         self.read = read
+        self.agent = agent
         self._last: NodeTopologyReported | None = None
         self._advertised: dict[str, str] | None = None
 
@@ -90,7 +102,9 @@ class Discovery:
             log("topology reported", node=self.config.node, gpus=len(topo.gpus), nics=len(topo.nics),
                 enabled=report.enabled, hypernode=report.tiers.hypernode, generation=topo.generation)
         self._last = report
-        if node is not None:
+        if self.agent is not None:
+            await self.agent.ensure(topo, report.enabled)
+        elif node is not None:
             res = extended_resources(topo)
             if res and res != self._advertised:
                 await self.cluster.patch_node_capacity(self.config.node, res)
@@ -110,10 +124,13 @@ class Discovery:
 
 
 async def run(bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology], *,
+              agent: Callable[[anyio.abc.TaskGroup], ResourceAgent] | None = None,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run topology-discovery until cancelled; ready once the first report is stored."""
-    discovery = Discovery(bus, cluster, config, read)
-    await discovery.report_once()
+    """Run topology-discovery until cancelled; ready once the first report is stored. ``agent``
+    builds the device plugin agent in the service's task group; without it the resources are
+    patched into the Node status."""
     async with anyio.create_task_group() as tg:
+        discovery = Discovery(bus, cluster, config, read, agent(tg) if agent else None)
+        await discovery.report_once()
         tg.start_soon(discovery.loop)
         task_status.started()

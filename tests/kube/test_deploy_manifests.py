@@ -94,7 +94,9 @@ def test_each_service_runs_phalanx_with_its_own_account_probes_and_the_bus_url(s
     assert privileged == (service == "mig-manager"), "only mig-manager needs privileges (MIG configuration)"
     host_paths = {v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container.get("volumeMounts", [])}
-    assert host_paths == {"topology-discovery": {"/sys"}, "mig-manager": {"/sys", "/dev"}}.get(service, set())
+    assert host_paths == {"topology-discovery": {"/sys", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources",
+                                                 "/var/lib/phalanx"},
+                          "mig-manager": {"/sys", "/dev"}}.get(service, set())
     assert mounts.get("/sys", True), "/sys is mounted read-only"
 
 

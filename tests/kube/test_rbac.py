@@ -31,7 +31,9 @@ ACCESS = {
                ("get", "nodes", "", False), ("get", "secrets", "", False)],
     "topology-discovery": [("get", "nodes", "", True), ("list", "nodes", "", True), ("watch", "nodes", "", True),
                            ("patch", "nodes", "status", True), ("patch", "nodes", "", False),
-                           ("delete", "nodes", "", False), ("get", "pods", "", False)],
+                           ("delete", "nodes", "", False), ("get", "pods", "", True), ("patch", "pods", "", True),
+                           ("create", "events", "", True), ("list", "pods", "", False), ("delete", "pods", "", False),
+                           ("create", "pods", "binding", False)],
     "placement": [("get", "pods", "", False), ("list", "nodes", "", False), ("create", "events", "", False)],
     "mig-manager": [("get", "pods", "", False), ("get", "nodes", "", False), ("create", "events", "", False)],
 }
@@ -117,7 +119,7 @@ async def test_gang_coordinator_watches_and_reports_with_its_own_account_and_may
 
 
 @pytest.mark.anyio
-async def test_topology_discovery_advertises_resources_with_its_own_account_and_may_not_read_pods(rbac, kube_api, kube_ns):
+async def test_topology_discovery_advertises_resources_with_its_own_account_and_may_not_bind(rbac, kube_api, kube_ns):
     name = unique("rbac-node")
     kube_api.create_node(fake_gpu_node(name, kwok=False))
     cluster = await sa_cluster(rbac, "topology-discovery")
@@ -125,8 +127,22 @@ async def test_topology_discovery_advertises_resources_with_its_own_account_and_
         assert (await cluster.get_node(name)).name == name
         await cluster.patch_node_capacity(name, {"aliyun.com/gpu-core": "800"})
         with pytest.raises(AdapterApiError) as e:
-            await cluster.get_pod(PodRef(namespace=kube_ns, name="anything"))
+            await cluster.bind(PodRef(namespace=kube_ns, name="anything"), name)
         assert e.value.status == 403
     finally:
         await cluster.close()
     assert kube_api.get(f"/api/v1/nodes/{name}")["status"]["capacity"]["aliyun.com/gpu-core"] == "800"
+
+
+# (service, verb, allowed in phalanx-system, allowed in another namespace)
+FENCE_ACCESS = [("binder", verb, True, False) for verb in ("get", "create", "update", "patch", "delete")] + [
+    ("topology-discovery", "get", True, False), ("topology-discovery", "create", False, False),
+    ("topology-discovery", "update", False, False), ("topology-discovery", "delete", False, False),
+    ("gang-coordinator", "get", False, False), ("placement", "get", False, False)]
+
+
+def test_only_binder_writes_the_fence_leases_and_the_node_agent_only_reads_them(rbac, kube_ns):
+    got = [(svc, verb, sa_api(rbac, svc).can_i(verb, "leases", group="coordination.k8s.io", namespace=NAMESPACE),
+            sa_api(rbac, svc).can_i(verb, "leases", group="coordination.k8s.io", namespace=kube_ns))
+           for svc, verb, _, _ in FENCE_ACCESS]
+    assert got == FENCE_ACCESS
