@@ -1,12 +1,16 @@
 """The device plugin registered with the kubelet's own device manager (k8s.io/kubernetes v1.36.3,
 ``dm-harness``), admitting pods as the kubelet does: pods bound by a binder stand-in that takes
 the real fence code path (annotation, one fence write per batch through the Kubernetes port,
-Binding) on the simulated cluster, on a real nats-server. The container options the kubelet
-would hand the runtime must equal the assignment, exactly."""
+Binding). Every scenario runs on both adapters of the port: the simulated cluster on a real
+nats-server, and the real kube-apiserver (pods, Bindings and fence leases through
+``KubeCluster``). The container options the kubelet would hand the runtime must equal the
+assignment, exactly."""
 
 from __future__ import annotations
 
 import tempfile
+import uuid
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +34,13 @@ _n = iter(range(10_000))
 class Node:
     """One node: the kubelet device manager, the plugin agent, the cluster and a binder."""
 
-    def __init__(self, root: Path, sim: SimCluster, tg) -> None:
+    def __init__(self, root: Path, cluster: Any, tg, create_pod, namespace: str) -> None:
         k = next(_n)
-        self.name, self.namespace = f"dp-node-{k}", f"dp-ns-{k}"
-        self.root, self.sim, self.tg = root, sim, tg
+        self.name, self.namespace = f"dp-node-{k}", namespace
+        self.root, self.cluster, self.tg = root, cluster, tg
+        self._create_pod = create_pod
         self.topology = node_topology(self.name)
-        self.binder = Binder(sim, node=self.name, namespace=self.namespace)
+        self.binder = Binder(cluster, node=self.name, namespace=self.namespace)
         self.dm = DeviceManager(bin_path(), root / "dp", root / "pr.sock")
         self.unhealthy: frozenset[str] = frozenset()
         self.agent: PluginAgent | None = None
@@ -45,7 +50,7 @@ class Node:
                              pod_resources_socket=str(self.root / "pr.sock"), state_dir=str(self.root / "state"),
                              fence_namespace=self.namespace,
                              delivery=dv.Delivery(sysfs_root=str(self.root / "host")))
-        self.agent = PluginAgent(self.tg, self.sim, config, lambda uuids: self.unhealthy)
+        self.agent = PluginAgent(self.tg, self.cluster, config, lambda uuids: self.unhealthy)
         await self.agent.ensure(self.topology, True)
         await self.registered()
 
@@ -56,7 +61,9 @@ class Node:
                 await anyio.sleep(0.1)
 
     async def create(self, name: str, limits: dict[str, str]) -> dict[str, Any]:
-        return (await self.sim.apply_pod(pod(name, limits, namespace=self.namespace))).raw
+        obj = pod(name, limits, namespace=self.namespace)
+        del obj["metadata"]["uid"], obj["status"]
+        return await self._create_pod(obj)
 
     def assign(self, p: dict[str, Any], **fields: Any) -> Assignment:
         return assignment(p, node=self.name, **fields)
@@ -64,7 +71,7 @@ class Node:
     async def admit(self, p: dict[str, Any]) -> dict[str, Any]:
         """The pod as the kubelet sees it once bound, admitted by the device manager."""
         m = p["metadata"]
-        current = await self.sim.get_pod(PodRef(namespace=m["namespace"], name=m["name"], uid=m["uid"]))
+        current = await self.cluster.get_pod(PodRef(namespace=m["namespace"], name=m["name"], uid=m["uid"]))
         return await self.dm.admit(current.raw)
 
     async def options(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -80,24 +87,48 @@ class Node:
         return (await self.dm.request("devices", uid=p["metadata"]["uid"]))["devices"]["c0"]
 
 
-@pytest.fixture
-async def node(nats_server):
-    bus = await Bus.connect(nats_server.url, service="deviceplugin-test")
-    sim = await SimCluster.open(bus)
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dp") as tmp:  # unix socket paths must stay short
-        root = Path(tmp)
-        rdma_sysfs(root / "host")
-        async with anyio.create_task_group() as tg:
-            n = Node(root, sim, tg)
-            await n.dm.start()
-            try:
-                await n.start_plugin()
-                yield n
-            finally:
-                await n.agent.stop()
-                await n.dm.stop()
-                tg.cancel_scope.cancel()
-    await bus.close()
+@asynccontextmanager
+async def cluster_of(kind: str, request):
+    """(ClusterPort, create_pod, namespace) on the simulated cluster or the real apiserver."""
+    namespace = f"dp-{uuid.uuid4().hex[:8]}"
+    if kind == "sim":
+        bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="deviceplugin-test")
+        sim = await SimCluster.open(bus)
+
+        async def create(obj):
+            return (await sim.apply_pod(obj)).raw
+        try:
+            yield sim, create, namespace
+        finally:
+            await bus.close()
+        return
+    from phalanx_kube.kube import KubeCluster
+
+    plane, api = request.getfixturevalue("kube"), request.getfixturevalue("kube_api")
+    api.create_namespace(namespace)
+
+    async def create(obj):
+        return await anyio.to_thread.run_sync(api.create_pod, obj)
+    async with await KubeCluster.open(str(plane.kubeconfig)) as cluster:
+        yield cluster, create, namespace
+
+
+@pytest.fixture(params=["sim", "kube"])
+async def node(request):
+    async with cluster_of(request.param, request) as (cluster, create, namespace):
+        with tempfile.TemporaryDirectory(dir="/tmp", prefix="dp") as tmp:  # unix socket paths must stay short
+            root = Path(tmp)
+            rdma_sysfs(root / "host")
+            async with anyio.create_task_group() as tg:
+                n = Node(root, cluster, tg, create, namespace)
+                await n.dm.start()
+                try:
+                    await n.start_plugin()
+                    yield n
+                finally:
+                    await n.agent.stop()
+                    await n.dm.stop()
+                    tg.cancel_scope.cancel()
 
 
 def gpus(*indices: int) -> list[str]:
@@ -140,9 +171,9 @@ async def test_a_tdm_share_and_a_mig_slice_get_their_gpu_their_limits_and_an_hon
 
     ref = PodRef(namespace=node.namespace, name="tdm")
     with anyio.fail_after(15):
-        while (await node.sim.get_pod(ref)).annotations.get(dv.ISOLATION_ANNOTATION) != "advisory":
+        while (await node.cluster.get_pod(ref)).annotations.get(dv.ISOLATION_ANNOTATION) != "advisory":
             await anyio.sleep(0.1)
-    assert [(e.reason, e.type) for e in await node.sim.list_events(ref)] == [("GpuIsolation", "Warning")]
+    assert [(e.reason, e.type) for e in await node.cluster.list_events(ref)] == [("GpuIsolation", "Warning")]
 
 
 async def test_a_request_that_cannot_match_the_assignment_fails_closed_and_holds_nothing(node):
@@ -166,8 +197,8 @@ async def test_a_pod_that_wrote_phalanx_annotations_itself_is_refused_while_bind
 
     forged = node.assign(rogue, gpus=(1,), gpu_uuids=(UUIDS[1],))
     ref = forged.pod
-    await node.sim.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: msgspec.json.encode(forged).decode()})
-    await node.sim.bind(ref, node.name)
+    await node.cluster.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: msgspec.json.encode(forged).decode()})
+    await node.cluster.bind(ref, node.name)
     reply = await node.admit(rogue)
     assert not reply["ok"] and "no pod that Phalanx bound to" in reply["error"]
     assert await node.admit(legit) == {"ok": True}
@@ -198,7 +229,7 @@ async def test_a_kubelet_restart_keeps_admitted_pods_devices_and_the_plugin_regi
     await node.dm.stop()
     await node.dm.start()  # wipes the plugin sockets, keeps its checkpoint
     await node.registered()
-    current = await node.sim.get_pod(PodRef(namespace=node.namespace, name="a"))
+    current = await node.cluster.get_pod(PodRef(namespace=node.namespace, name="a"))
     assert (await node.dm.request("restore", pod=current.raw))["ok"]
     assert await node.options(a) == before
     assert await node.admit(b) == {"ok": True}
