@@ -135,8 +135,9 @@ class Plugin:
                 continue
             if kp.count(resource) >= demand(pod, resource):
                 continue  # has its devices already
-            found.append(self._vouch(fence, pod, problems))
-        found = [a for a in found if a is not None]
+            adm = self._vouch(fence, pod, problems)
+            if adm is not None:
+                found.append(adm)
         if len(found) == 1:
             return found[0]
         if found:
@@ -148,11 +149,10 @@ class Plugin:
 
     def _vouch(self, fence: F.Fence | None, pod: Pod, problems: list[str]) -> Admitting | None:
         text = pod.annotations.get(ASSIGNMENT_ANNOTATION)
-        problem = "not in the fence"
+        problem, source = f"{pod.namespace}/{pod.name} is not in the fence", "fence"
         if fence is not None and fence.entry(pod.uid) is not None:
             problem = F.verify(fence, uid=pod.uid, namespace=pod.namespace, name=pod.name, annotation=text,
                                now=self.clock())
-            source = "fence"
         if problem:
             rec = self.served.get(pod.uid)
             if rec is not None and text is not None and F.digest(text) == rec.digest:

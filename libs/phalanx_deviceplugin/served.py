@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 MAX_RECORDS = 4096
+"""Oldest records go first past this (a node never runs that many pods at once)."""
 
 
 class Served(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,12 +70,6 @@ class ServedStore:
             if want and want <= set(s.devices.get(resource, ())):
                 return s
         return None
-
-    def forget(self, uids: set[str]) -> None:
-        if uids & self._by_uid.keys():
-            for u in uids:
-                self._by_uid.pop(u, None)
-            self._save()
 
     def _save(self) -> None:
         if self.path is None:
