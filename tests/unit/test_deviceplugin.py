@@ -149,3 +149,28 @@ def test_rdma_gets_the_device_nodes_of_the_chosen_nics_only(tmp_path):
     assert e.envs == {"PHALANX_RDMA_DEVICES": "mlx5_1"}
     _, problem = dv.rdma_edits(TABLE, a, dv.Delivery(sysfs_root=str(tmp_path / "empty")))
     assert "mlx5_1 has no uverbs device node" in problem
+
+
+async def _fence_of(cluster) -> tuple:
+    lease = await cluster.get_lease("phalanx-system", F.lease_name(NODE))
+    return () if lease is None else tuple(e.uid for e in F.read(lease, NODE, 150.0).pods)
+
+
+@pytest.mark.anyio
+async def test_binders_fence_writes_batch_replace_release_and_delete_the_lease_when_empty():
+    from dpkit import MemCluster
+
+    cluster = MemCluster()
+    e = [F.FenceEntry(uid=f"u{i}", namespace="default", name=f"p{i}", digest=ENTRY.digest, expires=400.0)
+         for i in range(3)]
+    kw = {"namespace": "phalanx-system", "node": NODE, "holder": "binder-0"}
+    await F.fence_pods(cluster, entries=e[:2], now=100.0, **kw)  # a gang's two pods: one write
+    await F.fence_pods(cluster, entries=[e[2], msgspec.structs.replace(e[0], digest=F.digest("new"))], now=110.0, **kw)
+    assert await _fence_of(cluster) == ("u1", "u2", "u0")
+    lease = await cluster.get_lease("phalanx-system", F.lease_name(NODE))
+    assert (lease.holder, lease.duration_s, lease.acquired, lease.renewed) == ("binder-0", F.LEASE_DURATION_S, 100.0, 110.0)
+    await F.release_pods(cluster, uids={"u1", "u9"}, now=120.0, **kw)
+    assert await _fence_of(cluster) == ("u2", "u0")
+    await F.release_pods(cluster, uids={"u0", "u2"}, now=130.0, **kw)
+    assert await cluster.get_lease("phalanx-system", F.lease_name(NODE)) is None
+    await F.release_pods(cluster, uids={"u0"}, now=140.0, **kw)  # absent: success
