@@ -25,7 +25,9 @@ SERVICES = {
     "placement": "phalanx_placement.entry",
     "mig-manager": "phalanx_mig_manager.entry",
     "binder": "phalanx_binder.entry",
+    "node-fleet": "phalanx_node_fleet.entry",
 }
+"""``node-fleet`` is the simulator's stand-in for many nodes' agents (``phalanx_node_fleet``)."""
 
 
 def add_nats(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 
 from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
+from phalanx_runtime.synthetic import synthetic_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_CLUSTER = EXAMPLES / "clusters" / "2x8v100.yaml"
@@ -29,7 +30,11 @@ def register(sub) -> None:
     up = sub.add_parser("up", help="run NATS, all five services and a simulated cluster until Ctrl-C",
                         description="Run the whole scheduler locally: an embedded nats-server (unless --nats), "
                                     "every service as its own process, and a simulated cluster.")
-    up.add_argument("--cluster-file", default=str(DEMO_CLUSTER), help="nodes to simulate (default: %(default)s)")
+    nodes = up.add_mutually_exclusive_group()
+    nodes.add_argument("--cluster-file", default=str(DEMO_CLUSTER), help="nodes to simulate (default: %(default)s)")
+    nodes.add_argument("--synthetic", metavar="NxSHAPE",
+                       help="simulate N identical nodes with network tiers instead, e.g. 1000x8v100 (shapes: "
+                            "8v100, 8a100, 8a100mig, 8h100); above 16 nodes one node-fleet process serves them")
     up.add_argument("--workload", help="pods to submit once the services are ready (multi-document YAML)")
     up.add_argument("--nats", help="use this NATS server instead of starting one")
     up.set_defaults(func=lambda a: _run(a, demo=False))
@@ -52,7 +57,8 @@ def _progress(quiet: bool, text: str) -> None:
 
 def _run(args: argparse.Namespace, *, demo: bool) -> int:
     try:
-        cluster = ClusterFile.load(args.cluster_file)
+        cluster = (synthetic_cluster(args.synthetic) if getattr(args, "synthetic", None)
+                   else ClusterFile.load(args.cluster_file))
         pods = load_workload(args.workload) if args.workload else []
     except StackError as e:
         print(f"phalanx: {e}", file=sys.stderr)
@@ -89,11 +95,12 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
         _progress(quiet, f"starting {len(stack.plan())} service processes for {len(stack.cluster.nodes)} nodes ...")
         await anyio.to_thread.run_sync(stack.start_services)
         topo_kv = await bus.kv(S.KV_TOPOLOGY)
-        with anyio.fail_after(30):
+        with anyio.fail_after(30 + 0.01 * len(stack.cluster.nodes)):
             while len(await topo_kv.keys()) < len(stack.cluster.nodes):
-                await anyio.sleep(0.1)
-        _progress(quiet, f"ready in {time.monotonic() - started:.1f}s: "
-                         + ", ".join(n.name for n in stack.cluster.nodes))
+                await anyio.sleep(0.2)
+        names = [n.name for n in stack.cluster.nodes]
+        _progress(quiet, f"ready in {time.monotonic() - started:.1f}s: " + (
+            ", ".join(names) if len(names) <= 16 else f"{len(names)} nodes ({names[0]} … {names[-1]})"))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_print_decisions, bus, quiet)
             for pod in pods:

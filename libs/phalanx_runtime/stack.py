@@ -1,9 +1,12 @@
 """The embedded stack: a nats-server and every service as its own OS process.
 
 ``phalanx up`` / ``phalanx demo`` and the integration tests use it. Per node of the cluster
-file it runs one topology-discovery and one mig-manager (they are node agents); one
-gang-coordinator, one placement and one binder serve the whole cluster. Each process is
-``python -m phalanx_cli.main run <service> …``, exactly what a Deployment runs.
+file it runs one topology-discovery and one mig-manager (they are node agents), exactly as the
+DaemonSets do; above ``FLEET_ABOVE`` nodes (or with ``fleet=True``) one ``node-fleet`` process
+serves every node's agents instead (``phalanx_node_fleet``), so a simulated cluster of
+thousands of nodes fits on one machine. One gang-coordinator, one placement and one binder
+serve the whole cluster. Each process is ``python -m phalanx_cli.main run <service> …``,
+exactly what a Deployment runs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from phalanx_runtime.natsserver import NatsServer
 
 class StackError(RuntimeError):
     pass
+
+
+FLEET_ABOVE = 16
+"""Clusters with more nodes than this run their node agents as one ``node-fleet`` process."""
 
 
 @dataclass(frozen=True)
@@ -72,23 +79,46 @@ class ClusterFile:
                                      str(topo), str(n.get("gpuModel") or ""), mem, bool(n.get("migEnabled", False))))
         return cls(tuple(nodes))
 
+    def dump(self, path: str | os.PathLike) -> Path:
+        """Write this cluster as a cluster file (topology paths absolute) that ``load`` reads back."""
+        nodes = []
+        for n in self.nodes:
+            doc: dict[str, Any] = {"name": n.name, "labels": dict(n.labels), "topology": n.topology_file}
+            if n.gpu_model:
+                doc["gpuModel"] = n.gpu_model
+            if n.gpu_memory_mib:
+                doc["gpuMemoryMiB"] = n.gpu_memory_mib
+            if n.mig_enabled:
+                doc["migEnabled"] = True
+            nodes.append(doc)
+        out = Path(path)
+        out.write_text(yaml.dump({"nodes": nodes}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                                 sort_keys=False))
+        return out
+
     def node_objects(self) -> list[dict[str, Any]]:
         return [{"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
                  "status": {"capacity": {}, "allocatable": {}}} for n in self.nodes]
 
 
-def _fake_mig_nvml(node: ClusterNode) -> list[str]:
-    """The simulated node's MIG GPUs for mig-manager: ``--nvml fake:<table>x<count>``, so the
-    simulator exercises the real create/verify/destroy path against the rules of that model."""
+def fake_mig_spec(node: ClusterNode) -> str | None:
+    """The simulated node's MIG GPUs as a fake-NVML spec (``<table>x<count>[@off]``), or None
+    when its GPU model has no MIG: mig-manager then exercises the real create/verify/destroy
+    path against the rules of that model."""
     from phalanx_engine import mig
     from phalanx_topology import load_file
 
     table = mig.mig_table(node.gpu_model, node.gpu_memory_mib) if node.gpu_model else None
     if table is None:
-        return []
+        return None
     count = len(load_file(node.topology_file, node=node.name).gpus)
-    return ["--nvml", f"fake:{table.model}x{count}" + ("" if node.mig_enabled else "@off")]
+    return f"{table.model}x{count}" + ("" if node.mig_enabled else "@off")
+
+
+def _fake_mig_nvml(node: ClusterNode) -> list[str]:
+    spec = fake_mig_spec(node)
+    return [] if spec is None else ["--nvml", f"fake:{spec}"]
 
 
 def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -126,6 +156,10 @@ class Stack:
     service_args: dict[str, list[str]] = field(default_factory=dict)
     replicas: dict[str, int] = field(default_factory=dict)
     """Extra replicas of cluster-wide services, e.g. ``{"placement": 2}``."""
+    fleet: bool | None = None
+    """Node agents as one ``node-fleet`` process (True), as two processes per node (False), or
+    by cluster size (None: a fleet above ``FLEET_ABOVE`` nodes). In fleet mode the agents'
+    flags go in ``service_args["node-fleet"]``."""
     nats: NatsServer | None = None
     procs: dict[str, ServiceProc] = field(default_factory=dict)
 
@@ -146,30 +180,46 @@ class Stack:
             os.makedirs(self.nats.store_dir, exist_ok=True)
             self.nats.start()
 
+    @property
+    def uses_fleet(self) -> bool:
+        return self.fleet if self.fleet is not None else len(self.cluster.nodes) > FLEET_ABOVE
+
+    @property
+    def fleet_file(self) -> Path:
+        """The cluster file the ``node-fleet`` process reads (written by ``start_services``)."""
+        return Path(self.workdir) / "fleet-cluster.yaml"
+
     def plan(self) -> list[tuple[str, str, list[str]]]:
         """(process name, service, extra args) for every process of the stack."""
         out = []
-        for n in self.cluster.nodes:
-            fill = (["--gpu-model", n.gpu_model] if n.gpu_model else []) + (
-                ["--gpu-memory-mib", str(n.gpu_memory_mib)] if n.gpu_memory_mib else [])
-            if n.mig_enabled:
-                fill.append("--mig-enabled")
-            out.append((f"topology-discovery@{n.name}", "topology-discovery",
-                        ["--node", n.name, "--topology-file", n.topology_file, *fill]))
-            out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name, *_fake_mig_nvml(n)]))
+        if self.uses_fleet:
+            out.append(("node-fleet", "node-fleet", ["--cluster-file", str(self.fleet_file)]))
+        else:
+            for n in self.cluster.nodes:
+                fill = (["--gpu-model", n.gpu_model] if n.gpu_model else []) + (
+                    ["--gpu-memory-mib", str(n.gpu_memory_mib)] if n.gpu_memory_mib else [])
+                if n.mig_enabled:
+                    fill.append("--mig-enabled")
+                out.append((f"topology-discovery@{n.name}", "topology-discovery",
+                            ["--node", n.name, "--topology-file", n.topology_file, *fill]))
+                out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name, *_fake_mig_nvml(n)]))
         for service in ("placement", "binder", "gang-coordinator"):
             for i in range(self.replicas.get(service, 1)):
                 out.append((service if i == 0 else f"{service}#{i + 1}", service, []))
         return out
 
-    def start_services(self, timeout_s: float = 60.0) -> None:
+    def start_services(self, timeout_s: float | None = None) -> None:
+        """Start every process and wait until each is ready. The default bound is 60 s plus
+        50 ms per node (a fleet reports every node before it is ready)."""
+        if self.uses_fleet:
+            self.cluster.dump(self.fleet_file)
         for name, service, extra in self.plan():
             safe = name.replace("@", "-").replace("#", "-")
             sp = ServiceProc(name, ["run", service, "--nats", self.url, *extra, *self.service_args.get(service, [])],
                              Path(self.workdir) / f"{safe}.ready", Path(self.workdir) / f"{safe}.log")
             self.procs[name] = sp
             self._spawn(sp)
-        self.wait_ready(list(self.procs), timeout_s)
+        self.wait_ready(list(self.procs), timeout_s if timeout_s is not None else 60.0 + 0.05 * len(self.cluster.nodes))
 
     def _spawn(self, sp: ServiceProc) -> None:
         sp.ready_file.unlink(missing_ok=True)

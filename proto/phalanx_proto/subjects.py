@@ -75,6 +75,17 @@ def mig_subject(node: str) -> str:
     return f"phx.node.{token(node)}.mig"
 
 
+MIG_EVERY_NODE = "phx.node.*.mig"
+"""Every node's MIG commands: the filter of a node fleet's single consumer (simulator only;
+a real node's mig-manager filters on its own ``mig_subject``)."""
+
+
+def node_of_mig_subject(subject: str) -> str:
+    """The node token of a ``phx.node.<node>.mig`` subject ("" for any other subject)."""
+    parts = subject.split(".")
+    return parts[2] if len(parts) == 4 and parts[:2] == ["phx", "node"] and parts[3] == "mig" else ""
+
+
 def node_reply_subject(node: str) -> str:
     return f"phx.node.{token(node)}.reply"
 

@@ -49,15 +49,10 @@ def add_arguments(p) -> None:
 
 def _reader(args):
     if args.topology_file:
-        import msgspec
+        from phalanx_topology_discovery.service import topology_from_file
 
-        from phalanx_topology import load_file
-
-        topo = load_file(args.topology_file, node=args.node)
-        gpus = tuple(msgspec.structs.replace(g, model=g.model or args.gpu_model,
-                                             memory_mib=g.memory_mib or args.gpu_memory_mib,
-                                             mig_enabled=g.mig_enabled or args.mig_enabled) for g in topo.gpus)
-        topo = msgspec.structs.replace(topo, gpus=gpus)
+        topo = topology_from_file(args.topology_file, args.node, gpu_model=args.gpu_model,
+                                  gpu_memory_mib=args.gpu_memory_mib, mig_enabled=args.mig_enabled)
         return lambda: topo
     from phalanx_nvml import NvmlDiscovery
 

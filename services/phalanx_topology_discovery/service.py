@@ -16,6 +16,7 @@ the simulator and tests), reads its Node's labels for network tiers and enableme
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import anyio
 import msgspec
 
 from phalanx_bus import Bus
-from phalanx_kube.port import ClusterPort
+from phalanx_kube.port import ClusterPort, Node
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
@@ -49,6 +50,25 @@ def enabled_by_labels(labels: dict[str, str]) -> bool:
     if ack == "default":
         return False
     return labels.get(ENABLE_LABEL) == "true" or ack == "topology"
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str) -> NodeTopology:
+    from phalanx_topology import load_file
+
+    return load_file(path)
+
+
+def topology_from_file(path: str, node: str, *, gpu_model: str = "", gpu_memory_mib: int = 0,
+                       mig_enabled: bool = False) -> NodeTopology:
+    """``node``'s topology from an ``nvidia-smi topo -m`` or Phalanx YAML file, with what the
+    file does not say filled in (a topo -m matrix names no model or memory; NVML reports the
+    real MIG mode). Each file is parsed once per process: a node fleet serves thousands of
+    simulated nodes from a handful of files."""
+    topo = _parsed(str(path))
+    gpus = tuple(msgspec.structs.replace(g, model=g.model or gpu_model, memory_mib=g.memory_mib or gpu_memory_mib,
+                                         mig_enabled=g.mig_enabled or mig_enabled) for g in topo.gpus)
+    return msgspec.structs.replace(topo, node=node, gpus=gpus)
 
 
 def extended_resources(topo: NodeTopology) -> dict[str, str]:
@@ -82,8 +102,16 @@ class Discovery:
         self._advertised: dict[str, str] | None = None
 
     async def report_once(self) -> None:
-        topo = self.read()
+        """One beat of the per-node agent: read the Node, report what changed, put a heartbeat."""
         node = await self.cluster.get_node(self.config.node)
+        await self.report(node)
+        await (await self.bus.kv(S.KV_HEARTBEAT)).put(S.token(self.config.node), encoder.encode(self.heartbeat()))
+
+    async def report(self, node: Node | None) -> None:
+        """Store and publish the topology report when it differs from the stored one, and
+        advertise the node's extended resources when they changed. ``node`` is this agent's
+        Node as read from the cluster (``None`` when it does not exist)."""
+        topo = self.read()
         labels = node.labels if node else {}
         report = NodeTopologyReported(
             node=self.config.node, topology=topo, tiers=tiers_from_labels(self.config.node, labels),
@@ -110,8 +138,11 @@ class Discovery:
                 await self.cluster.patch_node_capacity(self.config.node, res)
                 self._advertised = res
                 log("resources advertised", node=self.config.node, **{k.replace("/", "_"): v for k, v in res.items()})
-        beat = NodeHeartbeat(node=self.config.node, generation=topo.generation, at=time.time())
-        await (await self.bus.kv(S.KV_HEARTBEAT)).put(S.token(self.config.node), encoder.encode(beat))
+
+    def heartbeat(self) -> NodeHeartbeat:
+        """The beat to store under this node's key in ``phx-heartbeat`` (after a ``report``)."""
+        generation = self._last.topology.generation if self._last is not None else 0
+        return NodeHeartbeat(node=self.config.node, generation=generation, at=time.time())
 
     async def loop(self) -> None:
         while True:

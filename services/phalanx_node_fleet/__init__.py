@@ -1,0 +1,1 @@
+"""phalanx_node_fleet."""
