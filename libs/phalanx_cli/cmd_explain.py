@@ -85,7 +85,8 @@ async def gather(args: argparse.Namespace, namespace: str, name: str) -> dict[st
     async with AsyncExitStack() as stack:
         bus = await Bus.connect(args.nats, service="cli", connect_timeout_s=args.timeout)
         stack.push_async_callback(bus.close)
-        cluster = await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack)
+        cluster = await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
+                                     qps=args.kube_api_qps, burst=args.kube_api_burst)
         ref = PodRef(namespace=namespace, name=name)
         pod = await cluster.get_pod(ref)
         if pod is None:

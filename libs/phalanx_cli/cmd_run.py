@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import traceback
@@ -17,6 +18,7 @@ from contextlib import AsyncExitStack
 
 import anyio
 
+from phalanx_kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, KubeClientSettings
 from phalanx_runtime.service import serve
 
 SERVICES = {
@@ -44,6 +46,28 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file for --cluster kube (default: $KUBECONFIG, else the in-cluster "
                         "ServiceAccount, else ~/.kube/config)")
+    p.add_argument("--kube-api-qps", type=_finite, default=DEFAULT_QPS, metavar="QPS",
+                   help="--cluster kube: requests per second to the API server on average, as kube-scheduler's "
+                        "--kube-api-qps; 0 turns the client-side limit off (default %(default)s)")
+    p.add_argument("--kube-api-burst", type=_positive, default=DEFAULT_BURST, metavar="N",
+                   help="--cluster kube: requests allowed at once above the average, as kube-scheduler's "
+                        "--kube-api-burst; the HTTP connection pool is this plus 8 (default %(default)s)")
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative number")
+    return value
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of at least 1")
+    return int(text)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -66,10 +90,11 @@ def register(sub) -> None:
         sp.set_defaults(func=run_service, entry_module=module)
 
 
-async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: AsyncExitStack | None = None):
+async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: AsyncExitStack | None = None,
+                       qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST):
     """The ``ClusterPort`` for ``--cluster``: the simulated cluster on ``bus``, or the real API
-    server (``kubeconfig``, else ``KUBECONFIG``, else in-cluster). A real adapter's HTTP session
-    is closed by ``stack``."""
+    server (``kubeconfig``, else ``KUBECONFIG``, else in-cluster) driven at most at ``qps``
+    with ``burst``. A real adapter's HTTP session is closed by ``stack``."""
     if kind == "sim":
         from phalanx_kube.sim import SimCluster
 
@@ -77,7 +102,7 @@ async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: 
     from phalanx_kube.kube import KubeCluster
 
     try:
-        cluster = await KubeCluster.open(kubeconfig)
+        cluster = await KubeCluster.open(kubeconfig, settings=KubeClientSettings(qps=qps, burst=burst))
     except Exception as e:  # noqa: BLE001 - a config problem: say which and stop
         raise SystemExit(f"phalanx: --cluster kube: cannot load a Kubernetes configuration "
                          f"(--kubeconfig, KUBECONFIG or in-cluster): {e}") from e
@@ -96,7 +121,8 @@ def run_service(args: argparse.Namespace) -> int:
             bus = await Bus.connect(args.nats, service=args.service)
             stack.push_async_callback(_close, bus)
             await bus.declare()
-            cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack)
+            cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
+                                          qps=args.kube_api_qps, burst=args.kube_api_burst)
                        if entry.NEEDS_CLUSTER else None)
             await entry.start(args, bus, cluster, task_status=task_status)
 

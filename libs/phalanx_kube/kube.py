@@ -19,6 +19,9 @@ Mapping of the port's rules onto the API:
   422 on ``metadata.uid``, reported as ``PodGone`` like the simulator), the Binding carries it
   too (409, re-read to tell "already bound here" from a conflict), deletes use
   ``preconditions.uid``;
+* every request (a watch's start included) first waits for the client-side rate limiter,
+  ``--kube-api-qps``/``--kube-api-burst`` as in kube-scheduler (``phalanx_kube.ratelimit``), and
+  the HTTP connection pool is sized to the burst;
 * events are core/v1 Events named after (pod uid, reason, message), so a repeat, from any
   process, bumps ``count`` of the same object (get + patch with the resourceVersion read).
 
@@ -59,6 +62,7 @@ from phalanx_kube.port import (
     node_from_dict,
     pod_from_dict,
 )
+from phalanx_kube.ratelimit import KubeClientSettings, TokenBucket
 from phalanx_proto.events import PodRef
 from phalanx_telemetry import warn
 
@@ -70,6 +74,7 @@ MESSAGE_LIMIT = 1024
 """The apiserver rejects Event messages above 1 KiB when ``eventTime`` is set."""
 
 _decode = msgspec.json.decode
+DEFAULT_SETTINGS = KubeClientSettings()
 
 
 class KubeApiError(RuntimeError):
@@ -111,26 +116,31 @@ class KubeCluster:
     """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
     ``await close()`` (or ``async with``) releases the HTTP session."""
 
-    def __init__(self, api_client: client.ApiClient, scheduler_names=SCHEDULER_NAMES) -> None:
+    def __init__(self, api_client: client.ApiClient, scheduler_names=SCHEDULER_NAMES, *,
+                 limiter: TokenBucket | None = None) -> None:
         self._client = api_client
         self._core = client.CoreV1Api(api_client)
         self._coordination = client.CoordinationV1Api(api_client)
         self.scheduler_names = tuple(scheduler_names)
         self._instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
+        self._limiter = limiter
 
     @classmethod
     async def open(cls, kubeconfig: str | None = None, *, context: str | None = None,
-                   scheduler_names=SCHEDULER_NAMES) -> KubeCluster:
+                   scheduler_names=SCHEDULER_NAMES,
+                   settings: KubeClientSettings = DEFAULT_SETTINGS) -> KubeCluster:
         """Connect with ``kubeconfig`` (a path), else ``$KUBECONFIG``, else the in-cluster
-        ServiceAccount, else ``~/.kube/config``. Raises ``ConfigException`` when none works."""
+        ServiceAccount, else ``~/.kube/config``. Raises ``ConfigException`` when none works.
+        ``settings``: client QPS, burst and connection pool (``phalanx_kube.ratelimit``)."""
         cfg = client.Configuration()
+        cfg.connection_pool_maxsize = settings.pool_size
         path = kubeconfig or os.environ.get("KUBECONFIG")
         if not path and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=cfg)
         else:
             await config.load_kube_config(config_file=path or None, context=context, client_configuration=cfg,
                                           persist_config=False)
-        return cls(client.ApiClient(configuration=cfg), scheduler_names)
+        return cls(client.ApiClient(configuration=cfg), scheduler_names, limiter=settings.limiter())
 
     async def close(self) -> None:
         await self._client.close()
@@ -144,7 +154,9 @@ class KubeCluster:
     # -- transport -------------------------------------------------------------------------
     async def _call(self, what: str, method, *args, ok: tuple[int, ...] = (), **kwargs) -> tuple[int, Any]:
         """Call a generated API method raw: (status, decoded JSON). Non-2xx outside ``ok``
-        raises ``KubeApiError``."""
+        raises ``KubeApiError``. Waits for the rate limiter first."""
+        if self._limiter is not None:
+            await self._limiter.acquire()
         resp = await method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
         try:
             data = await resp.read()
@@ -263,6 +275,8 @@ class KubeCluster:
                               "timeout_seconds": server_timeout}
         if self._field_selector:
             kw["field_selector"] = self._field_selector
+        if self._limiter is not None:
+            await self._limiter.acquire()
         resp = await self._core.list_pod_for_all_namespaces(
             _preload_content=False, **kw,
             _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=server_timeout + 30))

@@ -3,12 +3,15 @@ clear failure without any configuration. (The port's contract itself is tests/co
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 from kubeharness import gpu_pod
 
 from phalanx_kube.kube import KubeCluster, pod_from_api
 from phalanx_kube.port import PodEvent
+from phalanx_kube.ratelimit import KubeClientSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -89,3 +92,20 @@ async def test_without_any_configuration_the_command_says_what_to_set(monkeypatc
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(SystemExit, match=r"--cluster kube: cannot load a Kubernetes configuration"):
         await open_cluster("kube", None, kubeconfig=str(tmp_path / "missing"))
+
+
+@pytest.mark.anyio
+async def test_requests_beyond_the_burst_wait_for_the_client_side_rate(kube):
+    """qps 5, burst 2: eight concurrent requests need at least (8 - 2) / 5 = 1.2 s, whatever the
+    server's speed; the pool is sized to the burst."""
+    cluster = await KubeCluster.open(str(kube.kubeconfig), settings=KubeClientSettings(qps=5, burst=2))
+    try:
+        assert cluster._client.configuration.connection_pool_maxsize == 10
+        started = time.monotonic()
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(cluster.list_nodes)
+        assert time.monotonic() - started >= 1.2 - 0.05
+    finally:
+        await cluster.close()
