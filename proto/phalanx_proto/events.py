@@ -317,6 +317,10 @@ class NodeTopologyReported(TopologyEvent, tag="topology.reported"):
     tiers: NetworkTiers = NetworkTiers()
     enabled: bool = True
     """False when the node's labels do not enable Phalanx (R10/R11)."""
+    device_plugin: bool = False
+    """The node's agent serves the kubelet device plugin (docs/delivery.md), so binder records
+    every bind to this node in the node's fence; nodes without a kubelet (the simulator, kwok)
+    have nothing that reads a fence."""
 
     def key(self) -> str:
         return f"{super().key()}:{self.topology.generation}"
