@@ -80,7 +80,7 @@ class Fleet:
             self.names[S.token(n.name)] = n.name
             spec = fake_mig_spec(n)
             if spec is not None:
-                self.mig[S.token(n.name)] = MigManager(bus, n.name, devices_from(f"fake:{spec}"), records, ledger,
+                self.mig[S.token(n.name)] = MigManager(bus, n.name, devices_from(f"fake:{spec}", n.name), records, ledger,
                                                        orphan_grace_s=config.orphan_grace_s)
 
     # -- topology and heartbeats --------------------------------------------------------------
