@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from phalanx_runtime.children import popen_options
+
 
 class NatsServerError(RuntimeError):
     pass
@@ -58,7 +60,7 @@ class NatsServer:
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **popen_options(),
         )
         log.close()
         deadline = time.monotonic() + timeout_s

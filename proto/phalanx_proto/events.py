@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from phalanx_proto.codec import Decoder
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
 Attempt = Annotated[int, msgspec.Meta(ge=1)]
@@ -389,9 +390,9 @@ class MigDestroyed(_PodNodeEvent, tag="mig.destroyed"):
 NODE_EVENTS = (MigPrepareRequested, MigDestroyRequested, MigReady, MigFailed, MigDestroyed)
 AnyNodeEvent = MigPrepareRequested | MigDestroyRequested | MigReady | MigFailed | MigDestroyed
 
-gang_decoder = msgspec.json.Decoder(AnyGangEvent)
-topology_decoder = msgspec.json.Decoder(AnyTopologyEvent)
-node_decoder = msgspec.json.Decoder(AnyNodeEvent)
+gang_decoder = Decoder(AnyGangEvent)
+topology_decoder = Decoder(AnyTopologyEvent)
+node_decoder = Decoder(AnyNodeEvent)
 encoder = msgspec.json.Encoder()
 
 ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS
