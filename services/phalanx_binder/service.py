@@ -43,12 +43,13 @@ from __future__ import annotations
 import os
 import socket
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import anyio
 import msgspec
 
-from phalanx_binder.fences import NodeFences
+from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
 from phalanx_kube import fence as F
@@ -141,7 +142,9 @@ class Binder:
     # -- the bind -------------------------------------------------------------------------------
     async def bind(self, ev: BindRequested) -> None:
         a = ev.assignment
-        with self.fences.coming(a.node) as ticket:
+        # Announced to the node's fence writer at once, so the binds of a gang share one write;
+        # only nodes that keep a fence (a forged command naming other nodes creates nothing).
+        with self.fences.coming(a.node) if self.fenced(a.node) else nullcontext() as ticket:
             checked = await self.recorded(ev)
             if not isinstance(checked, Assignment):
                 refused(checked[0], checked[1], pod=str(a.pod), node=a.node, gang=ev.gang_id, attempt=ev.attempt)
@@ -157,7 +160,7 @@ class Binder:
         cached = self.pods.get(ref) if self.pods is not None else None
         return cached if cached is not None else await self.cluster.get_pod(ref)
 
-    async def _bind(self, ev: BindRequested, a: Assignment, ticket, span) -> None:
+    async def _bind(self, ev: BindRequested, a: Assignment, ticket: Ticket | None, span) -> None:
         ref = a.pod
         try:
             pod = await self._pod(ev)
@@ -202,12 +205,16 @@ class Binder:
         await self.bus.publish(S.coord_subject(ev.gang_id), Bound(
             gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, node=a.node))
 
-    async def _fence(self, ev: BindRequested, a: Assignment, text: str, ticket) -> None:
+    async def _fence(self, ev: BindRequested, a: Assignment, text: str, ticket: Ticket | None) -> None:
         now = self.fences.clock()
         entry = F.FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=F.digest(text),
                              expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
         try:
-            await self.fences.fence(ticket, entry)
+            if ticket is None:  # the node's report began to say "device plugin" since the command came
+                with self.fences.coming(a.node) as ticket:
+                    await self.fences.fence(ticket, entry)
+            else:
+                await self.fences.fence(ticket, entry)
         except F.FenceError as e:  # the node's fence is full: pods bound earlier must be admitted first
             raise TemporaryError(str(e), delay=2.0) from e
 
