@@ -16,11 +16,20 @@ def _at_least_one(text: str) -> int:
     return int(text)
 
 
+def _namespace(text: str) -> str:
+    from phalanx_engine.names import dns_label
+
+    if not dns_label(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a DNS label: lower-case letters, digits "
+                                         "and '-', at most 63, starting and ending with a letter or digit)")
+    return text
+
+
 def add_arguments(p) -> None:
     p.add_argument("--parallelism", type=_at_least_one, default=os.environ.get("PHALANX_BIND_PARALLELISM", "16"),
                    help="bind commands handled at once, as kube-scheduler binds asynchronously; the Kubernetes "
                         "client's --kube-api-qps/--kube-api-burst still pace the requests (default %(default)s)")
-    p.add_argument("--fence-namespace", default=os.environ.get("POD_NAMESPACE", "phalanx-system"),
+    p.add_argument("--fence-namespace", type=_namespace, default=os.environ.get("POD_NAMESPACE", "phalanx-system"),
                    help="namespace of the per-node fence leases that the node agents' device plugins read "
                         "(default: $POD_NAMESPACE or phalanx-system; docs/delivery.md)")
     p.add_argument("--instance", default="",

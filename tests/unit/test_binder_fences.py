@@ -225,3 +225,22 @@ async def test_a_release_after_every_entry_lapsed_deletes_the_lease():
             while fences.held("n1") != frozenset():
                 await anyio.sleep(0.01)
     assert lease.renewed == NOW and await cluster.get_lease(NS, F.lease_name("n1")) is None
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    pytest.param(["--parallelism", "0"], "'0' must be a whole number from 1 to 1024", id="no parallelism"),
+    pytest.param(["--parallelism", "1e3"], "'1e3' must be a whole number from 1 to 1024", id="not digits"),
+    pytest.param(["--fence-namespace", "Phalanx_System"], "'Phalanx_System' is not a namespace name",
+                 id="a namespace the API server would refuse"),
+])
+def test_binders_flags_refuse_values_it_could_not_work_with(argv, error, capsys):
+    import argparse
+
+    from phalanx_binder import entry
+
+    p = argparse.ArgumentParser()
+    entry.add_arguments(p)
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(argv)
+    assert e.value.code == 2 and error in capsys.readouterr().err
+    assert vars(p.parse_args([]))["parallelism"] == 16
