@@ -25,7 +25,8 @@ from typing import Any
 
 import anyio
 
-from phalanx_cli.cmd_run import add_nats
+from phalanx_cli.cmd_run import add_nats, connect_bus, one_line
+from phalanx_cli.terminal import safe, safe_lines
 
 
 def register(sub) -> None:
@@ -43,16 +44,25 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = anyio.run(gather, args)
+        report = anyio.run(_bounded, args)
     except Exception as e:  # noqa: BLE001 - unreachable bus: say so, exit 2
-        print(f"phalanx doctor: {e}", file=sys.stderr)
+        print(safe(f"phalanx doctor: {one_line(e)}"), file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    print(json.dumps(report, indent=2) if args.json else safe_lines(render(report)))
     return 0 if report["healthy"] else 1
 
 
+async def _bounded(args: argparse.Namespace) -> dict[str, Any]:
+    """``gather`` within ``--timeout`` seconds in all, connection included."""
+    try:
+        with anyio.fail_after(args.timeout):
+            return await gather(args)
+    except TimeoutError:
+        raise TimeoutError(f"no complete answer from NATS at {args.nats} within {args.timeout:g}s") from None
+
+
 async def gather(args: argparse.Namespace) -> dict[str, Any]:
-    from phalanx_bus import BadEntry, Bus, read_all
+    from phalanx_bus import BadEntry, read_all
     from phalanx_proto import subjects as S
     from phalanx_proto.state import (
         BUCKETS,
@@ -63,7 +73,7 @@ async def gather(args: argparse.Namespace) -> dict[str, Any]:
         reconciler_report_decoder,
     )
 
-    bus = await Bus.connect(args.nats, service="cli", connect_timeout_s=args.timeout)
+    bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
     try:
         kv: dict[str, Any] = {}
         problems: list[str] = []

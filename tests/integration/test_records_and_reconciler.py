@@ -313,3 +313,8 @@ async def test_a_mig_instance_whose_reservation_vanished_is_not_destroyed_while_
     finally:
         await bus.close()
         await anyio.to_thread.run_sync(lambda: next(gen, None))
+
+
+def test_doctor_says_when_the_bus_cannot_be_reached():
+    out = phalanx("doctor", "--nats", "nats://127.0.0.1:9", "--timeout", "1")
+    assert out.returncode == 2 and "NATS at nats://127.0.0.1:9" in out.stderr and len(out.stderr.splitlines()) == 1
