@@ -108,6 +108,16 @@ class Kv:
             return None
         return KvEntry(key, e.value or b"", e.revision)  # nats-py reads an empty value as None
 
+    async def tombstone(self, key: str) -> int:
+        """The revision of the key's delete marker when its last value was deleted, else 0: what
+        an atomic batch must expect as the key's last sequence to create it anew."""
+        try:
+            await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError as e:
+            entry = getattr(e, "entry", None)
+            return entry.revision if entry is not None and getattr(e, "op", None) in ("DEL", "PURGE") else 0
+        return 0
+
     async def create(self, key: str, value: bytes) -> int:
         """Create ``key``; raise ``KvConflict`` when it exists."""
         return await _cas(self._kv.create(key, value), f"{self.bucket}/{key} exists")
@@ -400,9 +410,10 @@ async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, 
                           timeout_s: float = 5.0) -> int:
     """Write several KV keys in one JetStream atomic batch: all or none.
 
-    Each write is ``(key, value, expected_revision)`` (0: the key must not exist). Any
-    stale revision fails the whole batch with ``KvConflict`` and changes nothing. Returns the
-    stream sequence of the last write. The server refuses batches over 1,000 messages.
+    Each write is ``(key, value, expected_revision)`` (0: the key must have no value — never
+    written, or deleted: a deleted key's delete marker is looked up and expected). Any stale
+    revision fails the whole batch with ``KvConflict`` and changes nothing. Returns the stream
+    sequence of the last write. The server refuses batches over 1,000 messages.
     """
     import json
     import uuid
@@ -411,6 +422,9 @@ async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, 
         return 0
     if len(writes) > 1000:
         raise BusError(f"atomic batch of {len(writes)} writes exceeds the server limit of 1000")
+    if any(expected == 0 for _, _, expected in writes):
+        kv = await bus.kv(bucket)
+        writes = [(key, value, expected or await kv.tombstone(key)) for key, value, expected in writes]
     batch_id = uuid.uuid4().hex
     last = len(writes)
     for n, (key, value, expected) in enumerate(writes, start=1):

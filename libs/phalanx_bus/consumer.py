@@ -6,7 +6,18 @@ handler inside one OpenTelemetry span whose parent is the publisher's ``tracepar
 
 * ``ack()`` once the handler returned (its side effect is durable by then);
 * ``nak(delay)`` on ``TemporaryError`` and on an unexpected exception (with backoff);
-* record + ``term()`` on ``PermanentError``.
+* record + ``term()`` on ``PermanentError``;
+* record + ``term()`` when ``TemporaryError`` or an unexpected exception happens on the
+  message's **last delivery** (``num_delivered >= max_deliver``): nothing is dropped silently.
+
+Every dead letter carries the error and its origin in headers (``Phalanx-Error``,
+``Phalanx-Original-Subject``, ``Phalanx-Original-Stream``, ``Phalanx-Cause``) and counts in
+``phalanx_bus_dead_letters_total{consumer, cause}``, which ``deploy/prometheus/rules`` alerts
+on. The consumer handles the last delivery itself rather than listening to the server's
+``MAX_DELIVERIES`` advisory: the advisory is a core-NATS message nobody stores, so it is lost
+whenever no subscriber is up, whereas the last delivery reaches a consumer like any other. A
+process that dies *during* a message's last delivery still loses it; what such a message would
+have done is repaired by gang-coordinator's reconciler (docs/saga.md, "The reconciler").
 
 Handlers must be idempotent: JetStream delivers at least once.
 
@@ -85,14 +96,16 @@ async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
     metrics.BUS_CONSUMER_ACK_PENDING.set(info.num_ack_pending or 0, stream=stream, consumer=durable)
 
 
-async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str) -> None:
+async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str, cause: str) -> None:
     headers = {
         "Phalanx-Error": error[:1000],
+        "Phalanx-Cause": cause,
         "Phalanx-Original-Subject": msg.subject,
         "Phalanx-Original-Stream": stream,
         "Nats-Msg-Id": f"dlq:{stream}:{durable}:{msg.metadata.sequence.stream}",
     }
     await bus.publish_raw(S.dead_letter_subject(stream, durable), msg.data, headers)
+    metrics.BUS_DEAD_LETTERS.inc(consumer=durable, cause=cause)
 
 
 async def consume(
@@ -126,7 +139,7 @@ async def consume(
 
     async def run_one(msg) -> None:
         try:
-            await _handle(bus, stream, durable, decoder, handler, msg)
+            await _handle(bus, stream, durable, decoder, handler, msg, max_deliver)
         except Exception as e:  # noqa: BLE001 - an ack lost with the connection: redelivered later
             warn("message outcome not delivered", consumer=durable, error=repr(e)[:300])
         finally:
@@ -146,7 +159,7 @@ async def consume(
                 sub, msgs = await _fetch(bus, sub, stream, durable, filter_subject, config, room)
                 for msg in msgs:
                     if concurrency == 1:
-                        await _handle(bus, stream, durable, decoder, handler, msg)
+                        await _handle(bus, stream, durable, decoder, handler, msg, max_deliver)
                     else:
                         await slots.acquire()
                         in_flight.start_soon(run_one, msg)
@@ -203,7 +216,7 @@ async def _resubscribe(bus: Bus, sub, stream: str, durable: str, filter_subject:
     return sub
 
 
-async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler, msg) -> None:
+async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler, msg, max_deliver: int) -> None:
     meta = msg.metadata
     headers = dict(msg.headers or {})
     try:
@@ -211,7 +224,7 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         warn("undecodable message terminated", consumer=durable, subject=msg.subject,
              seq=meta.sequence.stream, error=str(e))
-        await _record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}")
+        await _record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}", "undecodable")
         await msg.term()
         metrics.BUS_MESSAGES.inc(consumer=durable, kind="undecodable", outcome="term")
         return
@@ -237,6 +250,9 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
         try:
             await handler(event, delivery)
         except TemporaryError as e:
+            if meta.num_delivered >= max_deliver:
+                await _exhausted(bus, stream, durable, kind, msg, span, started, f"{e}")
+                return
             span.set_attribute("phalanx.outcome", "retry")
             warn("handler asked to retry", consumer=durable, kind=kind, error=str(e), delay=e.delay)
             await msg.nak(delay=e.delay)
@@ -245,7 +261,7 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
         except PermanentError as e:
             span.set_attribute("phalanx.outcome", "terminated")
             warn("handler refused message", consumer=durable, kind=kind, error=str(e))
-            await _record_dead_letter(bus, stream, durable, msg, f"permanent: {e}")
+            await _record_dead_letter(bus, stream, durable, msg, f"permanent: {e}", "permanent")
             await msg.term()
             _observe(durable, kind, "term", started)
             return
@@ -253,6 +269,9 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
             span.record_exception(e)
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(e)))
             span.set_attribute("error.type", type(e).__qualname__)
+            if meta.num_delivered >= max_deliver:
+                await _exhausted(bus, stream, durable, kind, msg, span, started, f"{type(e).__qualname__}: {e}")
+                return
             delay = RETRY_BACKOFF_S[min(meta.num_delivered, len(RETRY_BACKOFF_S)) - 1]
             log("handler failed, will retry", level=40, exc_info=True, consumer=durable, kind=kind, delay=delay)
             await msg.nak(delay=delay)
@@ -263,6 +282,17 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
         _observe(durable, kind, "ack", started)
         log("handled", level=10, consumer=durable, kind=kind, gang=getattr(event, "gang_id", ""),
             ms=round((time.monotonic() - started) * 1000, 2))
+
+
+async def _exhausted(bus: Bus, stream: str, durable: str, kind: str, msg, span, started: float, error: str) -> None:
+    """The message failed on its last delivery: dead-letter it with the error, then term it."""
+    n = msg.metadata.num_delivered
+    span.set_attribute("phalanx.outcome", "dead_letter")
+    log("message failed on its last delivery, dead-lettered", level=40, consumer=durable, kind=kind,
+        subject=msg.subject, seq=msg.metadata.sequence.stream, deliveries=n, error=error)
+    await _record_dead_letter(bus, stream, durable, msg, f"failed on all {n} deliveries: {error}", "exhausted")
+    await msg.term()
+    _observe(durable, kind, "term", started)
 
 
 def _observe(durable: str, kind: str, outcome: str, started: float) -> None:

@@ -8,7 +8,11 @@ lines, or one JSON document with ``--json``:
     {"pod": {"namespace", "name", "uid", "scheduler_name", "node"}, "status": "bound" | "pending",
      "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "members", "bound"} | null,
      "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
-     "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}]}
+     "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}],
+     "unreadable_records": [str]}
+
+A gang record in ``phx-gangs`` that cannot be read is skipped and listed in
+``unreadable_records`` (``phalanx doctor`` lists every bucket); every other pod is explained.
 
 ``reason`` is the gang's last reason (placement's kube-scheduler style summary) while the pod
 is pending. Without a gang, it is the pod's ``PodScheduled`` message (for example, an invalid
@@ -94,10 +98,10 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
                  progress: dict[str, bool] | None = None) -> dict[str, Any] | None:
     """The report for one pod, or None when the pod does not exist. ``progress["connected"]``
     is set once NATS answered."""
+    from phalanx_bus import read_all
     from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
-    from phalanx_proto.state import gang_state_decoder
 
     async with AsyncExitStack() as stack:
         bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
@@ -112,8 +116,9 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
             return None
         events = await cluster.list_events(ref)
         state = None
-        for entry in await (await bus.kv(S.KV_GANGS)).items():
-            candidate = gang_state_decoder.decode(entry.value)
+        good, bad = await read_all(await bus.kv(S.KV_GANGS))
+        for record in good:
+            candidate = record.value
             members = [m.pod for m in candidate.members if m.pod.namespace == namespace and m.pod.name == name]
             if members and (state is None or any(m.uid == pod.uid for m in members)):
                 state = candidate
@@ -161,6 +166,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         "trace_url": f"{base}/trace/{trace_id}" if trace_id and base else None,
         "events": [{"type": e.type, "reason": e.reason, "message": e.message, "count": e.count, "at": e.at}
                    for e in events],
+        "unreadable_records": [str(b) for b in bad],
     }
 
 
@@ -198,6 +204,9 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"Condition:   {text}: {c['message']}" if c.get("message") else f"Condition:   {text}")
     trace = r["trace_id"] or "-"
     lines.append(f"Trace:       {trace}" + (f"  {r['trace_url']}" if r["trace_url"] else ""))
+    if r.get("unreadable_records"):
+        lines.append(f"Records:     {len(r['unreadable_records'])} gang record(s) in phx-gangs cannot be read and were "
+                     "skipped (see `phalanx doctor`)")
     lines.append("Events:" if r["events"] else "Events:      -")
     for e in r["events"]:
         count = f" (x{e['count']})" if e["count"] > 1 else ""

@@ -276,6 +276,12 @@ BUS_MESSAGES = Counter(
     ["consumer", "kind", "outcome"], allowed={"outcome": OUTCOMES})
 BUS_REDELIVERIES = Counter(
     "phalanx_bus_redeliveries_total", "Messages delivered more than once (num_delivered > 1).", ["consumer", "kind"])
+DEAD_LETTER_CAUSES = ("undecodable", "permanent", "exhausted")
+BUS_DEAD_LETTERS = Counter(
+    "phalanx_bus_dead_letters_total",
+    "Messages a consumer gave up on and recorded on the dead-letter stream PHX_DLQ, by consumer and cause "
+    "(undecodable; permanent = the handler refused it; exhausted = it failed on its last delivery). Alerted on.",
+    ["consumer", "cause"], allowed={"cause": DEAD_LETTER_CAUSES})
 BUS_CONSUMER_PENDING = Gauge(
     "phalanx_bus_consumer_pending_messages",
     "JetStream consumer lag: messages in the stream not yet delivered to the consumer (num_pending).",
@@ -358,6 +364,28 @@ GANG_ROLLBACKS = Counter(
     f"({', '.join(ROLLBACK_REASONS)}).", ["reason"], allowed={"reason": ROLLBACK_REASONS})
 GANGS = Gauge("phalanx_gangs", "Gangs known to gang-coordinator, by saga phase.", ["phase"],
               allowed={"phase": PHASES})
+RESYNC_POD_FAILURES = Counter(
+    "phalanx_resync_pod_failures_total",
+    "Pods whose admission failed during a gang-coordinator resync (logged once per pod; the others go on).")
+
+# --- gang-coordinator's reconciler -------------------------------------------------------------
+RECONCILER_FINDING_KINDS = (
+    "reservation_without_pod", "stale_reservation", "pod_without_reservation", "pod_on_booked_gpus",
+    "mig_without_reservation", "unreadable_record",
+)
+RECONCILER_FINDINGS = Gauge(
+    "phalanx_reconciler_findings",
+    "What the reconciler's last pass found where the ledger, phx-gangs and the cluster's bound pods disagree, by "
+    "kind; 0 is healthy (docs/saga.md, The reconciler). Reported by the replica that holds the lease only.",
+    ["finding"], allowed={"finding": RECONCILER_FINDING_KINDS})
+RECONCILER_REPAIRS = Counter(
+    "phalanx_reconciler_repairs_total",
+    "Repairs the reconciler asked for: release (a reservation nobody uses), adopt (record one for a pod bound "
+    "without it), forget (a member whose pod is gone), report (a pod on GPUs booked by another: told, not fixed).",
+    ["action"], allowed={"action": ("release", "adopt", "forget", "report")})
+RECONCILER_LEADER = Gauge(
+    "phalanx_reconciler_leader", "1 while this gang-coordinator replica holds the reconciler lease, else 0.")
+RECONCILER_PASSES = Counter("phalanx_reconciler_passes_total", "Reconciler passes completed (lease holder only).")
 
 # --- topology-discovery -----------------------------------------------------------------------
 TOPOLOGY_REPORTS = Counter("phalanx_topology_reports_total", "Topology reports published (changes only).")

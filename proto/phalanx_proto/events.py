@@ -160,6 +160,9 @@ class PlacementRequested(GangEvent, tag="placement.requested"):
     names every one of these members (docs/saga.md, "Checks")."""
 
     members: tuple[MemberSpec, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes this attempt must not use: kept for a starving gang ahead in the queue (backfill,
+    docs/saga.md "Order and fairness")."""
 
     def scope(self) -> str:
         return uid_digest(m.pod for m in self.members)
@@ -185,6 +188,9 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
     cannot help, so it must not hold other gangs back (fairness gate)."""
     members: tuple[PodRef, ...] = ()
     """The pods of the request this answers (so a reply is matched to one gang incarnation)."""
+    reserve_nodes: tuple[str, ...] = ()
+    """Where the gang would go were the cluster empty (when it could fit at all): the nodes
+    the fairness gate keeps for it if it becomes the starving head of the queue."""
 
     def scope(self) -> str:
         return uid_digest(self.members)

@@ -75,8 +75,18 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     bound: tuple[PodRef, ...] = ()
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
+    failure: str = ""
+    """What ended the last failed attempt, as a code: ``placement_failed``, ``deadline``,
+    ``bind_failed``, ``mig_failed``, ``member_deleted`` (a metric label; ``reason`` is the text)."""
     fits_empty_cluster: bool = True
     """From the last PlacementFailed: could the gang fit the cluster with nothing reserved?"""
+    reserve_nodes: tuple[str, ...] = ()
+    """From the last PlacementFailed: where it would go on the empty cluster (kept for it while
+    it is the starving head of the queue)."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes the current attempt may not use (backfill behind a starving head, ``avoid_for``)."""
+    avoid_for: str = ""
+    """The starving head the current attempt backfills behind ("" when none)."""
     created_at: float = 0.0
     updated_at: float = 0.0
     trace_id: str = ""

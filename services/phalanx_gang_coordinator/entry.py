@@ -18,8 +18,14 @@ def add_arguments(p) -> None:
     p.add_argument("--settle-s", type=float, default=2.0,
                    help="a gang without min-member starts after no member arrived for this long (default %(default)s)")
     p.add_argument("--starve-after-s", type=float, default=60.0,
-                   help="a head-of-line gang waiting this long holds back later gangs; 0 turns it off "
+                   help="a head-of-line gang waiting this long is protected from starvation; 0 turns it off "
                         "(default %(default)s)")
+    p.add_argument("--fairness", choices=("backfill", "strict"), default="backfill",
+                   help="how a starving head of the queue is protected: 'backfill' lets later gangs run on nodes "
+                        "its placement does not need, 'strict' holds them all back (FIFO) (default %(default)s)")
+    p.add_argument("--reconcile-s", type=float, default=5.0,
+                   help="seconds between reconciler passes (ledger vs gang records vs bound pods; one replica at a "
+                        "time holds its lease); 0 runs no reconciler here (default %(default)s)")
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
@@ -27,5 +33,6 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
 
     config = Config(resync_s=args.resync_s, redrive_after_s=args.redrive_after_s,
                     default_timeout_s=args.default_timeout_s, backoff_base_s=args.backoff_base_s,
-                    backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s)
+                    backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s,
+                    fairness=args.fairness, reconcile_s=args.reconcile_s)
     await run(bus, cluster, config, task_status=task_status)

@@ -92,6 +92,9 @@ def member_spec(pod: Pod) -> MemberSpec:
         req = parse_pod(pod.raw)
     except RequestError as e:
         raise InvalidMember(e.violations) from None
+    except Exception as e:  # noqa: BLE001 - a pod of a shape the parser did not expect: refuse it, say why
+        raise InvalidMember((Violation("spec", type(e).__name__,
+                                       f"the pod's spec could not be read as a Kubernetes pod ({e})"),)) from None
     if req.kind is RequestKind.NONE:
         raise InvalidMember((Violation(
             "spec.containers[*].resources.limits", "no GPU resource",

@@ -1,11 +1,11 @@
 """The gang saga's transitions, as pure functions: state (+ event, + now) in, new state out.
 
-Called by ``service.Coordinator`` inside its compare-and-set loop; no I/O, no clock (``now``
+Called by the driver, intake and compensator inside ``store.GangStore``'s compare-and-set loop; no I/O, no clock (``now``
 is passed in), so every rule is unit-tested table-driven (tests/unit/test_saga_transitions.py).
 Each function returns the new ``GangState``, or ``None`` for "no change" — which is what a
 redelivered command, a duplicate reply, a reply for an old attempt or a pod event seen twice
-must produce. The side effects that follow a transition are chosen by the service from the
-new state (``service.Coordinator.drive``).
+must produce. The side effects that follow a transition are data too (``effects.py``), carried
+out by ``driver.SagaDriver``.
 
     waiting ──complete──▶ placing ──Placed──▶ preparing (any MIG) ──all MigReady──▶ binding
     placing ──Placed (no MIG)──▶ binding ──all Bound──▶ scheduled
@@ -87,14 +87,16 @@ def complete(s: GangState, now: float, settle_s: float) -> bool:
     return s.min_member_declared or now - s.last_member_at >= settle_s
 
 
-def start_attempt(s: GangState | None, *, now: float, settle_s: float) -> GangState | None:
-    """waiting (complete) or backoff (over) → placing, attempt + 1."""
+def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tuple[str, ...] = (),
+                  avoid_for: str = "") -> GangState | None:
+    """waiting (complete) or backoff (over) → placing, attempt + 1. ``avoid``: nodes the attempt
+    may not use, kept for the starving head ``avoid_for`` (backfill)."""
     if s is None or s.phase not in ("waiting", "backoff") or not complete(s, now, settle_s):
         return None
     if s.phase == "backoff" and now < s.backoff_until:
         return None
     return replace(s, phase="placing", attempt=s.attempt + 1, assignments=(), bound=(), rollback_done=(),
-                   unbound=(), attempt_started_at=now)
+                   unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "")
 
 
 def members_digest(s: GangState) -> str:
@@ -124,8 +126,12 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
         return None
     failures = s.failures + 1
     delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
-    return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=ev.summary,
-                   fits_empty_cluster=ev.fits_empty_cluster)
+    reason = ev.summary
+    if s.avoid_nodes:
+        reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
+    return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
+                   failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
+                   reserve_nodes=ev.reserve_nodes)
 
 
 def mig_ready(s: GangState | None, ev: MigReady) -> GangState | None:
@@ -156,11 +162,16 @@ def bound(s: GangState | None, ev: Bound) -> GangState | None:
     return replace(s, bound=now_bound, phase="scheduled" if done else "binding", reason="" if done else s.reason)
 
 
-def fail(s: GangState | None, attempt: int, reason: str, *, phases=RUNNING) -> GangState | None:
-    """A running attempt failed (MIG, bind, deadline, a member gone): → rolling_back."""
+def fail(s: GangState | None, attempt: int, reason: str, *, code: str, phases=RUNNING) -> GangState | None:
+    """A running attempt failed (MIG, bind, deadline, a member gone): → rolling_back. ``code``
+    names the failure (``GangState.failure``)."""
     if s is None or s.attempt != attempt or s.phase not in phases:
         return None
-    return replace(s, phase="rolling_back", reason=reason, rollback_done=())
+    return replace(s, phase="rolling_back", reason=reason, failure=code, rollback_done=())
+
+
+def member_deleted(s: GangState | None, attempt: int, pod) -> GangState | None:
+    return fail(s, attempt, f"member {pod} was deleted", code="member_deleted")
 
 
 def _assigned(s: GangState | None, pod, node: str | None = None) -> bool:
@@ -171,14 +182,15 @@ def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
     """A MIG instance of one of the attempt's assignments failed: roll back."""
     if not _assigned(s, ev.pod, ev.node):
         return None
-    return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", phases=("preparing",))
+    return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", code="mig_failed",
+                phases=("preparing",))
 
 
 def bind_failed(s: GangState | None, ev: BindFailed) -> GangState | None:
     """The bind of one of the attempt's assignments failed: roll back."""
     if not _assigned(s, ev.pod):
         return None
-    return fail(s, ev.attempt, f"bind of {ev.pod} failed: {ev.reason}", phases=("binding",))
+    return fail(s, ev.attempt, f"bind of {ev.pod} failed: {ev.reason}", code="bind_failed", phases=("binding",))
 
 
 def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
@@ -187,7 +199,7 @@ def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
     if s is None or ev.members_digest != members_digest(s):
         return None
     timeout = f"{s.timeout_s:g} s" if s.timeout_s else "the gang timeout"
-    return fail(s, ev.attempt, f"not every member was ready within {timeout}")
+    return fail(s, ev.attempt, f"not every member was ready within {timeout}", code="deadline")
 
 
 def compensated(s: GangState | None, attempt: int, step: str, *, now: float, base_s: float,
@@ -225,20 +237,3 @@ def pending_reason(s: GangState, now: float) -> str:
 def queue_key(s: GangState) -> tuple:
     """The documented order: higher ``spec.priority`` first, then earlier arrival."""
     return (-s.priority, s.created_at, s.gang_id)
-
-
-def held_back_by(s: GangState, others: list[GangState], *, now: float, starve_after_s: float) -> GangState | None:
-    """Anti-starvation: the head of the queue (first by ``queue_key`` among gangs not
-    scheduled) that has waited longer than ``starve_after_s`` holds back every gang behind
-    it, until it fits. A gang that is ahead of it, or is the head, is never held back."""
-    if starve_after_s <= 0:
-        return None
-    # A gang that would not fit even an empty cluster can never be helped by waiting: it
-    # must not hold anyone back.
-    waiting = [o for o in others if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster]
-    if not waiting:
-        return None
-    head = min(waiting, key=queue_key)
-    if head.gang_id == s.gang_id or queue_key(s) < queue_key(head):
-        return None
-    return head if now - head.created_at > starve_after_s else None

@@ -19,7 +19,8 @@ Reconciliation (at start and every ``reconcile_s``): an instance owned neither b
 reservation (``phx-ledger``: an allocation on this node with ``mig_start``) nor by a record
 (``creating``, or ``ready`` with its pod's reservation still there) is an orphan; one still
 orphaned after ``orphan_grace_s`` is destroyed, logged and counted. Records whose instance is
-missing are logged. See ``docs/mig.md``.
+missing are logged. A ``phx-mig`` or ``phx-ledger`` value that cannot be read is skipped and
+counted (``phalanx_bus.records``) and never leads to a destroy. See ``docs/mig.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
-from phalanx_bus import Bus, Delivery, Kv, KvConflict, KvEntry, TemporaryError, consume
+from phalanx_bus import (
+    BadEntry,
+    Bus,
+    Delivery,
+    Kv,
+    KvConflict,
+    KvEntry,
+    TemporaryError,
+    consume,
+    read_all,
+    read_one,
+)
+from phalanx_bus.records import check
 from phalanx_nvml import MigDevices, MigError, MigInstanceInfo
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -42,13 +55,17 @@ from phalanx_proto.events import (
     MigReady,
     node_decoder,
 )
-from phalanx_proto.state import MigRecord, ledger_decoder, mig_record_decoder, mig_record_key
+from phalanx_proto.state import MigRecord, mig_record_key
 from phalanx_telemetry import log, warn
 
 KV_MIG = S.KV_MIG
 record_key = mig_record_key
-_record_decoder = mig_record_decoder
-_ledger_decoder = ledger_decoder
+
+
+def _slot_of(key: str) -> tuple[int, int] | None:
+    """(gpu, start) from a record key ``<node>.<gpu>.<start>``."""
+    parts = key.rsplit(".", 2)
+    return (int(parts[1]), int(parts[2])) if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() else None
 
 
 def not_mig_mode(gpu: int) -> str:
@@ -132,7 +149,10 @@ class MigManager:
             return self._failed(ev, problem)
         key = record_key(self.node, ev.gpu, ev.start)
         entry = await self.records.get(key)
-        record = _record_decoder.decode(entry.value) if entry else None
+        checked = check(S.KV_MIG, entry) if entry else None
+        if isinstance(checked, BadEntry):
+            return self._failed(ev, f"GPU {ev.gpu} slot {ev.start}: its ownership record cannot be read ({checked.error})")
+        record = checked.value if checked else None
         if record is not None and not record.owned_by(ev.gang_id, ev.attempt, ev.pod):
             return self._failed(ev, f"GPU {ev.gpu} slot {ev.start} is held by {record.pod} "
                                     f"(gang {record.gang_id} attempt {record.attempt})")
@@ -176,8 +196,9 @@ class MigManager:
     async def destroy(self, ev: MigDestroyRequested, delivery: Delivery) -> MigDestroyed:
         """Destroy every instance recorded for this pod on ``gpu`` (by UUID when given, else for
         this gang and attempt). Nothing to destroy is success: the take may never have happened."""
-        for entry in await self.records.items():
-            record = _record_decoder.decode(entry.value)
+        good, _ = await read_all(self.records)
+        for rec in good:
+            record, entry = rec.value, rec
             if record.node != self.node or record.gpu != ev.gpu or str(record.pod) != str(ev.pod):
                 continue
             if ev.instance_uuid and record.uuid and record.uuid != ev.instance_uuid:
@@ -198,15 +219,18 @@ class MigManager:
 
     # --- reconciliation -----------------------------------------------------------------
 
-    async def _ledger_slots(self) -> dict[tuple[int, int], str] | None:
-        """(gpu, start) → pod of every MIG reservation on this node; None without a ledger."""
+    async def _ledger_slots(self) -> dict[tuple[int, int], str] | BadEntry | None:
+        """(gpu, start) → pod of every MIG reservation on this node; None without a ledger;
+        the bad entry when this node's ledger value cannot be read."""
         if self.ledger is None:
             return None
-        entry = await self.ledger.get(S.token(self.node))
+        entry = await read_one(self.ledger, S.token(self.node))
         slots: dict[tuple[int, int], str] = {}
         if entry is None:
             return slots
-        for alloc in _ledger_decoder.decode(entry.value).allocations.values():
+        if isinstance(entry, BadEntry):
+            return entry
+        for alloc in entry.value.allocations.values():
             a = alloc.assignment
             if a.node == self.node and a.mig_profile and a.mig_start >= 0:
                 slots |= {(g, a.mig_start): str(a.pod) for g in a.gpus}
@@ -222,18 +246,26 @@ class MigManager:
         the reservation back) no longer owns its instance, so it is destroyed after the grace
         and the record removed: R3's "destroyed when the pod goes away" even when no destroy
         command comes. Without a ledger bucket every record owns its slot.
+
+        A value that cannot be read never leads to a destroy: a slot whose record is unreadable
+        counts as owned, and while this node's ledger value is unreadable nothing is destroyed.
         """
         records: dict[tuple[int, int], tuple[MigRecord, KvEntry]] = {}
-        for entry in await self.records.items():
-            r = _record_decoder.decode(entry.value)
+        good, bad = await read_all(self.records)
+        for rec in good:
+            r = rec.value
             if r.node == self.node:
-                records[(r.gpu, r.start)] = (r, entry)
+                records[(r.gpu, r.start)] = (r, KvEntry(rec.key, b"", rec.revision))
+        unreadable = {_slot_of(b.key) for b in bad if b.key.startswith(f"{S.token(self.node)}.")} - {None}
         ledger = await self._ledger_slots()
+        if isinstance(ledger, BadEntry):
+            return  # the reservations are unknown: destroying anything could hit a running pod
         if ledger is None:
             owned = set(records)
         else:
             owned = set(ledger) | {slot for slot, (r, _) in records.items()
                                    if r.state != "ready" or ledger.get(slot) == str(r.pod)}
+        owned |= unreadable
         now, present = self.clock(), set()
         try:
             count = await self._nvml(self.devices.gpu_count)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import anyio
@@ -57,6 +58,8 @@ from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
+R_KEPT = "kept for a gang ahead in the queue"
+"""Why a node in ``PlacementRequested.avoid_nodes`` was not used (backfill)."""
 
 
 @dataclass(frozen=True)
@@ -139,23 +142,31 @@ class Placement:
                 refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
                 return
             snap = await self.snapshot(ev.gang_id, ledgers)
+            allowed = Snapshot(nodes=tuple(n for n in snap.nodes if n.name not in set(ev.avoid_nodes)))
             with tracer().start_as_current_span("placement.decide", attributes={
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                     "phalanx.members": len(ev.members)}) as span:
                 started = time.perf_counter()
-                result = place_snapshot(snap, ev.members)
+                result = place_snapshot(allowed, ev.members)
                 elapsed = time.perf_counter() - started
+                kept = len(snap.nodes) - len(allowed.nodes)
+                if isinstance(result, NoFit) and kept:
+                    result = NoFit(total_nodes=result.total_nodes + kept, detail=result.detail,
+                                   reasons=result.reasons + Counter({R_KEPT: kept}))
                 _annotate_decision(span, result)
             elapsed_ms = elapsed * 1000
             metrics.PLACEMENT_DECISION_SECONDS.observe(
                 elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
-                empty = Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes))
-                fits_empty = isinstance(place_snapshot(empty, ev.members), Decision)
+                # Could it fit were the whole cluster empty, and where? Those nodes are what the
+                # fairness gate keeps for this gang should it starve (docs/saga.md, backfill).
+                empty = place_snapshot(Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes)), ev.members)
+                fits_empty = isinstance(empty, Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                    fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members)))
+                    fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members),
+                    reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits_empty else ()))
                 return
             if self.config.decide_delay_s:
                 await anyio.sleep(self.config.decide_delay_s)

@@ -1,9 +1,10 @@
-"""Chaos: a seeded stream of gangs while services are SIGKILLed and nats-server restarts.
+"""Chaos: a seeded stream of gangs while services are SIGKILLed and nats-server restarts, and
+while a hostile client poisons KV values and forges replies and commands.
 
 Seed from ``PHALANX_CHAOS_SEED`` (default: a fresh one, printed). Asserts, against the real
 processes: no GPU booked twice at any moment (the ledger is polled all along), every gang
-ends scheduled or pending with a reason, and once the workload is deleted no reservation is
-left without a live pod.
+ends scheduled or pending with a reason, once the workload is deleted no reservation is left
+without a live pod, and the reconciler's findings are all zero at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import anyio
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attacks import attack, cure, wait_for_zero_findings  # noqa: E402
 
 from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
 from stackutil import CLUSTER, audit_ledger, bound_pods, connect, gang_pod, gang_states, seed_nodes  # noqa: E402
@@ -26,9 +30,12 @@ pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
 VICTIMS = ("gang-coordinator", "placement", "binder", "topology-discovery@v100-a", "mig-manager@v100-b")
 COORD = ["--resync-s", "0.5", "--redrive-after-s", "2", "--backoff-base-s", "0.5", "--backoff-max-s", "3",
-         "--default-timeout-s", "15", "--starve-after-s", "20"]
+         "--default-timeout-s", "15", "--starve-after-s", "20", "--reconcile-s", "1"]
 GANGS = 50
 CHAOS_S = 60.0
+MIN_KILLS = 10
+"""Chaos goes on past ``CHAOS_S`` until this many kills (a loaded machine restarts slowly), at
+most until ``3 * CHAOS_S``."""
 
 
 async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tmp_path):
@@ -42,7 +49,8 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
     stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"), service_args={"gang-coordinator": COORD})
     stack.start_nats()
     bus, sim = await connect(stack)
-    counts = {"kills": 0, "nats_restarts": 0, "polls": 0, "finished": 0, "recreated": 0}
+    counts = {"kills": 0, "nats_restarts": 0, "polls": 0, "finished": 0, "recreated": 0, "poisoned": 0, "forged": 0}
+    poisoned: list[tuple[str, str]] = []
     finished: set[str] = set()
     try:
         await seed_nodes(stack, sim)
@@ -60,9 +68,12 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                     pass
                 await anyio.sleep(0.05)
 
+        chaos_done = anyio.Event()
+
         async def chaos():
             restarts_at = (CHAOS_S * 0.3, CHAOS_S * 0.7)
-            while time.monotonic() - started < CHAOS_S:
+            while time.monotonic() - started < CHAOS_S or (
+                    counts["kills"] < MIN_KILLS and time.monotonic() - started < 3 * CHAOS_S):
                 await anyio.sleep(rng.uniform(2.0, 4.0))
                 elapsed = time.monotonic() - started
                 if counts["nats_restarts"] < len(restarts_at) and elapsed > restarts_at[counts["nats_restarts"]]:
@@ -74,13 +85,14 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                 await anyio.sleep(rng.uniform(0.2, 1.5))
                 await anyio.to_thread.run_sync(stack.restart, victim)
                 counts["kills"] += 1
+            chaos_done.set()
 
         async def workload():
             """Submit gangs in a seeded order; finish (delete) scheduled ones after a while;
             recreate pods a rollback deleted, as their controller would."""
             order = list(gangs)
             done_at: dict[str, float] = {}
-            while time.monotonic() - started < CHAOS_S + 5:
+            while time.monotonic() - started < CHAOS_S + 5 or not chaos_done.is_set():
                 try:
                     for _ in range(2):
                         if order:
@@ -107,9 +119,20 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                     pass
                 await anyio.sleep(1.0)
 
+        async def hostile():
+            """Poison KV values and forge replies and commands all along (tests/chaos/attacks.py)."""
+            while time.monotonic() - started < CHAOS_S:
+                await anyio.sleep(rng.uniform(1.0, 3.0))
+                try:
+                    what = await attack(bus, sim, rng, poisoned)
+                    counts["poisoned" if what == "poison" else "forged"] += 1
+                except Exception:  # noqa: BLE001 - nats restarting; try again
+                    pass
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(poll_ledger)
             tg.start_soon(chaos)
+            tg.start_soon(hostile)
             await workload()
 
             async def settled():
@@ -140,12 +163,16 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
 
             for p in await sim.list_pods():
                 await sim.delete_pod(p.ref)
+            await cure(bus, poisoned)
             with anyio.fail_after(45):
                 while await audit_ledger(bus) or await sim.list_pods():
                     await anyio.sleep(0.5)
+            findings = await wait_for_zero_findings(stack, bus)
             tg.cancel_scope.cancel()
-        assert counts["kills"] >= 10 and counts["nats_restarts"] >= 2 and counts["polls"] > 100
+        assert counts["kills"] >= MIN_KILLS and counts["nats_restarts"] >= 2 and counts["polls"] > 100
         assert counts["finished"] >= 10, counts
+        assert counts["poisoned"] >= 3 and counts["forged"] >= 3, counts
+        assert set(findings.values()) == {0}, findings
     finally:
         await bus.close()
         stack.stop()

@@ -139,6 +139,46 @@ async def test_a_concurrent_consumer_runs_up_to_its_bound_at_once_and_settles_ea
     assert "permanent: never" in dead.headers["Phalanx-Error"]
 
 
+async def test_a_message_that_fails_on_every_delivery_is_dead_lettered_with_its_error_not_dropped(bus):
+    from phalanx_telemetry import metrics
+
+    await bus.publish("phx.gang.placement.default.crash", PlacementRequested(gang_id="default/crash"))
+    await bus.publish("phx.gang.placement.default.busy", PlacementRequested(gang_id="default/busy"))
+    calls = []
+    before = metrics.BUS_DEAD_LETTERS.value(consumer="exhaust-test", cause="exhausted")
+
+    async def failing(event, delivery):
+        calls.append((event.gang_id, delivery.num_delivered))
+        if event.gang_id == "default/crash":
+            raise RuntimeError("ledger unreachable")
+        raise TemporaryError("ledger kept changing", delay=0.05)
+
+    async def dead_letters():
+        info = await bus.js.stream_info(S.STREAM_DEAD_LETTER)
+        return info.state.messages >= 2
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consume(bus, stream=S.STREAM_GANG, durable="exhaust-test",
+                                          filter_subject="phx.gang.placement.>", decoder=gang_decoder,
+                                          handler=failing, ack_wait_s=1.0, max_deliver=3))
+            while not await dead_letters():
+                await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+    assert sorted(calls) == [("default/busy", n) for n in (1, 2, 3)] + [("default/crash", n) for n in (1, 2, 3)]
+    subject = S.dead_letter_subject(S.STREAM_GANG, "exhaust-test")
+    got = {}
+    for seq in (1, 2):
+        m = await bus.js.get_msg(S.STREAM_DEAD_LETTER, seq)
+        assert m.subject == subject
+        got[gang_decoder.decode(m.data).gang_id] = (m.headers["Phalanx-Cause"], m.headers["Phalanx-Error"])
+    assert got == {"default/crash": ("exhausted", "failed on all 3 deliveries: RuntimeError: ledger unreachable"),
+                   "default/busy": ("exhausted", "failed on all 3 deliveries: ledger kept changing")}
+    assert metrics.BUS_DEAD_LETTERS.value(consumer="exhaust-test", cause="exhausted") == before + 2
+    info = await bus.js.consumer_info(S.STREAM_GANG, "exhaust-test")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
 async def test_kv_compare_and_set_refuses_a_stale_revision(bus):
     kv = await bus.kv(S.KV_LEDGER)
     rev = await kv.create("n1", b"a")
@@ -195,3 +235,17 @@ async def test_kv_keys_lists_every_key_while_they_are_being_rewritten(bus):
                 listings.append(await kv.keys())
             tg.cancel_scope.cancel()
     assert all(listing == sorted(names) for listing in listings)
+
+
+async def test_an_atomic_kv_batch_creates_a_key_again_after_it_was_deleted_and_still_refuses_a_live_one(bus):
+    from phalanx_bus import enable_atomic, kv_atomic_write
+
+    await enable_atomic(bus, S.KV_LEDGER)
+    kv = await bus.kv(S.KV_LEDGER)
+    await kv.put("n3", b"bad value an operator removed")
+    await kv.delete("n3")
+    await kv_atomic_write(bus, S.KV_LEDGER, [("n3", b"fresh", 0)])
+    assert (await kv.get("n3")).value == b"fresh"
+    with pytest.raises(KvConflict):
+        await kv_atomic_write(bus, S.KV_LEDGER, [("n3", b"blind", 0)])
+    assert (await kv.get("n3")).value == b"fresh"

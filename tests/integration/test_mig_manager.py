@@ -24,7 +24,7 @@ from phalanx_proto.events import (
     PodRef,
     node_decoder,
 )
-from phalanx_proto.state import Allocation, NodeLedger
+from phalanx_proto.state import Allocation, NodeLedger, alloc_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -216,7 +216,7 @@ async def test_reconciliation_destroys_an_orphan_only_after_the_grace(bus):
     m.create(0, "1g.5gb", 6)  # an orphan: no record, no reservation
     m.create(0, "3g.20gb", 0)  # booked in the ledger
     booked = Assignment(pod=POD, node=NODE, gpus=(0,), mig_profile="3g.20gb", mig_start=0)
-    ledger = NodeLedger(node=NODE, allocations={"default/p0": Allocation(gang_id="default/g", attempt=1,
+    ledger = NodeLedger(node=NODE, allocations={alloc_key(POD): Allocation(gang_id="default/g", attempt=1,
                                                                           assignment=booked)})
     await (await bus.kv(S.KV_LEDGER)).put(S.token(NODE), msgspec.json.encode(ledger))
     clock = Clock()
@@ -262,7 +262,7 @@ async def test_an_instance_whose_pod_gave_its_reservation_back_is_destroyed_afte
     async def body(manager):
         booked = Assignment(pod=POD, node=NODE, gpus=(0,), mig_profile="3g.20gb", mig_start=4)
         rev = await ledger.put(S.token(NODE), msgspec.json.encode(NodeLedger(node=NODE, allocations={
-            "default/p0": Allocation(gang_id="default/g", attempt=1, assignment=booked)})))
+            alloc_key(POD): Allocation(gang_id="default/g", attempt=1, assignment=booked)})))
         await bus.publish(S.mig_subject(NODE), prepare())
         [ready] = await replies(bus, 1)
         assert isinstance(ready, MigReady)
@@ -277,3 +277,26 @@ async def test_an_instance_whose_pod_gave_its_reservation_back_is_destroyed_afte
         assert await (await bus.kv("phx-mig")).items() == []
 
     await with_manager(bus, fake, body, clock=clock)
+
+
+async def test_an_unreadable_record_or_ledger_value_never_leads_to_a_destroy(bus):
+    fake = FakeMigNvml.of("A100-40GB", 2)
+    m = NvmlMig(fake)
+    m.create(0, "3g.20gb", 4)  # its record cannot be read
+    m.create(1, "3g.20gb", 4)  # no record, no reservation: an orphan once the ledger can be read
+    await (await bus.kv(S.KV_MIG)).put(f"{S.token(NODE)}.0.4", b"{not a record")
+    ledger = await bus.kv(S.KV_LEDGER)
+    rev = await ledger.put(S.token(NODE), b"[not a ledger")
+    clock = Clock()
+
+    async def body(manager):
+        clock.now += 120
+        await manager.reconcile()
+        assert [(i.gpu, i.start) for g in (0, 1) for i in m.list_instances(g)] == [(0, 4), (1, 4)]
+        await ledger.update(S.token(NODE), msgspec.json.encode(NodeLedger(node=NODE)), last=rev)
+        await manager.reconcile()
+        clock.now += 61
+        await manager.reconcile()
+        assert [(i.gpu, i.start) for g in (0, 1) for i in m.list_instances(g)] == [(0, 4)]
+
+    await with_manager(bus, fake, body, clock=clock, grace=60.0)

@@ -181,9 +181,10 @@ async def test_a_large_gang_is_not_starved_by_a_stream_of_small_ones(tmp_path):
             await anyio.sleep(1.0)
         assert big_scheduled is not None, f"big gang starved; states: {await gang_states(bus)}"
         assert await phase_of(bus, "default/jobset-big") == "scheduled"
+        # big needs both nodes, so every node is kept for it: the small gangs behind it are told.
         told = [i for i in range(4, n) for e in await sim.list_events(ref(f"s{i}"))
-                if "held back behind default/jobset-big" in e.message]
-        assert told, "no small gang was told it is held back"
+                if "kept for a gang ahead in the queue" in e.message and "behind default/jobset-big" in e.message]
+        assert told, "no small gang was told it waits behind big"
     finally:
         await bus.close()
         stack.stop()
@@ -191,3 +192,43 @@ async def test_a_large_gang_is_not_starved_by_a_stream_of_small_ones(tmp_path):
 
 async def _count_bound(sim, n):
     return len(await bound_pods(sim)) >= n
+
+
+async def test_behind_a_starving_gang_others_still_run_where_they_cannot_delay_it(tmp_path):
+    # 16 GPUs. s0 takes a whole node; s1 half of the other. big (8 GPUs) cannot fit until s0
+    # ends, and starves. A new 4-GPU gang must not freeze behind it: it fits on the half node
+    # big's placement does not need, so it runs (backfill); then s0 ends and big gets its node.
+    stack, bus, sim = await start(tmp_path, ["--starve-after-s", "3"])
+    try:
+        await sim.apply_pod(gang_pod("s0", 8, "s0", 1))
+        await wait_until(lambda: _count_bound(sim, 1), 30)
+        await sim.apply_pod(gang_pod("s1", 4, "s1", 1))
+        await wait_until(lambda: _count_bound(sim, 2), 30)
+        await sim.apply_pod(gang_pod("big0", 8, "big", 1))
+
+        async def starving():
+            s = (await gang_states(bus)).get("default/jobset-big")
+            return s if s is not None and s.reserve_nodes and time.time() - s.created_at > 4 else None
+
+        head = await wait_until(starving, 30)
+        s0_node = (await bound_pods(sim))["default/s0"][0]
+        assert head.reserve_nodes == (s0_node,)  # where big would go on the empty cluster: s0's node
+        await sim.apply_pod(gang_pod("late0", 4, "late", 1))
+
+        async def late_bound():
+            return (await bound_pods(sim)).get("default/late0")
+
+        node, _ = await wait_until(late_bound, 30)
+        assert node != s0_node and await phase_of(bus, "default/jobset-big") != "scheduled"
+        late = (await gang_states(bus))["default/jobset-late"]
+        assert late.avoid_nodes == (s0_node,) and late.avoid_for == "default/jobset-big"
+        await sim.delete_pod(ref("s0"))
+
+        async def big_bound():
+            return (await bound_pods(sim)).get("default/big0")
+
+        node, _ = await wait_until(big_bound, 30)
+        assert node == s0_node
+    finally:
+        await bus.close()
+        stack.stop()

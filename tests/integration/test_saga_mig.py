@@ -13,7 +13,7 @@ from phalanx_gang_coordinator.service import Config, run
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, encoder, gang_decoder, node_decoder
-from phalanx_proto.state import Allocation, NodeLedger, alloc_key
+from phalanx_proto.state import Allocation, MigRecord, NodeLedger, alloc_key, mig_record_key
 from stackutil import gang_states, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -40,6 +40,16 @@ async def last(bus: Bus, stream: str, subject: str, decoder, kind: str = ""):
         return ev if not kind or type(ev).__name__ == kind else None
 
     return await wait_until(get, 10)
+
+
+async def mig_ready(bus: Bus, attempt: int, pod, gpu: int, uuid: str, msg_id: str | None = None) -> None:
+    """As mig-manager does: the instance is recorded ready in phx-mig before the reply (the
+    coordinator checks)."""
+    record = MigRecord(node="a100", gpu=gpu, start=4, profile="3g.20gb", gang_id=GANG, attempt=attempt, pod=pod,
+                       state="ready", uuid=uuid)
+    await (await bus.kv(S.KV_MIG)).put(mig_record_key("a100", gpu, 4), encoder.encode(record))
+    await bus.publish(S.node_reply_subject("a100"), MigReady(
+        node="a100", gang_id=GANG, attempt=attempt, pod=pod, instance_uuid=uuid), msg_id=msg_id)
 
 
 async def placed_gang(nats_private):
@@ -81,15 +91,15 @@ async def test_every_mig_instance_is_prepared_before_binding_and_its_uuid_is_bou
             state, pods = await start_and_place(bus, sim, tg)
             cmd = await last(bus, S.STREAM_NODE, S.mig_subject("a100"), node_decoder, "MigPrepareRequested")
             assert (cmd.node, cmd.gang_id, cmd.profile, cmd.start) == ("a100", GANG, "3g.20gb", 4)
+            # A MigReady nobody recorded (forged) changes nothing.
             await bus.publish(S.node_reply_subject("a100"), MigReady(
-                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[0].ref, instance_uuid="MIG-0"))
-            await bus.publish(S.node_reply_subject("a100"), MigReady(  # a duplicate reply: no change
-                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[0].ref, instance_uuid="MIG-0"),
-                msg_id="dup")
+                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[1].ref, instance_uuid="MIG-forged"),
+                msg_id="forged")
+            await mig_ready(bus, state.attempt, pods[0].ref, 0, "MIG-0")
+            await mig_ready(bus, state.attempt, pods[0].ref, 0, "MIG-0", msg_id="dup")  # a duplicate reply: no change
             await anyio.sleep(1)
             assert (await gang_states(bus))[GANG].phase == "preparing"
-            await bus.publish(S.node_reply_subject("a100"), MigReady(
-                node="a100", gang_id=GANG, attempt=state.attempt, pod=pods[1].ref, instance_uuid="MIG-1"))
+            await mig_ready(bus, state.attempt, pods[1].ref, 1, "MIG-1")
 
             async def binding():
                 st = (await gang_states(bus))[GANG]

@@ -91,3 +91,29 @@ def test_prometheus_scrapes_every_compose_service_on_the_health_port():
     services = {n for n, s in compose["services"].items() if s.get("command", [None])[0] == "run"}
     assert {t.split(":")[0] for t in targets} == services
     assert {t.split(":")[1] for t in targets} == {"8080"}
+
+
+RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+
+
+def alert_rules() -> list[tuple[str, str]]:
+    return [(f"{path.name}: {r['alert']}", r["expr"]) for path in RULES
+            for group in yaml.safe_load(path.read_text())["groups"] for r in group["rules"]]
+
+
+def test_prometheus_loads_the_alert_rules_and_compose_mounts_them():
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert prom["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "./deploy/prometheus/rules:/etc/prometheus/rules:ro" in compose["services"]["prometheus"]["volumes"]
+    assert {name.split(": ")[1] for name, _ in alert_rules()} >= {
+        "PhalanxDeadLetters", "PhalanxReconcilerFindings", "PhalanxInvalidKvEntries"}
+
+
+@pytest.mark.parametrize("where, expr", alert_rules())
+def test_every_alert_names_only_metrics_the_registry_exports_with_their_labels(where, expr):
+    names = metric_names(expr)
+    assert names and names <= metrics.REGISTRY.series_names(), f"{where}: {sorted(names)}"
+    for grouped in re.findall(r"\bby\s*\(([^)]*)\)", expr):
+        for name in names:
+            assert {g.strip() for g in grouped.split(",")} <= set(metrics.REGISTRY.get(name).label_names), where

@@ -50,10 +50,46 @@ def test_timeout_annotation_and_priority_are_read():
     assert (i.timeout_s, i.priority) == (30.0, 5)
 
 
-@pytest.mark.parametrize("bad", ["0", "soon"])
-def test_a_bad_gang_timeout_names_the_annotation(bad):
-    with pytest.raises(InvalidMember, match=r"phalanx.io/gang-timeout-seconds\] = '" + bad):
+@pytest.mark.parametrize("bad", ["0", "soon", "250000000000", "604801", "1e9", "-5", "٣٠"])
+def test_a_bad_gang_timeout_names_the_annotation_and_the_bound(bad):
+    with pytest.raises(InvalidMember) as e:
         identity(pod(annotations={"phalanx.io/gang-timeout-seconds": bad}))
+    assert str(e.value) == (f"metadata.annotations[phalanx.io/gang-timeout-seconds] = '{bad}': the gang timeout is a "
+                            "whole number of seconds from 1 to 604800 (a week)")
+
+
+def test_the_largest_gang_timeout_is_a_week():
+    assert identity(pod(annotations={"phalanx.io/gang-timeout-seconds": "604800"})).timeout_s == 604800.0
+
+
+@pytest.mark.parametrize("bad", ["0", "10001", "99999999999999999999", "many"])
+def test_a_min_member_out_of_bounds_names_the_label_and_the_bound(bad):
+    with pytest.raises(InvalidMember) as e:
+        identity(pod(labels={"jobset.sigs.k8s.io/jobset-name": "js", "aliyun.com/min-member": bad}))
+    assert str(e.value) == (f"metadata.labels[aliyun.com/min-member] = '{bad}': min-member is the number of pods in "
+                            "the gang: an integer from 1 to 10000")
+
+
+@pytest.mark.parametrize("spec", [{"containers": "not a list"}, {"containers": [{"resources": ["limits"]}]},
+                                  {"containers": [None]}])
+def test_a_pod_of_an_odd_shape_is_refused_with_a_reason_not_an_exception(spec):
+    odd = pod_from_dict({"metadata": {"name": "odd", "namespace": "ml", "uid": "u"},
+                         "spec": {"schedulerName": "phalanx", **spec}})
+    with pytest.raises(InvalidMember, match="spec"):
+        member_spec(odd)
+
+
+def test_a_pod_the_request_parser_trips_over_is_refused_with_a_reason(monkeypatch):
+    from phalanx_gang_coordinator import gangs
+
+    def trip(raw):
+        raise TypeError("'NoneType' object is not iterable")
+
+    monkeypatch.setattr(gangs, "parse_pod", trip)
+    with pytest.raises(InvalidMember) as e:
+        member_spec(pod())
+    assert str(e.value) == ("spec = 'TypeError': the pod's spec could not be read as a Kubernetes pod "
+                            "('NoneType' object is not iterable)")
 
 
 REF = PodRef(namespace="ml", name="p", uid="u")

@@ -70,7 +70,7 @@ CASES = [
      lambda s: saga.placed(s, Placed(gang_id=G, attempt=1, assignments=(A1, A2))), PLACING, None),
     ("PlacementFailed goes to backoff with the reason and a retry time",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes"), now=100.0, **BO),
-     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes",
+     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes", failure="placement_failed",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("PlacementFailed for an old attempt changes nothing",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=1), now=1.0, **BO), PLACING, None),
@@ -82,7 +82,7 @@ CASES = [
      gang("binding", 2, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2)), None),
     ("MigFailed rolls back with its reason",
      lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=2, pod=P1, reason="no slot")),
-     PREPARING, replace(PREPARING, phase="rolling_back",
+     PREPARING, replace(PREPARING, phase="rolling_back", failure="mig_failed",
                         reason="MIG instance for default/w-0 on a100 failed: no slot")),
     ("MigFailed for an old attempt changes nothing",
      lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=1, pod=P1, reason="x")),
@@ -98,10 +98,11 @@ CASES = [
      lambda s: saga.bound(s, Bound(gang_id=G, attempt=1, pod=P2, node="n1")), HALF_BOUND, None),
     ("BindFailed rolls back",
      lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=P2, reason="gone")), HALF_BOUND,
-     replace(HALF_BOUND, phase="rolling_back", reason="bind of default/w-1 failed: gone")),
+     replace(HALF_BOUND, phase="rolling_back", failure="bind_failed", reason="bind of default/w-1 failed: gone")),
     ("the deadline of the running attempt rolls it back",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), replace(HALF_BOUND, timeout_s=30.0),
-     replace(HALF_BOUND, timeout_s=30.0, phase="rolling_back", reason="not every member was ready within 30 s")),
+     replace(HALF_BOUND, timeout_s=30.0, phase="rolling_back", failure="deadline",
+             reason="not every member was ready within 30 s")),
     ("the deadline of an old attempt is ignored",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=1, members_digest=DIGEST)), PLACING, None),
     ("the deadline of a scheduled gang is ignored",
@@ -151,6 +152,17 @@ CASES = [
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest="0" * 16)), BINDING, None),
     ("a deadline without the members' digest is ignored",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2)), BINDING, None),
+    ("an attempt started behind a starving head records the nodes it must leave alone",
+     lambda s: saga.start_attempt(s, now=10.0, settle_s=2, avoid=("n1",), avoid_for="default/big"), gang(),
+     gang("placing", 1, attempt_started_at=10.0, avoid_nodes=("n1",), avoid_for="default/big")),
+    ("a failed backfill attempt says which nodes were kept for whom, and records where it would go itself",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/1 nodes are available.",
+                                                        reserve_nodes=("n1",)), now=100.0, **BO),
+     replace(PLACING, avoid_nodes=("n1", "n2"), avoid_for="default/big"),
+     replace(PLACING, phase="backoff", failures=1, failure="placement_failed", reserve_nodes=("n1",),
+             avoid_nodes=("n1", "n2"), avoid_for="default/big",
+             reason="0/1 nodes are available. (backfill behind default/big, first in queue and waiting too long: "
+                    "n1, n2)", backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a pod that arrives while an attempt runs is not added to it",
      lambda s: saga.add_member(s, MemberSpec(pod=PodRef(namespace="default", name="w-2", uid="u2"), gpus=1),
                                gang_id=G, min_member=2, timeout_s=0, priority=0, now=1.0), BINDING, None),
@@ -184,34 +196,3 @@ def test_the_pending_reason_shows_the_attempt_and_the_last_failure():
              backoff_until=14.0)
     assert saga.pending_reason(s, 10.0) == "0/2 nodes are available: 2 insufficient free GPUs. (attempt 3); next try in 4s"
     assert saga.pending_reason(replace(gang(), members=MEMBERS[:1]), 0) == "gang incomplete: 1/2 members present"
-
-
-def q(name, created, priority=0, phase="backoff"):
-    return GangState(gang_id=f"default/{name}", phase=phase, attempt=1, created_at=created, priority=priority)
-
-
-FAIR = [
-    ("a gang behind a head that waited too long is held back", q("small", 50), [q("big", 0)], 100.0, "default/big"),
-    ("a gang behind a head that has not waited long is not held back", q("small", 50), [q("big", 0)], 30.0, None),
-    ("the head itself is never held back", q("big", 0), [q("small", 50)], 100.0, None),
-    ("a gang of higher priority is never held back", q("urgent", 50, priority=10), [q("big", 0)], 100.0, None),
-    ("a scheduled gang is no head", q("small", 50), [q("big", 0, phase="scheduled")], 100.0, None),
-]
-
-
-@pytest.mark.parametrize(("name", "gang_", "others", "now", "head"), FAIR, ids=[c[0] for c in FAIR])
-def test_fairness_gate(name, gang_, others, now, head):
-    got = saga.held_back_by(gang_, others, now=now, starve_after_s=60.0)
-    assert (got.gang_id if got else None) == head
-
-
-def test_a_head_gang_that_could_never_fit_holds_nobody_back():
-    from phalanx_gang_coordinator import saga
-    from phalanx_proto.state import GangState
-
-    hopeless = GangState(gang_id="default/too-big", phase="backoff", attempt=3, created_at=0.0,
-                         fits_empty_cluster=False)
-    later = GangState(gang_id="default/small", phase="waiting", attempt=0, created_at=10.0)
-    assert saga.held_back_by(later, [hopeless], now=1000.0, starve_after_s=60.0) is None
-    hopeful = GangState(gang_id="default/big", phase="backoff", attempt=3, created_at=0.0)
-    assert saga.held_back_by(later, [hopeful], now=1000.0, starve_after_s=60.0) == hopeful

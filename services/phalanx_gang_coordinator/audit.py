@@ -1,0 +1,202 @@
+"""What the reconciler compares: the ledger, the gang records and the cluster's pods. Pure.
+
+``audit`` takes one consistent-enough reading — the ledger read **first**, then the gang
+records, then the pods (so a reservation seen always belongs to a pod that existed before the
+pods were listed) — and returns every disagreement as a ``Finding`` with the repair it calls
+for. Rules (docs/saga.md, "The reconciler"):
+
+1. A reservation whose pod (by uid) is gone is released; if the pod is still a member of its
+   gang's record, the member is forgotten first (which releases it: ``Forget``).
+2. A reservation on the node its pod is bound to backs a running pod: it is kept, whatever
+   the gang record says.
+3. A reservation of a pod that is not bound there is kept only while its attempt is in
+   flight (the record is at that attempt, ``placing``…``binding``, and names the pod) or is
+   being rolled back (the rollback releases it); otherwise it is released.
+4. A pod with a Phalanx schedulerName bound to a node without a reservation there gets one
+   recorded (``Adopt``, from its assignment annotation) if its GPUs are free there; if they
+   are booked by another pod, or it has no readable assignment, it is reported loudly
+   (``Report``: a Warning event on the pod, the metric, ``phalanx doctor``) and never booked
+   twice.
+5. A MIG instance recorded ready in ``phx-mig`` without a reservation while a pod still runs
+   on it is a finding; the pod's adoption (rule 4) gives the slot its owner back, so
+   mig-manager does not destroy it.
+6. Values that cannot be read are findings; nothing is concluded from them (no repair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
+from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
+from phalanx_proto.subjects import gang_key
+
+IN_FLIGHT = ("placing", "preparing", "binding")
+_assignment = msgspec.json.Decoder(Assignment)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    gang_id: str
+    attempt: int
+    pod: PodRef
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    gang_id: str
+    pod: PodRef
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    gang_id: str
+    attempt: int
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    pod: PodRef
+    message: str
+
+
+Repair = Release | Forget | Adopt | Report
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str
+    """A value of ``phalanx_telemetry.metrics.RECONCILER_FINDING_KINDS``."""
+    detail: str
+    repair: Repair | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One reading of everything the reconciler compares."""
+
+    ledgers: dict[str, NodeLedger]
+    """Node → its (readable) ledger."""
+    gangs: dict[str, GangState]
+    pods: list[Pod]
+    """Every pod with a Phalanx schedulerName, bound or not."""
+    gang_of: dict[str, str]
+    """Pod uid → the gang id its labels name (for pods in no record)."""
+    mig: list[MigRecord] = ()
+    unreadable: tuple[str, ...] = ()
+    """Bad entries (``bucket/key (revision): error``) of the buckets read."""
+    unreadable_nodes: frozenset[str] = frozenset()
+    """Nodes whose ledger entry is bad: nothing is concluded about them."""
+    unreadable_gangs: frozenset[str] = frozenset()
+    """KV keys of gang records that are bad: nothing is concluded about their gangs."""
+
+
+def audit(r: Reading) -> list[Finding]:
+    """Every disagreement between ledger, gang records and pods, each with its repair."""
+    by_uid = {p.uid: p for p in r.pods if p.uid}
+    out = [Finding("unreadable_record", bad) for bad in r.unreadable]
+    for node, ledger in sorted(r.ledgers.items()):
+        for alloc in ledger.allocations.values():
+            finding = _reservation(r, node, alloc, by_uid)
+            if finding is not None:
+                out.append(finding)
+    for pod in r.pods:
+        if pod.node_name and pod.node_name not in r.unreadable_nodes:
+            finding = _bound_pod(r, pod)
+            if finding is not None:
+                out.append(finding)
+    out += _mig(r, by_uid)
+    return out
+
+
+def _member_of(state: GangState | None, pod: PodRef) -> bool:
+    return state is not None and pod in {m.pod for m in state.members}
+
+
+def _reservation(r: Reading, node: str, alloc: Allocation, by_uid: dict[str, Pod]) -> Finding | None:
+    """Rules 1-3 for one reservation."""
+    ref, gang = alloc.assignment.pod, alloc.gang_id
+    state = r.gangs.get(gang)
+    if _unreadable_gang(r, gang):
+        return None
+    pod = by_uid.get(ref.uid)
+    if pod is None or (pod.namespace, pod.name) != (ref.namespace, ref.name):
+        detail = f"{ref} (uid {ref.uid}) holds a reservation on {node} (gang {gang} attempt {alloc.attempt}) but is gone"
+        if _member_of(state, ref):
+            return Finding("reservation_without_pod", detail, Forget(gang, ref))
+        return Finding("reservation_without_pod", detail, Release(gang, alloc.attempt, ref, node))
+    if pod.node_name == node:
+        return None
+    if state is not None and state.attempt == alloc.attempt and _member_of(state, ref) and (
+            state.phase in IN_FLIGHT or state.phase == "rolling_back"):
+        return None
+    where = f"bound to {pod.node_name}" if pod.node_name else "not bound"
+    phase = f"{state.phase} at attempt {state.attempt}" if state is not None else "gone"
+    return Finding("stale_reservation", f"{ref} holds a reservation on {node} for gang {gang} attempt {alloc.attempt}, "
+                                        f"is {where}, and the gang is {phase}",
+                   Release(gang, alloc.attempt, ref, node))
+
+
+def _unreadable_gang(r: Reading, gang_id: str) -> bool:
+    return gang_key(gang_id) in r.unreadable_gangs
+
+
+def _bound_pod(r: Reading, pod: Pod) -> Finding | None:
+    """Rule 4 for one bound pod."""
+    node = pod.node_name
+    ledger = r.ledgers.get(node)
+    held = ledger.allocations if ledger is not None else {}
+    if alloc_key(pod.ref) in held:
+        return None
+    a = _annotation(pod)
+    if a is None:
+        return Finding("pod_without_reservation", f"{pod.ref} is bound to {node} without a reservation and without a "
+                                                  "readable assignment annotation",
+                       Report(pod.ref, f"bound to {node} without a Phalanx reservation and without a readable "
+                                       f"{ASSIGNMENT_ANNOTATION} annotation: its GPUs are unknown to the scheduler"))
+    conflicts = gpu_conflicts([v.assignment for v in held.values()] + [a])
+    if conflicts:
+        message = (f"bound to {node} on GPU(s) {','.join(map(str, a.gpus))} without a Phalanx reservation, and "
+                   f"those GPUs are booked by another pod: {'; '.join(conflicts)}")
+        return Finding("pod_on_booked_gpus", f"{pod.ref}: {message}", Report(pod.ref, message))
+    state = next((s for s in r.gangs.values() if _member_of(s, pod.ref)), None)
+    gang = state.gang_id if state is not None else r.gang_of.get(pod.uid, f"{pod.namespace}/{pod.name}")
+    attempt = max(1, state.attempt) if state is not None else 1
+    return Finding("pod_without_reservation", f"{pod.ref} is bound to {node} on GPU(s) "
+                                              f"{','.join(map(str, a.gpus))} without a reservation; recording one",
+                   Adopt(gang, attempt, a))
+
+
+def _annotation(pod: Pod) -> Assignment | None:
+    """The pod's assignment annotation, if it is one for this very pod on its node."""
+    raw = pod.annotations.get(ASSIGNMENT_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        a = _assignment.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if (a.pod.namespace, a.pod.name) != (pod.namespace, pod.name) or a.node != pod.node_name or not a.gpus:
+        return None
+    return msgspec.structs.replace(a, pod=pod.ref, mig_instance_uuid="")
+
+
+def _mig(r: Reading, by_uid: dict[str, Pod]) -> list[Finding]:
+    """Rule 5: ready MIG instances without a reservation while their pod runs on that node."""
+    out = []
+    for rec in r.mig:
+        if rec.state != "ready" or rec.node in r.unreadable_nodes:
+            continue
+        ledger = r.ledgers.get(rec.node)
+        held = any(a.assignment.mig_profile and rec.gpu in a.assignment.gpus and a.assignment.mig_start == rec.start
+                   for a in (ledger.allocations.values() if ledger is not None else ()))
+        pod = by_uid.get(rec.pod.uid) if rec.pod.uid else None
+        if not held and pod is not None and pod.node_name == rec.node:
+            out.append(Finding("mig_without_reservation", f"MIG instance {rec.uuid or '-'} on {rec.node} GPU {rec.gpu} "
+                                                          f"slot {rec.start} has no reservation while {rec.pod} runs on it"))
+    return out

@@ -1,0 +1,103 @@
+"""Compensations: give back what a failed attempt took, in reverse order of the steps.
+
+``unbind`` (delete the members already bound, so their controllers recreate them), ``mig``
+(destroy the attempt's MIG instances), ``release`` (the reservation, exactly by pod uid).
+Each runs shielded and time-limited, and is recorded in ``GangState.rollback_done`` as soon
+as it completed, so a coordinator that dies part-way leaves ``rolling_back`` with the steps
+done so far and its successor's resync continues with the next one (style rule 3). Every
+compensation may run more than once, and when its step never happened: deleting an absent
+pod is success, destroying a MIG instance that was never made and releasing an attempt that
+holds nothing change nothing.
+
+Also here: undoing a late bind (a ``Bound`` for an attempt that was rolled back), the one
+other place a pod is ever deleted — only a bound member of the gang, by uid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.store import GangStore
+from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, Pod
+from phalanx_proto.events import Bound, PodRef
+from phalanx_proto.state import GangState
+from phalanx_telemetry import log, metrics, refused, warn
+
+COMPENSATION_LIMIT_S = 15.0
+
+Execute = Callable[[tuple[effects.Effect, ...]], Awaitable[None]]
+
+
+class Compensator:
+    def __init__(self, store: GangStore, cluster: ClusterPort, notifier: Notifier, execute: Execute, *,
+                 backoff_base_s: float, backoff_max_s: float) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.notifier = notifier
+        self.execute = execute
+        """Carries out ``effects.compensation``'s commands (the driver's executor)."""
+        self.backoff = dict(base_s=backoff_base_s, max_s=backoff_max_s)
+
+    async def roll_back(self, state: GangState) -> GangState | None:
+        """Run the attempt's compensations not yet done, in order, recording each; returns
+        the state after the last one (``backoff``), or whatever stopped the loop."""
+        if not state.rollback_done:
+            metrics.GANG_ROLLBACKS.inc(reason=state.failure or "other")
+            warn("rolling back", gang=state.gang_id, attempt=state.attempt, reason=state.reason)
+        while state is not None and state.phase == "rolling_back":
+            step = saga.next_compensation(state)
+            if step is None:
+                break
+            with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
+                unbound = await self.unbind(state) if step == "unbind" else ()
+                await self.execute(effects.compensation(state, step))
+            t = await self.store.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
+                s, a, st, now=time.time(), unbound=u, **self.backoff))
+            state = t.after if t is not None else None
+        if state is not None and state.phase == "backoff":
+            log("rolled back", gang=state.gang_id, attempt=state.attempt)
+        return state
+
+    async def unbind(self, state: GangState) -> tuple[PodRef, ...]:
+        """Delete every member of the attempt found bound (by uid, with a Phalanx schedulerName),
+        each with a Warning event saying why. A bind still queued at binder finds its
+        reservation released and is refused; one already in binder's hands is undone when its
+        late ``Bound`` arrives (``undo_late_bind``)."""
+        reason = f"gang {state.gang_id} attempt {state.attempt} rolled back: {state.reason}"
+        deleted = []
+        for a in state.assignments:
+            pod = await self.cluster.get_pod(a.pod)
+            if pod is None or not pod.node_name or pod.uid != a.pod.uid or pod.scheduler_name not in SCHEDULER_NAMES:
+                continue
+            await self.notifier.event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its controller "
+                                                             "recreates it")
+            await self.cluster.delete_pod(a.pod)
+            deleted.append(a.pod)
+        return tuple(deleted)
+
+    async def undo_late_bind(self, ev: Bound, pod: Pod) -> None:
+        """A bind of an attempt that was rolled back (binder was slow): its reservation is
+        released, so the pod must not stay bound. Delete it, with an event saying why — only a
+        pod (by uid) that is a member of this gang, has a Phalanx schedulerName and is bound
+        where the reply says (the caller checked that), and only when the gang's live attempt
+        does not want it there."""
+        current = await self.store.get(ev.gang_id)
+        if current is None or ev.pod not in {m.pod for m in current.members}:
+            refused("not_member", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not a member of {ev.gang_id}",
+                    gang=ev.gang_id, attempt=ev.attempt)
+            return
+        if current.phase in ("binding", "scheduled") and any(
+                a.pod == ev.pod and a.node == ev.node for a in current.assignments):
+            return  # a duplicate reply, or the current attempt wants the pod on that node too
+        if pod.scheduler_name not in SCHEDULER_NAMES:
+            refused("foreign_scheduler", f"{ev.pod} has schedulerName {pod.scheduler_name!r}", gang=ev.gang_id)
+            return
+        await self.notifier.event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back "
+                                                          "before this pod was bound; deleting it so its controller "
+                                                          "recreates it")
+        await self.cluster.delete_pod(ev.pod)

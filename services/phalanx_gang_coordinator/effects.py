@@ -1,0 +1,183 @@
+"""The side effects of the saga, as data: which commands, status events, pod notices and
+compensations follow a transition, a re-drive, a compensation step or a member's deletion.
+
+Pure (no I/O, no clock: ``now`` is passed in) and table-tested like the transitions
+(tests/unit/test_saga_effects.py). ``driver.SagaDriver.execute`` carries the effects out, in
+order; the idempotency key of every command is its message id, so carrying the same effects
+out twice (a redelivery, a crash before the ack, a re-drive) stores each command once.
+
+    entered(before, after)   the effects of one transition (before → after)
+    redrive(state)           what a running state waits for, again (same message ids)
+    compensation(state, step) one compensation's effects (``unbind`` is carried out by the
+                             compensator itself, it needs the cluster)
+    member_gone(state, pod)  give back what one deleted member held
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import msgspec
+
+from phalanx_gang_coordinator import saga
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    BindRequested,
+    GangAdmitted,
+    GangDeadline,
+    GangPending,
+    GangScheduled,
+    MigDestroyRequested,
+    MigPrepareRequested,
+    PlacementRequested,
+    PodRef,
+    ReleaseRequested,
+    RollbackStarted,
+)
+from phalanx_proto.state import GangState
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Publish ``event`` on ``subject`` (message id: the event's key unless ``msg_id``)."""
+
+    subject: str
+    event: msgspec.Struct
+    msg_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDeadline:
+    """Store the attempt's deadline as a JetStream scheduled message, firing at ``at``."""
+
+    event: GangDeadline
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """A Warning event ``reason: message`` on each pod, and with ``condition`` also
+    ``PodScheduled=False`` with the message."""
+
+    pods: tuple[PodRef, ...]
+    reason: str
+    message: str
+    condition: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Compensate:
+    """Run the compensations of the attempt not yet done (``compensate.Compensator``)."""
+
+    gang_id: str
+    attempt: int
+
+
+Effect = Publish | ScheduleDeadline | Notify | Compensate
+
+
+def _deadline(s: GangState, timeout_s: float) -> ScheduleDeadline:
+    return ScheduleDeadline(GangDeadline(gang_id=s.gang_id, attempt=s.attempt, members_digest=saga.members_digest(s)),
+                            at=s.attempt_started_at + timeout_s)
+
+
+def _placement(s: GangState) -> Publish:
+    return Publish(S.placement_subject(s.gang_id), PlacementRequested(
+        gang_id=s.gang_id, attempt=s.attempt, members=s.members, avoid_nodes=s.avoid_nodes))
+
+
+def _mig_prepares(s: GangState) -> tuple[Effect, ...]:
+    return tuple(Publish(S.mig_subject(a.node), MigPrepareRequested(
+        node=a.node, gang_id=s.gang_id, attempt=s.attempt, pod=a.pod, gpu=a.gpus[0] if a.gpus else 0,
+        profile=a.mig_profile, start=max(0, a.mig_start))) for a in s.assignments if a.mig_profile and not a.mig_instance_uuid)
+
+
+def _binds(s: GangState) -> tuple[Effect, ...]:
+    done = set(s.bound)
+    return tuple(Publish(S.binder_subject(s.gang_id), BindRequested(gang_id=s.gang_id, attempt=s.attempt, assignment=a))
+                 for a in s.assignments if a.pod not in done)
+
+
+def pending(s: GangState, now: float) -> tuple[Effect, ...]:
+    """Tell subscribers and the pods why the gang waits (``saga.pending_reason``)."""
+    reason = saga.pending_reason(s, now)
+    msg_id = (f"gang.pending:{s.gang_id}:{s.attempt}:{saga.members_digest(s)}:{s.failures}:"
+              f"{zlib.crc32(reason.encode())}")
+    return (Publish(S.status_subject(s.gang_id), GangPending(gang_id=s.gang_id, attempt=max(1, s.attempt),
+                                                             reason=reason), msg_id=msg_id),
+            Notify(tuple(m.pod for m in s.members), "FailedScheduling", reason))
+
+
+def entered(before: GangState | None, after: GangState, *, now: float, timeout_s: float) -> tuple[Effect, ...]:
+    """The effects of the transition ``before → after`` (``timeout_s``: the attempt's deadline)."""
+    was = before.phase if before is not None and before.attempt == after.attempt else None
+    match after.phase:
+        case "placing" if was != "placing":
+            return (_deadline(after, timeout_s),
+                    Publish(S.status_subject(after.gang_id), GangAdmitted(
+                        gang_id=after.gang_id, attempt=after.attempt, members=tuple(m.pod for m in after.members),
+                        min_member=after.min_member)),
+                    _placement(after))
+        case "preparing" if was == "placing":
+            return _mig_prepares(after)
+        case "binding" if was in ("placing", "preparing"):
+            return _binds(after)
+        case "scheduled" if was == "binding":
+            return (Publish(S.status_subject(after.gang_id), GangScheduled(
+                gang_id=after.gang_id, attempt=after.attempt, assignments=after.assignments)),)
+        case "rolling_back" if was in saga.RUNNING:
+            return (Publish(S.status_subject(after.gang_id), RollbackStarted(
+                gang_id=after.gang_id, attempt=after.attempt, reason=after.reason,
+                members_digest=saga.members_digest(after))),
+                    Compensate(after.gang_id, after.attempt))
+        case "backoff" if was in ("placing", "rolling_back"):
+            return pending(after, now)
+    return ()
+
+
+def redrive(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
+    """What a state waits for, published again (the same message ids: a command still in the
+    stream's duplicate window is stored once). The deadline is re-scheduled too, at the same
+    time, so a crash between the state write and its scheduling loses nothing."""
+    match s.phase:
+        case "placing":
+            return (_deadline(s, timeout_s), _placement(s))
+        case "preparing":
+            return (_deadline(s, timeout_s), *_mig_prepares(s))
+        case "binding":
+            return (_deadline(s, timeout_s), *_binds(s))
+        case "rolling_back":
+            return (Compensate(s.gang_id, s.attempt),)
+    return ()
+
+
+def _mig_destroy(s: GangState, a) -> Publish:
+    return Publish(S.mig_subject(a.node), MigDestroyRequested(
+        node=a.node, gang_id=s.gang_id, attempt=s.attempt, pod=a.pod, gpu=a.gpus[0] if a.gpus else 0,
+        instance_uuid=a.mig_instance_uuid))
+
+
+def compensation(s: GangState, step: str) -> tuple[Effect, ...]:
+    """The commands of compensation ``step`` (``mig`` or ``release``; ``unbind`` has none: it is
+    the compensator's deletion of bound members). The release names the attempt's pods — its
+    assignments, or its members when nothing was placed — exactly (contract C1)."""
+    match step:
+        case "mig":
+            return tuple(_mig_destroy(s, a) for a in s.assignments if a.mig_profile)
+        case "release":
+            pods = tuple(a.pod for a in s.assignments) or tuple(m.pod for m in s.members)
+            if pods:
+                return (Publish(S.placement_subject(s.gang_id), ReleaseRequested(
+                    gang_id=s.gang_id, attempt=s.attempt, reason=s.reason, pods=pods)),)
+    return ()
+
+
+def member_gone(before: GangState, pod: PodRef) -> tuple[Effect, ...]:
+    """Give back what a deleted member held: its MIG instance first (so the slot is never
+    rebooked while an instance sits in it), then its reservation of the current attempt."""
+    if before.attempt < 1:
+        return ()
+    destroys = tuple(_mig_destroy(before, a) for a in before.assignments if a.pod == pod and a.mig_profile)
+    return (*destroys, Publish(S.placement_subject(before.gang_id), ReleaseRequested(
+        gang_id=before.gang_id, attempt=before.attempt, reason="pod deleted", pods=(pod,))))

@@ -1,0 +1,117 @@
+"""Pod intake: pending pods with a Phalanx schedulerName become gang members; deleted pods
+stop being members and give back what they held.
+
+Called for every pod event of the watch and, for pods the watch may have missed, by resync.
+A pod Phalanx cannot take (an invalid request, a bad annotation value, a gang record that
+cannot be read) is told why once — Warning event and ``PodScheduled=False`` naming field,
+value and rule — and never admitted; one pod's trouble never stops another's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator.driver import SagaDriver
+from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
+from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
+from phalanx_kube.port import ClusterPort, Pod
+from phalanx_proto.events import PodRef
+from phalanx_proto.state import GangState
+from phalanx_telemetry import log, warn
+
+
+class PodIntake:
+    def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
+                 settle_s: float) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.driver = driver
+        self.notifier = notifier
+        self.settle_s = settle_s
+
+    async def on_pod(self, pod: Pod) -> None:
+        """Admit an unbound pod into its gang and start the gang if it is complete."""
+        if pod.node_name or pod.deleting:
+            return
+        try:
+            ident = identity(pod)
+            spec = member_spec(pod)
+        except InvalidMember as e:
+            warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
+            await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
+            return
+        now = time.time()
+        try:
+            t = await self.store.transition(ident.gang_id, lambda s: saga.add_member(
+                s, spec, gang_id=ident.gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
+                priority=ident.priority, now=now))
+        except UnreadableRecord as e:
+            await self.notifier.once(pod, "FailedScheduling", f"gang {ident.gang_id}: its record cannot be read ({e.bad}); "
+                                                              "see `phalanx doctor`")
+            return
+        if t is not None:
+            await self._tell_membership(pod, ident.min_member, t.after)
+        await self.driver.start(ident.gang_id)
+
+    async def _tell_membership(self, pod: Pod, declared: int | None, s: GangState) -> None:
+        """Tell the pod what its gang is when that is not plain (no silent guesses)."""
+        msg = ""
+        if not s.min_member_declared and s.gang_id != f"{pod.namespace}/{pod.name}":
+            msg = (f"gang {s.gang_id}: no pod says min-member (aliyun.com/min-member); the gang is taken as the "
+                   f"pods present once none arrived for {self.settle_s:g}s ({len(s.members)} so far)")
+        elif declared is not None and declared != s.min_member:
+            msg = f"gang {s.gang_id}: this pod says min-member {declared}, others say {s.min_member}; using {s.min_member}"
+        elif len(s.members) > s.min_member:
+            msg = (f"gang {s.gang_id}: {len(s.members)} pods present but min-member is {s.min_member}; every "
+                   "present pod is placed, all or nothing")
+        elif len(s.members) < s.min_member:
+            await self.notifier.condition(pod.ref, saga.pending_reason(s, time.time()))
+        if msg:
+            await self.notifier.event(pod.ref, "GangMembership", msg)
+
+    async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None) -> None:
+        """Forget a deleted member, then give back what it held (its MIG instance, its
+        reservation), then roll back a running attempt it was part of. Placement refuses to
+        release a live member's reservation, so the member is forgotten first; a crash in
+        between leaves a reservation without a pod, which the reconciler releases."""
+        if gang_id is None:
+            try:
+                gang_id = identity(pod).gang_id
+            except InvalidMember:
+                return
+        ref = PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+        t = await self.store.transition(gang_id, lambda s: saga.drop_member(s, ref))
+        if t is None or t.before is None:
+            return
+        log("member gone", gang=gang_id, pod=str(ref))
+        await self.driver.execute(effects.member_gone(t.before, ref))
+        new = t.after
+        if not new.members:
+            await self.store.delete(gang_id)
+            log("gang gone", gang=gang_id)
+            return
+        if new.phase in saga.RUNNING and ref not in new.unbound:
+            await self.driver.apply(await self.store.transition(
+                gang_id, lambda s: saga.member_deleted(s, new.attempt, ref)))
+
+    async def watch(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow the cluster's pods; ready once the current ones are listed. A failed event is
+        logged and left to resync."""
+        started = False
+        async for ev in self.cluster.watch_pods():
+            if ev is None:
+                if not started:
+                    started = True
+                    task_status.started()
+                continue
+            try:
+                if ev.type == "DELETED":
+                    await self.on_pod_deleted(ev.pod)
+                else:
+                    await self.on_pod(ev.pod)
+            except Exception:  # noqa: BLE001 - resync covers whatever this missed
+                log("pod event failed", level=40, exc_info=True, pod=f"{ev.pod.namespace}/{ev.pod.name}")

@@ -1,0 +1,94 @@
+"""Resync: the informer-resync safety net, and the queue the fairness gate decides on.
+
+Every ``resync_s``: admit the pods the watch may have missed, forget members that are gone,
+start gangs whose backoff is over (in queue order, through the fairness gate), re-publish the
+commands of a gang stalled in a running phase and continue an unfinished rollback. One pod's
+or one gang's trouble (an odd pod, an unreadable record) is logged and counted and never
+holds the others up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import anyio
+
+from phalanx_gang_coordinator import fairness, saga
+from phalanx_gang_coordinator.driver import SagaDriver
+from phalanx_gang_coordinator.intake import PodIntake
+from phalanx_gang_coordinator.store import GangStore
+from phalanx_kube.port import ClusterPort, Pod
+from phalanx_proto.state import GangState
+from phalanx_telemetry import log, metrics
+
+
+class Resync:
+    def __init__(self, cluster: ClusterPort, store: GangStore, intake: PodIntake, driver: SagaDriver, config) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.intake = intake
+        self.driver = driver
+        self.config = config
+        self.queue: list[GangState] = []
+        """Gang states as of the last resync: the view the fairness gate decides on."""
+        self._failed_pods: set[tuple[str, str, str]] = set()
+        driver.gate = self.gate
+
+    def gate(self, state: GangState, now: float) -> fairness.Gate:
+        return fairness.gate(state, [s for s in self.queue if s.gang_id != state.gang_id], now=now,
+                             starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.config.resync_s)
+            try:
+                await self.once()
+            except Exception:  # noqa: BLE001 - retried on the next tick
+                log("resync failed", level=40, exc_info=True)
+
+    async def once(self) -> None:
+        pods = await self.cluster.list_pods()
+        live = {(p.namespace, p.name, p.uid) for p in pods}
+        states, _ = await self.store.all()
+        # Pods already members of a gang need no re-admission (that is two KV reads a pod a
+        # tick); their gang is re-driven below. Only pods the watch may have missed go through.
+        members = {(m.pod.namespace, m.pod.name, m.pod.uid) for st in states for m in st.members}
+        unknown = [p for p in pods if (p.namespace, p.name, p.uid) not in members and not p.node_name]
+        for pod in unknown:
+            await self._admit(pod)
+        if unknown:
+            states, _ = await self.store.all()
+        self.queue = [s for s in states if s.phase != "scheduled"]
+        metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
+        now = time.time()
+        for state in sorted(states, key=saga.queue_key):
+            try:
+                await self._gang(state, live, now)
+            except Exception:  # noqa: BLE001 - one gang's trouble must not stall the others
+                log("resync of gang failed", level=40, exc_info=True, gang=state.gang_id)
+
+    async def _admit(self, pod: Pod) -> None:
+        """One pod the watch may have missed; its failure is logged once per pod and isolated."""
+        key = (pod.namespace, pod.name, pod.uid)
+        try:
+            await self.intake.on_pod(pod)
+            self._failed_pods.discard(key)
+        except Exception:  # noqa: BLE001 - an odd pod must not stop the others
+            metrics.RESYNC_POD_FAILURES.inc()
+            if key not in self._failed_pods:
+                self._failed_pods.add(key)
+                log("resync of pod failed", level=40, exc_info=True, pod=f"{pod.namespace}/{pod.name}", uid=pod.uid)
+
+    async def _gang(self, state: GangState, live: set, now: float) -> None:
+        """Re-drive one gang: drop gone members, start it, re-publish its commands, resume its rollback."""
+        gone = [m.pod for m in state.members if (m.pod.namespace, m.pod.name, m.pod.uid) not in live]
+        for ref in gone:
+            await self.intake.on_pod_deleted(Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid), state.gang_id)
+        if gone:
+            return
+        stalled = now - state.updated_at > self.config.redrive_after_s
+        if state.phase in ("waiting", "backoff"):
+            await self.driver.start(state.gang_id)
+        elif state.phase in saga.RUNNING + ("rolling_back",) and stalled:
+            await self.driver.redrive(state)

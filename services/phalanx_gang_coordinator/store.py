@@ -1,0 +1,91 @@
+"""The gang state store: ``phx-gangs``, read and written by compare-and-set only.
+
+Only gang-coordinator writes this bucket (contract C4). A transition is a pure function of the
+stored state (``saga.py``) applied in a bounded compare-and-set loop; it returns both sides,
+so the caller can derive the side effects (``effects.entered``). A value that does not decode,
+or breaks the bucket's rule, is never fatal: ``load`` raises ``UnreadableRecord`` for that one
+gang (its pods are told), ``all`` returns it apart, and everything else goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from phalanx_bus import BadEntry, Kv, KvConflict, Record, read_all, read_one
+from phalanx_proto import subjects as S
+from phalanx_proto.events import encoder
+from phalanx_proto.state import GangState
+
+CAS_RETRIES = 50
+
+
+class UnreadableRecord(Exception):
+    """The gang's record in ``phx-gangs`` cannot be believed (``bad`` says why)."""
+
+    def __init__(self, bad: BadEntry) -> None:
+        super().__init__(str(bad))
+        self.bad = bad
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A stored change: the state before (None: the gang was new) and after."""
+
+    before: GangState | None
+    after: GangState
+
+
+Change = Callable[[GangState | None], GangState | None]
+
+
+class GangStore:
+    def __init__(self, kv: Kv) -> None:
+        self.kv = kv
+
+    async def load(self, gang_id: str) -> tuple[GangState | None, int | None]:
+        """The gang's state and revision; ``(None, None)`` when absent. Raises ``UnreadableRecord``."""
+        rec = await read_one(self.kv, S.gang_key(gang_id))
+        if rec is None:
+            return None, None
+        if isinstance(rec, BadEntry):
+            raise UnreadableRecord(rec)
+        return rec.value, rec.revision
+
+    async def get(self, gang_id: str) -> GangState | None:
+        """The gang's state, or None when absent or unreadable (for read-only checks)."""
+        try:
+            return (await self.load(gang_id))[0]
+        except UnreadableRecord:
+            return None
+
+    async def transition(self, gang_id: str, change: Change) -> Transition | None:
+        """Apply ``change(state) -> new state | None`` by compare-and-set, retrying on conflict.
+        Returns the stored transition, or None when ``change`` declined."""
+        for _ in range(CAS_RETRIES):
+            state, rev = await self.load(gang_id)
+            new = change(state)
+            if new is None:
+                return None
+            new = msgspec.structs.replace(new, updated_at=time.time())
+            data = encoder.encode(new)
+            try:
+                if rev is None:
+                    await self.kv.create(S.gang_key(gang_id), data)
+                else:
+                    await self.kv.update(S.gang_key(gang_id), data, last=rev)
+                return Transition(state, new)
+            except KvConflict:
+                continue
+        raise RuntimeError(f"gang {gang_id}: too many concurrent updates")
+
+    async def delete(self, gang_id: str) -> None:
+        await self.kv.delete(S.gang_key(gang_id))
+
+    async def all(self) -> tuple[list[GangState], list[BadEntry]]:
+        """Every readable gang state, and the bad entries apart (logged once, counted)."""
+        good, bad = await read_all(self.kv)
+        return [r.value for r in good if isinstance(r, Record)], bad

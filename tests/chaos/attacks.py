@@ -1,0 +1,143 @@
+"""The hostile client of the chaos run: it poisons KV values and forges replies and commands,
+picked by the run's seeded random generator, while services are killed and nats restarts.
+
+Poison goes under keys of nodes and gangs that do not exist, except one kind that poisons a
+real node's ledger entry for a moment (by compare-and-set, so no write is lost) and then puts
+the value back: meanwhile placement leaves the node out and binder refuses binds there, and
+whatever a release could not do on it the reconciler repairs afterwards. Forged messages carry
+fresh message ids (a replay after the duplicate window).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+
+import anyio
+import msgspec
+
+from phalanx_bus import KvConflict
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    Assignment,
+    BindRequested,
+    Bound,
+    MemberSpec,
+    Placed,
+    PlacementRequested,
+    PodRef,
+    ReleaseRequested,
+)
+from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
+from stackutil import gang_states, ledger
+
+GHOSTS = {S.KV_LEDGER: "ghost-node-{n}", S.KV_TOPOLOGY: "ghost-node-{n}", S.KV_HEARTBEAT: "ghost-node-{n}",
+          S.KV_GANGS: "default.ghost-gang-{n}", S.KV_MIG: "ghost-node-{n}.0.0"}
+GARBAGE = (b"{", b"\xff\xfe", b"[]", b'{"node": 7}', b"null", b'{"gang_id": "x", "attempt": -3}')
+KINDS = ("poison", "poison", "poison-node", "placed", "bound", "release", "bind", "request")
+
+
+async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
+    """One attack; returns ``poison`` or ``forge``."""
+    kind = rng.choice(KINDS)
+    if kind == "poison":
+        bucket = rng.choice(sorted(GHOSTS))
+        key = GHOSTS[bucket].format(n=len(poisoned))
+        await (await bus.kv(bucket)).put(key, rng.choice(GARBAGE))
+        poisoned.append((bucket, key))
+        return "poison"
+    if kind == "poison-node":
+        await poison_a_node_for_a_moment(bus, rng)
+        return "poison"
+    states = list((await gang_states(bus)).values())
+    if not states:
+        return "forge"
+    s = rng.choice(states)
+    match kind:
+        case "placed":
+            moved = tuple(msgspec.structs.replace(a, gpus=tuple((g + 1) % 8 for g in a.gpus)) for a in s.assignments)
+            await forge(bus, S.coord_subject(s.gang_id), Placed(gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2)
+                                                                or 1, assignments=moved))
+        case "bound":
+            bound = [p for p in await sim.list_pods() if p.node_name]
+            if bound:
+                p = rng.choice(bound)
+                await forge(bus, S.coord_subject(s.gang_id), Bound(gang_id=s.gang_id, attempt=max(1, s.attempt),
+                                                                   pod=p.ref, node=p.node_name))
+        case "release":
+            allocs = [a for led in (await ledger(bus)).values() for a in led.allocations.values()]
+            if allocs:
+                a = rng.choice(allocs)
+                attempt = a.attempt if rng.random() < 0.5 else max(1, a.attempt - 1)
+                await forge(bus, S.placement_subject(a.gang_id), ReleaseRequested(
+                    gang_id=a.gang_id, attempt=attempt, reason="forged", pods=(a.assignment.pod,)))
+        case "bind":
+            pending = [p for p in await sim.list_pods() if not p.node_name]
+            if pending:
+                p = rng.choice(pending)
+                await forge(bus, S.binder_subject(s.gang_id), BindRequested(
+                    gang_id=s.gang_id, attempt=max(1, s.attempt),
+                    assignment=Assignment(pod=p.ref, node=rng.choice(("v100-a", "v100-b")), gpus=(rng.randrange(8),))))
+        case "request":
+            phantom = MemberSpec(pod=PodRef(namespace="default", name="phantom", uid=uuid.uuid4().hex), gpus=8)
+            await forge(bus, S.placement_subject(s.gang_id), PlacementRequested(
+                gang_id=s.gang_id, attempt=max(1, s.attempt), members=(*s.members, phantom)))
+    return "forge"
+
+
+async def forge(bus, subject: str, event) -> None:
+    await bus.publish(subject, event, msg_id=f"forged-{uuid.uuid4().hex}")
+
+
+async def poison_a_node_for_a_moment(bus, rng) -> None:
+    """Replace a real node's ledger value by garbage for about two seconds, then put it back —
+    both by compare-and-set, so a write that came in between is never overwritten."""
+    kv = await bus.kv(S.KV_LEDGER)
+    node = rng.choice(("v100-a", "v100-b"))
+    entry = await kv.get(S.token(node))
+    if entry is None:
+        return
+    try:
+        rev = await kv.update(entry.key, rng.choice(GARBAGE), last=entry.revision)
+    except KvConflict:
+        return
+    await anyio.sleep(rng.uniform(1.0, 3.0))
+    try:
+        await kv.update(entry.key, entry.value, last=rev)
+    except KvConflict:
+        pass  # nobody writes a node whose ledger cannot be read; should it happen, the audit says so
+
+
+async def cure(bus, poisoned: list[tuple[str, str]]) -> None:
+    """Delete every ghost value the run left."""
+    for bucket, key in poisoned:
+        await (await bus.kv(bucket)).delete(key)
+
+
+async def wait_for_zero_findings(stack, bus, timeout_s: float = 60.0) -> dict[str, int]:
+    """Wait until the reconciler's report (written after now) and its metrics show no finding;
+    returns the report's findings (all zero), or raises on timeout."""
+    since = time.time()
+    last: dict[str, int] = {}
+    with anyio.fail_after(timeout_s):
+        while True:
+            entry = await (await bus.kv(S.KV_LEASES)).get(RECONCILER_REPORT_KEY)
+            report = reconciler_report_decoder.decode(entry.value) if entry else None
+            if report is not None and report.at > since:
+                last = dict(report.findings)
+                metrics = await anyio.to_thread.run_sync(_scrape, stack, "gang-coordinator")
+                gauges = [v for k, v in metrics.items() if k.startswith("phalanx_reconciler_findings{")]
+                if gauges and set(gauges) == {0} and set(last.values()) == {0}:
+                    return last
+            await anyio.sleep(1.0)
+
+
+def _scrape(stack, name: str) -> dict[str, float]:
+    port = int(stack.procs[name].ready_file.read_text().split()[1])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+

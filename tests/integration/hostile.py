@@ -1,0 +1,137 @@
+"""Helpers for the hostile tiers of the integration suite: one stack per module, a ledger
+audited every 50 ms, forged messages with fresh ids, waiting until consumers are drained, and
+a record of what must not change."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import asynccontextmanager
+
+import anyio
+
+from phalanx_bus import Bus
+from phalanx_kube.sim import KV_PODS, SimCluster
+from phalanx_proto import subjects as S
+from phalanx_runtime.stack import ClusterFile, Stack
+from stackutil import CLUSTER, audit_ledger, connect, gang_states, gpu_pod, ledger, seed_nodes, wait_until
+
+
+def hostile_stack(workdir, coordinator_args, cluster=CLUSTER, service_args=None, **stack_kw):
+    """A started stack on ``cluster`` (the demo's by default); stopped when the generator ends."""
+    s = Stack(ClusterFile.load(cluster), workdir=str(workdir),
+              service_args={"gang-coordinator": coordinator_args, **(service_args or {})}, **stack_kw)
+    s.start_nats()
+
+    async def seed() -> None:
+        bus, sim = await connect(s)
+        try:
+            await seed_nodes(s, sim)
+        finally:
+            await bus.close()
+
+    anyio.run(seed)
+    s.start_services()
+    yield s
+    s.stop()
+
+
+async def cleaned_env(stack):
+    """(stack, bus, sim); every pod of the simulated cluster is deleted afterwards and the test
+    waits until nothing is reserved and no gang is left."""
+    bus, sim = await connect(stack)
+    try:
+        yield stack, bus, sim
+        pods = await bus.kv(KV_PODS)
+        for entry in await pods.items():
+            await pods.delete(entry.key)
+        await wait_until(lambda: _empty(bus, sim), 60, what="cluster empty")
+    finally:
+        await bus.close()
+
+
+@asynccontextmanager
+async def audited(bus: Bus):
+    """Audit the ledger every 50 ms while the body runs: a GPU booked twice at any poll fails."""
+    failures: list[str] = []
+
+    async def poll():
+        while True:
+            try:
+                await audit_ledger(bus)
+            except AssertionError as e:
+                failures.append(str(e))
+            await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        yield
+        tg.cancel_scope.cancel()
+    assert failures == [], failures[:3]
+
+
+async def _empty(bus, sim) -> bool:
+    return not await audit_ledger(bus) and not await sim.list_pods() and not await gang_states(bus)
+
+
+async def forge(bus: Bus, subject: str, event) -> None:
+    """Publish ``event`` as an attacker (or a replay after the duplicate window) would: a fresh
+    message id, so the server's de-duplication does not drop it."""
+    await bus.publish(subject, event, msg_id=f"forged-{uuid.uuid4().hex}")
+
+
+async def drained(bus: Bus, *durables: str) -> None:
+    """Wait until the named consumers of PHX_GANG have handled and acknowledged everything."""
+    async def idle():
+        for d in durables:
+            info = await bus.js.consumer_info(S.STREAM_GANG, d)
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+
+    await wait_until(idle, 30, what=f"{durables} drained")
+    await anyio.sleep(0.3)
+
+
+async def scheduled(bus: Bus, sim: SimCluster, name: str):
+    """Submit a one-GPU pod and wait until its gang is scheduled; its (pod, gang state)."""
+    pod = await sim.apply_pod(gpu_pod(name, 1))
+
+    async def done():
+        s = (await gang_states(bus)).get(f"default/{name}")
+        return s if s is not None and s.phase == "scheduled" else None
+
+    return pod, await wait_until(done, 45, what=f"{name} scheduled")
+
+
+async def record(bus: Bus, sim: SimCluster):
+    """What must not change: every allocation, every bound pod, every gang's phase and attempt."""
+    allocations = {(node, k): v for node, led in (await ledger(bus)).items() for k, v in led.allocations.items()}
+    gangs = {g: (s.phase, s.attempt, s.assignments) for g, s in (await gang_states(bus)).items()}
+    pods = {(p.namespace, p.name, p.uid): p.node_name for p in await sim.list_pods()}
+    return allocations, gangs, pods
+
+
+
+
+def scrape(stack: Stack, name: str) -> dict[str, float]:
+    """``/metrics`` of one stack process as ``{sample with labels: value}``."""
+    import urllib.request
+
+    port = int(stack.procs[name].ready_file.read_text().split()[1])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample, _, value = line.rpartition(" ")
+            out[sample] = float(value)
+    return out
+
+
+def phalanx(*args: str, timeout: float = 60):
+    """Run the ``phalanx`` command as a user does; the CompletedProcess."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "phalanx_cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)

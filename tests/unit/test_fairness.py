@@ -1,0 +1,61 @@
+"""The fairness gate (services/phalanx_gang_coordinator/fairness.py), table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_gang_coordinator import fairness
+from phalanx_gang_coordinator.fairness import Gate
+from phalanx_proto.state import GangState
+
+HELD = "held back behind default/big, first in queue and waiting too long (fairness)"
+
+
+def q(name, created, priority=0, phase="backoff", fits_empty=True, reserve=()):
+    return GangState(gang_id=f"default/{name}", phase=phase, attempt=1, created_at=created, priority=priority,
+                     fits_empty_cluster=fits_empty, reserve_nodes=reserve)
+
+
+STRICT = [
+    ("a gang behind a head that waited too long is held back", q("small", 50), [q("big", 0)], 100.0,
+     Gate(hold=HELD, head="default/big")),
+    ("a gang behind a head that has not waited long is not held back", q("small", 50), [q("big", 0)], 30.0, Gate()),
+    ("the head itself is never held back", q("big", 0), [q("small", 50)], 100.0, Gate()),
+    ("a gang of higher priority is never held back", q("urgent", 50, priority=10), [q("big", 0)], 100.0, Gate()),
+    ("a scheduled gang is no head", q("small", 50), [q("big", 0, phase="scheduled")], 100.0, Gate()),
+    ("a head that could never fit the cluster holds nobody back", q("small", 50), [q("big", 0, fits_empty=False)],
+     1000.0, Gate()),
+]
+
+
+@pytest.mark.parametrize(("name", "gang", "others", "now", "expected"), STRICT, ids=[c[0] for c in STRICT])
+def test_strict_gate(name, gang, others, now, expected):
+    assert fairness.gate(gang, others, now=now, starve_after_s=60.0, mode="strict") == expected
+
+
+BIG = q("big", 0, reserve=("n1", "n2"))
+BACKFILL = [
+    ("a gang behind a starving head starts, but not on the nodes kept for the head", q("small", 50), [BIG], 100.0,
+     Gate(avoid=("n1", "n2"), head="default/big")),
+    ("behind a head that is not starving yet a gang may use every node", q("small", 50), [BIG], 30.0, Gate()),
+    ("the starving head itself may use every node", BIG, [q("small", 50)], 100.0, Gate()),
+    ("a gang of higher priority may use every node", q("urgent", 50, priority=10), [BIG], 100.0, Gate()),
+    ("behind a starving head whose nodes are unknown a gang is held back, as in strict mode", q("small", 50),
+     [q("big", 0)], 100.0, Gate(hold=HELD, head="default/big")),
+    ("only the first gang in queue order is protected", q("small", 50),
+     [BIG, q("second", 10, reserve=("n3",))], 100.0, Gate(avoid=("n1", "n2"), head="default/big")),
+]
+
+
+@pytest.mark.parametrize(("name", "gang", "others", "now", "expected"), BACKFILL, ids=[c[0] for c in BACKFILL])
+def test_backfill_gate(name, gang, others, now, expected):
+    assert fairness.gate(gang, others, now=now, starve_after_s=60.0, mode="backfill") == expected
+
+
+def test_strict_mode_holds_back_even_when_the_heads_nodes_are_known():
+    assert fairness.gate(q("small", 50), [BIG], now=100.0, starve_after_s=60.0, mode="strict") == Gate(
+        hold=HELD, head="default/big")
+
+
+def test_the_gate_is_off_with_starve_after_zero():
+    assert fairness.gate(q("small", 50), [q("big", 0)], now=1e9, starve_after_s=0) == Gate()
