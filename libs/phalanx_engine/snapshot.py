@@ -7,9 +7,9 @@ its own scratch copy of free capacity, never on the snapshot (style rule 4).
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from phalanx_engine.status import NoFit
 from phalanx_proto.events import Assignment
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
@@ -42,20 +42,4 @@ class Decision:
     assignments: tuple[Assignment, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class NoFit:
-    """The gang does not fit. ``reasons`` counts nodes per reason, kube-scheduler style."""
-
-    total_nodes: int
-    reasons: Counter = field(default_factory=Counter)
-    detail: str = ""
-
-    @property
-    def summary(self) -> str:
-        parts = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        text = f"0/{self.total_nodes} nodes are available"
-        if parts:
-            text += f": {parts}"
-        if self.detail:
-            text += f"; {self.detail}"
-        return text + "."
+__all__ = ["Decision", "NoFit", "NodeView", "Snapshot"]
