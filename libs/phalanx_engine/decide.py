@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.framework import Member, Profile
+from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import Decision, Snapshot
 from phalanx_engine.status import Code, MemberFailure, NoFit, Status, refuse, statuses_of
@@ -37,12 +38,16 @@ TIERS = ("node", "hypernode", "leaf", "netpod")
 TIER_NAMES = {"node": "node", "hypernode": "HyperNode", "leaf": "leaf switch", "netpod": "network-pod"}
 
 
-def default_profile() -> Profile:
-    """The placement service's policy: GPU filters, the allocator per request kind, and the
-    scores GPU-set quality, TDM tightness, best fit — in that order."""
+def default_profile(*, require_node_state: bool = True) -> Profile:
+    """The placement policy: kube-scheduler's filters in its order (the GPU filters where its
+    NodeResourcesFit checks device resources), the allocator per request kind, and the scores
+    GPU-set quality, TDM tightness, best fit — in that order. ``require_node_state=False``
+    lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
+    (``Decision.unchecked`` names them)."""
     whole, tdm, migs = gpu.WholeGpus(), gpu.TdmShare(), gpu.MigSlice()
+    *kube, refused = kube_filters(require_node_state)
     return Profile(
-        filters=(gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs),
+        filters=(*kube, gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs, refused),
         allocators={RequestKind.WHOLE: whole, RequestKind.TDM: tdm, RequestKind.MIG: migs,
                     RequestKind.NONE: gpu.NoGpu()},
         scores=(gpu.GpuTopology(), gpu.TdmTightness(), gpu.FewestFreeGpus()),
@@ -134,8 +139,13 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
                     statuses[name] = why
             return NoFit(total_nodes=cluster.total,
                          failures=(MemberFailure(members=(m.spec.pod,), statuses=statuses_of(statuses)),))
-        return Decision(assignments=(got,))
+        return _decision(cluster, (got,))
     return _decide_gang(profile, cluster, gang)
+
+
+def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision:
+    unchecked = sorted({a.node for a in assignments if cluster.nodes[a.node].view.kube is None})
+    return Decision(assignments=assignments, unchecked=tuple(unchecked))
 
 
 def _domain(state: NodeState, tier: str) -> str:
@@ -163,7 +173,7 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member]) -> D
             got = _pack(profile, domains[d], ordered)
             if got is not None:
                 order = {m.spec.pod: i for i, m in enumerate(members)}
-                return Decision(assignments=tuple(sorted(got, key=lambda a: order[a.pod])))
+                return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
     gang_text = f"cannot hold the gang's {len(members)} members within one {TIER_NAMES['netpod']}"
     statuses = dict(cluster.excluded)
     for name in cluster.nodes:

@@ -49,11 +49,13 @@ def node_usable(view: NodeView) -> Status | None:
 
 
 def assignment(member: Member, node: NodeState, gpus: Iterable[int], **extra) -> Assignment:
-    """The assignment of ``member`` to ``gpus`` of ``node`` (``extra``: NICs, MIG slot)."""
+    """The assignment of ``member`` to ``gpus`` of ``node`` (``extra``: NICs, MIG slot). It
+    carries the member's other requests and host ports, so the ledger accounts for them."""
     gpus = tuple(gpus)
     m = member.spec
     return Assignment(pod=m.pod, node=node.name, gpus=gpus, gpu_uuids=tuple(node.gpus[i].uuid for i in gpus),
-                      core_pct=m.core_pct, memory_mib=m.memory_mib, **extra)
+                      core_pct=m.core_pct, memory_mib=m.memory_mib, requests=m.requests, host_ports=m.host_ports,
+                      **extra)
 
 
 class GpuPresent:

@@ -10,13 +10,24 @@ from __future__ import annotations
 from phalanx_engine import mig
 from phalanx_engine.snapshot import NodeView
 from phalanx_proto.events import Assignment, RequestKind
+from phalanx_proto.scheduling import HostPort
+
+ANY_IP = "0.0.0.0"
+
+
+def port_key(p: HostPort) -> tuple[str, str, int]:
+    """(host IP, protocol, port) with kube-scheduler's defaults: no IP is every IP."""
+    return (p.host_ip or ANY_IP, p.protocol or "TCP", p.port)
 
 
 class NodeState:
     """Mutable scratch view of one node: which GPUs carry whole, TDM or MIG work (R5: never
-    two kinds on one GPU), core % and GPU memory taken per shared GPU, MIG instances per GPU."""
+    two kinds on one GPU), core % and GPU memory taken per shared GPU, MIG instances per GPU;
+    and for the Kubernetes filters the resources requested, the pods and the host ports in
+    use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
-    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity")
+    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "requested", "pods",
+                 "ports")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
@@ -27,6 +38,10 @@ class NodeState:
         self.mig_inst: dict[int, list[mig.MigInstance]] = {}
         self._free: set[int] | None = None
         self._capacity = -1
+        kube = view.kube
+        self.requested: dict[str, int] = dict(kube.requested) if kube else {}
+        self.pods = kube.pods if kube else 0
+        self.ports: set[tuple[str, str, int]] = {port_key(p) for p in kube.host_ports} if kube else set()
         for a in view.allocations:
             self.take(a)
 
@@ -40,11 +55,16 @@ class NodeState:
         other.whole, other.core, other.mem = set(self.whole), dict(self.core), dict(self.mem)
         other.mig_inst = {k: list(v) for k, v in self.mig_inst.items()}
         other._free, other._capacity = self._free, self._capacity
+        other.requested, other.pods, other.ports = dict(self.requested), self.pods, set(self.ports)
         return other
 
     def take(self, a: Assignment) -> None:
         """Book ``a`` (a reservation read from the ledger, or one just decided)."""
         self._free = None
+        self.pods += 1
+        for r, q in a.requests.items():
+            self.requested[r] = self.requested.get(r, 0) + q
+        self.ports.update(port_key(p) for p in a.host_ports)
         match a.kind:
             case RequestKind.MIG:
                 for g in a.gpus:

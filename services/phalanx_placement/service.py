@@ -39,7 +39,7 @@ from phalanx_bus import (
     kv_atomic_write,
 )
 from phalanx_bus import records as R
-from phalanx_engine.decide import place_snapshot
+from phalanx_engine.decide import default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
 from phalanx_placement import checks
 from phalanx_proto import subjects as S
@@ -65,6 +65,10 @@ class Config:
     max_commit_retries: int = 20
     decide_delay_s: float = 0.0
     """Test only: sleep between reading the ledger and committing, to widen replica races."""
+    require_node_state: bool = False
+    """True: a node whose agent has not reported its Kubernetes state (``NodeKubeState``) takes
+    nothing. False until topology-discovery reports it: such nodes are placed on by GPUs alone
+    and the decision names them (``Decision.unchecked``, logged) — docs/placement.md."""
 
 
 class Placement:
@@ -78,6 +82,7 @@ class Placement:
         self.conflicts = 0
         self.unreadable_nodes: set[str] = set()
         """Nodes whose ledger entry is bad, as of the last ``ledgers()``: left out of decisions."""
+        self.profile = default_profile(require_node_state=config.require_node_state)
 
     async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
         good, bad = await R.read_all(self.ledger_kv)
@@ -143,7 +148,7 @@ class Placement:
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                     "phalanx.members": len(ev.members)}) as span:
                 started = time.perf_counter()
-                result = place_snapshot(snap, ev.members)
+                result = place_snapshot(snap, ev.members, self.profile)
                 elapsed = time.perf_counter() - started
                 _annotate_decision(span, result)
             elapsed_ms = elapsed * 1000
@@ -152,7 +157,7 @@ class Placement:
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
                 empty = Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes))
-                fits_empty = isinstance(place_snapshot(empty, ev.members), Decision)
+                fits_empty = isinstance(place_snapshot(empty, ev.members, self.profile), Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
                     fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members)))
@@ -176,7 +181,8 @@ class Placement:
                 continue
             _record_allocation(snap, result.assignments)
             log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
-                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments))
+                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments),
+                unchecked_nodes=",".join(result.unchecked))
             await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
                 gang_id=ev.gang_id, attempt=ev.attempt, assignments=result.assignments))
             return

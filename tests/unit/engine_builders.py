@@ -11,6 +11,14 @@ from phalanx_engine.framework import Member
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
+from phalanx_proto.scheduling import (
+    HostPort,
+    NodeKubeState,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Taint,
+    Toleration,
+)
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 from phalanx_topology import load_file
 
@@ -31,8 +39,14 @@ def _sub(topo: NodeTopology, count: int) -> NodeTopology:
     return msgspec.structs.replace(topo, gpus=gpus, relations=relations)
 
 
+GIB = 1 << 30
+ROOMY = {"cpu": 64_000, "memory": 512 * GIB, "ephemeral-storage": 1024 * GIB, "pods": 110}
+"""What a node has allocatable unless a test says otherwise."""
+
+
 class NodeBuilder:
-    """A node for engine tests; every method returns the builder."""
+    """A node for engine tests; every method returns the builder. By default the node's agent
+    has reported its Kubernetes state: Ready, roomy allocatable, no taints, no labels."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -40,6 +54,7 @@ class NodeBuilder:
         self._enabled, self._fresh = True, True
         self._tiers = NetworkTiers(hypernode=f"node:{name}", leaf=f"node:{name}", netpod=f"node:{name}")
         self._allocs: list[Assignment] = []
+        self._kube: dict | None = {"allocatable": dict(ROOMY), "ready": "True"}
 
     def gpus(self, count: int = 8, *, model: str = "V100", memory_mib: int | None = None, mig: bool = False,
              vendor: str = "nvidia", nics: bool = True) -> NodeBuilder:
@@ -84,9 +99,50 @@ class NodeBuilder:
                                        node=self.name, gpus=(gpu,), mig_profile=profile, mig_start=start))
         return self
 
+    def unreported(self) -> NodeBuilder:
+        """The node agent has not reported the node's Kubernetes state."""
+        self._kube = None
+        return self
+
+    def _k(self) -> dict:
+        assert self._kube is not None, "unreported() node"
+        return self._kube
+
+    def allocatable(self, **amounts: int) -> NodeBuilder:
+        """``cpu`` (millicores), ``memory`` (bytes), ``pods``, ``ephemeral_storage``, other names
+        with ``__`` for ``/`` (``example_com__foo``). Only the ones given change."""
+        self._k()["allocatable"].update({_resource(k): v for k, v in amounts.items()})
+        return self
+
+    def running(self, *, pods: int = 1, ports: tuple[HostPort, ...] = (), **requested: int) -> NodeBuilder:
+        """Pods Phalanx did not place run here, requesting ``requested`` and binding ``ports``."""
+        k = self._k()
+        used = dict(k.get("requested", {}))
+        for name, v in requested.items():
+            used[_resource(name)] = used.get(_resource(name), 0) + v
+        k.update(requested=used, pods=k.get("pods", 0) + pods, host_ports=(*k.get("host_ports", ()), *ports))
+        return self
+
+    def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
+        self._k()["taints"] = (*self._k().get("taints", ()), Taint(key=key, value=value, effect=effect))
+        return self
+
+    def label(self, key: str, value: str) -> NodeBuilder:
+        self._k()["labels"] = {**self._k().get("labels", {}), key: value}
+        return self
+
+    def cordoned(self) -> NodeBuilder:
+        self._k()["unschedulable"] = True
+        return self
+
+    def ready(self, status: str) -> NodeBuilder:
+        self._k()["ready"] = status
+        return self
+
     def view(self) -> NodeView:
+        kube = None if self._kube is None else NodeKubeState(**self._kube)
         return NodeView(name=self.name, topology=self._topo, enabled=self._enabled, fresh=self._fresh,
-                        tiers=self._tiers, allocations=tuple(self._allocs))
+                        tiers=self._tiers, allocations=tuple(self._allocs), kube=kube)
 
     def state(self) -> NodeState:
         return NodeState(self.view())
@@ -126,6 +182,44 @@ class PodBuilder:
         self._fields.update(vendor=vendor)
         return self
 
+    def requests(self, **amounts: int) -> PodBuilder:
+        """As ``NodeBuilder.allocatable``: ``cpu`` millicores, ``memory`` bytes, ..."""
+        self._fields["requests"] = {**self._fields.get("requests", {}), **{_resource(k): v for k, v in amounts.items()}}
+        return self
+
+    def tolerate(self, key: str = "", value: str = "", *, operator: str = "Equal", effect: str = "") -> PodBuilder:
+        t = Toleration(key=key, operator=operator, value=value, effect=effect)
+        self._fields["tolerations"] = (*self._fields.get("tolerations", ()), t)
+        return self
+
+    def selector(self, **labels: str) -> PodBuilder:
+        self._fields["node_selector"] = {**self._fields.get("node_selector", {}), **labels}
+        return self
+
+    def affinity(self, *terms: list[tuple]) -> PodBuilder:
+        """Required node affinity: each term a list of ``(key, operator, *values)``; a key
+        ``metadata.name`` goes to ``match_fields``."""
+        def term(reqs: list[tuple]) -> NodeSelectorTerm:
+            exprs = tuple(NodeSelectorRequirement(key=k, operator=op, values=tuple(v)) for k, op, *v in reqs
+                          if k != "metadata.name")
+            fields = tuple(NodeSelectorRequirement(key=k, operator=op, values=tuple(v)) for k, op, *v in reqs
+                           if k == "metadata.name")
+            return NodeSelectorTerm(match_expressions=exprs, match_fields=fields)
+        self._fields["node_affinity"] = tuple(term(t) for t in terms)
+        return self
+
+    def on(self, node_name: str) -> PodBuilder:
+        self._fields["node_name"] = node_name
+        return self
+
+    def ports(self, *ports: HostPort, host_network: bool = False) -> PodBuilder:
+        self._fields.update(host_ports=ports, host_network=host_network)
+        return self
+
+    def unsupported(self, *terms: str) -> PodBuilder:
+        self._fields["unsupported"] = terms
+        return self
+
     def spec(self) -> MemberSpec:
         return MemberSpec(**self._fields)
 
@@ -135,3 +229,11 @@ class PodBuilder:
 
 def pod(name: str) -> PodBuilder:
     return PodBuilder(name)
+
+
+def port(number: int, protocol: str = "TCP", host_ip: str = "") -> HostPort:
+    return HostPort(port=number, protocol=protocol, host_ip=host_ip)
+
+
+def _resource(name: str) -> str:
+    return name.replace("__", "/").replace("_", "-").replace("-com/", ".com/").replace("-io/", ".io/")

@@ -9,6 +9,7 @@ import pytest
 
 from phalanx_cli import cmd_schema
 from phalanx_proto import events as E
+from phalanx_proto import scheduling as S
 from phalanx_proto.state import GangState, NodeLedger, gang_state_decoder
 
 POD = E.PodRef(namespace="default", name="whole-card-demo", uid="u1")
@@ -17,6 +18,16 @@ ASSIGNMENT = E.Assignment(pod=POD, node="v100-a", gpus=(0, 1), gpu_uuids=("GPU-a
 SAMPLES = [
     E.GangAdmitted(gang_id="default/g", attempt=1, members=(POD,), min_member=1),
     E.PlacementRequested(gang_id="default/g", attempt=2, members=(E.MemberSpec(pod=POD, gpus=2),)),
+    E.PlacementRequested(gang_id="default/g", attempt=3, members=(E.MemberSpec(
+        pod=POD, gpus=1, requests={"cpu": 4000, "memory": 8 << 30, "example.com/foo": 1},
+        tolerations=(S.Toleration(key="dedicated", value="infra", effect="NoSchedule"), S.Toleration(operator="Exists")),
+        node_selector={"gpu": "a100"}, node_name="n1", host_network=True,
+        node_affinity=(S.NodeSelectorTerm(match_expressions=(
+            S.NodeSelectorRequirement(key="cores", operator="Gt", values=("32",)),)),),
+        host_ports=(S.HostPort(port=8080), S.HostPort(port=53, protocol="UDP", host_ip="10.0.0.1")),
+        unsupported=("podAntiAffinity",)),)),
+    E.Placed(gang_id="default/g", attempt=3, assignments=(E.Assignment(
+        pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)),)),
     E.Placed(gang_id="default/g", attempt=2, assignments=(ASSIGNMENT,)),
     E.PlacementFailed(gang_id="default/g", summary="0/2 nodes are available: 2 insufficient free GPUs.",
                       reasons={"insufficient free GPUs": 2}),

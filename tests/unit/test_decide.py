@@ -4,10 +4,10 @@ whole Decisions and NoFits compared."""
 from __future__ import annotations
 
 import pytest
-from engine_builders import node, pod, snapshot
+from engine_builders import GIB, node, pod, port, snapshot
 
 from phalanx_engine import gpu_plugins as gpu
-from phalanx_engine.decide import Cluster, decide
+from phalanx_engine.decide import Cluster, decide, default_profile
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_engine.status import Code, MemberFailure, Reason, Status
 from phalanx_proto.events import Assignment
@@ -102,3 +102,27 @@ def test_the_decision_leaves_the_cluster_state_untouched():
     cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8)))
     decide(cluster, (pod("p").gpus(8).spec(),))
     assert len(cluster.nodes["a"].free_whole()) == 8
+
+
+def test_kubernetes_reasons_are_counted_in_kube_schedulers_words():
+    got = run(node("a").gpus(8).label("gpu", "v100").allocatable(cpu=2000),
+              node("b").gpus(8).label("gpu", "v100").taint("dedicated", "infra"),
+              node("c").gpus(8).label("gpu", "v100").cordoned(), node("d").gpus(8).label("gpu", "a100"),
+              node("e").gpus(8).unreported(),
+              members=[pod("p").gpus(1).requests(cpu=4000).selector(gpu="v100")])
+    assert isinstance(got, NoFit)
+    assert got.summary == ("0/5 nodes are available: 1 Insufficient cpu, 1 node state not reported, "
+                           "1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint(s), "
+                           "1 node(s) were unschedulable.")
+
+
+def test_a_profile_that_does_not_require_node_state_names_the_nodes_it_could_not_check():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).unreported()))
+    got = decide(cluster, (pod("p").gpus(1).requests(cpu=1000).spec(),), default_profile(require_node_state=False))
+    assert got == Decision(assignments=(placed("p", "a", 0, requests={"cpu": 1000}),), unchecked=("a",))
+
+
+def test_the_assignment_carries_the_members_requests_and_ports_for_the_ledger():
+    got = run(node("a").gpus(8), members=[pod("p").gpus(1).requests(cpu=500, memory=GIB).ports(port(9000))])
+    assert got == Decision(assignments=(placed("p", "a", 0, requests={"cpu": 500, "memory": GIB},
+                                               host_ports=(port(9000),)),))
