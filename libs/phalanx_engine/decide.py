@@ -24,11 +24,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine.explain import no_fit
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import Decision, Snapshot
-from phalanx_engine.status import Code, MemberFailure, NoFit, Status, refuse, statuses_of
+from phalanx_engine.status import NoFit, Status
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 
 CANDIDATES = 8
@@ -132,13 +133,7 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
         m = gang[0]
         got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units))
         if got is None:
-            statuses = dict(cluster.excluded)
-            for name, st in cluster.nodes.items():
-                why = profile.evaluate(m, st)
-                if isinstance(why, Status):
-                    statuses[name] = why
-            return NoFit(total_nodes=cluster.total,
-                         failures=(MemberFailure(members=(m.spec.pod,), statuses=statuses_of(statuses)),))
+            return _no_fit(profile, cluster, gang)
         return _decision(cluster, (got,))
     return _decide_gang(profile, cluster, gang)
 
@@ -174,15 +169,16 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member]) -> D
             if got is not None:
                 order = {m.spec.pod: i for i, m in enumerate(members)}
                 return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
-    gang_text = f"cannot hold the gang's {len(members)} members within one {TIER_NAMES['netpod']}"
-    statuses = dict(cluster.excluded)
-    for name in cluster.nodes:
-        statuses[name] = refuse("GangDomain", Code.GANG_DOMAIN, gang_text, resolvable=True)
     detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one network-pod"
               + ("" if tried_any else "; no network-pod has that many free"))
-    return NoFit(total_nodes=cluster.total, detail=detail,
-                 failures=(MemberFailure(members=tuple(m.spec.pod for m in members),
-                                         statuses=statuses_of(statuses)),))
+    return _no_fit(profile, cluster, members, detail)
+
+
+def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: str = "") -> NoFit:
+    netpods: dict[str, list[str]] = {}
+    for st in cluster.nodes.values():
+        netpods.setdefault(_domain(st, "netpod"), []).append(st.name)
+    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail)
 
 
 def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> list[Assignment] | None:

@@ -22,7 +22,6 @@ the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -156,11 +155,9 @@ class Placement:
                 elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
-                empty = Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes))
-                fits_empty = isinstance(place_snapshot(empty, ev.members, self.profile), Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                    fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members)))
+                    fits_empty_cluster=result.resolvable, members=tuple(m.pod for m in ev.members)))
                 return
             if self.config.decide_delay_s:
                 await anyio.sleep(self.config.decide_delay_s)
@@ -292,11 +289,6 @@ def _record_allocation(snap: Snapshot, placed: tuple) -> None:
     allocation.record(allocation.NodeAllocation(
         node=n.name, topology=n.topology, enabled=n.enabled,
         assignments=n.allocations + tuple(a for a in placed if a.node == n.name)) for n in snap.nodes)
-
-
-def _emptied(node: NodeView) -> NodeView:
-    """The node as it would be with no reservations (for "could this ever fit?")."""
-    return dataclasses.replace(node, allocations=())
 
 
 def _existing(ev: PlacementRequested, ledgers) -> tuple | None:

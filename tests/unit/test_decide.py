@@ -78,7 +78,8 @@ def test_a_gang_too_big_for_any_network_pod_is_refused_whole_with_the_reason():
 def test_a_single_pod_that_fits_nowhere_gets_every_nodes_status():
     got = run(node("a").gpus(8).disabled(), node("b").gpus(8).stale(), node("c").gpus(8).busy(*range(8)),
               members=[pod("p").gpus(1)])
-    assert got == NoFit(total_nodes=3, failures=(MemberFailure(members=(pod("p").spec().pod,), statuses={
+    assert got == NoFit(total_nodes=3, resolvable=True, failures=(MemberFailure(members=(pod("p").spec().pod,),
+                                                                                what="p (1 GPU)", statuses={
         "a": status("NodeUsable", Code.NOT_ENABLED, gpu.R_NOT_ENABLED, resolvable=False),
         "b": status("NodeUsable", Code.HEARTBEAT_STALE, gpu.R_STALE, resolvable=False),
         "c": status("WholeGpus", Code.INSUFFICIENT_GPUS, gpu.R_GPUS, resolvable=True, resource="nvidia.com/gpu",
@@ -126,3 +127,44 @@ def test_the_assignment_carries_the_members_requests_and_ports_for_the_ledger():
     got = run(node("a").gpus(8), members=[pod("p").gpus(1).requests(cpu=500, memory=GIB).ports(port(9000))])
     assert got == Decision(assignments=(placed("p", "a", 0, requests={"cpu": 500, "memory": GIB},
                                                host_ports=(port(9000),)),))
+
+
+def test_a_gang_of_mig_pods_on_v100_nodes_is_told_no_mig_capable_gpu_and_that_waiting_cannot_help():
+    got = run(node("v1").gpus(8), node("v2").gpus(8), members=[pod("m0").mig(3, 20480), pod("m1").mig(3, 20480)])
+    no_mig = status("MigSlice", Code.NO_MIG_GPU, gpu.R_NO_MIG, resolvable=False)
+    assert got == NoFit(total_nodes=2, resolvable=False, failures=(MemberFailure(
+        members=(pod("m0").spec().pod, pod("m1").spec().pod), what="m0 and 1 more (a 3-slice MIG instance)",
+        statuses={"v1": no_mig, "v2": no_mig}),))
+    assert got.summary == "0/2 nodes are available: 2 no MIG-capable GPU."
+
+
+def test_each_kind_of_member_says_what_kept_each_node_out():
+    got = run(node("a").gpus(8).taint("dedicated", "infra"), node("b").gpus(8).busy(0, 1, 2, 3, 4, 5),
+              node("c").gpus(8).label("role", "train"),
+              members=[pod("launcher").gpus(1).selector(role="launch"), pod("w0").gpus(4), pod("w1").gpus(4)])
+    assert isinstance(got, NoFit) and not got.resolvable
+    assert got.summary == (
+        "launcher (1 GPU): 0/3 nodes are available: 1 node(s) had untolerated taint(s), "
+        "2 node(s) didn't match Pod's node affinity/selector; "
+        "w0 and 1 more (4 GPUs): 0/3 nodes are available: 1 cannot hold the gang's 3 members within one network-pod, "
+        "1 insufficient free GPUs, 1 node(s) had untolerated taint(s).")
+
+
+@pytest.mark.parametrize(("nodes", "members", "resolvable"), [
+    pytest.param([node("a").gpus(8).busy(*range(8)).tiers(netpod="np"), node("b").gpus(8).busy(0).tiers(netpod="np")],
+                 [pod(f"w{i}").gpus(4) for i in range(3)], True,
+                 id="a gang blocked by reservations may fit once they leave"),
+    pytest.param([node("a").gpus(8).tiers(netpod="np1"), node("b").gpus(8).tiers(netpod="np2")],
+                 [pod(f"w{i}").gpus(4) for i in range(3)], False,
+                 id="a gang larger than every network-pod never fits"),
+    pytest.param([node("a").gpus(8).taint("dedicated", "infra"), node("b").gpus(8).busy(*range(8))],
+                 [pod("w0").gpus(8), pod("w1").gpus(8)], False,
+                 id="only one node could ever take an 8-GPU member, the gang needs two"),
+    pytest.param([node("a").gpus(8).allocatable(cpu=4000).running(cpu=3000)], [pod("p").gpus(1).requests(cpu=2000)],
+                 True, id="CPU that other pods hold may come free"),
+    pytest.param([node("a").gpus(8).allocatable(cpu=1000)], [pod("p").gpus(1).requests(cpu=2000)], False,
+                 id="more CPU than the node has never comes free"),
+])
+def test_whether_waiting_can_help_comes_from_the_statuses(nodes, members, resolvable):
+    got = run(*nodes, members=members)
+    assert isinstance(got, NoFit) and got.resolvable is resolvable
