@@ -25,33 +25,37 @@ from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.explain import no_fit
-from phalanx_engine.framework import Member, Profile
+from phalanx_engine.framework import ALL_KINDS, Member, Profile
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
+from phalanx_engine.packing import ShapeMix, StrandingScore
 from phalanx_engine.snapshot import Decision, Snapshot
 from phalanx_engine.status import NoFit, Status
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
+SHARE_CANDIDATES = 64
+"""Feasible nodes at the tightest free-core level compared for one TDM share."""
 
 TIERS = ("node", "hypernode", "leaf", "netpod")
 TIER_NAMES = {"node": "node", "hypernode": "HyperNode", "leaf": "leaf switch", "netpod": "network-pod"}
 
 
-def default_profile(*, require_node_state: bool = True) -> Profile:
+def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
     """The placement policy: kube-scheduler's filters in its order (the GPU filters where its
     NodeResourcesFit checks device resources), the allocator per request kind, and the scores
     GPU-set quality, TDM tightness, best fit — in that order. ``require_node_state=False``
     lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
-    (``Decision.unchecked`` names them)."""
+    (``Decision.unchecked`` names them). ``mix``: the workload FGD's fragmentation in the
+    packing score is measured against (none: CPU stranding alone)."""
     whole, tdm, migs = gpu.WholeGpus(), gpu.TdmShare(), gpu.MigSlice()
     *kube, refused = kube_filters(require_node_state)
     return Profile(
         filters=(*kube, gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs, refused),
         allocators={RequestKind.WHOLE: whole, RequestKind.TDM: tdm, RequestKind.MIG: migs,
                     RequestKind.NONE: gpu.NoGpu()},
-        scores=(gpu.GpuTopology(), gpu.TdmTightness(), gpu.FewestFreeGpus()),
+        scores=(gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS), gpu.FewestFreeGpus()),
         domain_filters=(gpu.GangGpuCapacity(),),
     )
 
@@ -70,23 +74,55 @@ class Cluster:
     excluded: dict[str, Status] = field(default_factory=dict)
     by_free: dict[int, set[str]] = field(default_factory=dict)
     """Free whole-GPU count → node names: lets one member skip nodes that cannot hold it."""
+    by_core: dict[int, set[str]] = field(default_factory=dict)
+    """Free core percent of a shareable GPU → names of nodes with such a GPU: a TDM share
+    visits the tightest GPUs of the whole cluster first."""
+    _levels: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for n, st in self.nodes.items():
-            self.by_free.setdefault(len(st.free_whole()), set()).add(n)
+        for st in self.nodes.values():
+            self._index(st)
+
+    def _index(self, st: NodeState) -> None:
+        self.by_free.setdefault(len(st.free_whole()), set()).add(st.name)
+        levels = frozenset(100 - st.core.get(i, 0) for i, g in st.gpus.items()
+                           if i not in st.whole and i not in st.mig_inst and not g.mig_enabled)
+        self._levels[st.name] = levels
+        for level in levels:
+            self.by_core.setdefault(level, set()).add(st.name)
+
+    def _unindex(self, st: NodeState) -> None:
+        self.by_free[len(st.free_whole())].discard(st.name)
+        for level in self._levels.pop(st.name, ()):
+            self.by_core[level].discard(st.name)
 
     def tightest(self, need: int) -> Iterator[str]:
         """Node names with at least ``need`` free whole GPUs, tightest first, lazily."""
         for count in sorted(c for c in self.by_free if c >= need):
             yield from sorted(self.by_free[count])
 
+    def tightest_shares(self, core_pct: int) -> Iterator[list[str]]:
+        """Per free-core level from ``core_pct`` up, the names of nodes with a shareable GPU
+        that has exactly that much core free (a node may come at several levels)."""
+        for level in sorted(c for c in self.by_core if c >= core_pct):
+            yield sorted(self.by_core[level])
+
     def put(self, state: NodeState) -> None:
-        """Replace (or add) one node's state and keep the index in step."""
+        """Replace (or add) one node's state and keep the indexes in step."""
         old = self.nodes.get(state.name)
         if old is not None:
-            self.by_free[len(old.free_whole())].discard(state.name)
+            self._unindex(old)
         self.nodes[state.name] = state
-        self.by_free.setdefault(len(state.free_whole()), set()).add(state.name)
+        self._index(state)
+
+    def assume(self, assignments: Iterable[Assignment]) -> None:
+        """Book decided assignments into this state (the node states change in place; the
+        snapshot they were built from does not). Every assignment's node must be usable."""
+        for a in assignments:
+            st = self.nodes[a.node]
+            self._unindex(st)
+            st.take(a)
+            self._index(st)
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Cluster:
@@ -123,19 +159,49 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
     return None if best is None else best[1]
 
 
-def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE
-           ) -> Decision | NoFit:
-    """Place every member or none. ``cluster`` is not modified."""
+def _place_share(profile: Profile, cluster: Cluster, member: Member) -> Assignment | None:
+    """A TDM share: free-core levels from the tightest up; every node at the first level where
+    one fits is compared by the profile's scores (the tightest GPU anywhere wins, the node
+    score decides among equally tight ones), at most ``SHARE_CANDIDATES`` of them."""
+    best, seen, found = None, set(), 0
+    for names in cluster.tightest_shares(member.spec.core_pct):
+        for name in names:
+            if name in seen:
+                continue
+            seen.add(name)
+            st = cluster.nodes[name]
+            got = profile.evaluate(member, st)
+            if isinstance(got, Status):
+                continue
+            key = (profile.rank(member, st, got), _neg_name(name))
+            if best is None or key > best[0]:
+                best = (key, got)
+            found += 1
+            if found >= SHARE_CANDIDATES:
+                return best[1]
+        if best is not None:
+            return best[1]
+    return None
+
+
+def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE, *,
+           explain: bool = True) -> Decision | NoFit:
+    """Place every member or none. ``cluster`` is not modified. With ``explain=False`` a
+    ``NoFit`` carries no per-node statuses (and says resolvable): for callers that only need
+    the answer, such as a simulation placing thousands of pods."""
     if not members:
         return Decision(assignments=())
     gang = [Member.of(m) for m in members]
     if len(gang) == 1:
         m = gang[0]
-        got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units))
+        if m.kind is RequestKind.TDM:
+            got = _place_share(profile, cluster, m)
+        else:
+            got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units))
         if got is None:
-            return _no_fit(profile, cluster, gang)
+            return _no_fit(profile, cluster, gang) if explain else NoFit(total_nodes=cluster.total)
         return _decision(cluster, (got,))
-    return _decide_gang(profile, cluster, gang)
+    return _decide_gang(profile, cluster, gang, explain)
 
 
 def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision:
@@ -149,7 +215,7 @@ def _domain(state: NodeState, tier: str) -> str:
     return value or f"node:{state.view.name}"
 
 
-def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member]) -> Decision | NoFit:
+def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool) -> Decision | NoFit:
     need = sum(m.units for m in members)
     ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
@@ -169,6 +235,8 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member]) -> D
             if got is not None:
                 order = {m.spec.pod: i for i, m in enumerate(members)}
                 return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
+    if not explain:
+        return NoFit(total_nodes=cluster.total)
     detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one network-pod"
               + ("" if tried_any else "; no network-pod has that many free"))
     return _no_fit(profile, cluster, members, detail)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from phalanx_engine.nodestate import NodeState
 
 _NO_POD = PodRef(namespace="", name="")
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder(order="sorted").encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +58,13 @@ class Member:
 class Filter(Protocol):
     """Can ``node`` take ``member``? ``None`` when it can. Must not change ``node``.
 
-    ``kinds``: the request kinds the filter has anything to say about; the profile skips it
-    for the others (kube-scheduler's PreFilter ``Skip``)."""
+    ``applies`` is the pre-filter step (kube-scheduler's PreFilter ``Skip``): whether the
+    filter has anything to say about ``member`` on any node; asked once per kind of member,
+    and a filter that does not apply is not run on the nodes."""
 
     name: str
-    kinds: frozenset[RequestKind]
+
+    def applies(self, member: Member) -> bool: ...
 
     def filter(self, member: Member, node: NodeState) -> Status | None: ...
 
@@ -94,7 +96,7 @@ class DomainFilter(Protocol):
 
 
 ALL_KINDS = frozenset(RequestKind)
-GPU_KINDS = frozenset({RequestKind.WHOLE, RequestKind.TDM, RequestKind.MIG})
+_SHAPES = 4096
 
 
 @dataclass(frozen=True)
@@ -105,15 +107,22 @@ class Profile:
     allocators: Mapping[RequestKind, Allocate]
     scores: tuple[Score, ...]
     domain_filters: tuple[DomainFilter, ...] = ()
-    by_kind: Mapping[RequestKind, tuple[Filter, ...]] = field(init=False, repr=False, compare=False)
+    _applying: dict[bytes, tuple[Filter, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "by_kind", {k: tuple(f for f in self.filters if k in f.kinds) for k in RequestKind})
+    def filters_for(self, member: Member) -> tuple[Filter, ...]:
+        """The filters that apply to ``member``'s kind of request, in order (remembered per
+        shape; the memory is bounded and holds no node state)."""
+        got = self._applying.get(member.shape)
+        if got is None:
+            if len(self._applying) > _SHAPES:
+                self._applying.clear()
+            got = self._applying[member.shape] = tuple(f for f in self.filters if f.applies(member))
+        return got
 
     def evaluate(self, member: Member, node: NodeState) -> Assignment | Status:
         """Filters in order, then the member kind's allocator: where ``member`` would go on
         ``node``, or the first status that refuses it."""
-        for f in self.by_kind[member.kind]:
+        for f in self.filters_for(member):
             status = f.filter(member, node)
             if status is not None:
                 return status

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from phalanx_engine import mig
-from phalanx_engine.framework import GPU_KINDS, Member
+from phalanx_engine.framework import Member
 from phalanx_engine.gpuset import NoChoice, choose_gpus
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.rdma import choose_gpus_and_nics
@@ -62,7 +62,9 @@ class GpuPresent:
     """A GPU request needs a node that reported GPUs."""
 
     name = "GpuPresent"
-    kinds = GPU_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return member.kind is not RequestKind.NONE
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is RequestKind.NONE or node.gpus:
@@ -74,12 +76,14 @@ class GpuVendor:
     """The vendor hint must match a GPU of the node; AMD GPUs take whole GPUs only."""
 
     name = "GpuVendor"
-    kinds = GPU_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return member.kind is not RequestKind.NONE
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is RequestKind.NONE:
             return None
-        vendors = {g.vendor for g in node.gpus.values()}
+        vendors = node.vendors()
         if member.spec.vendor and member.spec.vendor not in vendors:
             return refuse(self.name, Code.GPU_VENDOR, R_VENDOR, resolvable=False, detail=member.spec.vendor)
         if member.kind is not RequestKind.WHOLE and vendors == {"amd"}:
@@ -91,7 +95,9 @@ class RdmaNic:
     """Joint GPU + NIC placement needs an RDMA-capable NIC on the node."""
 
     name = "RdmaNic"
-    kinds = frozenset({RequestKind.WHOLE})
+
+    def applies(self, member: Member) -> bool:
+        return member.spec.rdma
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if not member.spec.rdma or any(n.rdma for n in node.view.topology.nics):
@@ -104,7 +110,9 @@ class WholeGpus:
     (``gpuset.choose_gpus``), or GPUs and NICs together for RDMA (``rdma``)."""
 
     name = "WholeGpus"
-    kinds = frozenset({RequestKind.WHOLE})
+
+    def applies(self, member: Member) -> bool:
+        return member.kind is RequestKind.WHOLE
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is not RequestKind.WHOLE:
@@ -143,7 +151,9 @@ class TdmShare:
     objective among the GPUs that can take the share."""
 
     name = "TdmShare"
-    kinds = frozenset({RequestKind.TDM})
+
+    def applies(self, member: Member) -> bool:
+        return member.kind is RequestKind.TDM
 
     def _usable(self, member: Member, node: NodeState) -> tuple[list[int], Counter]:
         m, ok, why = member.spec, [], Counter()
@@ -205,7 +215,9 @@ class MigSlice:
     (``mig.choose_gpu``: the slot that keeps the most capacity, partly used GPUs first)."""
 
     name = "MigSlice"
-    kinds = frozenset({RequestKind.MIG})
+
+    def applies(self, member: Member) -> bool:
+        return member.kind is RequestKind.MIG
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is not RequestKind.MIG:
@@ -240,6 +252,7 @@ class NoGpu:
 
 
 _RDMA_RANK = {"pcie-switch": 3, "numa": 2, "socket": 1, "cross-socket": 0}
+_NO_PAIR = (int(LinkClass.NVLINK) + 1, FABRIC_LINKS + 1)
 
 
 class GpuTopology:
@@ -248,9 +261,11 @@ class GpuTopology:
     name = "GpuTopology"
 
     def score(self, member: Member, node: NodeState, a: Assignment) -> tuple:
+        if len(a.gpus) < 2:  # no pair: every single GPU (or none) ties on links
+            return (_RDMA_RANK.get(a.rdma_level, 3), _NO_PAIR, 0)
         topo = node.view.topology
         names = [node.gpus[i].name for i in a.gpus]
-        worst = (int(LinkClass.NVLINK) + 1, FABRIC_LINKS + 1)
+        worst = _NO_PAIR
         total = 0
         for x in range(len(names)):
             for y in range(x + 1, len(names)):

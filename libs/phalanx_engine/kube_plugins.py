@@ -11,7 +11,7 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 
 from __future__ import annotations
 
-from phalanx_engine.framework import ALL_KINDS, Member
+from phalanx_engine.framework import Member
 from phalanx_engine.matching import (
     UNSCHEDULABLE,
     node_selector_matches,
@@ -41,7 +41,9 @@ class NodeStateReported:
     report may still come."""
 
     name = "NodeStateReported"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return self.required
 
     def __init__(self, required: bool = True) -> None:
         self.required = required
@@ -56,7 +58,9 @@ class NodeUnschedulable:
     """A cordoned node takes only pods that tolerate ``node.kubernetes.io/unschedulable``."""
 
     name = "NodeUnschedulable"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return True
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         kube = node.view.kube
@@ -71,7 +75,9 @@ class NodeName:
     """``spec.nodeName``: only the named node."""
 
     name = "NodeName"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.node_name)
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         wanted = member.spec.node_name
@@ -85,7 +91,9 @@ class TaintToleration:
     condition is not ``True`` carries the not-ready/unreachable taint."""
 
     name = "TaintToleration"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return True
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         kube = node.view.kube
@@ -103,7 +111,9 @@ class NodeAffinity:
     ``metadata.name``)."""
 
     name = "NodeAffinity"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.node_selector) or member.spec.node_affinity is not None
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         spec, kube = member.spec, node.view.kube
@@ -119,7 +129,9 @@ class NodePorts:
     place, or by Phalanx's reservations there)."""
 
     name = "NodePorts"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.host_ports)
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if not member.spec.host_ports or (node.view.kube is None and not node.ports):
@@ -138,7 +150,9 @@ class NodeResourcesFit:
     reason, as in kube-scheduler. Resolvable when the pod would fit the node's allocatable."""
 
     name = "NodeResourcesFit"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return True
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         kube = node.view.kube
@@ -166,7 +180,9 @@ class PodAffinityRefused:
     that reason, never placed as if they were not there."""
 
     name = "InterPodAffinity"
-    kinds = ALL_KINDS
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.unsupported)
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
         terms = member.spec.unsupported

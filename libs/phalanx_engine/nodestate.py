@@ -26,8 +26,8 @@ class NodeState:
     and for the Kubernetes filters the resources requested, the pods and the host ports in
     use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
-    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "requested", "pods",
-                 "ports")
+    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors", "requested",
+                 "pods", "ports")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
@@ -38,6 +38,7 @@ class NodeState:
         self.mig_inst: dict[int, list[mig.MigInstance]] = {}
         self._free: set[int] | None = None
         self._capacity = -1
+        self._vendors: frozenset[str] | None = None
         kube = view.kube
         self.requested: dict[str, int] = dict(kube.requested) if kube else {}
         self.pods = kube.pods if kube else 0
@@ -54,7 +55,7 @@ class NodeState:
         other.view, other.gpus = self.view, self.gpus
         other.whole, other.core, other.mem = set(self.whole), dict(self.core), dict(self.mem)
         other.mig_inst = {k: list(v) for k, v in self.mig_inst.items()}
-        other._free, other._capacity = self._free, self._capacity
+        other._free, other._capacity, other._vendors = self._free, self._capacity, self._vendors
         other.requested, other.pods, other.ports = dict(self.requested), self.pods, set(self.ports)
         return other
 
@@ -82,6 +83,12 @@ class NodeState:
             self._free = {i for i, g in self.gpus.items() if i not in self.whole and i not in self.core
                           and i not in self.mig_inst and not g.mig_enabled}
         return self._free
+
+    def vendors(self) -> frozenset[str]:
+        """The vendors of the node's GPUs (fixed for the node)."""
+        if self._vendors is None:
+            self._vendors = frozenset(g.vendor for g in self.gpus.values())
+        return self._vendors
 
     def whole_capacity(self) -> int:
         """GPUs that could ever be given whole: every GPU not in MIG mode."""

@@ -40,7 +40,7 @@ def _sub(topo: NodeTopology, count: int) -> NodeTopology:
 
 
 GIB = 1 << 30
-ROOMY = {"cpu": 64_000, "memory": 512 * GIB, "ephemeral-storage": 1024 * GIB, "pods": 110}
+ROOMY = {"cpu": 128_000, "memory": 512 * GIB, "ephemeral-storage": 1024 * GIB, "pods": 110}
 """What a node has allocatable unless a test says otherwise."""
 
 

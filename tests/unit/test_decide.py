@@ -168,3 +168,9 @@ def test_each_kind_of_member_says_what_kept_each_node_out():
 def test_whether_waiting_can_help_comes_from_the_statuses(nodes, members, resolvable):
     got = run(*nodes, members=members)
     assert isinstance(got, NoFit) and got.resolvable is resolvable
+
+
+def test_without_explaining_a_refusal_carries_no_statuses():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).busy(*range(8))))
+    assert decide(cluster, (pod("p").gpus(1).spec(),), explain=False) == NoFit(total_nodes=1)
+    assert decide(cluster, (pod("p").gpus(1).spec(), pod("q").gpus(1).spec()), explain=False) == NoFit(total_nodes=1)
