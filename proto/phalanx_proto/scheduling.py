@@ -25,6 +25,22 @@ Protocol = Literal["TCP", "UDP", "SCTP"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 Amount = Annotated[int, msgspec.Meta(ge=0)]
 
+# Bounds on what one pod carries (the API server has none this tight; a pod beyond them is
+# refused by ``phalanx_engine.podspec`` with the bound's rule, and a wire value beyond them
+# does not decode). They keep a gang's record and request within a message.
+MAX_RESOURCES = 32
+MAX_TOLERATIONS = 64
+MAX_SELECTOR_LABELS = 64
+MAX_TERMS = 16
+MAX_REQUIREMENTS = 16
+MAX_VALUES = 64
+MAX_HOST_PORTS = 64
+# Bounds on what one node reports.
+MAX_NODE_RESOURCES = 256
+MAX_NODE_LABELS = 1024
+MAX_NODE_TAINTS = 256
+MAX_NODE_HOST_PORTS = 4096
+
 
 class Taint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A node taint (``spec.taints[*]``)."""
@@ -49,15 +65,15 @@ class NodeSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_de
 
     key: str
     operator: NodeSelectorOperator
-    values: tuple[str, ...] = ()
+    values: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
 
 
 class NodeSelectorTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One term of required node affinity: every expression (on labels) and every field
     (``metadata.name``) must match. A term with neither matches no node."""
 
-    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
-    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+    match_expressions: Annotated[tuple[NodeSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
+    match_fields: Annotated[tuple[NodeSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
 
 
 class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -79,19 +95,19 @@ class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     book them twice.
     """
 
-    allocatable: dict[str, Amount] = {}
+    allocatable: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
     """``status.allocatable`` in the units above; a resource that is absent is 0."""
-    labels: dict[str, str] = {}
-    taints: tuple[Taint, ...] = ()
+    labels: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_NODE_LABELS)] = {}
+    taints: Annotated[tuple[Taint, ...], msgspec.Meta(max_length=MAX_NODE_TAINTS)] = ()
     unschedulable: bool = False
     """``spec.unschedulable`` (cordoned)."""
     ready: ConditionStatus = "Unknown"
     """The ``Ready`` condition's status. Not ``True``: placement treats the node as tainted
     ``node.kubernetes.io/not-ready`` (``False``) or ``node.kubernetes.io/unreachable``
     (``Unknown``) with ``NoSchedule``, as the node lifecycle controller would."""
-    requested: dict[str, Amount] = {}
+    requested: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
     """Resources requested by the running pods Phalanx did not place."""
     pods: Amount = 0
     """How many such pods there are (for allocatable ``pods``)."""
-    host_ports: tuple[HostPort, ...] = ()
+    host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_NODE_HOST_PORTS)] = ()
     """Host ports those pods bind."""

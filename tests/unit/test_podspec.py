@@ -112,7 +112,7 @@ def test_tolerations_selector_and_required_node_affinity_are_carried_whole():
     pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["x"]}]}]}}}},
         "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
-        ".matchFields[0]", "metadata.labels In ['x']", id="matchFields on anything but metadata.name"),
+        ".matchFields[0]", "metadata.labels In x", id="matchFields on anything but metadata.name"),
     pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": []}}}},
         "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms", "[]",
@@ -172,3 +172,42 @@ def test_invalid_ports(spec, field):
 def test_what_phalanx_refuses_or_ignores_is_said(affinity, spread, unsupported, warned):
     got, v, w = parse({"containers": [c("a")], "affinity": affinity, "topologySpreadConstraints": spread})
     assert (got.unsupported, v, len(w)) == (unsupported, [], warned)
+
+
+@pytest.mark.parametrize(("spec", "field", "value"), [
+    pytest.param({"tolerations": [{"key": ["dedicated"], "operator": "Exists"}]}, "spec.tolerations[0].key", "a list",
+                 id="a toleration key that is no string"),
+    pytest.param({"tolerations": {"key": "k"}}, "spec.tolerations", "a dict", id="tolerations that are no list"),
+    pytest.param({"tolerations": [{"key": "bad key!", "operator": "Exists"}]}, "spec.tolerations[0].key", "bad key!",
+                 id="a toleration key that is no qualified name"),
+    pytest.param({"nodeSelector": {"-zone": "a"}}, "spec.nodeSelector[-zone]", "-zone",
+                 id="a node selector key that is no label key"),
+    pytest.param({"nodeSelector": {"zone": "a b"}}, "spec.nodeSelector[zone]", "a b",
+                 id="a node selector value that is no label value"),
+    pytest.param({"nodeName": "Node_1"}, "spec.nodeName", "Node_1", id="a node name that is no DNS subdomain"),
+    pytest.param({"containers": [c("a", {"example.com/fo o": "1"})]},
+                 "spec.containers[a].resources.requests[example.com/fo o]", "example.com/fo o",
+                 id="an extended resource whose name is no qualified name"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 80, "hostPort": 80, "hostIP": 10}])]},
+                 "spec.containers[a].ports[0].hostIP", "10", id="a host IP that is no string"),
+    pytest.param({"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(65)]},
+                 "spec.tolerations", "65 tolerations", id="more tolerations than Phalanx reads"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Exists"}]}] * 17}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms", "17 terms",
+        id="more node selector terms than Phalanx reads"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": p, "hostPort": p} for p in range(1, 66)])]},
+                 "spec.containers[*].ports", "65 host ports", id="more host ports than Phalanx reads"),
+])
+def test_hostile_constraints_are_violations_never_errors(spec, field, value):
+    _, v, _ = parse({"containers": [c("a")], **spec})
+    assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
+
+
+def test_warnings_name_the_field_and_the_rule():
+    _, v, w = parse({"containers": [c("a")], "affinity": {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}})
+    assert v == [] and w == [
+        "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses required pod "
+        "affinity (it needs the labels of the pods on every node, which Phalanx's cluster state does not carry; the "
+        "pod would wait with that reason)"]
