@@ -20,7 +20,7 @@ Overview (docs/placement.md has the full objective):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
@@ -141,11 +141,13 @@ def _neg_name(name: str) -> tuple:
 
 
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
-               order: Iterable[str]) -> Assignment | None:
-    """The best node for one member among ``order`` (tightest first); nothing is changed."""
+               order: Iterable[str], avoid: Collection[str]) -> Assignment | None:
+    """The best node for one member among ``order`` (tightest first) but ``avoid``; nothing is changed."""
     best = None
     seen = 0
     for name in order:
+        if name in avoid:
+            continue
         st = states[name]
         got = profile.evaluate(member, st)
         if isinstance(got, Status):
@@ -159,14 +161,14 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
     return None if best is None else best[1]
 
 
-def _place_share(profile: Profile, cluster: Cluster, member: Member) -> Assignment | None:
+def _place_share(profile: Profile, cluster: Cluster, member: Member, avoid: Collection[str]) -> Assignment | None:
     """A TDM share: free-core levels from the tightest up; every node at the first level where
     one fits is compared by the profile's scores (the tightest GPU anywhere wins, the node
     score decides among equally tight ones), at most ``SHARE_CANDIDATES`` of them."""
     best, seen, found = None, set(), 0
     for names in cluster.tightest_shares(member.spec.core_pct):
         for name in names:
-            if name in seen:
+            if name in seen or name in avoid:
                 continue
             seen.add(name)
             st = cluster.nodes[name]
@@ -185,23 +187,29 @@ def _place_share(profile: Profile, cluster: Cluster, member: Member) -> Assignme
 
 
 def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE, *,
-           explain: bool = True) -> Decision | NoFit:
+           explain: bool = True, avoid: Collection[str] = frozenset()) -> Decision | NoFit:
     """Place every member or none. ``cluster`` is not modified. With ``explain=False`` a
     ``NoFit`` carries no per-node statuses (and says resolvable): for callers that only need
-    the answer, such as a simulation placing thousands of pods."""
+    the answer, such as a simulation placing thousands of pods.
+
+    ``avoid``: nodes this decision must leave alone (kept for a gang ahead in the queue,
+    docs/saga.md). The ``NoFit`` shows them as ``kept for a gang ahead in the queue`` where
+    they would otherwise take the member, and they count for ``NoFit.resolvable``: they are
+    busy, not unsuitable."""
     if not members:
         return Decision(assignments=())
+    avoid = frozenset(avoid)
     gang = [Member.of(m) for m in members]
     if len(gang) == 1:
         m = gang[0]
         if m.kind is RequestKind.TDM:
-            got = _place_share(profile, cluster, m)
+            got = _place_share(profile, cluster, m, avoid)
         else:
-            got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units))
+            got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units), avoid)
         if got is None:
-            return _no_fit(profile, cluster, gang) if explain else NoFit(total_nodes=cluster.total)
+            return _no_fit(profile, cluster, gang, avoid=avoid) if explain else NoFit(total_nodes=cluster.total)
         return _decision(cluster, (got,))
-    return _decide_gang(profile, cluster, gang, explain)
+    return _decide_gang(profile, cluster, gang, explain, avoid)
 
 
 def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision:
@@ -215,7 +223,8 @@ def _domain(state: NodeState, tier: str) -> str:
     return value or f"node:{state.view.name}"
 
 
-def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool) -> Decision | NoFit:
+def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
+                 avoid: frozenset[str]) -> Decision | NoFit:
     need = sum(m.units for m in members)
     ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
@@ -226,7 +235,8 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
         # PreFilter narrows the nodes its filters see.
         pool = (cluster.nodes[n] for n in cluster.tightest(need)) if tier == "node" else cluster.nodes.values()
         for st in pool:
-            domains.setdefault(_domain(st, tier), []).append(st)
+            if st.name not in avoid:
+                domains.setdefault(_domain(st, tier), []).append(st)
         candidates = sorted((sum(len(s.free_whole()) for s in ns), d) for d, ns in domains.items()
                             if all(f.filter_domain(members, ns) is None for f in profile.domain_filters))
         for _, d in candidates:
@@ -239,14 +249,15 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
         return NoFit(total_nodes=cluster.total)
     detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one network-pod"
               + ("" if tried_any else "; no network-pod has that many free"))
-    return _no_fit(profile, cluster, members, detail)
+    return _no_fit(profile, cluster, members, detail, avoid)
 
 
-def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: str = "") -> NoFit:
+def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: str = "",
+            avoid: frozenset[str] = frozenset()) -> NoFit:
     netpods: dict[str, list[str]] = {}
     for st in cluster.nodes.values():
         netpods.setdefault(_domain(st, "netpod"), []).append(st.name)
-    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail)
+    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail, avoid)
 
 
 def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> list[Assignment] | None:
@@ -276,7 +287,7 @@ def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> li
     return out
 
 
-def place_snapshot(snapshot: Snapshot, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE
-                   ) -> Decision | NoFit:
-    """One-shot convenience: build the scratch state and decide."""
-    return decide(Cluster.from_snapshot(snapshot), members, profile)
+def place_snapshot(snapshot: Snapshot, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE, *,
+                   avoid: Collection[str] = frozenset()) -> Decision | NoFit:
+    """One-shot convenience: build the scratch state and decide (``avoid``: as ``decide``)."""
+    return decide(Cluster.from_snapshot(snapshot), members, profile, avoid=avoid)

@@ -15,7 +15,7 @@ still never fit when only the bin packing fails, and then it waits like any othe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.nodestate import NodeState
@@ -23,6 +23,8 @@ from phalanx_engine.status import Code, MemberFailure, NoFit, Status, refuse, st
 from phalanx_proto.events import MemberSpec, RequestKind
 
 GANG_PLUGIN = "GangDomain"
+KEPT_PLUGIN = "QueueOrder"
+R_KEPT = "kept for a gang ahead in the queue"
 
 
 def describe(spec: MemberSpec) -> str:
@@ -48,16 +50,22 @@ def _shapes(members: Sequence[Member]) -> list[list[Member]]:
 
 
 def no_fit(profile: Profile, nodes: dict[str, NodeState], excluded: dict[str, Status], total: int,
-           members: Sequence[Member], domains: Iterable[list[str]], detail: str = "") -> NoFit:
+           members: Sequence[Member], domains: Iterable[list[str]], detail: str = "",
+           avoid: Collection[str] = frozenset()) -> NoFit:
     """The ``NoFit`` of ``members``: per kind, every node's status; ``domains`` are the
-    network-pods (lists of node names) the resolvability check may use."""
+    network-pods (lists of node names) the resolvability check may use. A node in ``avoid``
+    that would take a kind (or refuses it resolvably) shows as kept for a gang ahead."""
+    kept = refuse(KEPT_PLUGIN, Code.KEPT_FOR_GANG_AHEAD, R_KEPT, resolvable=True)
     failures, could_by_kind, alone_anywhere = [], [], True
     for group in _shapes(members):
         first = group[0]
         statuses, could, alone = dict(excluded), set(), []
         for name, st in nodes.items():
             got = profile.evaluate(first, st)
-            if isinstance(got, Status):
+            if name in avoid and (not isinstance(got, Status) or got.resolvable):
+                statuses[name] = kept
+                could.add(name)
+            elif isinstance(got, Status):
                 statuses[name] = got
                 if got.resolvable:
                     could.add(name)

@@ -51,6 +51,7 @@ class Code(enum.StrEnum):
     POD_AFFINITY_REFUSED = "pod-affinity-not-supported"
     TOPOLOGY_SPREAD_REFUSED = "topology-spread-not-supported"
     GANG_DOMAIN = "gang-does-not-fit-one-domain"
+    KEPT_FOR_GANG_AHEAD = "kept-for-gang-ahead"
 
 
 class Reason(msgspec.Struct, frozen=True):

@@ -174,3 +174,18 @@ def test_without_explaining_a_refusal_carries_no_statuses():
     cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).busy(*range(8))))
     assert decide(cluster, (pod("p").gpus(1).spec(),), explain=False) == NoFit(total_nodes=1)
     assert decide(cluster, (pod("p").gpus(1).spec(), pod("q").gpus(1).spec()), explain=False) == NoFit(total_nodes=1)
+
+
+def test_nodes_kept_for_a_gang_ahead_are_left_alone_and_shown_as_kept():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8), node("b").gpus(8).busy(*range(6))))
+    assert decide(cluster, (pod("p").gpus(2).spec(),), avoid={"b"}) == Decision(assignments=(placed("p", "a", 0, 3),))
+    got = decide(cluster, (pod("p").gpus(4).spec(),), avoid={"a"})
+    assert isinstance(got, NoFit) and got.resolvable
+    assert got.summary == "0/2 nodes are available: 1 insufficient free GPUs, 1 kept for a gang ahead in the queue."
+
+
+def test_a_gang_that_could_only_use_kept_nodes_still_counts_as_resolvable():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).tiers(netpod="np"), node("b").gpus(8).tiers(netpod="np")))
+    got = decide(cluster, tuple(pod(f"w{i}").gpus(4).spec() for i in range(4)), avoid={"a", "b"})
+    assert isinstance(got, NoFit) and got.resolvable
+    assert got.summary == "0/2 nodes are available: 2 kept for a gang ahead in the queue."
