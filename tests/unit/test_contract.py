@@ -90,6 +90,21 @@ def test_a_value_outside_its_limits_is_refused_with_the_field_named():
         E.gang_decoder.decode(json.dumps(bad))
 
 
+@pytest.mark.parametrize(("member", "where"), [
+    pytest.param({"tolerations": [{"key": f"k{i}"} for i in range(S.MAX_TOLERATIONS + 1)]}, "tolerations",
+                 id="too many tolerations"),
+    pytest.param({"host_ports": [{"port": p} for p in range(1, S.MAX_HOST_PORTS + 2)]}, "host_ports",
+                 id="too many host ports"),
+    pytest.param({"requests": {"cpu": -1}}, "requests", id="a negative request"),
+    pytest.param({"node_affinity": [{"match_expressions": [{"key": "k", "operator": "Near"}]}]}, "node_affinity",
+                 id="an unknown selector operator"),
+])
+def test_a_member_whose_constraints_break_the_contract_does_not_decode(member, where):
+    bad = {"kind": "placement.requested", "gang_id": "g", "members": [{"pod": {"namespace": "n", "name": "p"}, **member}]}
+    with pytest.raises(msgspec.ValidationError, match=rf"at `\$.members\[0\].{where}"):
+        E.gang_decoder.decode(json.dumps(bad))
+
+
 def test_idempotency_keys_differ_per_member_and_attempt():
     a = E.BindRequested(gang_id="g", attempt=1, assignment=ASSIGNMENT)
     b = E.BindRequested(gang_id="g", attempt=2, assignment=ASSIGNMENT)
