@@ -146,7 +146,8 @@ class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             text += " + RDMA NICs"
         if self.min_member:
             text += f", gang of {self.min_member}"
-        return text
+        asks = _constraints_text(self.constraints)
+        return f"{text}; {asks}" if asks else text
 
 
 def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuRequest:
@@ -349,6 +350,31 @@ def check_gpu_model(
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _amount_text(resource: str, n: int) -> str:
+    """An amount as a person writes it: cpu in cores or millicores, bytes with a binary suffix."""
+    if resource == "cpu":
+        return f"{n // 1000}" if n % 1000 == 0 else f"{n}m"
+    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
+        for suffix, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+            if n % size == 0:
+                return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _constraints_text(c: PodConstraints) -> str:
+    """What the pod asks of a node besides GPUs, in one clause ('' when nothing)."""
+    parts = [f"{r} {_amount_text(r, n)}" for r, n in c.requests.items()]
+    parts += [f"host port {p.port}/{p.protocol}" for p in c.host_ports]
+    parts += [f"nodeSelector {k}={x}" for k, x in c.node_selector.items()]
+    if c.node_affinity is not None:
+        parts.append(f"required node affinity ({len(c.node_affinity)} term{'s' if len(c.node_affinity) != 1 else ''})")
+    if c.node_name:
+        parts.append(f"nodeName {c.node_name}")
+    if c.tolerations:
+        parts.append(f"{len(c.tolerations)} toleration{'s' if len(c.tolerations) != 1 else ''}")
+    return ", ".join(parts)
 
 
 def _mapping(x: Any) -> Mapping[str, Any]:

@@ -562,6 +562,17 @@ def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_inv
                       "does not take the Lt/Gt comparison operators)")
 
 
+def test_the_ok_line_says_what_the_pod_asks_of_a_node_besides_gpus() -> None:
+    c = {**ctr(), "resources": {"limits": {"nvidia.com/gpu": "2", "memory": "64Gi"}, "requests": {"cpu": "8"}},
+         "ports": [{"containerPort": 29500, "hostPort": 29500}]}
+    got = parse_pod(pod(c, nodeSelector={"pool": "train"}, tolerations=[{"key": "dedicated", "operator": "Exists"}],
+                        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}))
+    assert got.describe() == ("2 whole GPUs (nvidia.com/gpu); cpu 8, memory 64Gi, host port 29500/TCP, "
+                              "nodeSelector pool=train, required node affinity (1 term), 1 toleration")
+
+
 def test_validate_checks_the_gpu_model_when_given(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--gpu-model", "Tesla V100-SXM2-16GB", str(EXAMPLES / "mig-demo.yaml")]) == 1
     assert "does not support MIG" in capsys.readouterr().err
