@@ -210,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pod-list", default=POD_FILE, help=f"pod list CSV in the trace dir (default {POD_FILE})")
     ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
     ap.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU vs arrived demand (PNG)")
+    ap.add_argument("--from-json", metavar="FILE", type=Path,
+                    help="with --plot: draw the runs of a file written by --json instead of replaying")
     args = ap.parse_args(argv)
+    if args.from_json:
+        if not args.plot:
+            ap.error("--from-json needs --plot")
+        return _plot_saved(args.from_json, args.plot)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
@@ -297,6 +303,19 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         print(f"plot written to {args.plot}", file=log)
+    return 0
+
+
+def _plot_saved(saved: Path, path: str) -> int:
+    """``--plot`` from the runs a ``--json`` file holds (the curves of an earlier replay)."""
+    data = json.loads(saved.read_text())
+    runs = [r | {"curve": {int(k): v for k, v in r["curve"].items()}} for r in data["runs"]]
+    try:
+        _plot(runs, data["policies"], path, len(data["seeds"]))
+    except PlotUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"plot of {saved} written to {path}")
     return 0
 
 
