@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from phalanx_bench import engine_replay
 from phalanx_bench.plotting import PlotUnavailable, Series, line_plot
 from phalanx_bench.sharepack import (
     MILLI,
@@ -47,6 +48,7 @@ from phalanx_bench.sharepack import (
     TargetMix,
     make_policy,
 )
+from phalanx_engine.decide import default_profile
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE_DIR = REPO.parent / "shared" / "fixtures" / "traces" / "alibaba-gpu-v2023"
@@ -54,7 +56,10 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_default.csv"
 FIRST_SEED = 42
 TUNE_RATIO = 1.3
-LABELS = {"random": "Random fit", "bestfit": "Best fit", "fgd": "FGD", "phalanx": "Phalanx"}
+ENGINE_POLICIES = ("engine", "engine-mix")
+ALL_POLICIES = (*POLICIES, *ENGINE_POLICIES)
+LABELS = {"random": "Random fit", "bestfit": "Best fit", "fgd": "FGD", "phalanx": "Phalanx",
+          "engine": "Engine", "engine-mix": "Engine + mix"}
 PUBLISHED = {"random": 86.25, "bestfit": 92.91, "fgd": 95.23}  # paper's simulator, alloc % @ 100 %
 
 
@@ -110,6 +115,8 @@ def workload(trace: Trace, seed: int) -> tuple[list[int], list[int]]:
 def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: float | None = None,
            phalanx_options: dict | None = None) -> dict:
     """One replay; returns the headline figures and the allocation curve (per 1 % arrived)."""
+    if policy_name in ENGINE_POLICIES:
+        return replay_engine(trace, policy_name, seed, stop_at)
     t0 = time.perf_counter()
     order, seq = workload(trace, seed)
     ranked = sorted(range(len(trace.nodes)), key=order.__getitem__)
@@ -137,6 +144,11 @@ def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: f
             acc[1] += 1
         if stop_at is not None and arrived * 100 / cap >= stop_at:
             break
+    return _result(policy_name, seed, sums, len(seq), failed, time.perf_counter() - t0)
+
+
+def _result(policy_name: str, seed: int, sums: dict[int, list[float]], pods: int, failed: int,
+            seconds: float) -> dict:
     curve = {p: 100 * s / c for p, (s, c) in sorted(sums.items())}
 
     def at(p: int) -> float | None:
@@ -146,8 +158,18 @@ def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: f
         return 100 * sum(s for s, _ in near) / sum(c for _, c in near) if near else None
 
     return {"policy": policy_name, "seed": seed, "alloc_100": at(100), "alloc_130": at(130),
-            "pods": len(seq), "failed": failed, "seconds": time.perf_counter() - t0,
-            "curve": curve}
+            "pods": pods, "failed": failed, "seconds": seconds, "curve": curve}
+
+
+def replay_engine(trace: Trace, policy_name: str, seed: int, stop_at: float | None) -> dict:
+    """The same workload through the placement engine: ``engine`` is the placement service's
+    profile (stranding score without a mix), ``engine-mix`` the same with FGD's mix from the
+    trace's pod list."""
+    order, seq = workload(trace, seed)
+    mix = engine_replay.mix_of(trace.pods) if policy_name == "engine-mix" else None
+    profile = default_profile(mix=mix)
+    sums, failed, seconds = engine_replay.replay(trace.nodes, trace.pods, order, seq, profile, stop_at)
+    return _result(policy_name, seed, sums, len(seq), failed, seconds)
 
 
 _TRACE: Trace | None = None
@@ -173,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10: 42..51)")
     ap.add_argument("--first-seed", type=int, default=FIRST_SEED, help="first seed (default 42)")
-    ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated, from {', '.join(POLICIES)} (default all)")
+    ap.add_argument("--policies", default=",".join(ALL_POLICIES),
+                    help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default all)")
     ap.add_argument("--quick", action="store_true",
                     help="stop each replay once arrived demand passes 100.5 %% (no 130 %% figure)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
@@ -188,11 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pod-list", default=POD_FILE, help=f"pod list CSV in the trace dir (default {POD_FILE})")
     ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
     ap.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU vs arrived demand (PNG)")
+    ap.add_argument("--from-json", metavar="FILE", type=Path,
+                    help="with --plot: draw the runs of a file written by --json instead of replaying")
     args = ap.parse_args(argv)
+    if args.from_json:
+        if not args.plot:
+            ap.error("--from-json needs --plot")
+        return _plot_saved(args.from_json, args.plot)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
-        if p not in POLICIES:
+        if p not in ALL_POLICIES:
             ap.error(f"unknown policy {p!r}")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     stop_at = 100.5 if args.quick else None
@@ -275,6 +303,19 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         print(f"plot written to {args.plot}", file=log)
+    return 0
+
+
+def _plot_saved(saved: Path, path: str) -> int:
+    """``--plot`` from the runs a ``--json`` file holds (the curves of an earlier replay)."""
+    data = json.loads(saved.read_text())
+    runs = [r | {"curve": {int(k): v for k, v in r["curve"].items()}} for r in data["runs"]]
+    try:
+        _plot(runs, data["policies"], path, len(data["seeds"]))
+    except PlotUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"plot of {saved} written to {path}")
     return 0
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import anyio
 
 from phalanx_bus import Bus
-from phalanx_engine.decide import place_snapshot
+from phalanx_engine.decide import default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -84,15 +84,20 @@ def request(k: int) -> PlacementRequested:
     return PlacementRequested(gang_id=f"bench/p{k}", attempt=1, members=(MemberSpec(pod=pod, gpus=1),))
 
 
+SERVICE_PROFILE = default_profile(require_node_state=False)
+"""The profile the placement service runs while node agents do not report ``NodeKubeState``
+(``phalanx_placement.service.Config.require_node_state``): the synthetic nodes have none."""
+
+
 def engine_ms(reps: list[NodeTopologyReported], count: int = 200) -> list[float]:
     """The engine deciding the same one-GPU requests on the same nodes, after 5 warm-up decisions."""
     snap = Snapshot(nodes=tuple(NodeView(name=r.node, topology=r.topology, tiers=r.tiers) for r in reps))
     for k in range(5):
-        place_snapshot(snap, request(k).members)
+        place_snapshot(snap, request(k).members, SERVICE_PROFILE)
     out = []
     for k in range(count):
         started = time.perf_counter()
-        assert isinstance(place_snapshot(snap, request(k).members), Decision)
+        assert isinstance(place_snapshot(snap, request(k).members, SERVICE_PROFILE), Decision)
         out.append((time.perf_counter() - started) * 1000)
     return out
 

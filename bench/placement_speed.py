@@ -2,7 +2,8 @@
 
 Synthetic cluster: N nodes x 8 V100 (the DGX-1V hybrid cube-mesh fixture), three network
 tiers (HyperNode = 8 nodes, leaf switch = 64 nodes, network-pod = 512 nodes), and 50 % of the
-GPUs taken at random by whole-GPU reservations. Requests: a 1-GPU pod, an 8-GPU pod, and gangs
+GPUs taken at random by whole-GPU reservations; every node reports its Kubernetes state
+(Ready, 96 cores, 768 GiB), so the Kubernetes filters run too. Requests: a 1-GPU pod, an 8-GPU pod, and gangs
 of 8, 64 and 512 one-GPU members. Decisions are not applied, so every decision sees the same
 50 % occupancy. Each cluster size runs in its own process so peak RSS is per size.
 
@@ -28,10 +29,14 @@ from phalanx_bench.firstfit import free_gpus, place_first_fit
 from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
+from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import NetworkTiers
 from phalanx_topology import load_file
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"
+KUBE = NodeKubeState(allocatable={"cpu": 96_000, "memory": 768 << 30, "ephemeral-storage": 2 << 40, "pods": 110},
+                     labels={"node.kubernetes.io/instance-type": "dgx1v"}, ready="True")
+"""Every node's Kubernetes state: a DGX-1V-sized node, Ready, nothing else running."""
 CASES = [("1-GPU pod", 1, 1, 400), ("8-GPU pod", 1, 8, 100), ("gang of 8", 8, 1, 30),
          ("gang of 64", 64, 1, 15), ("gang of 512", 512, 1, 6)]
 """(name, members, GPUs per member, decisions)."""
@@ -46,7 +51,8 @@ def synthetic(n: int, seed: int) -> Snapshot:
         taken = tuple(g for g in range(8) if rng.random() < 0.5)
         allocs = (Assignment(pod=PodRef(namespace="bg", name=f"bg-{i}"), node=name, gpus=taken),) if taken else ()
         nodes.append(NodeView(name=name, topology=msgspec.structs.replace(base, node=name), allocations=allocs,
-                              tiers=NetworkTiers(hypernode=f"hn{i // 8}", leaf=f"leaf{i // 64}", netpod=f"pod{i // 512}")))
+                              tiers=NetworkTiers(hypernode=f"hn{i // 8}", leaf=f"leaf{i // 64}", netpod=f"pod{i // 512}"),
+                              kube=KUBE))
     return Snapshot(nodes=tuple(nodes))
 
 

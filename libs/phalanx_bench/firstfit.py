@@ -9,17 +9,17 @@ it is compared with. Whole GPUs only; the placement service uses ``phalanx_engin
 
 from __future__ import annotations
 
-from collections import Counter
-
-from phalanx_engine.decide import R_GPUS, NodeState, node_reason
+from phalanx_engine.gpu_plugins import R_GPUS, node_usable
+from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import Decision, NoFit, Snapshot
+from phalanx_engine.status import Code, MemberFailure, Status, refuse, statuses_of
 from phalanx_proto.events import Assignment, MemberSpec
 
 
 def free_gpus(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
     """Each usable node's free whole GPUs, ascending (built once per snapshot, like the
     engine's ``Cluster``); nodes that are not enabled, stale or GPU-less are left out."""
-    return {n.name: tuple(sorted(NodeState(n).free_whole())) for n in snapshot.nodes if node_reason(n) is None}
+    return {n.name: tuple(sorted(NodeState(n).free_whole())) for n in snapshot.nodes if node_usable(n) is None}
 
 
 def place_first_fit(snapshot: Snapshot, members: tuple[MemberSpec, ...],
@@ -32,14 +32,15 @@ def place_first_fit(snapshot: Snapshot, members: tuple[MemberSpec, ...],
     nodes = sorted(snapshot.nodes, key=lambda n: n.name)
     assignments: list[Assignment] = []
     for m in members:
-        reasons: Counter = Counter()
+        statuses: dict[str, Status] = {}
         for node in nodes:
-            why = node_reason(node)
+            why = node_usable(node)
             have = left.get(node.name, base.get(node.name, ()))
             if why is None and len(have) < m.gpus:
-                why = R_GPUS
+                why = refuse("FirstFit", Code.INSUFFICIENT_GPUS, R_GPUS, resolvable=True,
+                             resource="gpus", requested=m.gpus, free=len(have))
             if why is not None:
-                reasons[why] += 1
+                statuses[node.name] = why
                 continue
             take, left[node.name] = have[: m.gpus], have[m.gpus:]
             uuids = {g.index: g.uuid for g in node.topology.gpus}
@@ -48,5 +49,6 @@ def place_first_fit(snapshot: Snapshot, members: tuple[MemberSpec, ...],
             break
         else:
             detail = f"member {m.pod} needs {m.gpus} GPU(s)" if len(members) > 1 else ""
-            return NoFit(total_nodes=len(snapshot.nodes), reasons=reasons, detail=detail)
+            return NoFit(total_nodes=len(snapshot.nodes), detail=detail,
+                         failures=(MemberFailure(members=(m.pod,), statuses=statuses_of(statuses)),))
     return Decision(assignments=tuple(assignments))

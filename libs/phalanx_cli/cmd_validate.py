@@ -22,7 +22,8 @@ import sys
 from typing import IO, Any
 
 from phalanx_cli.terminal import safe
-from phalanx_engine.requests import check_gpu_model, check_object
+from phalanx_engine.requests import check_gpu_model
+from phalanx_engine.workloads import check_object
 from phalanx_input import Unreadable, yaml_file
 
 

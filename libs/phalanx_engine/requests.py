@@ -29,6 +29,13 @@ annotation keys must follow the API server's rules (``names``). Annotation ``pha
 (``nvidia``, ``amd``, ``ppu``) - vendor hint. Shares are per GPU and per pod: every
 container that names a share must name the same one (they share the pod's GPUs);
 whole GPUs add up over containers, as in Kubernetes.
+
+Everything else the pod asks of a node (CPU, memory and other requests, tolerations,
+nodeSelector, required node affinity, nodeName, host ports) is read by ``podspec`` into
+``GpuRequest.constraints`` and carried in ``MemberSpec``; the scheduling terms Phalanx refuses
+(required pod affinity and anti-affinity, hard topology spread) or ignores (their preferred
+forms, preferred node affinity) are warnings naming the field and the rule. Workload objects
+(Job, JobSet, MPIJob, ...) are in ``workloads``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from typing import Any
 import msgspec
 
 from phalanx_engine import mig, names
-from phalanx_engine.quantity import Bound, Violation, count, decimal, integer, shown
+from phalanx_engine.podspec import PodConstraints, parse_constraints
+from phalanx_engine.quantity import Bound, Violation, count, decimal, shown
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.state import MAX_GANG_MEMBERS
 
@@ -108,12 +116,14 @@ class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     host_network: bool = False
     runtime_class: str = ""
     warnings: tuple[str, ...] = ()
+    constraints: PodConstraints = PodConstraints()
+    """What the pod asks of a node besides GPUs (``podspec``)."""
 
     def member_spec(self, pod: PodRef) -> MemberSpec:
-        """The wire form of this request for ``PlacementRequested``."""
+        """The wire form of this request for ``PlacementRequested``, constraints included."""
         return MemberSpec(pod=pod, gpus=self.gpus, core_pct=self.core_pct, memory_mib=self.memory_mib,
                           mig_slices=self.mig_slices, rdma=self.rdma, vendor=self.vendor,
-                          resource_name=self.resource_name or NVIDIA_GPU)
+                          resource_name=self.resource_name or NVIDIA_GPU, **msgspec.structs.asdict(self.constraints))
 
     def describe(self) -> str:
         """One line for people: what the pod gets."""
@@ -136,7 +146,8 @@ class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             text += " + RDMA NICs"
         if self.min_member:
             text += f", gang of {self.min_member}"
-        return text
+        asks = _constraints_text(self.constraints)
+        return f"{text}; {asks}" if asks else text
 
 
 def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuRequest:
@@ -169,12 +180,13 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     share = shares[0][1] if shares else None
     vendor = _vendor(_mapping(meta.get("annotations")), whole, share, v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
+    constraints = parse_constraints(spec, RESOURCES, v, warnings)
     if v:
         raise RequestError(v, pod_name)
 
     common = dict(pod=pod_name, scheduler_name=scheduler, min_member=min_member or 0,
-                  host_network=spec.get("hostNetwork") is True,
-                  runtime_class=str(spec.get("runtimeClassName") or ""), warnings=tuple(warnings))
+                  host_network=constraints.host_network, runtime_class=str(spec.get("runtimeClassName") or ""),
+                  warnings=tuple(warnings), constraints=constraints)
     if whole:
         (resource, count), = whole.items()
         return GpuRequest(kind=RequestKind.WHOLE, gpus=count, resource_name=resource, rdma=rdma,
@@ -337,146 +349,32 @@ def check_gpu_model(
     return tuple(out)
 
 
-# --- workloads: where the pod templates are -------------------------------------------------
-
-
-class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
-    """One pod (template) inside a workload object. ``where`` names it for people
-    (``JobSet/gang-nccl-test spec.replicatedJobs[worker]``); ``parallelism`` is the pods
-    one gang of it has where the workload says (Job/JobSet), else 0; ``violations`` are the
-    object's own shape errors around the template (a ``parallelism`` that is not an integer)."""
-
-    where: str
-    template: Mapping[str, Any]
-    parallelism: int = 0
-    violations: tuple[Violation, ...] = ()
-
-
-class ObjectCheck(msgspec.Struct, frozen=True, kw_only=True):
-    """The verdict on one pod template: the parsed request, or the violations."""
-
-    where: str
-    request: GpuRequest | None = None
-    violations: tuple[Violation, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-
-_TEMPLATE_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "ReplicationController")
-
-
-def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
-    """The pod templates of a Pod, Job, JobSet, Kubeflow MPIJob, Deployment-like object or
-    ``List``; a bare ``spec:`` snippet with containers counts as a pod. None when the object
-    holds no pods (a Service, a ConfigMap). A part of the object that has the wrong shape (a
-    ``replicatedJobs`` that is not a list) is a template holding the violation."""
-    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
-    name = _text(_mapping(obj.get("metadata")).get("name"))
-    label = f"{kind or 'Pod'}/{name}" if name else f"{kind or 'Pod'} (unnamed)"
-    spec = _mapping(obj.get("spec"))
-    if kind == "List":
-        return tuple(_list_items(obj, label))
-    if kind == "Pod" or (not kind and "containers" in spec):
-        return (PodTemplate(where=label, template=obj),)
-    if kind == "Job":
-        return (_job_template(label, spec, "spec"),)
-    if kind == "JobSet":
-        jobs = spec.get("replicatedJobs") or []
-        if not isinstance(jobs, list):
-            return (_broken(label, "spec.replicatedJobs", jobs, "must be a list of replicated jobs"),)
-        out = []
-        for i, rj in enumerate(jobs):
-            path = f"spec.replicatedJobs[{i}]"
-            if not isinstance(rj, Mapping):
-                out.append(_broken(label, path, rj, "must be a replicated job (a mapping)"))
-                continue
-            rname = rj.get("name")
-            where = f"{label} spec.replicatedJobs[{_text(rname) or i}]"
-            out.append(_job_template(where, _mapping(_mapping(rj.get("template")).get("spec")), f"{path}.template.spec"))
-        return tuple(out)
-    if kind == "MPIJob":
-        replicas = spec.get("mpiReplicaSpecs") or {}
-        if not isinstance(replicas, Mapping):
-            return (_broken(label, "spec.mpiReplicaSpecs", replicas, "must be a map of role to replica spec"),)
-        return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{shown(role)}]",
-                                 template=_mapping(_mapping(rs).get("template")))
-                     for role, rs in replicas.items())
-    if kind in _TEMPLATE_KINDS:
-        return (PodTemplate(where=label, template=_mapping(spec.get("template"))),)
-    return None
-
-
-def _list_items(obj: Mapping[str, Any], label: str) -> list[PodTemplate]:
-    """The templates of a ``List``'s items; a List inside a List is not unpacked (the API
-    server has no such object), so a self-referencing List ends here."""
-    items = obj.get("items") or []
-    if not isinstance(items, list):
-        return [_broken(label, "items", items, "must be a list of objects")]
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            out.append(_broken(label, f"items[{i}]", item, "must be a Kubernetes object (a mapping)"))
-        elif item.get("kind") == "List":
-            out.append(_broken(label, f"items[{i}].kind", "List", "a List item cannot itself be a List"))
-        else:
-            out.extend(pod_templates(item) or ())
-    return out
-
-
-def _job_template(where: str, job: Mapping[str, Any], path: str) -> PodTemplate:
-    """A Job spec's pod template; ``parallelism`` defaults to 1 as in Kubernetes."""
-    raw = job.get("parallelism", 1)
-    parallelism = integer(raw, f"{path}.parallelism", most=MAX_GANG) if raw is not None else 1
-    bad = (parallelism,) if isinstance(parallelism, Violation) else ()
-    return PodTemplate(where=where, template=_mapping(job.get("template")),
-                       parallelism=0 if bad else parallelism, violations=bad)
-
-
-def _broken(where: str, field: str, raw: Any, rule: str) -> PodTemplate:
-    return PodTemplate(where=where, template={}, violations=(Violation(field, _show(raw), rule),))
-
-
-def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
-    """Validate every pod template of a workload object (see ``pod_templates``); gang
-    templates must have ``aliyun.com/min-member`` equal to ``parallelism`` (seed 4.2).
-    None when the object holds no pods. Never raises on a malformed object: its shape
-    errors are violations like any other."""
-    templates = pod_templates(obj)
-    if templates is None:
-        return None
-    out = []
-    meta = obj.get("metadata")
-    if obj.get("kind") not in ("Pod", None) and isinstance(meta, Mapping):
-        named = names.check_metadata(meta)
-        if named:
-            out.append(ObjectCheck(where=templates[0].where if templates else str(obj.get("kind")),
-                                   violations=tuple(named)))
-    for t in templates:
-        if t.violations and not t.template:
-            out.append(ObjectCheck(where=t.where, violations=t.violations))
-            continue
-        try:
-            req = parse_pod(t.template)
-        except RequestError as e:
-            out.append(ObjectCheck(where=t.where, violations=t.violations + e.violations))
-            continue
-        if t.violations:
-            out.append(ObjectCheck(where=t.where, violations=t.violations))
-            continue
-        if t.parallelism and req.min_member and req.min_member != t.parallelism:
-            out.append(ObjectCheck(where=t.where, violations=(Violation(
-                f"metadata.labels[{MIN_MEMBER_LABEL}]", str(req.min_member),
-                f"must equal the job's parallelism ({t.parallelism}): the gang is all the job's pods "
-                "(seed 4.2)"),)))
-            continue
-        out.append(ObjectCheck(where=t.where, request=req, warnings=req.warnings))
-    return tuple(out)
-
-
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _amount_text(resource: str, n: int) -> str:
+    """An amount as a person writes it: cpu in cores or millicores, bytes with a binary suffix."""
+    if resource == "cpu":
+        return f"{n // 1000}" if n % 1000 == 0 else f"{n}m"
+    if resource == "memory" or resource == "ephemeral-storage" or resource.startswith("hugepages-"):
+        for suffix, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+            if n % size == 0:
+                return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _constraints_text(c: PodConstraints) -> str:
+    """What the pod asks of a node besides GPUs, in one clause ('' when nothing)."""
+    parts = [f"{r} {_amount_text(r, n)}" for r, n in c.requests.items()]
+    parts += [f"host port {p.port}/{p.protocol}" for p in c.host_ports]
+    parts += [f"nodeSelector {k}={x}" for k, x in c.node_selector.items()]
+    if c.node_affinity is not None:
+        parts.append(f"required node affinity ({len(c.node_affinity)} term{'s' if len(c.node_affinity) != 1 else ''})")
+    if c.node_name:
+        parts.append(f"nodeName {c.node_name}")
+    if c.tolerations:
+        parts.append(f"{len(c.tolerations)} toleration{'s' if len(c.tolerations) != 1 else ''}")
+    return ", ".join(parts)
 
 
 def _mapping(x: Any) -> Mapping[str, Any]:

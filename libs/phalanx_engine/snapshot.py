@@ -1,16 +1,17 @@
 """The placement engine's input: an immutable snapshot of the cluster, and its output.
 
 The placement service builds a ``Snapshot`` from KV ``phx-topology``, ``phx-heartbeat`` and
-``phx-ledger``; ``phalanx place`` and the benchmarks build one by hand. A decision works on
+``phx-ledger`` (and, once node agents report it, each node's ``NodeKubeState``); ``phalanx place`` and the benchmarks build one by hand. A decision works on
 its own scratch copy of free capacity, never on the snapshot (style rule 4).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from phalanx_engine.status import NoFit
 from phalanx_proto.events import Assignment
+from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
 
@@ -28,6 +29,9 @@ class NodeView:
     """Every reservation on the node that the decision must respect."""
     revision: int = 0
     """Ledger revision the allocations were read at (0: no ledger entry yet)."""
+    kube: NodeKubeState | None = None
+    """The node's Kubernetes state (allocatable, taints, labels, cordon, Ready, what pods
+    Phalanx did not place use); ``None`` while its node agent has not reported it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,22 +44,9 @@ class Decision:
     """Every member placed, in the order the members were given."""
 
     assignments: tuple[Assignment, ...]
+    unchecked: tuple[str, ...] = ()
+    """Nodes of the decision whose Kubernetes state was not reported, so CPU, memory, taints,
+    labels and ports were not checked there (only with a profile that lets them through)."""
 
 
-@dataclass(frozen=True, slots=True)
-class NoFit:
-    """The gang does not fit. ``reasons`` counts nodes per reason, kube-scheduler style."""
-
-    total_nodes: int
-    reasons: Counter = field(default_factory=Counter)
-    detail: str = ""
-
-    @property
-    def summary(self) -> str:
-        parts = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        text = f"0/{self.total_nodes} nodes are available"
-        if parts:
-            text += f": {parts}"
-        if self.detail:
-            text += f"; {self.detail}"
-        return text + "."
+__all__ = ["Decision", "NoFit", "NodeView", "Snapshot"]

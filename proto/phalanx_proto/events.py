@@ -24,6 +24,16 @@ from typing import Annotated, Literal
 import msgspec
 
 from phalanx_proto.codec import Decoder
+from phalanx_proto.scheduling import (
+    MAX_HOST_PORTS,
+    MAX_RESOURCES,
+    MAX_SELECTOR_LABELS,
+    MAX_TERMS,
+    MAX_TOLERATIONS,
+    HostPort,
+    NodeSelectorTerm,
+    Toleration,
+)
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
 Attempt = Annotated[int, msgspec.Meta(ge=1)]
@@ -92,6 +102,26 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     rdma: bool = False
     vendor: str = ""
     resource_name: str = "nvidia.com/gpu"
+    requests: Annotated[dict[str, NonNegative], msgspec.Meta(max_length=MAX_RESOURCES)] = {}
+    """What the pod requests besides GPUs, summed as kube-scheduler sums it (containers,
+    init containers, overhead): ``cpu`` in millicores, ``memory`` and ``ephemeral-storage``
+    in bytes, every other resource as its integer amount (``phalanx_proto.scheduling``). The
+    pod itself always counts one towards the node's ``pods``."""
+    tolerations: Annotated[tuple[Toleration, ...], msgspec.Meta(max_length=MAX_TOLERATIONS)] = ()
+    node_selector: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_SELECTOR_LABELS)] = {}
+    """``spec.nodeSelector``: every label must be on the node with that value."""
+    node_affinity: Annotated[tuple[NodeSelectorTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] | None = None
+    """Required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``): the node
+    must match one of the terms. ``None``: the pod has none."""
+    node_name: str = ""
+    """``spec.nodeName`` asked by the pod: only that node will do."""
+    host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_HOST_PORTS)] = ()
+    """Host ports the pod binds (with ``host_network``, every container port)."""
+    host_network: bool = False
+    unsupported: Annotated[tuple[str, ...], msgspec.Meta(max_length=8)] = ()
+    """Scheduling terms the pod has that Phalanx does not evaluate (``podAffinity``,
+    ``podAntiAffinity``, ``topologySpreadConstraints``): such a member fits no node, with
+    that reason, rather than having them ignored."""
 
     @property
     def kind(self) -> RequestKind:
@@ -118,6 +148,11 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     nics: tuple[str, ...] = ()
     rdma_level: str = ""
     """RDMA fallback level reached: pcie-switch, numa, socket, cross-socket (empty without RDMA)."""
+    requests: Annotated[dict[str, NonNegative], msgspec.Meta(max_length=MAX_RESOURCES)] = {}
+    """The member's requests besides GPUs (``MemberSpec.requests``), so the ledger accounts
+    for Phalanx's own pods on the node."""
+    host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_HOST_PORTS)] = ()
+    """The host ports the member binds on the node."""
 
     @property
     def kind(self) -> RequestKind:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from phalanx_proto.events import AdoptRequested, PlacementRequested, ReleaseRequested
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.topology import NodeTopology
@@ -34,8 +36,8 @@ def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal |
                                             f"attempt {record.attempt})")
     if ev.attempt < record.attempt:
         return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
-    named = set(record.members)
-    stray = [str(m.pod) for m in ev.members if m not in named]
+    named = {_wire(m) for m in record.members}  # MemberSpec holds dicts: compare the wire form
+    stray = [str(m.pod) for m in ev.members if _wire(m) not in named]
     if not ev.members or stray:
         return Refusal("not_members", "the request names no member" if not ev.members else
                        f"{', '.join(stray[:5])}: not member(s) of the gang record with this request")
@@ -93,3 +95,7 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested)
     if conflicts:
         return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
     return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})
+
+
+_wire = msgspec.json.Encoder(order="sorted").encode
+"""The canonical wire form of a value (keys sorted), for set membership of values that hold dicts."""

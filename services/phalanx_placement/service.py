@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import anyio
@@ -40,7 +39,7 @@ from phalanx_bus import (
     kv_atomic_write,
 )
 from phalanx_bus import records as R
-from phalanx_engine.decide import place_snapshot
+from phalanx_engine.decide import default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
 from phalanx_placement import checks
 from phalanx_proto import subjects as S
@@ -58,8 +57,6 @@ from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
-R_KEPT = "kept for a gang ahead in the queue"
-"""Why a node in ``PlacementRequested.avoid_nodes`` was not used (backfill)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,10 @@ class Config:
     max_commit_retries: int = 20
     decide_delay_s: float = 0.0
     """Test only: sleep between reading the ledger and committing, to widen replica races."""
+    require_node_state: bool = False
+    """True: a node whose agent has not reported its Kubernetes state (``NodeKubeState``) takes
+    nothing. False until topology-discovery reports it: such nodes are placed on by GPUs alone
+    and the decision names them (``Decision.unchecked``, logged) — docs/placement.md."""
 
 
 class Placement:
@@ -81,6 +82,7 @@ class Placement:
         self.conflicts = 0
         self.unreadable_nodes: set[str] = set()
         """Nodes whose ledger entry is bad, as of the last ``ledgers()``: left out of decisions."""
+        self.profile = default_profile(require_node_state=config.require_node_state)
 
     async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
         good, bad = await R.read_all(self.ledger_kv)
@@ -142,26 +144,23 @@ class Placement:
                 refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
                 return
             snap = await self.snapshot(ev.gang_id, ledgers)
-            allowed = Snapshot(nodes=tuple(n for n in snap.nodes if n.name not in set(ev.avoid_nodes)))
             with tracer().start_as_current_span("placement.decide", attributes={
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                     "phalanx.members": len(ev.members)}) as span:
                 started = time.perf_counter()
-                result = place_snapshot(allowed, ev.members)
+                result = place_snapshot(snap, ev.members, self.profile, avoid=ev.avoid_nodes)
                 elapsed = time.perf_counter() - started
-                kept = len(snap.nodes) - len(allowed.nodes)
-                if isinstance(result, NoFit) and kept:
-                    result = NoFit(total_nodes=result.total_nodes + kept, detail=result.detail,
-                                   reasons=result.reasons + Counter({R_KEPT: kept}))
                 _annotate_decision(span, result)
             elapsed_ms = elapsed * 1000
             metrics.PLACEMENT_DECISION_SECONDS.observe(
                 elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
             if isinstance(result, NoFit):
                 log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
-                # Could it fit were the whole cluster empty, and where? Those nodes are what the
-                # fairness gate keeps for this gang should it starve (docs/saga.md, backfill).
-                empty = place_snapshot(Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes)), ev.members)
+                # Could it fit were the whole cluster empty (the filters say: only busy nodes kept
+                # it out), and where? Those nodes are what the fairness gate keeps for this gang
+                # should it starve (docs/saga.md, backfill).
+                empty = (place_snapshot(Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes)), ev.members,
+                                        self.profile) if result.resolvable else None)
                 fits_empty = isinstance(empty, Decision)
                 await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
@@ -187,7 +186,8 @@ class Placement:
                 continue
             _record_allocation(snap, result.assignments)
             log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
-                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments))
+                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments),
+                unchecked_nodes=",".join(result.unchecked))
             await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
                 gang_id=ev.gang_id, attempt=ev.attempt, assignments=result.assignments))
             return
@@ -299,11 +299,6 @@ def _record_allocation(snap: Snapshot, placed: tuple) -> None:
         assignments=n.allocations + tuple(a for a in placed if a.node == n.name)) for n in snap.nodes)
 
 
-def _emptied(node: NodeView) -> NodeView:
-    """The node as it would be with no reservations (for "could this ever fit?")."""
-    return dataclasses.replace(node, allocations=())
-
-
 def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
     """The assignments already committed for exactly this gang attempt, if all are there."""
     found = {}
@@ -328,3 +323,8 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
         warn("allocation metrics not computed at start", error=repr(e))
     await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.placement.>",
                   decoder=gang_decoder, handler=placement.on_command, task_status=task_status)
+
+
+def _emptied(node: NodeView) -> NodeView:
+    """The node as it would be with no reservations (for "where would it go?")."""
+    return dataclasses.replace(node, allocations=())

@@ -99,8 +99,12 @@ async def test_binder_down_the_deadline_rolls_back_and_releases_then_the_gang_sc
 
         state = await wait_until(rolled_back, 30)
         assert "not every member was ready within" in state.reason
-        events = await sim.list_events(ref("t0"))
-        assert any("not every member was ready within" in e.message and "(attempt 1)" in e.message for e in events)
+
+        async def told():  # the pod's event follows the state write: wait for it, boundedly
+            return any("not every member was ready within" in e.message and "(attempt 1)" in e.message
+                       for e in await sim.list_events(ref("t0")))
+
+        assert await wait_until(told, 30)
 
         # With binder still down every attempt is rolled back and gives its reservation back.
         async def released_between_attempts():

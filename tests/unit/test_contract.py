@@ -9,6 +9,7 @@ import pytest
 
 from phalanx_cli import cmd_schema
 from phalanx_proto import events as E
+from phalanx_proto import scheduling as S
 from phalanx_proto.state import GangState, NodeLedger, gang_state_decoder
 
 POD = E.PodRef(namespace="default", name="whole-card-demo", uid="u1")
@@ -17,6 +18,16 @@ ASSIGNMENT = E.Assignment(pod=POD, node="v100-a", gpus=(0, 1), gpu_uuids=("GPU-a
 SAMPLES = [
     E.GangAdmitted(gang_id="default/g", attempt=1, members=(POD,), min_member=1),
     E.PlacementRequested(gang_id="default/g", attempt=2, members=(E.MemberSpec(pod=POD, gpus=2),)),
+    E.PlacementRequested(gang_id="default/g", attempt=3, members=(E.MemberSpec(
+        pod=POD, gpus=1, requests={"cpu": 4000, "memory": 8 << 30, "example.com/foo": 1},
+        tolerations=(S.Toleration(key="dedicated", value="infra", effect="NoSchedule"), S.Toleration(operator="Exists")),
+        node_selector={"gpu": "a100"}, node_name="n1", host_network=True,
+        node_affinity=(S.NodeSelectorTerm(match_expressions=(
+            S.NodeSelectorRequirement(key="cores", operator="Gt", values=("32",)),)),),
+        host_ports=(S.HostPort(port=8080), S.HostPort(port=53, protocol="UDP", host_ip="10.0.0.1")),
+        unsupported=("podAntiAffinity",)),)),
+    E.Placed(gang_id="default/g", attempt=3, assignments=(E.Assignment(
+        pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)),)),
     E.Placed(gang_id="default/g", attempt=2, assignments=(ASSIGNMENT,)),
     E.PlacementFailed(gang_id="default/g", summary="0/2 nodes are available: 2 insufficient free GPUs.",
                       reasons={"insufficient free GPUs": 2}),
@@ -76,6 +87,21 @@ def test_an_event_of_another_stream_is_refused_by_a_decoder():
 def test_a_value_outside_its_limits_is_refused_with_the_field_named():
     bad = {"kind": "placement.requested", "gang_id": "g", "attempt": 0}
     with pytest.raises(msgspec.ValidationError, match=r"Expected `int` >= 1 - at `\$.attempt`"):
+        E.gang_decoder.decode(json.dumps(bad))
+
+
+@pytest.mark.parametrize(("member", "where"), [
+    pytest.param({"tolerations": [{"key": f"k{i}"} for i in range(S.MAX_TOLERATIONS + 1)]}, "tolerations",
+                 id="too many tolerations"),
+    pytest.param({"host_ports": [{"port": p} for p in range(1, S.MAX_HOST_PORTS + 2)]}, "host_ports",
+                 id="too many host ports"),
+    pytest.param({"requests": {"cpu": -1}}, "requests", id="a negative request"),
+    pytest.param({"node_affinity": [{"match_expressions": [{"key": "k", "operator": "Near"}]}]}, "node_affinity",
+                 id="an unknown selector operator"),
+])
+def test_a_member_whose_constraints_break_the_contract_does_not_decode(member, where):
+    bad = {"kind": "placement.requested", "gang_id": "g", "members": [{"pod": {"namespace": "n", "name": "p"}, **member}]}
+    with pytest.raises(msgspec.ValidationError, match=rf"at `\$.members\[0\].{where}"):
         E.gang_decoder.decode(json.dumps(bad))
 
 

@@ -1,133 +1,191 @@
-"""The placement engine's decisions on small clusters built from real topology fixtures."""
+"""The placement engine's decisions on small clusters built from real topology fixtures:
+whole Decisions and NoFits compared."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import msgspec
 import pytest
+from engine_builders import GIB, node, pod, port, snapshot
 
-from phalanx_engine.decide import Cluster, decide
-from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
-from phalanx_proto.events import Assignment, MemberSpec, PodRef
-from phalanx_proto.topology import NetworkTiers
-from phalanx_topology import load_file
+from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine.decide import Cluster, decide, default_profile
+from phalanx_engine.snapshot import Decision, NoFit
+from phalanx_engine.status import Code, MemberFailure, Reason, Status
+from phalanx_proto.events import Assignment
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
-V100 = load_file(FIXTURES / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt", node="x")
-A100 = load_file(FIXTURES / "hgx-a100_8x_NV12_1xmlx5_epyc7763_pleiades.txt", node="x")
-
-
-def node(name: str, topo=V100, *, hypernode="", leaf="", netpod="", allocations=(), enabled=True, fresh=True,
-         model="", memory_mib=0, mig=False) -> NodeView:
-    gpus = tuple(msgspec.structs.replace(g, model=model or g.model, memory_mib=memory_mib or g.memory_mib,
-                                         mig_enabled=mig or g.mig_enabled) for g in topo.gpus)
-    t = msgspec.structs.replace(topo, node=name, gpus=gpus)
-    return NodeView(name=name, topology=t, enabled=enabled, fresh=fresh, allocations=tuple(allocations),
-                    tiers=NetworkTiers(hypernode=hypernode or f"node:{name}", leaf=leaf or hypernode or f"node:{name}",
-                                       netpod=netpod or leaf or hypernode or f"node:{name}"))
+UNKNOWN = ("",) * 8
 
 
-def member(name: str, gpus: int = 1, **kw) -> MemberSpec:
-    return MemberSpec(pod=PodRef(namespace="default", name=name), gpus=gpus, **kw)
+def placed(name: str, node_name: str, *gpus: int, **extra) -> Assignment:
+    return Assignment(pod=pod(name).spec().pod, node=node_name, gpus=gpus, gpu_uuids=("",) * len(gpus), **extra)
 
 
-def taken(node_name: str, *gpus: int) -> Assignment:
-    return Assignment(pod=PodRef(namespace="default", name=f"busy-{node_name}-{gpus}"), node=node_name, gpus=gpus)
+def status(plugin: str, code: Code, text: str, *, resolvable: bool, **numbers) -> Status:
+    return Status(plugin=plugin, reasons=(Reason(code=code, text=text, **numbers),), resolvable=resolvable)
 
 
-def placed(result) -> list[tuple[str, str, tuple[int, ...]]]:
-    assert isinstance(result, Decision), result
-    return [(a.pod.name, a.node, a.gpus) for a in result.assignments]
+def run(*nodes, members):
+    return decide(Cluster.from_snapshot(snapshot(*nodes)), tuple(m.spec() for m in members))
 
 
-def test_a_four_gpu_pod_gets_an_nvlink_quad_of_the_v100_cube_mesh():
-    got = decide(Cluster.from_snapshot(Snapshot(nodes=(node("a"),))), (member("p", 4),))
-    assert placed(got) == [("p", "a", (0, 1, 2, 3))]
-
-
-def test_a_single_pod_goes_to_the_tightest_node_that_fits():
-    snap = Snapshot(nodes=(node("a"), node("b", allocations=[taken("b", 0, 1, 2, 3)])))
-    got = decide(Cluster.from_snapshot(snap), (member("p", 2),))
-    assert placed(got)[0][1] == "b"
+@pytest.mark.parametrize(("nodes", "members", "expected"), [
+    pytest.param([node("a").gpus(8)], [pod("p").gpus(4)], Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)),
+                 id="a four-GPU pod gets an NVLink quad of the V100 cube mesh"),
+    pytest.param([node("a").gpus(8), node("b").gpus(8).busy(0, 1, 2, 3)], [pod("p").gpus(2)],
+                 Decision(assignments=(placed("p", "b", 4, 7),)),
+                 id="a single pod goes to the tightest node that fits"),
+    pytest.param([node("a").gpus(8).share(0, core=50, memory_mib=4096), node("b").gpus(8)],
+                 [pod("t").share(core=50, memory_mib=4096)],
+                 Decision(assignments=(placed("t", "a", 0, core_pct=50, memory_mib=4096),)),
+                 id="a TDM share packs onto the partly used GPU"),
+    pytest.param([node("a").gpus(8).share(0, core=50), node("b").gpus(8)], [pod("t").share(core=60)],
+                 Decision(assignments=(placed("t", "a", 1, core_pct=60),)),
+                 id="a share that does not fit the used GPU opens the next GPU of the same node"),
+    pytest.param([node("a").gpus(8).busy(0, 1, 2, 3), node("b").gpus(8).share(5, core=70, memory_mib=8192)],
+                 [pod("t").share(core=30, memory_mib=4096)],
+                 Decision(assignments=(placed("t", "b", 5, core_pct=30, memory_mib=4096),)),
+                 id="a TDM share goes to the tightest GPU in the cluster, not the first node"),
+    pytest.param([node("a").gpus(8)], [pod("r").gpus(2).rdma()],
+                 Decision(assignments=(placed("r", "a", 2, 3, nics=("mlx5_0",), rdma_level="pcie-switch"),)),
+                 id="an RDMA pod gets GPUs and the NIC on their PCIe switch"),
+    pytest.param([node("v").gpus(8), node("m").gpus(8, model="A100", mig=True)], [pod("g").mig(3, 20480)],
+                 Decision(assignments=(placed("g", "m", 0, memory_mib=20480, mig_profile="3g.20gb", mig_start=4),)),
+                 id="MIG goes to a MIG-enabled A100 with a legal slot"),
+])
+def test_decisions(nodes, members, expected):
+    assert run(*nodes, members=members) == expected
 
 
 def test_a_gang_lands_whole_on_one_hypernode_when_it_fits():
-    snap = Snapshot(nodes=(
-        node("a1", hypernode="h1", netpod="np"), node("a2", hypernode="h1", netpod="np"),
-        node("b1", hypernode="h2", netpod="np", allocations=[taken("b1", 0)]), node("b2", hypernode="h2", netpod="np"),
-    ))
-    gang = tuple(member(f"w{i}", 2) for i in range(7))
-    got = placed(decide(Cluster.from_snapshot(snap), gang))
-    assert {n for _, n, _ in got} <= {"b1", "b2"} or {n for _, n, _ in got} <= {"a1", "a2"}
-    assert len({(n, g) for _, n, gs in got for g in gs}) == 14
+    nodes = [node("a1").gpus(8).tiers(hypernode="h1", netpod="np"), node("a2").gpus(8).tiers(hypernode="h1", netpod="np"),
+             node("b1").gpus(8).tiers(hypernode="h2", netpod="np").busy(0),
+             node("b2").gpus(8).tiers(hypernode="h2", netpod="np")]
+    got = run(*nodes, members=[pod(f"w{i}").gpus(2) for i in range(7)])
+    assert isinstance(got, Decision)
+    hosts = {a.node for a in got.assignments}
+    assert hosts <= {"b1", "b2"} or hosts <= {"a1", "a2"}
+    assert len({(a.node, g) for a in got.assignments for g in a.gpus}) == 14
 
 
 def test_a_gang_too_big_for_any_network_pod_is_refused_whole_with_the_reason():
-    snap = Snapshot(nodes=(node("a1", netpod="np1"), node("a2", netpod="np2")))
-    got = decide(Cluster.from_snapshot(snap), tuple(member(f"w{i}", 4) for i in range(3)))
+    got = run(node("a1").gpus(8).tiers(netpod="np1"), node("a2").gpus(8).tiers(netpod="np2"),
+              members=[pod(f"w{i}").gpus(4) for i in range(3)])
     assert isinstance(got, NoFit)
     assert got.summary == ("0/2 nodes are available: 2 cannot hold the gang's 3 members within one network-pod; "
                            "gang of 3 members needs 12 whole GPU(s) in one network-pod; "
                            "no network-pod has that many free.")
 
 
-def test_reasons_count_nodes_per_reason_like_kube_scheduler():
-    snap = Snapshot(nodes=(node("a", enabled=False), node("b", fresh=False),
-                           node("c", allocations=[taken("c", *range(8))])))
-    got = decide(Cluster.from_snapshot(snap), (member("p", 1),))
-    assert isinstance(got, NoFit)
+def test_a_single_pod_that_fits_nowhere_gets_every_nodes_status():
+    got = run(node("a").gpus(8).disabled(), node("b").gpus(8).stale(), node("c").gpus(8).busy(*range(8)),
+              members=[pod("p").gpus(1)])
+    assert got == NoFit(total_nodes=3, resolvable=True, failures=(MemberFailure(members=(pod("p").spec().pod,),
+                                                                                what="p (1 GPU)", statuses={
+        "a": status("NodeUsable", Code.NOT_ENABLED, gpu.R_NOT_ENABLED, resolvable=False),
+        "b": status("NodeUsable", Code.HEARTBEAT_STALE, gpu.R_STALE, resolvable=False),
+        "c": status("WholeGpus", Code.INSUFFICIENT_GPUS, gpu.R_GPUS, resolvable=True, resource="nvidia.com/gpu",
+                    requested=1, free=0, capacity=8),
+    }),))
     assert got.summary == ("0/3 nodes are available: 1 insufficient free GPUs, 1 not enabled for Phalanx, "
                            "1 topology heartbeat stale.")
 
 
-@pytest.mark.parametrize(("ask", "expected"), [
-    (dict(core_pct=50, memory_mib=4096), ("a", (0,))),
-    (dict(core_pct=60), ("a", (1,))),
-])
-def test_tdm_shares_pack_onto_partly_used_gpus_and_nodes_first(ask, expected):
-    share = Assignment(pod=PodRef(namespace="default", name="s"), node="a", gpus=(0,), core_pct=50, memory_mib=4096)
-    snap = Snapshot(nodes=(node("a", allocations=[share], memory_mib=16384), node("b", memory_mib=16384)))
-    got = placed(decide(Cluster.from_snapshot(snap), (member("t", 1, **ask),)))
-    assert got[0][1:] == expected
-
-
 def test_tdm_memory_on_a_gpu_with_unknown_memory_is_refused_with_that_reason():
-    got = decide(Cluster.from_snapshot(Snapshot(nodes=(node("a"),))), (member("t", 1, core_pct=10, memory_mib=1024),))
-    assert isinstance(got, NoFit) and "GPU memory not reported" in got.summary
-
-
-def test_mig_goes_to_a_mig_enabled_a100_with_a_legal_slot():
-    snap = Snapshot(nodes=(node("v", model="Tesla V100-SXM2-16GB"),
-                           node("m", topo=A100, model="NVIDIA A100-SXM4-40GB", memory_mib=40960, mig=True)))
-    got = decide(Cluster.from_snapshot(snap), (member("g", 1, mig_slices=3, memory_mib=20480),))
-    assert isinstance(got, Decision)
-    a = got.assignments[0]
-    assert (a.node, a.mig_profile, a.mig_start in (0, 4)) == ("m", "3g.20gb", True)
+    got = run(node("a").gpus(8, memory_mib=0), members=[pod("t").share(core=10, memory_mib=1024)])
+    assert isinstance(got, NoFit) and got.summary == "0/1 nodes are available: 1 GPU memory not reported."
 
 
 def test_mig_on_a_model_without_mig_says_so():
-    snap = Snapshot(nodes=(node("v", model="Tesla V100-SXM2-16GB"),))
-    got = decide(Cluster.from_snapshot(snap), (member("g", 1, mig_slices=1, memory_mib=5120),))
+    got = run(node("v").gpus(8), members=[pod("g").mig(1, 5120)])
     assert isinstance(got, NoFit) and got.summary == "0/1 nodes are available: 1 no MIG-capable GPU."
 
 
-def test_rdma_pod_gets_gpus_and_the_nic_on_their_pcie_switch():
-    got = decide(Cluster.from_snapshot(Snapshot(nodes=(node("a"),))), (member("r", 2, rdma=True),))
-    assert isinstance(got, Decision)
-    a = got.assignments[0]
-    assert (a.gpus, a.nics, a.rdma_level) == ((2, 3), ("mlx5_0",), "pcie-switch")
-
-
 def test_the_decision_leaves_the_cluster_state_untouched():
-    cluster = Cluster.from_snapshot(Snapshot(nodes=(node("a"),)))
-    decide(cluster, (member("p", 8),))
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8)))
+    decide(cluster, (pod("p").gpus(8).spec(),))
     assert len(cluster.nodes["a"].free_whole()) == 8
 
 
-def test_a_tdm_share_goes_to_the_tightest_gpu_in_the_cluster_not_the_first_node():
-    half = Assignment(pod=PodRef(namespace="default", name="s1"), node="b", gpus=(5,), core_pct=70, memory_mib=8192)
-    snap = Snapshot(nodes=(node("a", allocations=[taken("a", 0, 1, 2, 3)], memory_mib=16384),
-                           node("b", allocations=[half], memory_mib=16384)))
-    got = placed(decide(Cluster.from_snapshot(snap), (member("t", 1, core_pct=30, memory_mib=4096),)))
-    assert got == [("t", "b", (5,))]
+def test_kubernetes_reasons_are_counted_in_kube_schedulers_words():
+    got = run(node("a").gpus(8).label("gpu", "v100").allocatable(cpu=2000),
+              node("b").gpus(8).label("gpu", "v100").taint("dedicated", "infra"),
+              node("c").gpus(8).label("gpu", "v100").cordoned(), node("d").gpus(8).label("gpu", "a100"),
+              node("e").gpus(8).unreported(),
+              members=[pod("p").gpus(1).requests(cpu=4000).selector(gpu="v100")])
+    assert isinstance(got, NoFit)
+    assert got.summary == ("0/5 nodes are available: 1 Insufficient cpu, 1 node state not reported, "
+                           "1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint(s), "
+                           "1 node(s) were unschedulable.")
+
+
+def test_a_profile_that_does_not_require_node_state_names_the_nodes_it_could_not_check():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).unreported()))
+    got = decide(cluster, (pod("p").gpus(1).requests(cpu=1000).spec(),), default_profile(require_node_state=False))
+    assert got == Decision(assignments=(placed("p", "a", 0, requests={"cpu": 1000}),), unchecked=("a",))
+
+
+def test_the_assignment_carries_the_members_requests_and_ports_for_the_ledger():
+    got = run(node("a").gpus(8), members=[pod("p").gpus(1).requests(cpu=500, memory=GIB).ports(port(9000))])
+    assert got == Decision(assignments=(placed("p", "a", 0, requests={"cpu": 500, "memory": GIB},
+                                               host_ports=(port(9000),)),))
+
+
+def test_a_gang_of_mig_pods_on_v100_nodes_is_told_no_mig_capable_gpu_and_that_waiting_cannot_help():
+    got = run(node("v1").gpus(8), node("v2").gpus(8), members=[pod("m0").mig(3, 20480), pod("m1").mig(3, 20480)])
+    no_mig = status("MigSlice", Code.NO_MIG_GPU, gpu.R_NO_MIG, resolvable=False)
+    assert got == NoFit(total_nodes=2, resolvable=False, failures=(MemberFailure(
+        members=(pod("m0").spec().pod, pod("m1").spec().pod), what="m0 and 1 more (a 3-slice MIG instance)",
+        statuses={"v1": no_mig, "v2": no_mig}),))
+    assert got.summary == "0/2 nodes are available: 2 no MIG-capable GPU."
+
+
+def test_each_kind_of_member_says_what_kept_each_node_out():
+    got = run(node("a").gpus(8).taint("dedicated", "infra"), node("b").gpus(8).busy(0, 1, 2, 3, 4, 5),
+              node("c").gpus(8).label("role", "train"),
+              members=[pod("launcher").gpus(1).selector(role="launch"), pod("w0").gpus(4), pod("w1").gpus(4)])
+    assert isinstance(got, NoFit) and not got.resolvable
+    assert got.summary == (
+        "launcher (1 GPU): 0/3 nodes are available: 1 node(s) had untolerated taint(s), "
+        "2 node(s) didn't match Pod's node affinity/selector; "
+        "w0 and 1 more (4 GPUs): 0/3 nodes are available: 1 cannot hold the gang's 3 members within one network-pod, "
+        "1 insufficient free GPUs, 1 node(s) had untolerated taint(s).")
+
+
+@pytest.mark.parametrize(("nodes", "members", "resolvable"), [
+    pytest.param([node("a").gpus(8).busy(*range(8)).tiers(netpod="np"), node("b").gpus(8).busy(0).tiers(netpod="np")],
+                 [pod(f"w{i}").gpus(4) for i in range(3)], True,
+                 id="a gang blocked by reservations may fit once they leave"),
+    pytest.param([node("a").gpus(8).tiers(netpod="np1"), node("b").gpus(8).tiers(netpod="np2")],
+                 [pod(f"w{i}").gpus(4) for i in range(3)], False,
+                 id="a gang larger than every network-pod never fits"),
+    pytest.param([node("a").gpus(8).taint("dedicated", "infra"), node("b").gpus(8).busy(*range(8))],
+                 [pod("w0").gpus(8), pod("w1").gpus(8)], False,
+                 id="only one node could ever take an 8-GPU member, the gang needs two"),
+    pytest.param([node("a").gpus(8).allocatable(cpu=4000).running(cpu=3000)], [pod("p").gpus(1).requests(cpu=2000)],
+                 True, id="CPU that other pods hold may come free"),
+    pytest.param([node("a").gpus(8).allocatable(cpu=1000)], [pod("p").gpus(1).requests(cpu=2000)], False,
+                 id="more CPU than the node has never comes free"),
+])
+def test_whether_waiting_can_help_comes_from_the_statuses(nodes, members, resolvable):
+    got = run(*nodes, members=members)
+    assert isinstance(got, NoFit) and got.resolvable is resolvable
+
+
+def test_without_explaining_a_refusal_carries_no_statuses():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).busy(*range(8))))
+    assert decide(cluster, (pod("p").gpus(1).spec(),), explain=False) == NoFit(total_nodes=1)
+    assert decide(cluster, (pod("p").gpus(1).spec(), pod("q").gpus(1).spec()), explain=False) == NoFit(total_nodes=1)
+
+
+def test_nodes_kept_for_a_gang_ahead_are_left_alone_and_shown_as_kept():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8), node("b").gpus(8).busy(*range(6))))
+    assert decide(cluster, (pod("p").gpus(2).spec(),), avoid={"b"}) == Decision(assignments=(placed("p", "a", 0, 3),))
+    got = decide(cluster, (pod("p").gpus(4).spec(),), avoid={"a"})
+    assert isinstance(got, NoFit) and got.resolvable
+    assert got.summary == "0/2 nodes are available: 1 insufficient free GPUs, 1 kept for a gang ahead in the queue."
+
+
+def test_a_gang_that_could_only_use_kept_nodes_still_counts_as_resolvable():
+    cluster = Cluster.from_snapshot(snapshot(node("a").gpus(8).tiers(netpod="np"), node("b").gpus(8).tiers(netpod="np")))
+    got = decide(cluster, tuple(pod(f"w{i}").gpus(4).spec() for i in range(4)), avoid={"a", "b"})
+    assert isinstance(got, NoFit) and got.resolvable
+    assert got.summary == "0/2 nodes are available: 2 kept for a gang ahead in the queue."

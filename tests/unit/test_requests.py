@@ -10,17 +10,16 @@ import pytest
 import yaml
 
 from phalanx_cli.main import main
+from phalanx_engine.podspec import PodConstraints
 from phalanx_engine.requests import (
     GpuRequest,
-    ObjectCheck,
     RequestError,
     RequestKind,
     Violation,
     check_gpu_model,
-    check_object,
     parse_pod,
-    pod_templates,
 )
+from phalanx_engine.workloads import ObjectCheck, check_object, pod_templates
 from phalanx_proto.events import MemberSpec, PodRef
 
 
@@ -93,13 +92,13 @@ VALID = [
      GpuRequest(pod="topology-4gpu-demo", kind=RequestKind.WHOLE, gpus=4, resource_name="aliyun.com/gpu", **SEED)),
     ("the seed's RDMA pod asks for 4 whole GPUs plus RDMA on the host network", example("rdma-4gpu.yaml"),
      GpuRequest(pod="rdma-4gpu-demo", kind=RequestKind.WHOLE, gpus=4, resource_name="aliyun.com/gpu", rdma=True,
-                host_network=True, **SEED,
+                host_network=True, constraints=PodConstraints(host_network=True), **SEED,
                 warnings=("container training uses RDMA without the IPC_LOCK capability; RDMA memory "
                           "registration may fail",))),
     ("the seed's gang worker template is one GPU plus RDMA in a gang of 7",
      example("gang-nccl-test.yaml")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
      GpuRequest(pod="", kind=RequestKind.WHOLE, gpus=1, resource_name="aliyun.com/gpu", rdma=True,
-                host_network=True, min_member=7, **SEED)),
+                host_network=True, constraints=PodConstraints(host_network=True), min_member=7, **SEED)),
     ("a bare spec snippet without metadata parses as an unnamed pod",
      {"spec": {"schedulerName": "phalanx", "containers": [ctr(aliyun_gpu="2")]}},
      GpuRequest(pod="", scheduler_name="phalanx", kind=RequestKind.WHOLE, gpus=2, resource_name="aliyun.com/gpu")),
@@ -534,6 +533,44 @@ def test_validate_multi_document_file_reports_the_invalid_pod_and_exits_1(
                                     f"{f}#3: SKIP Service: holds no pods"]
     assert out.err.splitlines() == [f"{f}#2: INVALID Pod/bad:",
                                     f"  - {lim('app', 'aliyun.com/gpu-core')} = '0': {HANG}"]
+
+
+def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_invalid_constraints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pods.yaml"
+    spread = [{"maxSkew": 1, "topologyKey": "zone", "labelSelector": {}}]
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    f.write_text(yaml.safe_dump_all([
+        pod(ctr(nvidia_gpu="1"), name="spread", topologySpreadConstraints=spread, affinity=anti),
+        pod({**ctr(), "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "lots"}}}, name="bad",
+            tolerations=[{"key": "k", "operator": "Gt"}]),
+    ]))
+    assert main(["validate", str(f)]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [
+        f"{f}#1: OK Pod/spread: 1 whole GPU (nvidia.com/gpu)",
+        "  warning: spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses "
+        "required pod anti-affinity (it needs the labels of the pods on every node, which Phalanx's cluster state "
+        "does not carry; the pod would wait with that reason)",
+        "  warning: spec.topologySpreadConstraints with whenUnsatisfiable DoNotSchedule: Phalanx refuses hard "
+        "topology spread (it needs the labels of the pods on every node, which Phalanx's cluster state does not "
+        "carry; the pod would wait with that reason)"]
+    err = out.err.splitlines()
+    assert err[0] == f"{f}#2: INVALID Pod/bad:" and len(err) == 3
+    assert err[1].startswith("  - spec.containers[app].resources.requests[cpu] = 'lots': a Kubernetes quantity is")
+    assert err[2] == ("  - spec.tolerations[0].operator = 'Gt': a toleration's operator is Equal or Exists (Phalanx "
+                      "does not take the Lt/Gt comparison operators)")
+
+
+def test_the_ok_line_says_what_the_pod_asks_of_a_node_besides_gpus() -> None:
+    c = {**ctr(), "resources": {"limits": {"nvidia.com/gpu": "2", "memory": "64Gi"}, "requests": {"cpu": "8"}},
+         "ports": [{"containerPort": 29500, "hostPort": 29500}]}
+    got = parse_pod(pod(c, nodeSelector={"pool": "train"}, tolerations=[{"key": "dedicated", "operator": "Exists"}],
+                        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}))
+    assert got.describe() == ("2 whole GPUs (nvidia.com/gpu); cpu 8, memory 64Gi, host port 29500/TCP, "
+                              "nodeSelector pool=train, required node affinity (1 term), 1 toleration")
 
 
 def test_validate_checks_the_gpu_model_when_given(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import pytest
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import pod_from_dict
 from phalanx_proto.events import MemberSpec, PodRef
+from phalanx_proto.scheduling import HostPort, Toleration
 
 
 def pod(name="p", *, labels=None, annotations=None, limits=None, priority=None, host_network=False, caps=None):
@@ -100,7 +101,7 @@ SPECS = [
     ("a MIG slice", {"aliyun.com/gpu-slice": "3", "aliyun.com/gpu-memory": "20"}, {},
      MemberSpec(pod=REF, gpus=1, mig_slices=3, memory_mib=20480)),
     ("RDMA with whole GPUs", {"aliyun.com/gpu": "4", "aliyun.com/rdma": "1"}, {"host_network": True},
-     MemberSpec(pod=REF, gpus=4, rdma=True, resource_name="aliyun.com/gpu")),
+     MemberSpec(pod=REF, gpus=4, rdma=True, resource_name="aliyun.com/gpu", host_network=True)),
 ]
 
 
@@ -120,3 +121,16 @@ def test_an_invalid_request_names_field_value_and_rule():
 def test_a_launcher_without_gpus_is_told_to_use_the_default_scheduler():
     with pytest.raises(InvalidMember, match="schedulerName default-scheduler"):
         member_spec(pod(limits={}))
+
+
+def test_member_spec_carries_what_the_pod_asks_of_a_node_besides_gpus():
+    raw = pod(limits={"nvidia.com/gpu": "1"}).raw
+    spec = {**raw["spec"], "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"pool": "train"},
+            "containers": [{**raw["spec"]["containers"][0], "resources": {
+                "limits": {"nvidia.com/gpu": "1", "memory": "8Gi"}, "requests": {"cpu": "1500m"}},
+                "ports": [{"containerPort": 8080, "hostPort": 9090}]}]}
+    got = member_spec(pod_from_dict({**raw, "spec": spec}))
+    assert got == MemberSpec(pod=REF, gpus=1, vendor="nvidia", requests={"cpu": 1500, "memory": 8 << 30},
+                             tolerations=(Toleration(key="dedicated", operator="Exists", effect="NoSchedule"),),
+                             node_selector={"pool": "train"}, host_ports=(HostPort(port=9090),))

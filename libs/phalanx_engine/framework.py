@@ -1,0 +1,133 @@
+"""The engine's extension points, in the manner of the Kubernetes scheduler framework.
+
+One small ``Protocol`` per extension point; a ``Profile`` lists the plugins in the order they
+run (``plugins.default_profile()`` is what placement uses):
+
+* ``Filter.filter(member, node)`` → ``None`` (fits) or a ``Status``: can this node take the
+  member at all? The first filter that says no decides the node's status, as in
+  kube-scheduler. Filters never change the node.
+* ``Allocate.allocate(member, node)`` → an ``Assignment`` (which GPUs, NICs, MIG slot) or a
+  ``Status``: the device choice on a node that passed every filter, one plugin per request
+  kind. It may still refuse (no legal MIG slot, no GPU set near a NIC).
+* ``Score.score(member, node, assignment)`` → a comparable value, larger is better. Scores
+  are compared lexicographically in profile order (GPU and topology scores first), then the
+  node name; they are not summed.
+* ``DomainFilter.filter_domain(gang, nodes)`` → ``None`` or a ``Status``: may a gang be tried
+  in this network domain (HyperNode, leaf switch, network-pod) at all?
+
+``Member`` is the pre-filter step: what a member asks, derived once per member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+from phalanx_engine.status import Status
+from phalanx_proto.events import Assignment, MemberSpec, PodRef, RequestKind
+
+if TYPE_CHECKING:
+    from phalanx_engine.nodestate import NodeState
+
+_NO_POD = PodRef(namespace="", name="")
+_encode = msgspec.json.Encoder(order="sorted").encode
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One gang member as the plugins see it: the wire request plus what is derived from it
+    once (its kind, the whole GPUs it needs, its shape)."""
+
+    spec: MemberSpec
+    kind: RequestKind
+    units: int
+    """Whole free GPUs the member needs (0 for shares, MIG and no-GPU members)."""
+    shape: bytes
+    """The request without the pod's identity: members with equal shapes are interchangeable."""
+
+    @classmethod
+    def of(cls, spec: MemberSpec) -> Member:
+        kind = spec.kind
+        return cls(spec=spec, kind=kind, units=spec.gpus if kind is RequestKind.WHOLE else 0,
+                   shape=_encode(msgspec.structs.replace(spec, pod=_NO_POD)))
+
+
+class Filter(Protocol):
+    """Can ``node`` take ``member``? ``None`` when it can. Must not change ``node``.
+
+    ``applies`` is the pre-filter step (kube-scheduler's PreFilter ``Skip``): whether the
+    filter has anything to say about ``member`` on any node; asked once per kind of member,
+    and a filter that does not apply is not run on the nodes."""
+
+    name: str
+
+    def applies(self, member: Member) -> bool: ...
+
+    def filter(self, member: Member, node: NodeState) -> Status | None: ...
+
+
+class Allocate(Protocol):
+    """The devices ``member`` gets on ``node`` (which passed every filter), or why none fit.
+    Must not change ``node``; the caller books the result with ``NodeState.take``."""
+
+    name: str
+
+    def allocate(self, member: Member, node: NodeState) -> Assignment | Status: ...
+
+
+class Score(Protocol):
+    """How good ``assignment`` on ``node`` is for ``member``; larger is better. The value
+    only needs to compare with other values of the same plugin."""
+
+    name: str
+
+    def score(self, member: Member, node: NodeState, assignment: Assignment) -> object: ...
+
+
+class DomainFilter(Protocol):
+    """May the gang (``members``) be tried in the network domain made of ``nodes``?"""
+
+    name: str
+
+    def filter_domain(self, members: Sequence[Member], nodes: Sequence[NodeState]) -> Status | None: ...
+
+
+ALL_KINDS = frozenset(RequestKind)
+_SHAPES = 4096
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The plugins of one placement policy, in the order they run."""
+
+    filters: tuple[Filter, ...]
+    allocators: Mapping[RequestKind, Allocate]
+    scores: tuple[Score, ...]
+    domain_filters: tuple[DomainFilter, ...] = ()
+    _applying: dict[bytes, tuple[Filter, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def filters_for(self, member: Member) -> tuple[Filter, ...]:
+        """The filters that apply to ``member``'s kind of request, in order (remembered per
+        shape; the memory is bounded and holds no node state)."""
+        got = self._applying.get(member.shape)
+        if got is None:
+            if len(self._applying) > _SHAPES:
+                self._applying.clear()
+            got = self._applying[member.shape] = tuple(f for f in self.filters if f.applies(member))
+        return got
+
+    def evaluate(self, member: Member, node: NodeState) -> Assignment | Status:
+        """Filters in order, then the member kind's allocator: where ``member`` would go on
+        ``node``, or the first status that refuses it."""
+        for f in self.filters_for(member):
+            status = f.filter(member, node)
+            if status is not None:
+                return status
+        return self.allocators[member.kind].allocate(member, node)
+
+    def rank(self, member: Member, node: NodeState, assignment: Assignment) -> tuple:
+        """The scores of one feasible placement, in profile order (compare as a tuple)."""
+        return tuple(s.score(member, node, assignment) for s in self.scores)

@@ -1,0 +1,199 @@
+"""The filters kube-scheduler runs that are not about GPUs, with its plugin names, reason texts
+and resolvability (kube-scheduler v1.36): NodeUnschedulable, NodeName, TaintToleration,
+NodeAffinity, NodePorts, NodeResourcesFit; pod affinity and topology spread are refused
+explicitly; NodeStateReported says when a node's Kubernetes state is missing.
+
+They read ``NodeView.kube`` (``phalanx_proto.scheduling.NodeKubeState``). A node without it
+fails ``NodeStateReported`` when the profile requires node state; otherwise the other filters
+pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/placement.md,
+"Nodes without Kubernetes state").
+"""
+
+from __future__ import annotations
+
+from phalanx_engine.framework import Member
+from phalanx_engine.matching import (
+    UNSCHEDULABLE,
+    node_selector_matches,
+    ports_conflict,
+    readiness_taints,
+    tolerates,
+    untolerated,
+)
+from phalanx_engine.nodestate import NodeState, port_key
+from phalanx_engine.status import Code, Reason, Status, refuse
+from phalanx_proto.scheduling import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, Taint
+
+R_NOT_REPORTED = "node state not reported"
+R_UNSCHEDULABLE = "node(s) were unschedulable"
+R_NODE_NAME = "node(s) didn't match the requested node name"
+R_TAINT = "node(s) had untolerated taint(s)"
+R_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+R_PORTS = "node(s) didn't have free ports for the requested pod ports"
+R_TOO_MANY_PODS = "Too many pods"
+_UNSCHEDULABLE_TAINT = Taint(key=UNSCHEDULABLE, effect="NoSchedule")
+_FIRST = (CPU, MEMORY, EPHEMERAL_STORAGE)
+
+
+class NodeStateReported:
+    """With ``required``, a node whose agent has not reported its Kubernetes state takes
+    nothing: without it no other Kubernetes filter can say yes honestly. Resolvable: the
+    report may still come."""
+
+    name = "NodeStateReported"
+
+    def applies(self, member: Member) -> bool:
+        return self.required
+
+    def __init__(self, required: bool = True) -> None:
+        self.required = required
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        if node.view.kube is not None or not self.required:
+            return None
+        return refuse(self.name, Code.NODE_STATE_NOT_REPORTED, R_NOT_REPORTED, resolvable=True)
+
+
+class NodeUnschedulable:
+    """A cordoned node takes only pods that tolerate ``node.kubernetes.io/unschedulable``."""
+
+    name = "NodeUnschedulable"
+
+    def applies(self, member: Member) -> bool:
+        return True
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        kube = node.view.kube
+        if kube is None or not kube.unschedulable:
+            return None
+        if any(tolerates(t, _UNSCHEDULABLE_TAINT) for t in member.spec.tolerations):
+            return None
+        return refuse(self.name, Code.NODE_UNSCHEDULABLE, R_UNSCHEDULABLE, resolvable=False)
+
+
+class NodeName:
+    """``spec.nodeName``: only the named node."""
+
+    name = "NodeName"
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.node_name)
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        wanted = member.spec.node_name
+        if not wanted or wanted == node.name:
+            return None
+        return refuse(self.name, Code.NODE_NAME, R_NODE_NAME, resolvable=False, detail=wanted)
+
+
+class TaintToleration:
+    """Every ``NoSchedule``/``NoExecute`` taint must be tolerated; a node whose ``Ready``
+    condition is not ``True`` carries the not-ready/unreachable taint."""
+
+    name = "TaintToleration"
+
+    def applies(self, member: Member) -> bool:
+        return True
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        kube = node.view.kube
+        if kube is None:
+            return None
+        taint = untolerated(readiness_taints(kube.ready, kube.taints), member.spec.tolerations)
+        if taint is None:
+            return None
+        return refuse(self.name, Code.UNTOLERATED_TAINT, R_TAINT, resolvable=False,
+                      detail=f"{{{taint.key}: {taint.value}}}")
+
+
+class NodeAffinity:
+    """``spec.nodeSelector`` and required node affinity (every operator, ``matchFields`` on
+    ``metadata.name``)."""
+
+    name = "NodeAffinity"
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.node_selector) or member.spec.node_affinity is not None
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        spec, kube = member.spec, node.view.kube
+        if kube is None or (not spec.node_selector and spec.node_affinity is None):
+            return None
+        if node_selector_matches(spec.node_selector, spec.node_affinity, kube.labels, node.name):
+            return None
+        return refuse(self.name, Code.NODE_AFFINITY, R_AFFINITY, resolvable=False)
+
+
+class NodePorts:
+    """Host ports: none the pod binds may be bound on the node already (by pods Phalanx did not
+    place, or by Phalanx's reservations there)."""
+
+    name = "NodePorts"
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.host_ports)
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        if not member.spec.host_ports or (node.view.kube is None and not node.ports):
+            return None
+        for p in member.spec.host_ports:
+            want = port_key(p)
+            if ports_conflict(want, node.ports):
+                return refuse(self.name, Code.NODE_PORTS, R_PORTS, resolvable=True,
+                              detail=f"{want[1]}/{want[2]} on {want[0]}")
+        return None
+
+
+class NodeResourcesFit:
+    """Allocatable minus what is requested on the node must cover the pod's requests: pods,
+    cpu, memory, ephemeral-storage, then every other resource (by name). Every shortfall is a
+    reason, as in kube-scheduler. Resolvable when the pod would fit the node's allocatable."""
+
+    name = "NodeResourcesFit"
+
+    def applies(self, member: Member) -> bool:
+        return True
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        kube = node.view.kube
+        if kube is None:
+            return None
+        alloc, used = kube.allocatable, node.requested
+        short: list[Reason] = []
+        allowed = alloc.get(PODS, 0)
+        if node.pods + 1 > allowed:
+            short.append(Reason(Code.TOO_MANY_PODS, R_TOO_MANY_PODS, PODS, 1, allowed - node.pods, allowed))
+        asks = member.spec.requests
+        for r in (*[r for r in _FIRST if r in asks], *sorted(r for r in asks if r not in _FIRST)):
+            q = asks[r]
+            if q > 0 and q > alloc.get(r, 0) - used.get(r, 0):
+                short.append(Reason(Code.INSUFFICIENT_RESOURCE, f"Insufficient {r}", r, q,
+                                    alloc.get(r, 0) - used.get(r, 0), alloc.get(r, 0)))
+        if not short:
+            return None
+        return Status(self.name, tuple(short), all(x.requested <= x.capacity for x in short))
+
+
+class PodAffinityRefused:
+    """Pod (anti-)affinity and topology spread need the labels of the pods on every node,
+    which the cluster state does not carry: a pod with such required terms is refused with
+    that reason, never placed as if they were not there."""
+
+    name = "InterPodAffinity"
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.unsupported)
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        terms = member.spec.unsupported
+        if not terms:
+            return None
+        code = Code.TOPOLOGY_SPREAD_REFUSED if terms == ("topologySpreadConstraints",) else Code.POD_AFFINITY_REFUSED
+        return refuse(self.name, code, f"Phalanx does not evaluate {', '.join(terms)}", resolvable=False)
+
+
+def kube_filters(require_node_state: bool) -> tuple:
+    """The Kubernetes filters in kube-scheduler's order (the first that refuses decides the
+    node's status, so the order decides the reason a node shows)."""
+    return (NodeStateReported(require_node_state), NodeUnschedulable(), NodeName(), TaintToleration(),
+            NodeAffinity(), NodePorts(), NodeResourcesFit(), PodAffinityRefused())

@@ -1,0 +1,97 @@
+"""One node's free capacity during a decision: the scratch state every plugin reads.
+
+Built from a ``NodeView`` (the immutable snapshot: topology, reservations, Kubernetes state);
+``take`` books an assignment into it. A decision copies the nodes it changes (``copy``), so
+the ``Cluster`` it started from is never modified (style rule 4).
+"""
+
+from __future__ import annotations
+
+from phalanx_engine import mig
+from phalanx_engine.snapshot import NodeView
+from phalanx_proto.events import Assignment, RequestKind
+from phalanx_proto.scheduling import HostPort
+
+ANY_IP = "0.0.0.0"
+
+
+def port_key(p: HostPort) -> tuple[str, str, int]:
+    """(host IP, protocol, port) with kube-scheduler's defaults: no IP is every IP."""
+    return (p.host_ip or ANY_IP, p.protocol or "TCP", p.port)
+
+
+class NodeState:
+    """Mutable scratch view of one node: which GPUs carry whole, TDM or MIG work (R5: never
+    two kinds on one GPU), core % and GPU memory taken per shared GPU, MIG instances per GPU;
+    and for the Kubernetes filters the resources requested, the pods and the host ports in
+    use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
+
+    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors", "requested",
+                 "pods", "ports")
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
+        self.gpus = {g.index: g for g in view.topology.gpus}
+        self.whole: set[int] = set()
+        self.core: dict[int, int] = {}
+        self.mem: dict[int, int] = {}
+        self.mig_inst: dict[int, list[mig.MigInstance]] = {}
+        self._free: set[int] | None = None
+        self._capacity = -1
+        self._vendors: frozenset[str] | None = None
+        kube = view.kube
+        self.requested: dict[str, int] = dict(kube.requested) if kube else {}
+        self.pods = kube.pods if kube else 0
+        self.ports: set[tuple[str, str, int]] = {port_key(p) for p in kube.host_ports} if kube else set()
+        for a in view.allocations:
+            self.take(a)
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    def copy(self) -> NodeState:
+        other = NodeState.__new__(NodeState)
+        other.view, other.gpus = self.view, self.gpus
+        other.whole, other.core, other.mem = set(self.whole), dict(self.core), dict(self.mem)
+        other.mig_inst = {k: list(v) for k, v in self.mig_inst.items()}
+        other._free, other._capacity, other._vendors = self._free, self._capacity, self._vendors
+        other.requested, other.pods, other.ports = dict(self.requested), self.pods, set(self.ports)
+        return other
+
+    def take(self, a: Assignment) -> None:
+        """Book ``a`` (a reservation read from the ledger, or one just decided)."""
+        self._free = None
+        self.pods += 1
+        for r, q in a.requests.items():
+            self.requested[r] = self.requested.get(r, 0) + q
+        self.ports.update(port_key(p) for p in a.host_ports)
+        match a.kind:
+            case RequestKind.MIG:
+                for g in a.gpus:
+                    self.mig_inst.setdefault(g, []).append(mig.MigInstance(profile=a.mig_profile, start=a.mig_start))
+            case RequestKind.TDM:
+                for g in a.gpus:
+                    self.core[g] = self.core.get(g, 0) + a.core_pct
+                    self.mem[g] = self.mem.get(g, 0) + a.memory_mib
+            case RequestKind.WHOLE:
+                self.whole.update(a.gpus)
+
+    def free_whole(self) -> set[int]:
+        """GPUs with no work of any kind (and not in MIG mode). Cached until the next take."""
+        if self._free is None:
+            self._free = {i for i, g in self.gpus.items() if i not in self.whole and i not in self.core
+                          and i not in self.mig_inst and not g.mig_enabled}
+        return self._free
+
+    def vendors(self) -> frozenset[str]:
+        """The vendors of the node's GPUs (fixed for the node)."""
+        if self._vendors is None:
+            self._vendors = frozenset(g.vendor for g in self.gpus.values())
+        return self._vendors
+
+    def whole_capacity(self) -> int:
+        """GPUs that could ever be given whole: every GPU not in MIG mode."""
+        if self._capacity < 0:
+            self._capacity = sum(1 for g in self.gpus.values() if not g.mig_enabled)
+        return self._capacity

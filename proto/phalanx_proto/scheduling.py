@@ -1,0 +1,113 @@
+"""Kubernetes scheduling state on the wire: what a pod asks of a node besides GPUs (carried
+in ``MemberSpec``) and a node's Kubernetes state as its node agent reports it
+(``NodeKubeState``, carried to the engine in ``NodeView.kube``).
+
+Amounts are integers in the unit kube-scheduler compares: ``cpu`` in millicores, ``memory``,
+``ephemeral-storage`` and ``hugepages-*`` in bytes, ``pods`` and every extended resource
+(``example.com/foo``) as a count. Names and semantics follow the Kubernetes API
+(``core/v1``): field names are snake_case here, values are the API's own strings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+CPU = "cpu"
+MEMORY = "memory"
+EPHEMERAL_STORAGE = "ephemeral-storage"
+PODS = "pods"
+
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+NodeSelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+Protocol = Literal["TCP", "UDP", "SCTP"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+Amount = Annotated[int, msgspec.Meta(ge=0)]
+
+# Bounds on what one pod carries (the API server has none this tight; a pod beyond them is
+# refused by ``phalanx_engine.podspec`` with the bound's rule, and a wire value beyond them
+# does not decode). They keep a gang's record and request within a message.
+MAX_RESOURCES = 32
+MAX_TOLERATIONS = 64
+MAX_SELECTOR_LABELS = 64
+MAX_TERMS = 16
+MAX_REQUIREMENTS = 16
+MAX_VALUES = 64
+MAX_HOST_PORTS = 64
+# Bounds on what one node reports.
+MAX_NODE_RESOURCES = 256
+MAX_NODE_LABELS = 1024
+MAX_NODE_TAINTS = 256
+MAX_NODE_HOST_PORTS = 4096
+
+
+class Taint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A node taint (``spec.taints[*]``)."""
+
+    key: str
+    value: str = ""
+    effect: TaintEffect
+
+
+class Toleration(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A pod toleration (``spec.tolerations[*]``). An empty ``key`` with ``Exists`` tolerates
+    every taint; an empty ``effect`` matches every effect."""
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class NodeSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One ``matchExpressions`` / ``matchFields`` entry of a node selector term."""
+
+    key: str
+    operator: NodeSelectorOperator
+    values: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
+
+
+class NodeSelectorTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One term of required node affinity: every expression (on labels) and every field
+    (``metadata.name``) must match. A term with neither matches no node."""
+
+    match_expressions: Annotated[tuple[NodeSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
+    match_fields: Annotated[tuple[NodeSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
+
+
+class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A port on the node's network a pod binds (``hostPort``; with ``hostNetwork`` every
+    ``containerPort``). An empty ``host_ip`` means every address (``0.0.0.0``)."""
+
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    protocol: Protocol = "TCP"
+    host_ip: str = ""
+
+
+class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A node's Kubernetes state as its node agent reports it, for the filters kube-scheduler
+    runs: NodeResourcesFit, NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts.
+
+    ``requested``, ``pods`` and ``host_ports`` count only the pods on the node that Phalanx
+    did **not** place (the ones without a Phalanx assignment): Phalanx's own pods are in the
+    ledger with their requests (``Assignment.requests``), and counting them here too would
+    book them twice.
+    """
+
+    allocatable: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
+    """``status.allocatable`` in the units above; a resource that is absent is 0."""
+    labels: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_NODE_LABELS)] = {}
+    taints: Annotated[tuple[Taint, ...], msgspec.Meta(max_length=MAX_NODE_TAINTS)] = ()
+    unschedulable: bool = False
+    """``spec.unschedulable`` (cordoned)."""
+    ready: ConditionStatus = "Unknown"
+    """The ``Ready`` condition's status. Not ``True``: placement treats the node as tainted
+    ``node.kubernetes.io/not-ready`` (``False``) or ``node.kubernetes.io/unreachable``
+    (``Unknown``) with ``NoSchedule``, as the node lifecycle controller would."""
+    requested: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
+    """Resources requested by the running pods Phalanx did not place."""
+    pods: Amount = 0
+    """How many such pods there are (for allocatable ``pods``)."""
+    host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_NODE_HOST_PORTS)] = ()
+    """Host ports those pods bind."""

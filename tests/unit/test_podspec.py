@@ -1,0 +1,213 @@
+"""A pod's scheduling constraints besides GPUs, read as the API server defaults them and
+kube-scheduler sums them; every invalid value a violation naming field, value and rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_engine.podspec import PodConstraints, parse_constraints
+from phalanx_engine.quantity import Violation
+from phalanx_engine.requests import RESOURCES
+from phalanx_proto.scheduling import HostPort, NodeSelectorRequirement, NodeSelectorTerm, Toleration
+
+GIB = 1 << 30
+
+
+def parse(spec: dict) -> tuple[PodConstraints, list[Violation], list[str]]:
+    v: list[Violation] = []
+    w: list[str] = []
+    got = parse_constraints(spec, RESOURCES, v, w)
+    return got, v, w
+
+
+def c(name: str, requests=None, limits=None, ports=None, **extra) -> dict:
+    out = {"name": name, "resources": {k: x for k, x in (("requests", requests), ("limits", limits)) if x}, **extra}
+    if ports:
+        out["ports"] = ports
+    return out
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    pytest.param({"containers": [c("a", {"cpu": "500m", "memory": "1Gi"}), c("b", {"cpu": "1.5", "memory": "512Mi"})]},
+                 {"cpu": 2000, "memory": GIB + 512 * 2**20}, id="containers add up, cpu in millicores, memory in bytes"),
+    pytest.param({"containers": [c("a", limits={"cpu": "2", "memory": "4Gi"})]}, {"cpu": 2000, "memory": 4 * GIB},
+                 id="a container that gives only limits requests its limits"),
+    pytest.param({"containers": [c("a", {"cpu": "1"}, {"cpu": "4"})]}, {"cpu": 1000}, id="requests win over limits"),
+    pytest.param({"containers": [c("a", {"cpu": "1"})], "initContainers": [c("i", {"cpu": "3"})]}, {"cpu": 3000},
+                 id="an init container's request counts when it is the largest"),
+    pytest.param({"containers": [c("a", {"cpu": "1"})],
+                  "initContainers": [c("s", {"cpu": "1"}, restartPolicy="Always"), c("i", {"cpu": "1500m"})]},
+                 {"cpu": 2500}, id="a sidecar adds up, and counts with the init containers after it"),
+    pytest.param({"containers": [c("a", {"cpu": "1"})], "overhead": {"cpu": "250m", "memory": "64Mi"}},
+                 {"cpu": 1250, "memory": 64 * 2**20}, id="the runtime class overhead is added"),
+    pytest.param({"containers": [c("a", {"cpu": "1", "memory": "1Gi"})], "resources": {"requests": {"cpu": "8"}}},
+                 {"cpu": 8000, "memory": GIB}, id="pod-level requests replace the containers' sum"),
+    pytest.param({"containers": [c("a", {"ephemeral-storage": "10Gi", "hugepages-2Mi": "4Mi", "example.com/foo": "2"},
+                                   {"nvidia.com/gpu": "1", "aliyun.com/gpu-core": "30"})]},
+                 {"ephemeral-storage": 10 * GIB, "example.com/foo": 2, "hugepages-2Mi": 4 * 2**20},
+                 id="storage, hugepages and extended resources; GPU resources are the GPU request's"),
+    pytest.param({"containers": [c("a", {"cpu": "0"})]}, {}, id="a zero request is no request"),
+])
+def test_requests(spec, expected):
+    got, v, w = parse(spec)
+    assert (got.requests, v, w) == (expected, [], [])
+
+
+@pytest.mark.parametrize(("spec", "violation"), [
+    pytest.param({"containers": [c("a", {"cpu": "two"})]},
+                 Violation("spec.containers[a].resources.requests[cpu]", "two", ""), id="cpu that is no quantity"),
+    pytest.param({"containers": [c("a", {"memory": "-1Gi"})]},
+                 Violation("spec.containers[a].resources.requests[memory]", "-1Gi", ""), id="negative memory"),
+    pytest.param({"containers": [c("a", {"example.com/foo": "0.5"})]},
+                 Violation("spec.containers[a].resources.requests[example.com/foo]", "0.5",
+                           "must be an integer (the API server's rule for extended resources)"),
+                 id="a fractional extended resource"),
+    pytest.param({"containers": [c("a", {"storage": "1Gi"})]},
+                 Violation("spec.containers[a].resources.requests[storage]", "storage",
+                           "not a resource the API server accepts: cpu, memory, ephemeral-storage, hugepages-<size>, "
+                           "or an extended resource named <domain>/<name>"), id="a resource name Kubernetes lacks"),
+])
+def test_invalid_requests_name_field_value_and_rule(spec, violation):
+    _, v, _ = parse(spec)
+    assert len(v) == 1 and (v[0].field, v[0].value) == (violation.field, violation.value)
+    assert v[0].rule and (not violation.rule or v[0].rule == violation.rule)
+
+
+def test_tolerations_selector_and_required_node_affinity_are_carried_whole():
+    got, v, w = parse({"containers": [c("a")], "nodeName": "n7", "nodeSelector": {"gpu": "a100"},
+                       "tolerations": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
+                                       {"operator": "Exists"}],
+                       "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                           "nodeSelectorTerms": [{"matchExpressions": [{"key": "cores", "operator": "Gt",
+                                                                        "values": ["32"]}],
+                                                  "matchFields": [{"key": "metadata.name", "operator": "In",
+                                                                   "values": ["n7"]}]}]}}}})
+    assert (v, w) == ([], [])
+    assert got == PodConstraints(
+        tolerations=(Toleration(key="dedicated", value="infra", effect="NoSchedule"), Toleration(operator="Exists")),
+        node_selector={"gpu": "a100"}, node_name="n7",
+        node_affinity=(NodeSelectorTerm(
+            match_expressions=(NodeSelectorRequirement(key="cores", operator="Gt", values=("32",)),),
+            match_fields=(NodeSelectorRequirement(key="metadata.name", operator="In", values=("n7",)),)),))
+
+
+@pytest.mark.parametrize(("spec", "field", "value"), [
+    pytest.param({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "spec.tolerations[0].value", "v",
+                 id="Exists with a value"),
+    pytest.param({"tolerations": [{"value": "v"}]}, "spec.tolerations[0].operator", "Equal",
+                 id="an empty key needs Exists"),
+    pytest.param({"tolerations": [{"key": "k", "operator": "Gt", "value": "1"}]}, "spec.tolerations[0].operator", "Gt",
+                 id="comparison operators are refused"),
+    pytest.param({"tolerations": [{"key": "k", "effect": "Sometimes"}]}, "spec.tolerations[0].effect", "Sometimes",
+                 id="an unknown effect"),
+    pytest.param({"nodeSelector": {"zone": 3}}, "spec.nodeSelector[zone]", "3", id="a label value that is no string"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Near", "values": ["x"]}]}]}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchExpressions[0].operator", "Near", id="an unknown operator"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Lt", "values": ["1", "2"]}]}]}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchExpressions[0].values", "1, 2", id="Lt with two values"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["x"]}]}]}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchFields[0]", "metadata.labels In x", id="matchFields on anything but metadata.name"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms", "[]",
+        id="required node affinity without terms"),
+])
+def test_invalid_constraints_name_field_and_value(spec, field, value):
+    _, v, _ = parse({"containers": [c("a")], **spec})
+    assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
+
+
+@pytest.mark.parametrize(("spec", "ports"), [
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 80, "hostPort": 8080},
+                                               {"containerPort": 53, "hostPort": 53, "protocol": "UDP",
+                                                "hostIP": "10.0.0.1"}, {"containerPort": 9090}])]},
+                 (HostPort(port=8080), HostPort(port=53, protocol="UDP", host_ip="10.0.0.1")),
+                 id="only ports with a hostPort bind the node"),
+    pytest.param({"hostNetwork": True, "containers": [c("a", ports=[{"containerPort": 29500}])]},
+                 (HostPort(port=29500),), id="with hostNetwork every container port is a host port"),
+    pytest.param({"containers": [c("a")], "initContainers": [
+        c("side", ports=[{"containerPort": 1, "hostPort": 7000}], restartPolicy="Always"),
+        c("once", ports=[{"containerPort": 1, "hostPort": 7001}])]},
+                 (HostPort(port=7000),), id="a sidecar's host ports count, a run-once init container's do not"),
+])
+def test_host_ports(spec, ports):
+    got, v, _ = parse(spec)
+    assert (got.host_ports, v) == (ports, [])
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    pytest.param({"hostNetwork": True, "containers": [c("a", ports=[{"containerPort": 80, "hostPort": 8080}])]},
+                 "spec.containers[a].ports[0].hostPort", id="hostNetwork with a different host port"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 70000}])]}, "spec.containers[a].ports[0].containerPort",
+                 id="a port out of range"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 80, "hostPort": 80, "protocol": "ICMP"}])]},
+                 "spec.containers[a].ports[0].protocol", id="an unknown protocol"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 80, "hostPort": 80}]),
+                                 c("b", ports=[{"containerPort": 81, "hostPort": 80}])]},
+                 "spec.containers[b].ports[0].hostPort", id="the same host port twice"),
+])
+def test_invalid_ports(spec, field):
+    _, v, _ = parse(spec)
+    assert [x.field for x in v] == [field]
+
+
+@pytest.mark.parametrize(("affinity", "spread", "unsupported", "warned"), [
+    pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}, [],
+                 ("podAntiAffinity",), 1, id="required anti-affinity is refused and warned about"),
+    pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [],
+                 (), 1, id="preferred pod affinity is ignored with a warning"),
+    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone"}], ("topologySpreadConstraints",), 1,
+                 id="topology spread defaults to DoNotSchedule: refused"),
+    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], (), 1,
+                 id="soft topology spread is ignored with a warning"),
+    pytest.param({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [], (), 1,
+                 id="preferred node affinity is ignored with a warning"),
+])
+def test_what_phalanx_refuses_or_ignores_is_said(affinity, spread, unsupported, warned):
+    got, v, w = parse({"containers": [c("a")], "affinity": affinity, "topologySpreadConstraints": spread})
+    assert (got.unsupported, v, len(w)) == (unsupported, [], warned)
+
+
+@pytest.mark.parametrize(("spec", "field", "value"), [
+    pytest.param({"tolerations": [{"key": ["dedicated"], "operator": "Exists"}]}, "spec.tolerations[0].key", "a list",
+                 id="a toleration key that is no string"),
+    pytest.param({"tolerations": {"key": "k"}}, "spec.tolerations", "a dict", id="tolerations that are no list"),
+    pytest.param({"tolerations": [{"key": "bad key!", "operator": "Exists"}]}, "spec.tolerations[0].key", "bad key!",
+                 id="a toleration key that is no qualified name"),
+    pytest.param({"nodeSelector": {"-zone": "a"}}, "spec.nodeSelector[-zone]", "-zone",
+                 id="a node selector key that is no label key"),
+    pytest.param({"nodeSelector": {"zone": "a b"}}, "spec.nodeSelector[zone]", "a b",
+                 id="a node selector value that is no label value"),
+    pytest.param({"nodeName": "Node_1"}, "spec.nodeName", "Node_1", id="a node name that is no DNS subdomain"),
+    pytest.param({"containers": [c("a", {"example.com/fo o": "1"})]},
+                 "spec.containers[a].resources.requests[example.com/fo o]", "example.com/fo o",
+                 id="an extended resource whose name is no qualified name"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": 80, "hostPort": 80, "hostIP": 10}])]},
+                 "spec.containers[a].ports[0].hostIP", "10", id="a host IP that is no string"),
+    pytest.param({"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(65)]},
+                 "spec.tolerations", "65 tolerations", id="more tolerations than Phalanx reads"),
+    pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Exists"}]}] * 17}}}},
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms", "17 terms",
+        id="more node selector terms than Phalanx reads"),
+    pytest.param({"containers": [c("a", ports=[{"containerPort": p, "hostPort": p} for p in range(1, 66)])]},
+                 "spec.containers[*].ports", "65 host ports", id="more host ports than Phalanx reads"),
+])
+def test_hostile_constraints_are_violations_never_errors(spec, field, value):
+    _, v, _ = parse({"containers": [c("a")], **spec})
+    assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
+
+
+def test_warnings_name_the_field_and_the_rule():
+    _, v, w = parse({"containers": [c("a")], "affinity": {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}})
+    assert v == [] and w == [
+        "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses required pod "
+        "affinity (it needs the labels of the pods on every node, which Phalanx's cluster state does not carry; the "
+        "pod would wait with that reason)"]
