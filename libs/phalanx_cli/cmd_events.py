@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import add_nats
+from phalanx_cli.cmd_run import add_nats, bus_auth
 from phalanx_proto.events import AnyGangEvent, AnyNodeEvent, AnyTopologyEvent, Assignment, MemberSpec, PodRef
 
 any_decoder = msgspec.json.Decoder(AnyGangEvent | AnyTopologyEvent | AnyNodeEvent)
@@ -33,7 +33,9 @@ def register(sub) -> None:
     p = sub.add_parser("events", help="tail the Phalanx subjects and print decoded events",
                        description="Print every event published on the Phalanx subjects, one line per event "
                                    "(or JSON lines), as it happens.")
-    p.add_argument("--subject", default="phx.>", help="subject filter (NATS wildcards; default %(default)s)")
+    p.add_argument("--subject", default="phx.>",
+                   help="subject filter (NATS wildcards; default %(default)s). A subscriber identity may read "
+                        "phx.gang.status.> and phx.topology.> only")
     add_nats(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="exit after this many events (default: never)")
@@ -58,7 +60,7 @@ async def tail_events(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     printed = 0
-    bus = await Bus.connect(args.nats, service="cli-events", connect_timeout_s=10.0)
+    bus = await Bus.connect(args.nats, service="cli-events", auth=bus_auth(args), connect_timeout_s=10.0)
     try:
         with anyio.move_on_after(args.timeout or float("inf")):
             def listening() -> None:

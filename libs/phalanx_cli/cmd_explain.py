@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import add_cluster, add_nats, open_cluster
+from phalanx_cli.cmd_run import add_cluster, add_nats, bus_auth, open_cluster
 
 
 def register(sub) -> None:
@@ -83,7 +83,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str) -> dict[st
     from phalanx_proto.state import gang_state_decoder
 
     async with AsyncExitStack() as stack:
-        bus = await Bus.connect(args.nats, service="cli", connect_timeout_s=args.timeout)
+        bus = await Bus.connect(args.nats, service="cli", auth=bus_auth(args), connect_timeout_s=args.timeout)
         stack.push_async_callback(bus.close)
         cluster = await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
                                      qps=args.kube_api_qps, burst=args.kube_api_burst)

@@ -33,9 +33,24 @@ SERVICES = {
 
 
 def add_nats(p: argparse.ArgumentParser) -> None:
-    """``--nats``: the one definition every bus-facing command shares."""
+    """``--nats``, ``--nats-creds``, ``--nats-ca``: the one definition every bus-facing command
+    shares. Credentials and CA are files, in a pod mounted from Secrets."""
     p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+                   help="NATS server URL, or several separated by commas (env PHALANX_NATS_URL; default %(default)s)")
+    p.add_argument("--nats-creds", default=os.environ.get("PHALANX_NATS_CREDS"),
+                   help="NATS credentials file (user JWT + seed) of this identity (env PHALANX_NATS_CREDS)")
+    p.add_argument("--nats-ca", default=os.environ.get("PHALANX_NATS_CA"),
+                   help="CA certificate that signed the NATS server's certificate; turns TLS on "
+                        "(env PHALANX_NATS_CA)")
+
+
+def bus_auth(args: argparse.Namespace):
+    """The ``BusAuth`` of the ``--nats-creds``/``--nats-ca`` flags (client certificate, if the
+    server wants one, from ``PHALANX_NATS_CERT``/``PHALANX_NATS_KEY``)."""
+    from phalanx_bus import BusAuth
+
+    env = BusAuth.from_env()
+    return BusAuth(args.nats_creds, args.nats_ca, env.cert, env.key)
 
 
 def add_cluster(p: argparse.ArgumentParser) -> None:
@@ -118,9 +133,8 @@ def run_service(args: argparse.Namespace) -> int:
 
     async def body(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
-            bus = await Bus.connect(args.nats, service=args.service)
+            bus = await Bus.connect(args.nats, service=args.service, auth=bus_auth(args))
             stack.push_async_callback(_close, bus)
-            await bus.declare()
             cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
                                           qps=args.kube_api_qps, burst=args.kube_api_burst)
                        if entry.NEEDS_CLUSTER else None)

@@ -23,6 +23,7 @@ COMMANDS = [
     "phalanx_cli.cmd_explain",
     "phalanx_cli.cmd_events",
     "phalanx_cli.cmd_asyncapi",
+    "phalanx_cli.cmd_bus",
 ]
 
 

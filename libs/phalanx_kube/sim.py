@@ -36,13 +36,14 @@ from phalanx_kube.port import (
     node_from_dict,
     pod_from_dict,
 )
+from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.subjects import token
 
-KV_PODS = "phx-sim-pods"
-KV_NODES = "phx-sim-nodes"
-KV_EVENTS = "phx-sim-events"
-KV_LEASES = "phx-sim-leases"
+KV_PODS = S.KV_SIM_PODS
+KV_NODES = S.KV_SIM_NODES
+KV_EVENTS = S.KV_SIM_EVENTS
+KV_LEASES = S.KV_SIM_LEASES
 
 _json = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[KubeEvent])

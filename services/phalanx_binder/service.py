@@ -117,10 +117,10 @@ class Binder:
             metrics.BINDS.inc(result="failed")
             span.set_attribute("phalanx.outcome", "failed")
             span.set_attribute("phalanx.failure_reason", str(e))
-            await self.bus.publish(S.coord_subject(ev.gang_id), BindFailed(
+            await self.bus.publish(S.binder_reply_subject(ev.gang_id), BindFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, reason=str(e)))
             return
-        await self.bus.publish(S.coord_subject(ev.gang_id), Bound(
+        await self.bus.publish(S.binder_reply_subject(ev.gang_id), Bound(
             gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, node=a.node))
 
 
@@ -131,5 +131,5 @@ def _ours(pod: Pod) -> bool:
 async def run(bus: Bus, cluster: ClusterPort, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run binder until cancelled; ready once its durable consumer is live."""
     binder = Binder(bus, cluster)
-    await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.binder.>",
+    await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
                   decoder=gang_decoder, handler=binder.on_command, task_status=task_status)

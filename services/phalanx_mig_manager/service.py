@@ -46,6 +46,8 @@ from phalanx_proto.state import MigRecord, ledger_decoder, mig_record_decoder, m
 from phalanx_telemetry import log, warn
 
 KV_MIG = S.KV_MIG
+"""Ownership records of MIG instances (keys ``<node>.<gpu>.<start>``; a node's agent may
+write its own node's keys only)."""
 record_key = mig_record_key
 _record_decoder = mig_record_decoder
 _ledger_decoder = ledger_decoder
@@ -176,7 +178,7 @@ class MigManager:
     async def destroy(self, ev: MigDestroyRequested, delivery: Delivery) -> MigDestroyed:
         """Destroy every instance recorded for this pod on ``gpu`` (by UUID when given, else for
         this gang and attempt). Nothing to destroy is success: the take may never have happened."""
-        for entry in await self.records.items():
+        for entry in await self.records.items(f"{S.token(self.node)}.>"):
             record = _record_decoder.decode(entry.value)
             if record.node != self.node or record.gpu != ev.gpu or str(record.pod) != str(ev.pod):
                 continue
@@ -224,7 +226,7 @@ class MigManager:
         command comes. Without a ledger bucket every record owns its slot.
         """
         records: dict[tuple[int, int], tuple[MigRecord, KvEntry]] = {}
-        for entry in await self.records.items():
+        for entry in await self.records.items(f"{S.token(self.node)}.>"):
             r = _record_decoder.decode(entry.value)
             if r.node == self.node:
                 records[(r.gpu, r.start)] = (r, entry)
@@ -291,13 +293,14 @@ async def run(bus: Bus, node: str, devices: MigDevices, *, reconcile_s: float = 
               clock: Callable[[], float] = time.monotonic, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run mig-manager for ``node`` until cancelled; ready once it has reconciled once and its
     consumer is live."""
-    records = await bus.kv(KV_MIG)
+    own = S.durable("mig-manager-{node}", node)
+    records = await bus.kv(S.KV_MIG)
     ledger = await bus.kv(S.KV_LEDGER)
     manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=orphan_grace_s, clock=clock)
     await manager.reconcile()
     async with anyio.create_task_group() as tg:
         await tg.start(_reconcile_loop, manager, reconcile_s)
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_NODE, durable=f"mig-manager-{S.token(node)}", filter_subject=S.mig_subject(node),
+            bus, stream=own.stream, durable=own.durable, filter_subject=own.filter,
             decoder=node_decoder, handler=manager.on_command, task_status=task_status))
         task_status.started(manager)
