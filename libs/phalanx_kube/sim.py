@@ -34,6 +34,7 @@ from phalanx_kube.port import (
     PodEvent,
     PodGone,
     node_from_dict,
+    not_ours,
     pod_from_dict,
 )
 from phalanx_proto import subjects as S
@@ -98,6 +99,13 @@ class SimCluster:
     def _ours(self, pod: Pod) -> bool:
         return pod.scheduler_name in self.scheduler_names
 
+    def _check_ours(self, ref: PodRef, obj: dict[str, Any]) -> None:
+        """``NotOurs`` for a pod of another scheduler (read in the same compare-and-set cycle
+        as the write, so the check and the write see the same pod)."""
+        name = (obj.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        if name not in self.scheduler_names:
+            raise not_ours(ref, name, self.scheduler_names)
+
     async def list_pods(self) -> list[Pod]:
         pods = [pod_from_dict(msgspec.json.decode(e.value)) for e in await self._pods.items()]
         return sorted((p for p in pods if self._ours(p)), key=lambda p: (p.created, p.namespace, p.name))
@@ -142,6 +150,7 @@ class SimCluster:
             entry, obj = await self._read(ref)
             if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
                 raise PodGone(f"pod {ref} not found")
+            self._check_ours(ref, obj)
             change(obj)
             try:
                 await self._pods.update(entry.key, _json.encode(obj), last=entry.revision)
@@ -172,6 +181,7 @@ class SimCluster:
         entry, obj = await self._read(ref)
         if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
             return
+        self._check_ours(ref, obj)
         try:
             await self._pods.delete(entry.key, last=entry.revision)
         except KvConflict:

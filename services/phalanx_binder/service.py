@@ -27,7 +27,7 @@ import anyio
 import msgspec
 
 from phalanx_bus import BadEntry, Bus, Delivery, consume, read_one
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES, BindConflict, ClusterPort, Pod, PodGone
+from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES, BindConflict, ClusterPort, NotOurs, Pod, PodGone
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_proto.state import alloc_key
@@ -113,7 +113,7 @@ class Binder:
                 span.set_attribute("phalanx.outcome", "bound")
                 if pod.created:
                     metrics.POD_PENDING_TO_BOUND_SECONDS.observe(max(0.0, time.time() - pod.created))
-        except (BindConflict, PodGone) as e:
+        except (BindConflict, PodGone, NotOurs) as e:
             metrics.BINDS.inc(result="failed")
             span.set_attribute("phalanx.outcome", "failed")
             span.set_attribute("phalanx.failure_reason", str(e))

@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 from phalanx_bus import Bus, Delivery, KvConflict, Record, consume, read_one
 from phalanx_gang_coordinator import saga
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
-from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, Pod
+from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, NotOurs, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     BindFailed,
@@ -427,7 +427,17 @@ class Coordinator:
             return
         await self._event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back before "
                                                   "this pod was bound; deleting it so its controller recreates it")
-        await self.cluster.delete_pod(ev.pod)
+        await self._delete(ev.pod)
+
+    async def _delete(self, pod) -> bool:
+        """Delete a bound member so its controller recreates it; a pod of another scheduler is
+        refused by the adapter (``NotOurs``), logged, and left alone."""
+        try:
+            await self.cluster.delete_pod(pod)
+            return True
+        except NotOurs as e:
+            warn("refused to delete a pod of another scheduler", pod=str(pod), error=str(e))
+            return False
 
     # -- rollback --------------------------------------------------------------------------
     async def roll_back(self, state: GangState) -> None:
@@ -469,8 +479,8 @@ class Coordinator:
                         continue
                     await self._event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its "
                                                              "controller recreates it")
-                    await self.cluster.delete_pod(a.pod)
-                    deleted.append(a.pod)
+                    if await self._delete(a.pod):
+                        deleted.append(a.pod)
                 return tuple(deleted)
             case "mig":
                 for a in state.assignments:
