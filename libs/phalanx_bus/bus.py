@@ -202,6 +202,23 @@ class Kv:
                     pass
 
 
+async def _settle(what: str, attempt, timeout_s: float = 60.0) -> None:
+    """Run a declaration until it succeeds: a JetStream cluster that has just started (or lost
+    its meta leader) answers "no suitable peers" or 503 for a while, and two declarers racing
+    see "already in use" once. ``BusError`` with the last answer after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            await attempt()
+            return
+        except (nats.js.errors.BadRequestError, nats.js.errors.ServiceUnavailableError,
+                nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+            if loop.time() > deadline:
+                raise BusError(f"cannot {what}: {e!r}") from e
+            await asyncio.sleep(0.5)
+
+
 class _Refusal(asyncio.Event):
     why = ""
 
@@ -347,30 +364,26 @@ class Bus:
             max_msgs_per_subject=spec.max_msgs_per_subject, duplicate_window=DUPLICATE_WINDOW_S,
             allow_msg_schedules=True if spec.allow_schedules else None, num_replicas=replicas,
         )
-        for _ in range(5):
-            try:
-                await self.js.stream_info(spec.name)
-                await self.js.update_stream(cfg)
-                return
-            except nats.js.errors.NotFoundError:
-                try:
-                    await self.js.add_stream(cfg)
-                    return
-                except nats.js.errors.BadRequestError:
-                    continue  # another replica created it first: update instead
-        raise BusError(f"cannot declare stream {spec.name}")
+        await _settle(f"declare stream {spec.name}", lambda: self._put_stream(cfg))
+
+    async def _put_stream(self, cfg: api.StreamConfig) -> None:
+        try:
+            await self.js.stream_info(cfg.name)
+            await self.js.update_stream(cfg)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_stream(cfg)
 
     async def declare_bucket(self, bucket: str, *, history: int = 1, replicas: int = 1, atomic: bool = False) -> Kv:
         """Create the KV bucket (direct gets on, so per-key read permissions work), or bring
         an existing one to ``replicas``, direct gets and, with ``atomic``, atomic batches."""
-        try:
-            info = await self.js.stream_info(f"KV_{bucket}")
-        except nats.js.errors.NotFoundError:
+        async def create() -> None:
             try:
+                await self.js.stream_info(f"KV_{bucket}")
+            except nats.js.errors.NotFoundError:
                 await self.js.create_key_value(bucket=bucket, history=history, replicas=replicas, direct=True)
-            except nats.js.errors.BadRequestError:
-                pass  # another declarer was first
-            info = await self.js.stream_info(f"KV_{bucket}")
+
+        await _settle(f"declare KV bucket {bucket}", create)
+        info = await self.js.stream_info(f"KV_{bucket}")
         cfg = info.config
         if (cfg.num_replicas or 1) != replicas or not cfg.allow_direct or (atomic and not cfg.allow_atomic):
             cfg.num_replicas, cfg.allow_direct = replicas, True

@@ -158,6 +158,10 @@ class NatsCluster:
                        monitor_port=free_port())
             for i in range(size)]
 
+    def server(self, name: str) -> NatsServer:
+        """The server called ``name`` (as JetStream names a stream's leader)."""
+        return next(s for s in self.servers if s.name == name)
+
     @property
     def url(self) -> str:
         """All servers, comma-separated, as NATS clients take them."""

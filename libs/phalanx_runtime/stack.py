@@ -171,6 +171,8 @@ class Stack:
     flags go in ``service_args["node-fleet"]``."""
     nats: NatsServer | None = None
     procs: dict[str, ServiceProc] = field(default_factory=dict)
+    bus_replicas: int = 1
+    """Copies of each stream and bucket that ``bootstrap`` declares (3 on a cluster)."""
     security: LocalSecurity | None = None
     """Keys and CA of the bus; default: the session's (``PHALANX_BUS_SECRETS_DIR``), else a
     fresh bundle when the stack starts its own server, else none (``nats_url`` given)."""
@@ -216,7 +218,8 @@ class Stack:
             return
         env = {**os.environ, **self.env, **self.identity_env("admin")}
         try:
-            out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "bus", "init", "--nats", self.url],
+            out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "bus", "init", "--nats", self.url,
+                                  "--replicas", str(self.bus_replicas)],
                                  env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise StackError(f"phalanx bus init did not finish in {timeout_s}s") from e
