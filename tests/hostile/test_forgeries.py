@@ -11,6 +11,8 @@ real credentials). The victim is a scheduled pod on the 2 x 8-V100 cluster.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,3 +245,31 @@ async def test_a_node_agent_speaking_for_another_node_on_its_own_subject_is_dead
     assert "misaddressed: node 'v100-b'" in msg.headers["Phalanx-Error"]
     assert {k: v for k, v in after.items() if k != S.STREAM_NODE} == {
         k: v for k, v in before.items() if k != S.STREAM_NODE}
+
+
+async def test_a_fleet_credential_speaks_for_exactly_its_listed_nodes(stack):
+    """Fleet mode (simulator only): one topology-discovery credential with several node tags."""
+    bus = await as_identity(stack, S.TOPOLOGY_DISCOVERY, ("v100-a", "v100-b"))
+    try:
+        outcomes = {n: await attempt(bus, Forgery(f"$KV.{S.KV_HEARTBEAT}.{n}", b"{}")) for n in ("v100-a", "v100-b", "v100-c")}
+    finally:
+        await bus.close()
+    assert {n: o == "refused" for n, o in outcomes.items()} == {"v100-a": False, "v100-b": False, "v100-c": True}
+
+
+def _cli(stack: Stack, identity: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **stack.identity_env(identity)}
+    return subprocess.run([sys.executable, "-m", "phalanx_cli.main", *args, "--nats", stack.url], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_explain_works_with_the_read_only_identity(stack):
+    out = _cli(stack, S.READER, "explain", VICTIM, "--json")
+    assert (out.returncode, json.loads(out.stdout)["status"]) == (0, "bound"), out.stderr
+
+
+def test_events_with_a_subscriber_identity_is_told_which_subjects_it_may_read(stack):
+    refused = _cli(stack, S.SUBSCRIBER, "events", "--subject", "phx.gang.binder.>", "--timeout", "3")
+    allowed = _cli(stack, S.SUBSCRIBER, "events", "--subject", "phx.gang.status.>", "--timeout", "3")
+    assert (refused.returncode, "refused a subscription to phx.gang.binder.>" in refused.stderr) == (2, True), refused
+    assert (allowed.returncode, "listening on phx.gang.status.>" in allowed.stderr) == (0, True), allowed
