@@ -90,13 +90,19 @@ async def test_the_atomic_batch_commits_whole_or_not_at_all_and_survives_its_lea
 
 async def test_a_scheduled_deadline_fires_after_its_streams_leader_is_killed(cluster, bus):
     gang = "default/cluster-deadline"
-    sub = await bus.js.subscribe(S.deadline_fired_subject(gang), stream=S.STREAM_DEADLINE)
     victim = cluster.server(await leader(bus, S.STREAM_DEADLINE))
     at = time.time() + 4
     await bus.publish_scheduled(S.deadline_schedule_subject(gang), E.GangDeadline(gang_id=gang, attempt=2),
                                 at=at, target=S.deadline_fired_subject(gang))
     victim.stop(kill=True)
-    msg = await sub.next_msg(timeout=60)
-    assert (E.gang_decoder.decode(msg.data), time.time() >= at - 1) == (E.GangDeadline(gang_id=gang, attempt=2), True)
+    fired = {}
+
+    async def stored():  # the server published it into the stream (gang-coordinator's durable reads it there)
+        msg = await bus.js.get_last_msg(S.STREAM_DEADLINE, S.deadline_fired_subject(gang))
+        fired["event"], fired["at"] = E.gang_decoder.decode(msg.data), time.time()
+        return True
+
+    await wait_for(stored, 90)
+    assert (fired["event"], fired["at"] >= at - 1) == (E.GangDeadline(gang_id=gang, attempt=2), True)
     victim.start()
     await wait_for(lambda: replicas_current(bus, S.STREAM_DEADLINE))
