@@ -229,9 +229,8 @@ BUCKETS = (
            (Grant(PLACEMENT, WRITE), Grant(BINDER, READ), Grant(GANG_COORDINATOR, READ),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
            atomic=True, value="kv.NodeLedger", key="{node}"),
-    # binder's READ of phx-gangs goes once binder checks commands against the ledger alone.
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
-           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, READ), Grant(BINDER, READ), Grant(READER, READ)),
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, READ), Grant(READER, READ)),
            value="kv.GangState", key="{gang}"),
     Bucket(KV_LEASES, 1, "Leases that elect one active replica of a singleton loop (the reconciler).",
            (Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ))),
@@ -250,11 +249,9 @@ BUCKETS = (
 )
 BUCKET = {b.name: b for b in BUCKETS}
 
-EXTRA_API: dict[str, tuple[str, ...]] = {
-    GANG_COORDINATOR: (f"STREAM.PURGE.{STREAM_GANG}",),
-}
-"""JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry). The
-coordinator still purges binder's queue of a rolled-back attempt; this goes when it stops."""
+EXTRA_API: dict[str, tuple[str, ...]] = {}
+"""JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry); none
+today (the coordinator used to purge binder's queue of a rolled-back attempt)."""
 
 # -- addresses ----------------------------------------------------------------------------
 

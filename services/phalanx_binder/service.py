@@ -27,7 +27,15 @@ import anyio
 import msgspec
 
 from phalanx_bus import BadEntry, Bus, Delivery, consume, read_one
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES, BindConflict, ClusterPort, NotOurs, Pod, PodGone
+from phalanx_kube.port import (
+    ASSIGNMENT_ANNOTATION,
+    SCHEDULER_NAMES,
+    BindConflict,
+    ClusterPort,
+    NotOurs,
+    Pod,
+    PodGone,
+)
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_proto.state import alloc_key
