@@ -67,12 +67,14 @@ class SimCluster:
         self.scheduler_names = tuple(scheduler_names)
 
     @classmethod
-    async def open(cls, bus: Bus) -> SimCluster:
+    async def open(cls, bus: Bus, *, scheduler_names: tuple[str, ...] = SCHEDULER_NAMES) -> SimCluster:
+        """The simulated cluster as a scheduler with ``scheduler_names`` sees it (a test plays
+        kube-scheduler with ``("default-scheduler",)``)."""
         pods = await bus.kv(KV_PODS, history=4)
         nodes = await bus.kv(KV_NODES, history=4)
         events = await bus.kv(KV_EVENTS, history=2)
         leases = await bus.kv(KV_LEASES, history=2)
-        return cls(bus, pods, nodes, events, leases)
+        return cls(bus, pods, nodes, events, leases, scheduler_names)
 
     # -- loading -------------------------------------------------------------------------
     async def apply_pod(self, obj: dict[str, Any]) -> Pod:

@@ -224,7 +224,8 @@ async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes
         victim, vstate = await scheduled(bus, sim, "victim-d")
         _, other = await scheduled(bus, sim, "other-d")
         bystander = await sim.apply_pod(gpu_pod("bystander-d", 1, scheduler="default-scheduler"))
-        await sim.bind(bystander.ref, "v100-b")
+        kube_scheduler = await SimCluster.open(bus, scheduler_names=("default-scheduler",))
+        await kube_scheduler.bind(bystander.ref, "v100-b")  # Phalanx's adapter would refuse: not its pod
         bystander = await sim.get_pod(bystander.ref)
         before = await record(bus, sim)
         node = vstate.assignments[0].node
