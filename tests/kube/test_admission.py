@@ -6,6 +6,7 @@ refused by the adapter instead."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,24 @@ NAMESPACE = "phalanx-system"
 
 @pytest.fixture(scope="module")
 def guarded(kube, kube_api):
-    """rbac.yaml and admission.yaml applied for real; waits until the policy is enforced."""
+    """rbac.yaml and admission.yaml applied for real; returns once the API server enforces the
+    policy (binder's patch of a probe pod of another scheduler is denied): a new policy takes a
+    moment to reach the admission chain, and nothing destructive may run before (a patch that
+    slips through is harmless)."""
     kube_api.create_namespace(NAMESPACE)
     for f in ("rbac.yaml", "admission.yaml"):
         for obj in yaml.safe_load_all((DEPLOY / f).read_text()):
             kube_api.apply(obj)
-    return kube
+    kube_api.create_pod(gpu_pod("policy-probe", NAMESPACE, scheduler="default-scheduler"))
+    probe = f"/api/v1/namespaces/{NAMESPACE}/pods/policy-probe"
+    binder = as_sa(kube, "binder")
+    deadline = time.monotonic() + 60
+    while "ValidatingAdmissionPolicy" not in denied(
+            lambda: binder.patch(probe, {"metadata": {"annotations": {"phalanx.io/probe": "1"}}})):
+        assert time.monotonic() < deadline, "the admission policy was not enforced within 60 s"
+        time.sleep(0.5)
+    yield kube
+    kube_api.delete(probe)
 
 
 def as_sa(plane, service: str):
@@ -50,24 +63,12 @@ def binding(ns: str, name: str, uid: str) -> dict:
             "target": {"apiVersion": "v1", "kind": "Node", "name": "some-node"}}
 
 
-def _eventually_denied(call, timeout_s: float = 30.0) -> str:
-    """Policies take effect a moment after they are created; retry until the first denial."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        why = denied(call)
-        if why or time.monotonic() > deadline:
-            return why
-        time.sleep(0.5)
-
-
 def test_service_accounts_cannot_delete_or_patch_a_pod_of_another_scheduler(guarded, kube_api, kube_ns):
     kube_api.create_pod(gpu_pod("victim", kube_ns, scheduler="default-scheduler"))
     coord, binder = as_sa(guarded, "gang-coordinator"), as_sa(guarded, "binder")
     path = f"/api/v1/namespaces/{kube_ns}/pods/victim"
     outcomes = {
-        "gang-coordinator deletes": _eventually_denied(lambda: coord.delete(path)),
+        "gang-coordinator deletes": denied(lambda: coord.delete(path)),
         "binder annotates": denied(lambda: binder.patch(path, {"metadata": {"annotations": {"x": "y"}}})),
         "gang-coordinator sets a condition": denied(lambda: coord.patch(
             f"{path}/status", {"status": {"conditions": [{"type": "PodScheduled", "status": "False"}]}},
@@ -91,7 +92,7 @@ def test_binder_cannot_bind_in_a_system_namespace(guarded, kube_api):
     uid = kube_api.get_pod("kube-system", "sys-victim")["metadata"]["uid"]
     binder = as_sa(guarded, "binder")
     try:
-        why = _eventually_denied(lambda: binder.post(
+        why = denied(lambda: binder.post(
             "/api/v1/namespaces/kube-system/pods/sys-victim/binding", binding("kube-system", "sys-victim", uid)))
         assert "ValidatingAdmissionPolicy" in why and "never binds pods in kube-system" in why
         assert not kube_api.get_pod("kube-system", "sys-victim")["spec"].get("nodeName")
