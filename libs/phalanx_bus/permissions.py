@@ -78,19 +78,20 @@ def permissions(identity: str) -> Permissions:
     if identity == S.ADMIN:
         return Permissions((">",), (">",))
     ident = S.IDENTITIES[identity]
+    names = {identity, *ident.includes}
     pub: set[str] = set()
     sub: set[str] = {INBOX_TEMPLATE}
     for ch in S.CHANNELS:
-        if identity in ch.publishers:
+        if names & set(ch.publishers):
             pub.add(_fill(ch.template, ident.per_node))
-        if identity in ch.subscribers:
+        if names & set(ch.subscribers):
             sub.add(_fill(ch.template, ident.per_node, subscribe=True))
     for c in S.CONSUMERS:
-        if c.identity == identity:
+        if c.identity in names:
             pub |= _consumer_subjects(c, ident.per_node)
     for b in S.BUCKETS:
         for g in b.grants:
-            if g.identity == identity:
+            if g.identity in names:
                 pub |= _bucket_subjects(b, g, ident.per_node)
     pub |= {f"$JS.API.{api}" for api in S.EXTRA_API.get(identity, ())}
     return Permissions(tuple(sorted(pub)), tuple(sorted(sub)))

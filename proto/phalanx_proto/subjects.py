@@ -34,6 +34,8 @@ class Identity:
     per_node: bool = False
     """A node agent: its credential names its node(s) (tags ``node:<token>``) and every
     ``{node}`` in its grants is limited to those."""
+    includes: tuple[str, ...] = ()
+    """Identities whose grants this one also has (``{node}`` as any node unless ``per_node``)."""
 
 
 ADMIN = "admin"
@@ -45,6 +47,7 @@ MIG_MANAGER = "mig-manager"
 READER = "reader"
 SUBSCRIBER = "subscriber"
 SIMULATOR = "simulator"
+NODE_FLEET = "node-fleet"
 
 IDENTITIES = {i.name: i for i in (
     Identity(ADMIN, "Declares streams, buckets and their replicas (`phalanx bus init`, the bootstrap Job, "
@@ -57,6 +60,8 @@ IDENTITIES = {i.name: i for i in (
     Identity(READER, "Read-only KV access for `phalanx explain` and `phalanx doctor`."),
     Identity(SUBSCRIBER, "Read-only: gang status and topology events (`phalanx events`, other teams)."),
     Identity(SIMULATOR, "Loads nodes and pods into the simulated cluster (`phalanx up`, simulator only)."),
+    Identity(NODE_FLEET, "Simulator only: one process playing every simulated node's agents (any node).",
+             includes=(TOPOLOGY_DISCOVERY, MIG_MANAGER)),
 )}
 SERVICE_IDENTITIES = (TOPOLOGY_DISCOVERY, GANG_COORDINATOR, PLACEMENT, MIG_MANAGER, BINDER)
 
@@ -175,6 +180,7 @@ CONSUMERS = (
     Consumer("gang-coordinator-deadline", STREAM_DEADLINE, "phx.deadline.fired.>", GANG_COORDINATOR,
              ("deadlineFired",)),
     Consumer("mig-manager-{node}", STREAM_NODE, "phx.node.{node}.mig", MIG_MANAGER, ("nodeMig",)),
+    Consumer("mig-manager-fleet", STREAM_NODE, "phx.node.*.mig", NODE_FLEET, ("nodeMig",)),
 )
 CONSUMER = {c.durable: c for c in CONSUMERS}
 
@@ -217,6 +223,7 @@ KV_MIG = "phx-mig"
 KV_SIM_PODS = "phx-sim-pods"
 KV_SIM_NODES = "phx-sim-nodes"
 KV_SIM_EVENTS = "phx-sim-events"
+KV_SIM_LEASES = "phx-sim-leases"
 
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
@@ -243,6 +250,9 @@ BUCKETS = (
     Bucket(KV_SIM_NODES, 4, "Simulated cluster: nodes.",
            (Grant(SIMULATOR, WRITE), Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ),
             Grant(BINDER, READ), Grant(READER, READ)), simulator_only=True),
+    Bucket(KV_SIM_LEASES, 2, "Simulated cluster: coordination Leases (the device plugin's fences).",
+           (Grant(SIMULATOR, WRITE), Grant(BINDER, WRITE), Grant(TOPOLOGY_DISCOVERY, READ), Grant(READER, READ)),
+           simulator_only=True),
     Bucket(KV_SIM_EVENTS, 2, "Simulated cluster: events of each pod.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(BINDER, WRITE), Grant(READER, READ),
             Grant(TOPOLOGY_DISCOVERY, INFO)), simulator_only=True),
@@ -333,7 +343,7 @@ def mig_subject(node: str) -> str:
     return render(CHANNEL["nodeMig"].template, node=node)
 
 
-MIG_EVERY_NODE = "phx.node.*.mig"
+MIG_EVERY_NODE = CONSUMER["mig-manager-fleet"].filter
 """Every node's MIG commands: the filter of a node fleet's single consumer (simulator only;
 a real node's mig-manager filters on its own ``mig_subject``)."""
 
