@@ -4,11 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-unit test-integration test-e2e kube lint schema bench clean
+.PHONY: install demo test test-unit test-integration test-e2e kube lint schema bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,plot]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -39,6 +39,10 @@ test-unit: install
 
 test-integration: install
 	$(BIN)/pytest -q tests/integration
+
+## The long fuzz run: 200000 generated inputs per target, from a fresh seed (printed on failure).
+fuzz: install
+	PHALANX_FUZZ_EXAMPLES=200000 PHALANX_FUZZ_SEED=$$(date +%s) $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
 
 lint: install
 	$(BIN)/ruff check proto libs services tests bench

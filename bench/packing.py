@@ -19,7 +19,8 @@ Usage (from the repository root)::
     .venv/bin/python bench/packing.py --seeds 1 --quick          # smoke run
     .venv/bin/python bench/packing.py --json out.json --plot out.png
 
-Pure Python (standard library); matplotlib is used for ``--plot`` only if it is importable.
+Pure Python (standard library); ``--plot`` draws with matplotlib through ``phalanx_bench.plotting``
+(the ``plot`` extra, which ``make install`` installs).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from phalanx_bench.plotting import PlotUnavailable, Series, line_plot
 from phalanx_bench.sharepack import (
     MILLI,
     POLICIES,
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
     ap.add_argument("--pod-list", default=POD_FILE, help=f"pod list CSV in the trace dir (default {POD_FILE})")
     ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
-    ap.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU vs arrived (needs matplotlib)")
+    ap.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU vs arrived demand (PNG)")
     args = ap.parse_args(argv)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -267,34 +269,26 @@ def main(argv: list[str] | None = None) -> int:
         else:
             Path(args.json).write_text(text + "\n")
     if args.plot:
-        _plot(results, policies, args.plot, log)
+        try:
+            _plot(results, policies, args.plot, len(seeds))
+        except PlotUnavailable as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}", file=log)
     return 0
 
 
-def _plot(results: list[dict], policies: list[str], path: str, log) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("--plot: matplotlib is not importable, no plot written", file=log)
-        return
-    fig, ax = plt.subplots(figsize=(8, 4))
+def _plot(results: list[dict], policies: list[str], path: str, seeds: int) -> None:
+    """Unallocated GPU (median over the seeds) against arrived demand, 75..130 %."""
+    series = []
     for p in policies:
         curves = [r["curve"] for r in results if r["policy"] == p]
         xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         xs = [x for x in xs if x >= 75]
-        ys = [100 - statistics.median(c[x] for c in curves) for x in xs]
-        ax.plot(xs, ys, label=LABELS[p])
-    ax.plot([75, 100], [25, 0], ":", color="grey", label="ideal")
-    ax.set_xlabel("arrived GPU demand (% of capacity)")
-    ax.set_ylabel("unallocated GPU (%)")
-    ax.set_ylim(0, 25)
-    ax.grid(alpha=0.5)
-    ax.legend()
-    fig.savefig(path, bbox_inches="tight", dpi=120)
-    print(f"plot written to {path}", file=log)
+        series.append(Series(LABELS[p], xs, [100 - statistics.median(c[x] for c in curves) for x in xs]))
+    series.append(Series("ideal", [75, 100], [25, 0], style=":", color="grey"))
+    line_plot(path, series, xlabel="arrived GPU demand (% of capacity)", ylabel="unallocated GPU (%)",
+              title=f"GPU-share packing, Alibaba openb trace (median of {seeds} seed(s))", ylim=(0, 25))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Called by every service at start (``Bus.connect`` then ``Bus.declare``) and by t
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -219,6 +220,18 @@ async def _settle(what: str, attempt, timeout_s: float = 60.0) -> None:
             await asyncio.sleep(0.5)
 
 
+class _SslEofNoise(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl": logged
+    each time a TLS server closes a nats-py connection, it says nothing the bus's own
+    disconnect warning does not, and would break a CLI command's one-line output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+_SSL_EOF_NOISE = _SslEofNoise()
+
+
 class _Refusal(asyncio.Event):
     why = ""
 
@@ -273,6 +286,8 @@ class Bus:
         tls = auth.ssl_context()
         if tls is not None:
             options["tls"] = tls
+            if _SSL_EOF_NOISE not in logging.getLogger("asyncio").filters:
+                logging.getLogger("asyncio").addFilter(_SSL_EOF_NOISE)
         servers = [u.strip() for u in url.split(",") if u.strip()]
 
         closing = {"yes": False}

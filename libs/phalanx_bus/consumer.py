@@ -10,6 +10,13 @@ handler inside one OpenTelemetry span whose parent is the publisher's ``tracepar
 
 Handlers must be idempotent: JetStream delivers at least once.
 
+``concurrency`` > 1 runs up to that many handlers at once (binder binds in parallel, as
+kube-scheduler binds asynchronously). Each message still walks the ladder above on its own:
+its handler's outcome acks, naks or terminates that message alone. The loop fetches only as
+many messages as there are free slots, so no fetched message waits for a slot while its ack
+wait runs. Messages then finish out of order: handlers must not depend on the order of
+messages (binder's do not: each command names one pod).
+
 Metrics (``phalanx_telemetry.metrics``): handler time per consumer and kind, outcomes
 (ack/nak/term), redeliveries, and the consumer's lag (``num_pending``), sampled every
 ``LAG_SAMPLE_S`` from the fetch loop.
@@ -119,9 +126,13 @@ async def consume(
     ack_wait_s: float = 10.0,
     max_deliver: int = 50,
     batch: int = 16,
+    concurrency: int = 1,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the consumer until cancelled. Reports started once the durable is bound."""
+    """Run the consumer until cancelled. Reports started once the durable is bound.
+    ``concurrency``: handlers in flight at once (1: one message after another)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     config = api.ConsumerConfig(
         name=durable, durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
         max_deliver=max_deliver, filter_subject=filter_subject,
@@ -131,34 +142,59 @@ async def consume(
     log("consumer live", stream=stream, consumer=durable, subject=filter_subject)
     task_status.started()
     lag_sampled = 0.0
+    slots = anyio.Semaphore(concurrency)
+
+    async def run_one(msg) -> None:
+        try:
+            await _handle(bus, stream, durable, decoder, handler, msg)
+        except Exception as e:  # noqa: BLE001 - an ack lost with the connection: redelivered later
+            warn("message outcome not delivered", consumer=durable, error=repr(e)[:300])
+        finally:
+            slots.release()
+
     try:
-        while True:
-            if time.monotonic() - lag_sampled >= LAG_SAMPLE_S:
-                lag_sampled = time.monotonic()
-                await _sample_lag(bus, stream, durable)
-            try:
-                msgs = await sub.fetch(batch, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue  # nothing to fetch (nats-py raises either type)
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                    nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
-                    nats.js.errors.APIError) as e:
-                warn("fetch failed, retrying", consumer=durable, error=repr(e))
-                await asyncio.sleep(0.5)
-                sub = await _resubscribe(bus, sub, stream, durable, filter_subject, config)
-                continue
-            except Exception as e:  # noqa: BLE001 - a consumer must outlive odd client errors
-                warn("fetch failed unexpectedly, retrying", consumer=durable, error=repr(e))
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                await _handle(bus, stream, durable, decoder, handler, msg)
+        async with anyio.create_task_group() as in_flight:
+            while True:
+                if time.monotonic() - lag_sampled >= LAG_SAMPLE_S:
+                    lag_sampled = time.monotonic()
+                    await _sample_lag(bus, stream, durable)
+                room = batch
+                if concurrency > 1:
+                    await slots.acquire()  # fetch only once a slot is free
+                    slots.release()
+                    room = min(batch, slots.value)
+                sub, msgs = await _fetch(bus, sub, stream, durable, filter_subject, config, room)
+                for msg in msgs:
+                    if concurrency == 1:
+                        await _handle(bus, stream, durable, decoder, handler, msg)
+                    else:
+                        await slots.acquire()
+                        in_flight.start_soon(run_one, msg)
     finally:
         with anyio.move_on_after(1, shield=True):
             try:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - connection already gone at shutdown
                 pass
+
+
+async def _fetch(bus: Bus, sub, stream: str, durable: str, filter_subject: str, config, room: int):
+    """(subscription to use next, up to ``room`` messages); nothing when none came within a
+    second or the fetch failed (the subscription is re-bound when the server lost it)."""
+    try:
+        return sub, await sub.fetch(room, timeout=1.0)
+    except (nats.errors.TimeoutError, TimeoutError):
+        return sub, []  # nothing to fetch (nats-py raises either type)
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+            nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
+            nats.js.errors.APIError) as e:
+        warn("fetch failed, retrying", consumer=durable, error=repr(e))
+        await asyncio.sleep(0.5)
+        return await _resubscribe(bus, sub, stream, durable, filter_subject, config), []
+    except Exception as e:  # noqa: BLE001 - a consumer must outlive odd client errors
+        warn("fetch failed unexpectedly, retrying", consumer=durable, error=repr(e))
+        await asyncio.sleep(0.5)
+        return sub, []
 
 
 async def _subscribe(bus: Bus, stream: str, durable: str, filter_subject: str, config):

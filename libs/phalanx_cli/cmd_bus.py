@@ -56,7 +56,9 @@ def register(sub) -> None:
     creds.set_defaults(func=_creds)
 
     perms = cmds.add_parser("permissions", help="print the permission table (markdown)")
-    perms.add_argument("--check", action="store_true", help="exit 1 if docs/security.md has another table")
+    mode = perms.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if docs/security.md has another table")
+    mode.add_argument("--write", action="store_true", help="replace the table in docs/security.md")
     perms.set_defaults(func=_permissions)
 
 
@@ -146,9 +148,18 @@ def _permissions(args: argparse.Namespace) -> int:
     table = permission_table()
     if args.check:
         if table not in SECURITY_DOC.read_text():
-            print(f"permission table drift in {SECURITY_DOC} (run `phalanx bus permissions` and paste it)",
+            print(f"permission table drift in {SECURITY_DOC} (run `phalanx bus permissions --write`)",
                   file=sys.stderr)
             return 1
+        return 0
+    if args.write:
+        text = SECURITY_DOC.read_text()
+        start, end = text.find(_BEGIN), text.find(_END)
+        if start < 0 or end < start:
+            print(f"{SECURITY_DOC}: no permission table markers ({_BEGIN} ... {_END})", file=sys.stderr)
+            return 1
+        SECURITY_DOC.write_text(text[:start] + table + text[end + len(_END):])
+        print(f"wrote the permission table into {SECURITY_DOC}")
         return 0
     print(table)
     return 0

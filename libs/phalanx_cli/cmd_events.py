@@ -9,6 +9,11 @@ and its key fields, or with ``--json`` one JSON object per line::
 
 Messages that do not decode (a dead letter holding garbage) are shown with ``kind``
 ``undecodable``. Ends after ``--count`` events or ``--timeout`` seconds (0: never), or Ctrl-C.
+Control characters in anything printed (a ``gang_id`` holding an escape sequence) are shown
+escaped: ``\x1b`` in a table line, ``\u001b`` in JSON.
+
+Exit codes: 0 done; 2 NATS cannot be reached within ``--connect-timeout`` seconds, or was lost
+for longer than that (one line on stderr says which).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import add_nats, bus_auth
+from phalanx_cli.cmd_run import BusUnreachable, add_nats, bus_auth, connect_bus, one_line
+from phalanx_cli.terminal import safe
+from phalanx_proto.codec import Decoder
 from phalanx_proto.events import AnyGangEvent, AnyNodeEvent, AnyTopologyEvent, Assignment, MemberSpec, PodRef
 
-any_decoder = msgspec.json.Decoder(AnyGangEvent | AnyTopologyEvent | AnyNodeEvent)
+any_decoder = Decoder(AnyGangEvent | AnyTopologyEvent | AnyNodeEvent)
 """Every event type of every stream (tags are unique across streams)."""
 
 
@@ -40,6 +47,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="exit after this many events (default: never)")
     p.add_argument("--timeout", type=float, default=0.0, help="exit after this many seconds (default: never)")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="seconds to wait for NATS, at start or after losing it, before exiting 2 (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -48,41 +57,65 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(tail_events, args)
     except KeyboardInterrupt:
         return 0
-    except Exception as e:  # noqa: BLE001 - unreachable NATS: say so
-        print(f"phalanx events: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - unreachable NATS: say so on one line
+        print(safe(f"phalanx events: {one_line(e)}"), file=sys.stderr)
         return 2
     return 0
 
 
 async def tail_events(args: argparse.Namespace, out=None) -> int:
     """Print events until ``--count``/``--timeout``; returns how many were printed."""
-    from phalanx_bus import Bus, DecodeFailure, tail
+    from phalanx_bus import tail
 
     out = out or sys.stdout
     printed = 0
-    bus = await Bus.connect(args.nats, service="cli-events", auth=bus_auth(args), connect_timeout_s=10.0)
+    budget = getattr(args, "connect_timeout", 10.0)
+    bus = await connect_bus(args.nats, service="cli-events", budget_s=budget, auth=bus_auth(args))
     try:
-        with anyio.move_on_after(args.timeout or float("inf")):
-            def listening() -> None:
-                print(f"phalanx events: listening on {args.subject} at {args.nats}", file=sys.stderr, flush=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_connection, bus, args.nats, budget)
+            with anyio.move_on_after(args.timeout or float("inf")):
+                def listening() -> None:
+                    print(safe(f"phalanx events: listening on {args.subject} at {args.nats}"), file=sys.stderr,
+                          flush=True)
 
-            async for subject, event in tail(bus, args.subject, any_decoder, on_subscribed=listening):
-                now = time.time()
-                if isinstance(event, DecodeFailure):
-                    line = _json_line(now, subject, "undecodable", {"error": event.error}) if args.json else \
-                        f"{_clock(now)}  {subject}  undecodable  {event.error}"
-                else:
-                    kind = event.__struct_config__.tag
-                    line = _json_line(now, subject, kind, msgspec.to_builtins(event)) if args.json else \
-                        f"{_clock(now)}  {subject}  {kind}  {summary(event)}"
-                print(line, file=out, flush=True)
-                printed += 1
-                if args.count and printed >= args.count:
-                    break
+                async for subject, event in tail(bus, args.subject, any_decoder, on_subscribed=listening):
+                    print(render(time.time(), subject, event, as_json=args.json), file=out, flush=True)
+                    printed += 1
+                    if args.count and printed >= args.count:
+                        break
+            tg.cancel_scope.cancel()
     finally:
         with anyio.move_on_after(2, shield=True):
             await bus.close()
     return printed
+
+
+def render(at: float, subject: str, event: Any, *, as_json: bool) -> str:
+    """One output line for an event (or a ``DecodeFailure``); control characters escaped."""
+    from phalanx_bus import DecodeFailure
+
+    if isinstance(event, DecodeFailure):
+        if as_json:
+            return _json_line(at, subject, "undecodable", {"error": event.error})
+        return safe(f"{_clock(at)}  {subject}  undecodable  {event.error}")
+    kind = event.__struct_config__.tag
+    if as_json:
+        return _json_line(at, subject, kind, msgspec.to_builtins(event))
+    return safe(f"{_clock(at)}  {subject}  {kind}  {summary(event)}")
+
+
+async def _watch_connection(bus: Any, url: str, budget_s: float) -> None:
+    """Raise ``BusUnreachable`` once the connection has been down for ``budget_s`` seconds."""
+    down_since: float | None = None
+    while True:
+        await anyio.sleep(0.25)
+        if getattr(bus.nc, "is_connected", True):
+            down_since = None
+        elif down_since is None:
+            down_since = time.monotonic()
+        elif time.monotonic() - down_since > budget_s:
+            raise BusUnreachable(f"lost NATS at {url} for more than {budget_s:g}s")
 
 
 def _clock(at: float) -> str:
@@ -91,7 +124,9 @@ def _clock(at: float) -> str:
 
 def _json_line(at: float, subject: str, kind: str, event: Any) -> str:
     iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
-    return json.dumps({"time": iso, "subject": subject, "kind": kind, "event": event}, separators=(",", ":"))
+    # ensure_ascii: every control character (and everything non-ASCII) is a \u escape.
+    return json.dumps({"time": iso, "subject": subject, "kind": kind, "event": event}, separators=(",", ":"),
+                      ensure_ascii=True)
 
 
 def _assignment(a: Assignment) -> str:

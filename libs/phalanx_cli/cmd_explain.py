@@ -14,7 +14,10 @@ lines, or one JSON document with ``--json``:
 is pending. Without a gang, it is the pod's ``PodScheduled`` message (for example, an invalid
 request), or it says that the pod is not Phalanx's or has not been seen yet.
 
-Exit codes: 0 explained, 1 no such pod, 2 bad argument or the bus/cluster cannot be reached.
+Exit codes: 0 explained, 1 no such pod, 2 bad argument or the bus/cluster cannot be reached:
+connecting and every read together have ``--timeout`` seconds, then one line says what did not
+answer. Text from the cluster (names, reasons, event messages) is printed with control
+characters escaped.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import add_cluster, add_nats, bus_auth, open_cluster
+from phalanx_cli.cmd_run import add_cluster, add_nats, bus_auth, connect_bus, one_line, open_cluster
+from phalanx_cli.terminal import safe, safe_lines
 
 
 def register(sub) -> None:
@@ -43,7 +47,8 @@ def register(sub) -> None:
     p.add_argument("--traces-url", default=os.environ.get("PHALANX_TRACES_URL", ""),
                    help="Jaeger UI base URL, to print a link to the trace (env PHALANX_TRACES_URL)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for NATS (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds for connecting to NATS and every read together (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -63,28 +68,42 @@ def run(args: argparse.Namespace) -> int:
         print(f"phalanx explain: {e}", file=sys.stderr)
         return 2
     try:
-        report = anyio.run(gather, args, ns, name)
+        report = anyio.run(_bounded, args, ns, name)
     except Exception as e:  # noqa: BLE001 - unreachable bus or cluster: say so, exit 2
-        print(f"phalanx explain: {e}", file=sys.stderr)
+        print(safe(f"phalanx explain: {one_line(e)}"), file=sys.stderr)
         return 2
     if report is None:
-        print(f"phalanx explain: pod {ns}/{name} not found", file=sys.stderr)
+        print(safe(f"phalanx explain: pod {ns}/{name} not found"), file=sys.stderr)
         return 1
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    print(json.dumps(report, indent=2) if args.json else safe_lines(render(report)))
     return 0
 
 
-async def gather(args: argparse.Namespace, namespace: str, name: str) -> dict[str, Any] | None:
-    """The report for one pod, or None when the pod does not exist."""
-    from phalanx_bus import Bus
+async def _bounded(args: argparse.Namespace, namespace: str, name: str) -> dict[str, Any] | None:
+    """``gather`` within ``--timeout`` seconds in all; the error says whether NATS was reached."""
+    progress: dict[str, bool] = {}
+    try:
+        with anyio.fail_after(args.timeout):
+            return await gather(args, namespace, name, progress=progress)
+    except TimeoutError:
+        what = "no answer from" if progress.get("connected") else "cannot reach"
+        raise TimeoutError(f"{what} NATS at {args.nats} within {args.timeout:g}s") from None
+
+
+async def gather(args: argparse.Namespace, namespace: str, name: str,
+                 progress: dict[str, bool] | None = None) -> dict[str, Any] | None:
+    """The report for one pod, or None when the pod does not exist. ``progress["connected"]``
+    is set once NATS answered."""
     from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
     from phalanx_proto.state import gang_state_decoder
 
     async with AsyncExitStack() as stack:
-        bus = await Bus.connect(args.nats, service="cli", auth=bus_auth(args), connect_timeout_s=args.timeout)
+        bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout, auth=bus_auth(args))
         stack.push_async_callback(bus.close)
+        if progress is not None:
+            progress["connected"] = True
         cluster = await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
                                      qps=args.kube_api_qps, burst=args.kube_api_burst)
         ref = PodRef(namespace=namespace, name=name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import sys
@@ -51,6 +52,30 @@ def bus_auth(args: argparse.Namespace):
 
     env = BusAuth.from_env()
     return BusAuth(args.nats_creds, args.nats_ca, env.cert, env.key)
+
+
+class BusUnreachable(Exception):
+    """NATS did not answer within the command's budget; ``str()`` is the one line to print."""
+
+
+async def connect_bus(url: str, *, service: str, budget_s: float, quiet: bool = True, auth=None):
+    """``Bus.connect`` bounded by ``budget_s`` seconds of wall clock, whatever the client
+    library does while it retries (it would otherwise retry an unreachable server forever).
+    ``auth`` is the identity and TLS settings (``bus_auth(args)``; ``None``: the environment's).
+    Raises ``BusUnreachable`` with one line naming the URL and the budget, or the server's
+    refusal of the credential. ``quiet`` (the default, for commands a person runs) keeps the
+    bus's retry warnings off the terminal: the command prints its one line instead."""
+    from phalanx_bus import Bus, BusError
+
+    if quiet:
+        logging.getLogger("phalanx").setLevel(logging.ERROR)
+    try:
+        with anyio.fail_after(budget_s):
+            return await Bus.connect(url, service=service, auth=auth, connect_timeout_s=budget_s)
+    except TimeoutError:
+        raise BusUnreachable(f"cannot reach NATS at {url} within {budget_s:g}s") from None
+    except BusError as e:
+        raise BusUnreachable(str(e)) from None
 
 
 def add_cluster(p: argparse.ArgumentParser) -> None:
@@ -126,14 +151,35 @@ async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: 
     return cluster
 
 
-def run_service(args: argparse.Namespace) -> int:
-    from phalanx_bus import Bus
+def find_error(e: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``e`` itself, or the first ``kind`` inside an exception group (a task group wraps
+    what its tasks raise), or None."""
+    if isinstance(e, kind):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        return next((f for f in (find_error(x, kind) for x in e.exceptions) if f is not None), None)
+    return None
 
+
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` (of the first error inside an exception group) on one line."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+CONNECT_BUDGET_S = 30.0
+"""How long a service waits for NATS at start before it exits non-zero (its restart policy
+then decides); once connected the bus reconnects forever."""
+
+
+def run_service(args: argparse.Namespace) -> int:
     entry = importlib.import_module(args.entry_module)
 
     async def body(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
-            bus = await Bus.connect(args.nats, service=args.service, auth=bus_auth(args))
+            bus = await connect_bus(args.nats, service=args.service, budget_s=CONNECT_BUDGET_S, quiet=False,
+                                    auth=bus_auth(args))
             stack.push_async_callback(_close, bus)
             cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
                                           qps=args.kube_api_qps, burst=args.kube_api_burst)
@@ -143,6 +189,10 @@ def run_service(args: argparse.Namespace) -> int:
     try:
         return serve(args.service, body, health_addr=args.health_addr, ready_file=args.ready_file)
     except Exception as e:  # noqa: BLE001 - report, exit non-zero
+        unreachable = find_error(e, BusUnreachable)
+        if unreachable is not None:
+            print(f"phalanx run {args.service}: {unreachable}", file=sys.stderr)
+            return 1
         traceback.print_exception(e, file=sys.stderr)
         print(f"phalanx run {args.service}: {e}", file=sys.stderr)
         return 1

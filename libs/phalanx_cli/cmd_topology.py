@@ -2,7 +2,8 @@
 groups, NICs and NUMA layout, read from a file (``nvidia-smi topo -m`` text or the YAML
 format) or from this machine's NVML. ``--json`` prints one document (``report.document``).
 
-Exit codes: 0 shown; 2 unreadable or invalid file, or NVML not available here.
+Exit codes: 0 shown; 1 the file was read but is not a valid topology; 2 the file cannot be
+read (missing, too large, binary, not YAML), or NVML is not available here.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _show(args: argparse.Namespace) -> int:
         return 2
     except TopologyParseError as e:
         print(f"phalanx topology show: {args.file}: {e}", file=sys.stderr)
-        return 2
+        return 1
     return _print(topo, args.json)
 
 

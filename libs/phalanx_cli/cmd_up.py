@@ -4,13 +4,22 @@ Both start a nats-server (or use ``--nats URL``), every service as its own proce
 simulated cluster from a cluster file. ``up`` applies an optional workload and runs until
 Ctrl-C, printing decisions as they happen; ``demo`` runs the bundled 2 × 8-V100 cluster with a
 small workload, waits until every pod is scheduled or pending with a reason, prints a table
-(or ``--json``) and exits 0.
+(or ``--json``) and exits 0. A cluster or workload file that cannot be read exits 2; one that
+was read but is invalid (the field path is named) exits 1; nothing is started for either.
+
+SIGTERM (what systemd, ``timeout`` and CI send) stops ``up`` as Ctrl-C does: every service,
+then the nats-server, then the temp dir is removed; a second signal during that shutdown is
+ignored. No child outlives ``up``: each runs in its own process group and, on Linux, gets
+SIGTERM if ``up`` itself is killed (``phalanx_runtime.children``). When the embedded
+nats-server dies, ``up`` says so and starts it again on the same port and store; the services
+reconnect to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +27,9 @@ from typing import Any
 
 import anyio
 
+from phalanx_cli.cmd_run import CONNECT_BUDGET_S, BusUnreachable, connect_bus
+from phalanx_cli.terminal import safe
+from phalanx_input import Invalid
 from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
 from phalanx_runtime.synthetic import synthetic_cluster
 
@@ -60,25 +72,45 @@ def _run(args: argparse.Namespace, *, demo: bool) -> int:
         cluster = (synthetic_cluster(args.synthetic) if getattr(args, "synthetic", None)
                    else ClusterFile.load(args.cluster_file))
         pods = load_workload(args.workload) if args.workload else []
-    except StackError as e:
-        print(f"phalanx: {e}", file=sys.stderr)
+    except OSError as e:  # phalanx_input.Unreadable included
+        print(safe(f"phalanx: cannot read: {e.strerror or e}"), file=sys.stderr)
+        return 2
+    except Invalid as e:
+        print(safe(f"phalanx: {e}"), file=sys.stderr)
+        return 1
+    except StackError as e:  # a bad --synthetic spec
+        print(safe(f"phalanx: {e}"), file=sys.stderr)
         return 2
     stack = Stack(cluster, nats_url=args.nats)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return anyio.run(_drive, stack, pods, args, demo)
     except StackError as e:
         print(f"phalanx: {e}", file=sys.stderr)
         return 1
+    except BusUnreachable as e:
+        print(f"phalanx: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 0
     finally:
-        took = stack.stop()
-        if not demo and took:
-            print(f"stopped {len(took)} services in {max(took.values()):.1f}s", file=sys.stderr)
+        handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            took = stack.stop()
+            if not demo and took:
+                print(f"stopped {len(took)} services in {max(took.values()):.1f}s", file=sys.stderr)
+        finally:
+            for s, handler in handlers.items():
+                signal.signal(s, previous if s == signal.SIGTERM else handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM does what Ctrl-C does: unwind ``_drive`` and stop the stack."""
+    raise KeyboardInterrupt
 
 
 async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> int:
-    from phalanx_bus import Bus, BusAuth
+    from phalanx_bus import BusAuth
     from phalanx_kube.sim import SimCluster
     from phalanx_proto import subjects as S
 
@@ -90,15 +122,17 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
     admin = stack.identity_env(S.ADMIN)
     if admin:
         reader = stack.identity_env(S.READER)
-        _progress(quiet, f"read-only identity (explain, events): export PHALANX_NATS_URL={stack.url} "
+        _progress(quiet, f"read-only identity (explain, events, doctor): export PHALANX_NATS_URL={stack.url} "
                          f"PHALANX_NATS_CA={reader['PHALANX_NATS_CA']} PHALANX_NATS_CREDS={reader['PHALANX_NATS_CREDS']}")
-    bus = await Bus.connect(stack.url, service="cli", auth=BusAuth.from_env(admin or None))
+    bus = await connect_bus(stack.url, service="cli", budget_s=CONNECT_BUDGET_S, quiet=False,
+                            auth=BusAuth.from_env(admin or None))
     try:
         sim = await SimCluster.open(bus)
         for node in stack.cluster.node_objects():
             await sim.apply_node(node)
         _progress(quiet, f"starting {len(stack.plan())} service processes for {len(stack.cluster.nodes)} nodes ...")
-        await anyio.to_thread.run_sync(stack.start_services)
+        stack.spawn_services()  # from the main thread, so the children die with this process
+        await anyio.to_thread.run_sync(stack.wait_ready, list(stack.procs), stack.ready_timeout_s)
         topo_kv = await bus.kv(S.KV_TOPOLOGY)
         with anyio.fail_after(30 + 0.01 * len(stack.cluster.nodes)):
             while len(await topo_kv.keys()) < len(stack.cluster.nodes):
@@ -108,6 +142,7 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
             ", ".join(names) if len(names) <= 16 else f"{len(names)} nodes ({names[0]} … {names[-1]})"))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_print_decisions, bus, quiet)
+            tg.start_soon(_supervise_nats, stack)
             for pod in pods:
                 await sim.apply_pod(pod)
             if pods:
@@ -126,6 +161,25 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
             await bus.close()
 
 
+async def _supervise_nats(stack: Stack, period_s: float = 0.5) -> None:
+    """Restart the embedded nats-server on its own port and store whenever it dies, and say so.
+    The restart runs on the main thread, so the new server also dies with this process."""
+    while True:
+        await anyio.sleep(period_s)
+        code = stack.nats_exit_code()
+        if code is None:
+            continue
+        print(f"{time.strftime('%H:%M:%S')} nats-server exited with code {code}; restarting it on the same "
+              f"store ({stack.url})", file=sys.stderr, flush=True)
+        try:
+            stack.restart_nats()
+        except Exception as e:  # noqa: BLE001 - say why, try again next period
+            print(f"{time.strftime('%H:%M:%S')} nats-server did not restart: {e}", file=sys.stderr, flush=True)
+            continue
+        print(f"{time.strftime('%H:%M:%S')} nats-server restarted; services reconnect to it", file=sys.stderr,
+              flush=True)
+
+
 async def _print_decisions(bus, quiet: bool) -> None:
     from phalanx_bus import DecodeFailure, tail
     from phalanx_proto.events import GangPending, GangScheduled, RollbackStarted, gang_decoder
@@ -137,12 +191,13 @@ async def _print_decisions(bus, quiet: bool) -> None:
         match ev:
             case GangScheduled():
                 for a in ev.assignments:
-                    print(f"{stamp} scheduled {a.pod} -> {a.node} GPUs {list(a.gpus)} (gang {ev.gang_id}, "
-                          f"attempt {ev.attempt})", file=sys.stderr, flush=True)
+                    print(safe(f"{stamp} scheduled {a.pod} -> {a.node} GPUs {list(a.gpus)} (gang {ev.gang_id}, "
+                               f"attempt {ev.attempt})"), file=sys.stderr, flush=True)
             case GangPending():
-                print(f"{stamp} pending   {ev.gang_id}: {ev.reason}", file=sys.stderr, flush=True)
+                print(safe(f"{stamp} pending   {ev.gang_id}: {ev.reason}"), file=sys.stderr, flush=True)
             case RollbackStarted():
-                print(f"{stamp} rollback  {ev.gang_id} attempt {ev.attempt}: {ev.reason}", file=sys.stderr, flush=True)
+                print(safe(f"{stamp} rollback  {ev.gang_id} attempt {ev.attempt}: {ev.reason}"), file=sys.stderr,
+                      flush=True)
 
 
 async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:

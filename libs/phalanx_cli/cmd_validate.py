@@ -7,20 +7,23 @@ objects or bare ``spec:`` snippets, and checks every pod template with
 node-side checks for one GPU model (MIG support, profiles, AMD whole-GPU only).
 
 Prints one ``OK`` line per pod template on stdout; invalid templates go to stderr with one
-line per violation. Exit 0 when everything is valid, 1 when something is invalid, 2 when a
-file cannot be read or parsed or holds no objects.
+line per violation. Exit 0 when everything is valid; 1 when something was read but is invalid
+(a rule broken, a document that is not an object, a field of the wrong shape); 2 when a file
+cannot be read: missing, larger than 8 MiB, not UTF-8 text, not YAML, or YAML that Phalanx
+refuses to build (an alias bomb, nesting deeper than 64, a self-referencing structure; see
+``phalanx_input``), or when it holds no objects. Names and values from the file are printed
+with control characters escaped.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import IO, Any
 
-import yaml
-
+from phalanx_cli.terminal import safe
 from phalanx_engine.requests import check_gpu_model, check_object
+from phalanx_input import Unreadable, yaml_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,60 +37,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, *, stdin: TextIO | None = None, out: TextIO | None = None,
-        err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, *, stdin: IO[Any] | None = None, out: IO[str] | None = None,
+        err: IO[str] | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     code = 0
     for path in args.files:
         try:
-            docs = list(_documents(path, stdin or sys.stdin))
-        except (OSError, yaml.YAMLError) as e:
-            print(f"{path}: cannot read: {_oneline(e)}", file=err)
+            docs = [(n, doc) for n, doc in enumerate(yaml_file(path, stdin=stdin), start=1) if doc is not None]
+        except Unreadable as e:
+            print(safe(f"{path}: cannot read: {e}"), file=err)
             code = 2
             continue
         if not docs:
-            print(f"{path}: no Kubernetes objects", file=err)
+            print(safe(f"{path}: no Kubernetes objects"), file=err)
             code = 2
             continue
         for n, doc in docs:
-            where = f"{path}#{n}"
-            if not isinstance(doc, dict):
-                print(f"{where}: not a Kubernetes object (a {type(doc).__name__})", file=err)
-                code = 2
-                continue
-            checks = check_object(doc)
-            if checks is None:
-                print(f"{where}: SKIP {doc.get('kind') or '(no kind)'}: holds no pods", file=out)
-                continue
-            for c in checks:
-                violations = c.violations
-                if c.request is not None and args.gpu_model:
-                    violations = check_gpu_model(c.request, args.gpu_model, vendor=args.gpu_vendor,
-                                                 memory_mib=args.gpu_memory_mib)
-                if violations:
-                    code = max(code, 1)
-                    print(f"{where}: INVALID {c.where}:", file=err)
-                    for v in violations:
-                        print(f"  - {v}", file=err)
-                    continue
-                assert c.request is not None
-                print(f"{where}: OK {c.where}: {c.request.describe()}", file=out)
-                for w in c.warnings:
-                    print(f"  warning: {w}", file=out)
+            code = max(code, _check(f"{path}#{n}", doc, args, out, err))
     return code
 
 
-def _documents(path: str, stdin: TextIO) -> Iterator[tuple[int, Any]]:
-    if path == "-":
-        text = stdin.read()
-    else:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    for n, doc in enumerate(yaml.safe_load_all(text), start=1):
-        if doc is not None:
-            yield n, doc
-
-
-def _oneline(e: BaseException) -> str:
-    return " ".join(str(e).split())
+def _check(where: str, doc: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Print the verdict on one document; its exit code (0 valid or skipped, 1 invalid)."""
+    if not isinstance(doc, dict):
+        print(safe(f"{where}: INVALID: not a Kubernetes object (a {type(doc).__name__}, not a mapping)"), file=err)
+        return 1
+    checks = check_object(doc)
+    if checks is None:
+        kind = doc.get("kind")
+        print(safe(f"{where}: SKIP {kind if isinstance(kind, str) and kind else '(no kind)'}: holds no pods"[:300]),
+              file=out)
+        return 0
+    code = 0
+    for c in checks:
+        violations = c.violations
+        if c.request is not None and args.gpu_model:
+            violations = check_gpu_model(c.request, args.gpu_model, vendor=args.gpu_vendor,
+                                         memory_mib=args.gpu_memory_mib)
+        if violations:
+            code = 1
+            print(safe(f"{where}: INVALID {c.where}:"), file=err)
+            for v in violations:
+                print(safe(f"  - {v}"), file=err)
+            continue
+        assert c.request is not None
+        print(safe(f"{where}: OK {c.where}: {c.request.describe()}"), file=out)
+        for w in c.warnings:
+            print(safe(f"  warning: {w}"), file=out)
+    return code

@@ -2,8 +2,8 @@
 
 Every subcommand module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` (a callable taking the parsed args and returning an exit code). Exit codes:
-0 success, 1 "the answer is no" (invalid spec, nothing fits), 2 bad input (unreadable file,
-bad flags).
+0 success, 1 "the answer is no" (a file that was read but is invalid, nothing fits), 2 bad
+input (a file that cannot be read, bad flags, a server that does not answer).
 """
 
 from __future__ import annotations

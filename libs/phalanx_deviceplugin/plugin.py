@@ -188,8 +188,11 @@ class Plugin:
             if problem:
                 raise Refused(f"pod {adm.pod.namespace}/{adm.pod.name}: {problem}")
         elif resource == dv.carrier(a, pod_limits(adm.pod), self.table.whole_name):
-            gpus = self.table.gpu_uuids(resource, ids) if dv.kind(a) == "whole" else [
-                t.split(":", 1)[1] for t in self.table.targets(resource, a)]
+            assigned = [t.split(":", 1)[1] for t in self.table.targets(resource, a)]
+            if dv.kind(a) == "whole":  # the kubelet's IDs, named in the assignment's order
+                served = set(self.table.gpu_uuids(resource, ids))
+                assigned = [g for g in assigned if g in served]
+            gpus = assigned
             edits = dv.gpu_edits(a, gpus, self.delivery)
         self.served.add(uid=adm.pod.uid, namespace=adm.pod.namespace, name=adm.pod.name, digest=adm.digest,
                         resource=resource, ids=ids, at=self.clock())

@@ -6,13 +6,15 @@ input is a plain dict as it comes from YAML or the Kubernetes API; the output is
 field, the value and the rule. Node-side rules (MIG only on MIG-capable models, AMD whole
 GPUs only, memory that the GPU has) are in ``check_gpu_model``.
 
-Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them):
+Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them).
+Values are Kubernetes quantities that must be integers, read by ``phalanx_engine.quantity``
+(ASCII digits; ``"1e0"`` is 1, ``"0.5"`` and ``"٤"`` are errors), each with an upper bound:
 
 =============================  =========================================================
-``nvidia.com/gpu``             whole NVIDIA GPUs (community name), integer >= 1
-``aliyun.com/gpu``             whole GPUs of any vendor, integer >= 1
+``nvidia.com/gpu``             whole NVIDIA GPUs (community name), integer 1..64
+``aliyun.com/gpu``             whole GPUs of any vendor, integer 1..64
 ``aliyun.com/gpu-core``        TDM: percent of one GPU's compute, integer 1..100
-``aliyun.com/gpu-memory``      TDM/MIG: GPU memory in **GiB**, integer >= 1
+``aliyun.com/gpu-memory``      TDM/MIG: GPU memory in **GiB**, integer 1..1024
 ``aliyun.com/gpu-memory-mib``  the same in **MiB**, a positive multiple of 128 (use one
                                of the two memory names, not both)
 ``aliyun.com/gpu-slice``       MIG: compute slices, one of 1, 2, 3, 4, 7
@@ -20,8 +22,10 @@ Resource names (``spec.containers[*].resources.limits``; ``requests`` may only r
                                switch, not a NIC count); whole GPUs 1..8, hostNetwork
 =============================  =========================================================
 
-Pod metadata: label ``replica: "N"`` - N GPUs, each with the share in ``limits`` (R4);
-label ``aliyun.com/min-member`` - gang size (R8); annotation ``phalanx.io/gpu-vendor``
+Pod metadata: label ``replica: "N"`` - N GPUs (1..64), each with the share in ``limits``
+(R4); label ``aliyun.com/min-member`` - gang size (R8), 1..10000; label values are strings of
+ASCII digits (``quantity.decimal``). The pod's name, namespace, label keys and values and
+annotation keys must follow the API server's rules (``names``). Annotation ``phalanx.io/gpu-vendor``
 (``nvidia``, ``amd``, ``ppu``) - vendor hint. Shares are per GPU and per pod: every
 container that names a share must name the same one (they share the pod's GPUs);
 whole GPUs add up over containers, as in Kubernetes.
@@ -29,14 +33,15 @@ whole GPUs add up over containers, as in Kubernetes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from phalanx_engine import mig
+from phalanx_engine import mig, names
+from phalanx_engine.quantity import Bound, Violation, count, decimal, integer, shown
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
+from phalanx_proto.state import MAX_GANG_MEMBERS
 
 SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -56,17 +61,23 @@ RDMA_MAX_GPUS = 8
 WHOLE_RESOURCES = (NVIDIA_GPU, ALIYUN_GPU)
 SHARE_RESOURCES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE)
 RESOURCES = (*WHOLE_RESOURCES, *SHARE_RESOURCES, RDMA)
-
-
-class Violation(msgspec.Struct, frozen=True):
-    """One broken rule: the field (a path in the pod), the value as written, the rule."""
-
-    field: str
-    value: str
-    rule: str
-
-    def __str__(self) -> str:
-        return f"{self.field} = {self.value!r}: {self.rule}"
+MAX_GPUS = Bound(64, "a pod's GPUs are on one node, and no node has more than 64 GPUs")
+MAX_GPU_MEMORY_GIB = 1024
+MAX_GANG = Bound(MAX_GANG_MEMBERS, f"a gang has at most {MAX_GANG_MEMBERS} pods (the wire contract's bound: one "
+                                   "decision commits at most 1,000 nodes)")
+MOST: Mapping[str, Bound] = {
+    NVIDIA_GPU: MAX_GPUS,
+    ALIYUN_GPU: MAX_GPUS,
+    GPU_CORE: Bound(100, "gpu-core is a percent of one GPU's compute"),
+    GPU_MEMORY: Bound(MAX_GPU_MEMORY_GIB, "gpu-memory is GiB of one GPU's memory, and no GPU has more than 1 TiB "
+                                          "(4 GiB is written \"4\", not \"4Gi\")"),
+    GPU_MEMORY_MIB: Bound(MAX_GPU_MEMORY_GIB * 1024, "gpu-memory-mib is MiB of one GPU's memory, and no GPU has more "
+                                                     "than 1 TiB"),
+    GPU_SLICE: Bound(max(SLICE_VALUES), "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"),
+    RDMA: Bound(1, "aliyun.com/rdma is a switch, not a NIC count: set it to \"1\" to place GPUs and RDMA NICs "
+                   "together, or leave it out"),
+}
+"""The upper bound of every resource Phalanx reads, with its rule."""
 
 
 class RequestError(ValueError):
@@ -141,9 +152,9 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     meta = _mapping(pod.get("metadata"))
     spec = _mapping(pod.get("spec"))
     labels = _mapping(meta.get("labels"))
-    name = str(meta.get("name") or meta.get("generateName") or "")
-    pod_name = f"{meta['namespace']}/{name}" if meta.get("namespace") and name else name
-    v: list[Violation] = []
+    v: list[Violation] = list(names.check_metadata(meta))
+    name = _text(meta.get("name") or meta.get("generateName"))
+    pod_name = f"{_text(meta.get('namespace'))}/{name}" if meta.get("namespace") and name else name
     warnings: list[str] = []
 
     scheduler = str(spec.get("schedulerName") or "default-scheduler")
@@ -154,8 +165,7 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     per = _containers(spec, v)
     whole, shares = _kinds(per, v)
     replica = _replica(labels, whole, shares, v)
-    min_member = _label_int(labels, MIN_MEMBER_LABEL, "metadata.labels", v,
-                            "min-member is the number of pods in the gang and must be an integer of at least 1")
+    min_member = _label_int(labels, MIN_MEMBER_LABEL, MAX_GANG, v, "min-member is the number of pods in the gang")
     share = shares[0][1] if shares else None
     vendor = _vendor(_mapping(meta.get("annotations")), whole, share, v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
@@ -184,7 +194,14 @@ def _containers(spec: Mapping[str, Any], v: list[Violation]) -> list[_Container]
     if not isinstance(containers, list) or not containers:
         v.append(Violation("spec.containers", _show(containers), "a pod needs at least one container"))
         containers = []
-    for i, c in enumerate(spec.get("initContainers") or []):
+    inits = spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        v.append(Violation("spec.initContainers", _show(inits), "must be a list of containers"))
+        inits = []
+    for section, items in (("containers", containers), ("initContainers", inits)):
+        v.extend(Violation(f"spec.{section}[{i}]", _show(c), "must be a container (a mapping)")
+                 for i, c in enumerate(items) if not isinstance(c, Mapping))
+    for i, c in enumerate(inits):
         cname = _cname(c, i)
         for key in _asks(c, cname, "initContainers", v):
             v.append(Violation(f"spec.initContainers[{cname}].resources.limits[{key}]", _show(_limit(c, key)),
@@ -225,8 +242,7 @@ def _kinds(per: list[_Container], v: list[Violation]) -> tuple[dict[str, int], l
 
 def _replica(labels: Mapping[str, Any], whole: Mapping[str, int], shares: list[tuple[str, _Share]],
              v: list[Violation]) -> int | None:
-    replica = _label_int(labels, REPLICA_LABEL, "metadata.labels", v,
-                         "replica is the number of GPUs and must be an integer of at least 1")
+    replica = _label_int(labels, REPLICA_LABEL, MAX_GPUS, v, "replica is the number of GPUs")
     field = f"metadata.labels[{REPLICA_LABEL}]"
     if replica is not None and whole:
         v.append(Violation(field, str(labels[REPLICA_LABEL]),
@@ -327,11 +343,13 @@ def check_gpu_model(
 class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
     """One pod (template) inside a workload object. ``where`` names it for people
     (``JobSet/gang-nccl-test spec.replicatedJobs[worker]``); ``parallelism`` is the pods
-    one gang of it has where the workload says (Job/JobSet), else 0."""
+    one gang of it has where the workload says (Job/JobSet), else 0; ``violations`` are the
+    object's own shape errors around the template (a ``parallelism`` that is not an integer)."""
 
     where: str
     template: Mapping[str, Any]
     parallelism: int = 0
+    violations: tuple[Violation, ...] = ()
 
 
 class ObjectCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -353,31 +371,37 @@ _TEMPLATE_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Repl
 def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
     """The pod templates of a Pod, Job, JobSet, Kubeflow MPIJob, Deployment-like object or
     ``List``; a bare ``spec:`` snippet with containers counts as a pod. None when the object
-    holds no pods (a Service, a ConfigMap)."""
-    kind = str(obj.get("kind") or "")
-    name = str(_mapping(obj.get("metadata")).get("name") or "")
+    holds no pods (a Service, a ConfigMap). A part of the object that has the wrong shape (a
+    ``replicatedJobs`` that is not a list) is a template holding the violation."""
+    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
+    name = _text(_mapping(obj.get("metadata")).get("name"))
     label = f"{kind or 'Pod'}/{name}" if name else f"{kind or 'Pod'} (unnamed)"
     spec = _mapping(obj.get("spec"))
     if kind == "List":
-        found = [t for item in obj.get("items") or [] if isinstance(item, Mapping) for t in pod_templates(item) or ()]
-        return tuple(found)
+        return tuple(_list_items(obj, label))
     if kind == "Pod" or (not kind and "containers" in spec):
         return (PodTemplate(where=label, template=obj),)
     if kind == "Job":
-        return (PodTemplate(where=label, template=_mapping(spec.get("template")),
-                            parallelism=_int_or(spec.get("parallelism"), 1)),)
+        return (_job_template(label, spec, "spec"),)
     if kind == "JobSet":
+        jobs = spec.get("replicatedJobs") or []
+        if not isinstance(jobs, list):
+            return (_broken(label, "spec.replicatedJobs", jobs, "must be a list of replicated jobs"),)
         out = []
-        for i, rj in enumerate(spec.get("replicatedJobs") or []):
-            rj = _mapping(rj)
-            job = _mapping(_mapping(rj.get("template")).get("spec"))
-            out.append(PodTemplate(where=f"{label} spec.replicatedJobs[{rj.get('name') or i}]",
-                                   template=_mapping(job.get("template")),
-                                   parallelism=_int_or(job.get("parallelism"), 1)))
+        for i, rj in enumerate(jobs):
+            path = f"spec.replicatedJobs[{i}]"
+            if not isinstance(rj, Mapping):
+                out.append(_broken(label, path, rj, "must be a replicated job (a mapping)"))
+                continue
+            rname = rj.get("name")
+            where = f"{label} spec.replicatedJobs[{_text(rname) or i}]"
+            out.append(_job_template(where, _mapping(_mapping(rj.get("template")).get("spec")), f"{path}.template.spec"))
         return tuple(out)
     if kind == "MPIJob":
-        replicas = _mapping(spec.get("mpiReplicaSpecs"))
-        return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{role}]",
+        replicas = spec.get("mpiReplicaSpecs") or {}
+        if not isinstance(replicas, Mapping):
+            return (_broken(label, "spec.mpiReplicaSpecs", replicas, "must be a map of role to replica spec"),)
+        return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{shown(role)}]",
                                  template=_mapping(_mapping(rs).get("template")))
                      for role, rs in replicas.items())
     if kind in _TEMPLATE_KINDS:
@@ -385,19 +409,62 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
     return None
 
 
+def _list_items(obj: Mapping[str, Any], label: str) -> list[PodTemplate]:
+    """The templates of a ``List``'s items; a List inside a List is not unpacked (the API
+    server has no such object), so a self-referencing List ends here."""
+    items = obj.get("items") or []
+    if not isinstance(items, list):
+        return [_broken(label, "items", items, "must be a list of objects")]
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            out.append(_broken(label, f"items[{i}]", item, "must be a Kubernetes object (a mapping)"))
+        elif item.get("kind") == "List":
+            out.append(_broken(label, f"items[{i}].kind", "List", "a List item cannot itself be a List"))
+        else:
+            out.extend(pod_templates(item) or ())
+    return out
+
+
+def _job_template(where: str, job: Mapping[str, Any], path: str) -> PodTemplate:
+    """A Job spec's pod template; ``parallelism`` defaults to 1 as in Kubernetes."""
+    raw = job.get("parallelism", 1)
+    parallelism = integer(raw, f"{path}.parallelism", most=MAX_GANG) if raw is not None else 1
+    bad = (parallelism,) if isinstance(parallelism, Violation) else ()
+    return PodTemplate(where=where, template=_mapping(job.get("template")),
+                       parallelism=0 if bad else parallelism, violations=bad)
+
+
+def _broken(where: str, field: str, raw: Any, rule: str) -> PodTemplate:
+    return PodTemplate(where=where, template={}, violations=(Violation(field, _show(raw), rule),))
+
+
 def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
     """Validate every pod template of a workload object (see ``pod_templates``); gang
     templates must have ``aliyun.com/min-member`` equal to ``parallelism`` (seed 4.2).
-    None when the object holds no pods."""
+    None when the object holds no pods. Never raises on a malformed object: its shape
+    errors are violations like any other."""
     templates = pod_templates(obj)
     if templates is None:
         return None
     out = []
+    meta = obj.get("metadata")
+    if obj.get("kind") not in ("Pod", None) and isinstance(meta, Mapping):
+        named = names.check_metadata(meta)
+        if named:
+            out.append(ObjectCheck(where=templates[0].where if templates else str(obj.get("kind")),
+                                   violations=tuple(named)))
     for t in templates:
+        if t.violations and not t.template:
+            out.append(ObjectCheck(where=t.where, violations=t.violations))
+            continue
         try:
             req = parse_pod(t.template)
         except RequestError as e:
-            out.append(ObjectCheck(where=t.where, violations=e.violations))
+            out.append(ObjectCheck(where=t.where, violations=t.violations + e.violations))
+            continue
+        if t.violations:
+            out.append(ObjectCheck(where=t.where, violations=t.violations))
             continue
         if t.parallelism and req.min_member and req.min_member != t.parallelism:
             out.append(ObjectCheck(where=t.where, violations=(Violation(
@@ -411,36 +478,32 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
 
 # --- helpers --------------------------------------------------------------------------------
 
-_INT = re.compile(r"[+-]?\d+")
-
 
 def _mapping(x: Any) -> Mapping[str, Any]:
     return x if isinstance(x, Mapping) else {}
 
 
 def _show(raw: Any) -> str:
-    if isinstance(raw, bool):
-        return str(raw).lower()
-    return raw if isinstance(raw, str) else str(raw)
+    """A value for a violation: scalars as ``quantity.shown`` shows them, a list by its first
+    items (never recursing into nested values)."""
+    if raw is None:
+        return "None"
+    if isinstance(raw, list):
+        return "[" + ", ".join(shown(x) for x in raw[:8]) + (", ..." if len(raw) > 8 else "") + "]"
+    return shown(raw)
 
 
-def _integer(raw: Any) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str) and _INT.fullmatch(raw.strip()):
-        return int(raw.strip())
-    return None
-
-
-def _int_or(raw: Any, default: int) -> int:
-    n = _integer(raw)
-    return default if n is None else n
+def _text(raw: Any) -> str:
+    """A name as written ('' when it is not a string, cut when it is too long to be a name;
+    a violation says so)."""
+    if not isinstance(raw, str):
+        return ""
+    return raw if len(raw) <= names.SUBDOMAIN_MAX else shown(raw)
 
 
 def _cname(c: Any, i: int) -> str:
-    return str(_mapping(c).get("name") or i)
+    name = _mapping(c).get("name")
+    return shown(name) if isinstance(name, str) and name else str(i)
 
 
 def _limit(c: Any, key: str) -> Any:
@@ -453,16 +516,6 @@ def _capabilities(c: Mapping[str, Any]) -> list[str]:
     return [str(x) for x in caps] if isinstance(caps, list) else []
 
 
-_NOT_INTEGER = {
-    GPU_CORE: "gpu-core must be a plain integer percent from 1 to 100, such as \"50\"",
-    GPU_MEMORY: "gpu-memory must be a plain integer number of GiB, such as \"4\" (not a Kubernetes quantity "
-                "like 4Gi or 0.5; for MiB use aliyun.com/gpu-memory-mib)",
-    GPU_MEMORY_MIB: "gpu-memory-mib must be a plain integer number of MiB, a multiple of 128, such as \"1024\"",
-    GPU_SLICE: "gpu-slice must be a plain integer, one of 1, 2, 3, 4, 7",
-    RDMA: "aliyun.com/rdma must be \"1\" (it is a switch, not a NIC count)",
-}
-
-
 def _value_rule(key: str, n: int) -> str:
     """The rule ``n`` breaks for resource ``key``, or '' when it is fine."""
     if key in WHOLE_RESOURCES and n < 1:
@@ -470,8 +523,6 @@ def _value_rule(key: str, n: int) -> str:
     if key == GPU_CORE and n == 0:
         return ("gpu-core 0 is not allowed: it would make the GPU program in the container hang without output "
                 "(seed FAQ Q1); give a percent from 1 to 100, or leave gpu-core out for no compute limit")
-    if key == GPU_CORE and not 1 <= n <= 100:
-        return "gpu-core is a percent of one GPU's compute and must be an integer from 1 to 100"
     if key == GPU_MEMORY and n < 1:
         return "gpu-memory is GiB of GPU memory and must be at least 1 (for less, use aliyun.com/gpu-memory-mib)"
     if key == GPU_MEMORY_MIB and (n < MIB_GRANULARITY or n % MIB_GRANULARITY):
@@ -483,8 +534,7 @@ def _value_rule(key: str, n: int) -> str:
     if key == GPU_SLICE and n not in SLICE_VALUES:
         return "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"
     if key == RDMA and n != 1:
-        return ("aliyun.com/rdma is a switch, not a NIC count: set it to \"1\" to place GPUs and RDMA NICs "
-                "together, or leave it out")
+        return MOST[RDMA].rule
     return ""
 
 
@@ -503,11 +553,11 @@ def _asks(c: Any, cname: str, section: str, v: list[Violation]) -> dict[str, int
                                    "resources, so requests may only repeat the limit"))
             continue
         raw = limits[key]
-        n = _integer(raw)
-        if n is None:
-            v.append(Violation(lfield, _show(raw), _NOT_INTEGER.get(key, f"{key} must be a plain integer")))
+        n = count(raw, lfield, most=MOST[key])
+        if isinstance(n, Violation):
+            v.append(n)
             continue
-        if key in requests and _integer(requests[key]) != n:
+        if key in requests and count(requests[key], rfield, most=MOST[key]) != n:
             v.append(Violation(rfield, _show(requests[key]), f"must equal the limit ({_show(raw)}) or be left out"))
         rule = _value_rule(key, n)
         if rule:
@@ -565,12 +615,14 @@ def _share_text(share: _Share) -> str:
     return " ".join(parts) or "none"
 
 
-def _label_int(labels: Mapping[str, Any], key: str, where: str, v: list[Violation], rule: str) -> int | None:
-    if key not in labels:
-        return None
-    n = _integer(labels[key])
-    if n is None or n < 1:
-        v.append(Violation(f"{where}[{key}]", _show(labels[key]), rule))
+def _label_int(labels: Mapping[str, Any], key: str, most: Bound, v: list[Violation], what: str) -> int | None:
+    """The integer in label ``key`` (``quantity.decimal``: ASCII digits, 1..most), None when
+    absent or invalid (then a violation says ``what`` it is and why)."""
+    if not isinstance(labels.get(key), str):
+        return None  # absent, or not a string (names.check_metadata says so)
+    n = decimal(labels[key], f"metadata.labels[{key}]", most=most)
+    if isinstance(n, Violation):
+        v.append(Violation(n.field, n.value, f"{what}: {n.rule}"))
         return None
     return n
 

@@ -14,17 +14,19 @@ gangs) can be listed at once, because the plugin learns which one the kubelet is
 the kubelet itself (``identify``), not from the fence. So an entry left by a deleted or
 terminal pod blocks nothing; it is skipped (the pod is read) and pruned.
 
-Binder's protocol (docs/delivery.md, "The fence"): ``fence_pods`` before the Bindings (one
-write for a gang's pods on the node), ``release_pods`` when a pod is admitted, deleted or
-terminal; both compare-and-set on the lease's resourceVersion and prune lapsed entries. The
-plugin (``phalanx_deviceplugin``) uses ``read``/``verify``; both sides share this module.
+Binder's protocol (docs/delivery.md, "The fence"): entries are added before the Bindings and
+removed once a pod is admitted, deleted or terminal, by ``change`` (any number of additions and
+removals in one compare-and-set write on the lease's resourceVersion, lapsed entries pruned;
+binder's ``phalanx_binder.fences`` batches them per node); ``fence_pods``/``release_pods`` are
+the one-shot forms. The plugin (``phalanx_deviceplugin``) uses ``read``/``verify``; both sides
+share this module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import msgspec
 
@@ -146,31 +148,59 @@ def prune(fence: Fence, now: float) -> Fence:
 CAS_RETRIES = 20
 
 
-async def _change(cluster: ClusterPort, *, namespace: str, node: str, holder: str, now: float,
-                  change) -> Lease | None:
-    """Read-modify-write the node's fence lease (create when absent) with the lease's
-    resourceVersion as precondition, retrying on conflicts. A fence left empty is deleted."""
+class Unknown:
+    """``known`` not given: read the lease first."""
+
+
+class Written(NamedTuple):
+    lease: Lease | None
+    """The lease as it is now (``None``: there is none)."""
+    wrote: bool
+    """False when nothing needed writing."""
+
+
+UNKNOWN = Unknown()
+
+
+async def change(cluster: ClusterPort, *, namespace: str, node: str, holder: str, now: float,
+                 add: list[FenceEntry] | tuple[FenceEntry, ...] = (), remove: set[str] | frozenset[str] = frozenset(),
+                 known: Lease | None | Unknown = UNKNOWN) -> Written:
+    """Add ``add`` and drop ``remove`` in one compare-and-set write of the node's fence lease
+    (created when absent, deleted when left empty), lapsed entries pruned.
+
+    ``known`` is the lease as the caller last saw it (``None``: believed absent): the first try
+    writes on its resourceVersion without reading, and only a conflict costs a read, so a
+    writer that is the only one (one binder replica) pays one request per change. A change
+    that changes nothing (a release of uids the fence does not list) writes nothing while the
+    lease has more than half its duration left."""
     name = lease_name(node)
+    lease = known
     for _ in range(CAS_RETRIES):
-        lease = await cluster.get_lease(namespace, name)
-        current = Fence(node=node)
+        if isinstance(lease, Unknown):
+            lease = await cluster.get_lease(namespace, name)
+        current, readable = Fence(node=node), False
         if lease is not None and not lease.expired(now):
             try:
-                current = read(lease, node, now)
+                current, readable = read(lease, node, now), True
             except FenceError:
-                current = Fence(node=node)  # unreadable: binder owns the lease, so it rewrites it
-        fence = change(current)
+                pass  # unreadable: binder owns the lease, so it rewrites it
+        fence = release(admit(current, list(add), now), set(remove), now) if add else release(current, set(remove), now)
         try:
             if not fence.pods:
-                if lease is not None:
-                    await cluster.delete_lease(namespace, name, resource_version=lease.resource_version)
-                return None
+                if lease is None:
+                    return Written(None, False)
+                await cluster.delete_lease(namespace, name, resource_version=lease.resource_version)
+                return Written(None, True)
+            if (readable and lease is not None and fence.pods == current.pods
+                    and lease.renewed + lease.duration_s / 2 > now):
+                return Written(lease, False)
             body = Lease(namespace=namespace, name=name, holder=holder, duration_s=LEASE_DURATION_S,
                          acquired=lease.acquired if lease and lease.holder == holder else now, renewed=now,
                          annotations={FENCE_ANNOTATION: encode(fence)},
                          resource_version=lease.resource_version if lease else "")
-            return await (cluster.update_lease(body) if lease is not None else cluster.create_lease(body))
+            return Written(await (cluster.update_lease(body) if lease is not None else cluster.create_lease(body)), True)
         except LeaseConflict:
+            lease = UNKNOWN
             continue
     raise LeaseConflict(f"fence lease {namespace}/{name}: too many concurrent writers")
 
@@ -178,12 +208,10 @@ async def _change(cluster: ClusterPort, *, namespace: str, node: str, holder: st
 async def fence_pods(cluster: ClusterPort, *, namespace: str, node: str, entries: list[FenceEntry],
                      holder: str, now: float) -> Lease | None:
     """Add ``entries`` (a batch: every pod about to be bound to ``node``) in one write."""
-    return await _change(cluster, namespace=namespace, node=node, holder=holder, now=now,
-                         change=lambda f: admit(f, entries, now))
+    return (await change(cluster, namespace=namespace, node=node, holder=holder, now=now, add=entries)).lease
 
 
 async def release_pods(cluster: ClusterPort, *, namespace: str, node: str, uids: set[str], holder: str,
                        now: float) -> Lease | None:
     """Drop ``uids`` from the node's fence (admitted, deleted or terminal pods). Idempotent."""
-    return await _change(cluster, namespace=namespace, node=node, holder=holder, now=now,
-                         change=lambda f: release(f, uids, now))
+    return (await change(cluster, namespace=namespace, node=node, holder=holder, now=now, remove=uids)).lease

@@ -41,6 +41,15 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     def ref(self) -> PodRef:
         return PodRef(namespace=self.namespace, name=self.name, uid=self.uid)
 
+    @property
+    def started(self) -> bool:
+        """The kubelet admitted the pod and reports its containers (``status.containerStatuses``)."""
+        return bool((self.raw.get("status") or {}).get("containerStatuses"))
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
 
 class Node(msgspec.Struct, frozen=True, kw_only=True):
     name: str

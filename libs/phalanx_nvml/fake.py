@@ -57,8 +57,9 @@ class FakeNic:
     path: tuple[str, ...]
 
 
-def _fake_uuid(node: str, gpu: str) -> str:
-    """A stable UUID in NVML's ``GPU-…`` form, for a model that has none."""
+def gpu_uuid(node: str, gpu: str) -> str:
+    """A stable UUID in NVML's ``GPU-…`` form for GPU ``gpu`` (``GPU<index>``) of ``node``, for a
+    model that has none; the fake MIG NVML of the same node reports the same one."""
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{gpu}.phalanx.invalid')}"
 
 
@@ -119,7 +120,7 @@ class FakeMachine:
         bus = {n: layout.paths[n][-1] for n in names}
         links = _links(topo, bus)
         gpus = tuple(FakeGpu(gpu=msgspec.structs.replace(g, pci_bus_id=bus[g.name],
-                                                         uuid=g.uuid or _fake_uuid(topo.node, g.name)),
+                                                         uuid=g.uuid or gpu_uuid(topo.node, g.name)),
                              path=layout.paths[g.name], links=links[g.name]) for g in topo.gpus)
         renamed = {n.name: n.device or n.name for n in topo.nics}
         nics = tuple(sorted((FakeNic(nic=msgspec.structs.replace(n, name=renamed[n.name], device=renamed[n.name],

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pynvml
 
 from phalanx_engine.mig import TABLES, MigInstance, MigTable, mig_table
+from phalanx_nvml.fake import gpu_uuid
 from phalanx_nvml.mig import CI_PROFILE, GI_PROFILE
 
 E = pynvml.NVMLError
@@ -84,9 +85,10 @@ def model_name(key: str) -> tuple[str, int]:
     return f"NVIDIA {key}", max(p.memory_gib for p in table.profiles) * 1024
 
 
-def from_spec(spec: str) -> FakeMigNvml:
+def from_spec(spec: str, *, node: str = "") -> FakeMigNvml:
     """A fake from ``<model>x<count>[@off][,...]``: ``H100-80GBx2,A100-40GBx1@off``. ``@off``
-    means MIG mode is off on those GPUs; a model without a table (``V100-32GB``) has no MIG."""
+    means MIG mode is off on those GPUs; a model without a table (``V100-32GB``) has no MIG.
+    ``node`` names the node the fake stands for (see ``FakeMigNvml``: UUIDs)."""
     gpus = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         body, _, mode = part.partition("@")
@@ -98,11 +100,18 @@ def from_spec(spec: str) -> FakeMigNvml:
             gpus.append(FakeMigGpu(index=len(gpus), model=name, memory_mib=mem, mig_enabled=mode != "off"))
     if not gpus:
         raise ValueError("a fake NVML needs at least one GPU")
-    return FakeMigNvml(gpus)
+    return FakeMigNvml(gpus, node=node)
 
 
 class FakeMigNvml:
-    """Stands in for ``pynvml`` under ``NvmlMig``: ``NvmlMig(FakeMigNvml.of("H100-80GB", 2))``."""
+    """Stands in for ``pynvml`` under ``NvmlMig``: ``NvmlMig(FakeMigNvml.of("H100-80GB", 2))``.
+
+    UUIDs are those of the node's other fakes, so every part of a simulated node names a device
+    alike: a GPU's is ``phalanx_nvml.fake.gpu_uuid(node, "GPU<index>")`` (what topology
+    discovery reports from the fake NVML, and so what placement writes in ``gpu_uuids`` and
+    the device plugin advertises), and a MIG device's is derived from that GPU's UUID, the GPU
+    instance id and the number of instances created so far: stable within a run, and new for
+    every create, as the driver's are."""
 
     NVMLError = pynvml.NVMLError
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
@@ -113,10 +122,12 @@ class FakeMigNvml:
     c_nvmlComputeInstance_t = ctypes.c_void_p
     """Handles are small integers in the fake (opaque pointers in the real module)."""
 
-    def __init__(self, gpus: list[FakeMigGpu]) -> None:
+    def __init__(self, gpus: list[FakeMigGpu], *, node: str = "") -> None:
         self.gpus = gpus
+        self.node = node
         self.creates = 0
         """GPU instances created so far (tests assert "no second create")."""
+        self.cis_created = 0
         self.calls: list[str] = []
         self._handles: dict[int, tuple] = {}
         self._fail: int | None = None
@@ -124,8 +135,11 @@ class FakeMigNvml:
         self._lock = threading.RLock()
 
     @classmethod
-    def of(cls, model: str, count: int = 1, *, mig_enabled: bool = True) -> FakeMigNvml:
-        return from_spec(f"{model}x{count}{'' if mig_enabled else '@off'}")
+    def of(cls, model: str, count: int = 1, *, mig_enabled: bool = True, node: str = "") -> FakeMigNvml:
+        return from_spec(f"{model}x{count}{'' if mig_enabled else '@off'}", node=node)
+
+    def gpu_uuid(self, index: int) -> str:
+        return gpu_uuid(self.node or "fake", f"GPU{index}")
 
     def __getattr__(self, name: str):
         if name.startswith(("NVML_GPU_INSTANCE_PROFILE_", "NVML_COMPUTE_INSTANCE_PROFILE_")):
@@ -220,7 +234,7 @@ class FakeMigNvml:
     def nvmlDeviceGetUUID(self, device) -> str:
         if isinstance(device, _MigDev):
             return self.gpus[device.index].instances[device.gi_id].cis[device.ci_id]
-        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'gpu{self._gpu(device).index}.fake.invalid')}"
+        return self.gpu_uuid(self._gpu(device).index)
 
     def nvmlDeviceGetMigMode(self, device) -> list[int]:
         gpu = self._gpu(device)
@@ -315,7 +329,9 @@ class FakeMigNvml:
                 raise E(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             if gi.cis:
                 raise E(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-            gi.cis[0] = f"MIG-{uuid.uuid4()}"
+            self.cis_created += 1
+            name = f"{self.gpu_uuid(gpu.index)}.gi{gi.gi_id}.{self.cis_created}"
+            gi.cis[0] = f"MIG-{uuid.uuid5(uuid.NAMESPACE_DNS, name + '.phalanx.invalid')}"
             return self._handle("ci", gpu.index, gi.gi_id, 0)
 
     def nvmlGpuInstanceGetComputeInstances(self, gpuInstance, profileId: int, computeInstancesRef,  # noqa: N803

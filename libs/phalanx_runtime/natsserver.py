@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from phalanx_runtime.children import popen_options
 from phalanx_runtime.localauth import LocalSecurity, conf_string
 
 _FROM_ENV = object()
@@ -94,7 +95,7 @@ class NatsServer:
         conf.write_text(self.config())
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, **popen_options())
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -25,12 +25,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from phalanx_runtime.children import popen_options
+from phalanx_runtime.inputs import ClusterFile, ClusterNode, load_workload
 from phalanx_runtime.localauth import LocalSecurity
 from phalanx_runtime.natsserver import NatsServer
+
+__all__ = ["FLEET_ABOVE", "ClusterFile", "ClusterNode", "ServiceProc", "Stack", "StackError", "fake_mig_spec",
+           "load_workload"]
 
 
 class StackError(RuntimeError):
@@ -39,74 +41,6 @@ class StackError(RuntimeError):
 
 FLEET_ABOVE = 16
 """Clusters with more nodes than this run their node agents as one ``node-fleet`` process."""
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    name: str
-    labels: dict[str, str]
-    topology_file: str
-    gpu_model: str = ""
-    gpu_memory_mib: int = 0
-    mig_enabled: bool = False
-
-
-@dataclass(frozen=True)
-class ClusterFile:
-    nodes: tuple[ClusterNode, ...]
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> ClusterFile:
-        """Read a cluster file (``examples/cluster-2x8v100.yaml`` documents the format)."""
-        p = Path(path)
-        try:
-            doc = yaml.safe_load(p.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise StackError(f"cannot read cluster file {p}: {e}") from e
-        if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
-            raise StackError(f"{p}: 'nodes' must be a non-empty list")
-        unknown = set(doc) - {"nodes"}
-        if unknown:
-            raise StackError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: nodes")
-        nodes = []
-        for i, n in enumerate(doc["nodes"]):
-            allowed = {"name", "labels", "topology", "gpuModel", "gpuMemoryMiB", "migEnabled"}
-            extra = set(n) - allowed
-            if extra:
-                raise StackError(f"{p}: nodes[{i}]: unknown key(s) {sorted(extra)}; allowed: {', '.join(sorted(allowed))}")
-            mem = n.get("gpuMemoryMiB", 0)
-            if not isinstance(mem, int) or mem < 0:
-                raise StackError(f"{p}: nodes[{i}].gpuMemoryMiB: {mem!r} must be a non-negative integer (MiB)")
-            if not n.get("name") or not n.get("topology"):
-                raise StackError(f"{p}: nodes[{i}]: 'name' and 'topology' are required")
-            topo = (p.parent / n["topology"]).resolve()
-            if not topo.is_file():
-                raise StackError(f"{p}: nodes[{i}].topology: file {topo} does not exist")
-            nodes.append(ClusterNode(str(n["name"]), {str(k): str(v) for k, v in (n.get("labels") or {}).items()},
-                                     str(topo), str(n.get("gpuModel") or ""), mem, bool(n.get("migEnabled", False))))
-        return cls(tuple(nodes))
-
-    def dump(self, path: str | os.PathLike) -> Path:
-        """Write this cluster as a cluster file (topology paths absolute) that ``load`` reads back."""
-        nodes = []
-        for n in self.nodes:
-            doc: dict[str, Any] = {"name": n.name, "labels": dict(n.labels), "topology": n.topology_file}
-            if n.gpu_model:
-                doc["gpuModel"] = n.gpu_model
-            if n.gpu_memory_mib:
-                doc["gpuMemoryMiB"] = n.gpu_memory_mib
-            if n.mig_enabled:
-                doc["migEnabled"] = True
-            nodes.append(doc)
-        out = Path(path)
-        out.write_text(yaml.dump({"nodes": nodes}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
-                                 sort_keys=False))
-        return out
-
-    def node_objects(self) -> list[dict[str, Any]]:
-        return [{"apiVersion": "v1", "kind": "Node",
-                 "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
-                 "status": {"capacity": {}, "allocatable": {}}} for n in self.nodes]
 
 
 def fake_mig_spec(node: ClusterNode) -> str | None:
@@ -126,21 +60,6 @@ def fake_mig_spec(node: ClusterNode) -> str | None:
 def _fake_mig_nvml(node: ClusterNode) -> list[str]:
     spec = fake_mig_spec(node)
     return [] if spec is None else ["--nvml", f"fake:{spec}"]
-
-
-def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Pods from a (multi-document) YAML workload file; ``kind: List`` is unpacked."""
-    try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-    except (OSError, yaml.YAMLError) as e:
-        raise StackError(f"cannot read workload file {path}: {e}") from e
-    pods = []
-    for d in docs:
-        if d.get("kind") == "List":
-            pods.extend(i for i in d.get("items", []) if i.get("kind") == "Pod")
-        elif d.get("kind") == "Pod":
-            pods.append(d)
-    return pods
 
 
 @dataclass
@@ -249,6 +168,17 @@ class Stack:
     def start_services(self, timeout_s: float | None = None) -> None:
         """Start every process and wait until each is ready. The default bound is 60 s plus
         50 ms per node (a fleet reports every node before it is ready)."""
+        self.spawn_services()
+        self.wait_ready(list(self.procs), timeout_s if timeout_s is not None else self.ready_timeout_s)
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return 60.0 + 0.05 * len(self.cluster.nodes)
+
+    def spawn_services(self) -> None:
+        """Declare the bus (``bootstrap``, once), then start every service process without
+        waiting for it (``wait_ready`` waits). Called from the main thread, the children also
+        die with this process (``children``)."""
         self.bootstrap()
         if self.uses_fleet:
             self.cluster.dump(self.fleet_file)
@@ -260,14 +190,14 @@ class Stack:
                              env=self.identity_env(service, (node,) if node else ()))
             self.procs[name] = sp
             self._spawn(sp)
-        self.wait_ready(list(self.procs), timeout_s if timeout_s is not None else 60.0 + 0.05 * len(self.cluster.nodes))
 
     def _spawn(self, sp: ServiceProc) -> None:
         sp.ready_file.unlink(missing_ok=True)
         log = open(sp.log_path, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **self.env, **sp.env}
         sp.proc = subprocess.Popen([sys.executable, "-m", "phalanx_cli.main", *sp.args, "--ready-file", str(sp.ready_file)],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   **popen_options())
         log.close()
 
     def wait_ready(self, names: list[str], timeout_s: float) -> None:
@@ -302,6 +232,18 @@ class Stack:
         self.kill(name)
         self._spawn(self.procs[name])
         self.wait_ready([name], timeout_s)
+
+    def nats_exit_code(self) -> int | None:
+        """The embedded nats-server's exit code once it has died; None while it runs (or when
+        the stack uses an external server)."""
+        proc = self.nats.proc if self.nats is not None else None
+        return proc.poll() if proc is not None else None
+
+    def restart_nats(self) -> None:
+        """Start the embedded nats-server again on the same port and store, so every client
+        reconnects and JetStream keeps its streams and buckets."""
+        if self.nats is not None:
+            self.nats.restart()
 
     def stop(self) -> dict[str, float]:
         """SIGTERM every service, wait, then stop nats; returns seconds each took to exit."""

@@ -340,6 +340,14 @@ POD_PENDING_TO_BOUND_SECONDS = Histogram(
 BINDS = Counter(
     "phalanx_binds_total", "Bind commands handled by binder, by result (bound, already_bound, failed).",
     ["result"], allowed={"result": ("bound", "already_bound", "failed")})
+FENCE_WRITES = Counter(
+    "phalanx_fence_writes_total",
+    "binder's writes of the per-node fences (docs/delivery.md), by result: written (one compare-and-set write, "
+    "any number of pods added and released), unchanged (a release of pods the fence no longer lists: nothing "
+    "written), failed.", ["result"], allowed={"result": ("written", "unchanged", "failed")})
+FENCE_BATCH_PODS = Histogram(
+    "phalanx_fence_batch_pods", "Pods added to a node's fence by one write of binder (a gang's pods on one node "
+    "share a write).", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
 # --- gang-coordinator (called by its owner) ---------------------------------------------------
 PHASES = ("waiting", "placing", "preparing", "binding", "scheduled", "rolling_back", "backoff")

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import msgspec
 
+from phalanx_input import read_text
 from phalanx_proto.topology import NodeTopology
 from phalanx_topology import yamlfmt
 from phalanx_topology.matrix import parse_topo_matrix
-from phalanx_topology.model import TopologyParseError
 
+MAX_TOPOLOGY_BYTES = 1024 * 1024
+"""A topology file is a few KB (a 64-GPU, 64-NIC matrix is under 100 KB)."""
 _YAML_SUFFIXES = (".yaml", ".yml")
 _YAML_KIND = re.compile(r"^kind\s*:", re.MULTILINE)
 
@@ -30,13 +32,11 @@ def load_file(path: str | Path, *, node: str | None = None) -> NodeTopology:
 
     ``node`` names the node: a matrix has no node name (default: the file name without its
     extension); for a YAML file it overrides the name written in the file. ``source`` is
-    ``topo-matrix:<path>`` or ``yaml:<path>``. Raises ``OSError`` when the file cannot be
-    read and ``TopologyParseError`` (a ``ValueError``) when it is not a valid topology.
+    ``topo-matrix:<path>`` or ``yaml:<path>``. Raises ``OSError`` (``phalanx_input.Unreadable``
+    for a file too large, binary or not YAML) when the file cannot be read and
+    ``TopologyParseError`` (a ``ValueError``) when it is not a valid topology.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise TopologyParseError(f"not a text file ({e.reason} at byte {e.start})") from None
+    text = read_text(path, limit=MAX_TOPOLOGY_BYTES)
     if is_yaml(path, text):
         topo = yamlfmt.loads(text, source=f"yaml:{path}")
         return msgspec.structs.replace(topo, node=node) if node else topo

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 
-_NV = re.compile(r"^NV(\d+)$")
+_NV = re.compile(r"^NV([0-9]{1,3})$")
 
 
 class LinkClass(enum.IntEnum):

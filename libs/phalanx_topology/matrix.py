@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology.model import (
+    MAX_NUMA,
     TopologyParseError,
     asymmetry,
     canonical_cpulist,
@@ -135,8 +136,8 @@ def _nic_legend(lines: list[tuple[int, str]], nic_columns: set[str]) -> dict[str
 def _int_or_na(number: int, column: str, value: str) -> int:
     if value == "N/A":
         return -1
-    if not value.isdigit():
-        raise _fail(number, f"{column} is {value!r}, expected a NUMA node number or N/A")
+    if not (value.isascii() and value.isdigit()) or len(value) > 4 or int(value) >= MAX_NUMA:
+        raise _fail(number, f"{column} is {value[:40]!r}, expected a NUMA node number below {MAX_NUMA} or N/A")
     return int(value)
 
 

@@ -23,14 +23,29 @@ LEGACY_RELATIONS = {"SOC": "SYS"}
 
 MAX_DIRECT_NVLINKS = 18
 """The most NVLinks one GPU has (H100, B200). A per-pair bundle of ``k`` links to each of
-``n - 1`` peers needs ``k * (n - 1)`` links per GPU; more than this many can only be a switch."""
+``n - 1`` peers needs ``k * (n - 1)`` links per GPU; more than this many can only be a switch.
+It is also the largest ``NV<k>`` a matrix may show: no GPU pair has more links than a GPU."""
 
-_NV = re.compile(r"NV([1-9]\d*)")
-_GPU = re.compile(r"GPU(\d+)")
-_NIC_INDEXED = re.compile(r"NIC(\d+)")
+MAX_GPUS = 64
+"""The most GPUs one node has (GPU servers hold 16 at most today); GPU indices are below it."""
+MAX_NICS = 64
+"""The most network devices one node's topology lists."""
+MAX_GPU_MEMORY_MIB = 1024 * 1024
+"""No GPU has more than 1 TiB of memory (the largest hold 288 GB)."""
+MAX_CPUS = 8192
+"""Linux's largest NR_CPUS: CPU ids in an affinity list are below it."""
+MAX_NUMA = 1024
+"""Linux's largest MAX_NUMNODES: NUMA ids are below it (-1 means unknown)."""
+MAX_SOCKETS = 1024
+"""CPU package ids are below it (-1 means unknown)."""
+
+# ASCII digits only: a Unicode digit such as '٣' is not an index, count or CPU id.
+_NV = re.compile(r"NV([1-9][0-9]*)")
+_GPU = re.compile(r"GPU([0-9]+)")
+_NIC_INDEXED = re.compile(r"NIC([0-9]+)")
 _NIC_DEVICE = re.compile(r"[a-z][a-z0-9_.-]*")
-_FUSED_LOWER = re.compile(r"([a-z]+\d*_)\d+\1\d+")
-_CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+_FUSED_LOWER = re.compile(r"([a-z]+[0-9]*_)[0-9]+\1[0-9]+")
+_CPU_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
 
 
 class TopologyParseError(ValueError):
@@ -41,13 +56,15 @@ class TopologyParseError(ValueError):
 # --- device names -------------------------------------------------------------------------
 
 def gpu_index(name: str) -> int | None:
-    """The index in ``GPU<n>``, or None when ``name`` is not a GPU name."""
+    """The index in ``GPU<n>`` (below ``MAX_GPUS``), or None when ``name`` is not a GPU name."""
     m = _GPU.fullmatch(name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and len(m.group(1)) <= 3 and int(m.group(1)) < MAX_GPUS else None
 
 
 def device_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a device column (``GPU3``, ``NIC0``, ``mlx5_0``), or None."""
+    if _GPU.fullmatch(name) and gpu_index(name) is None:
+        return f"{name!r}: a GPU index is below {MAX_GPUS} (no node has more GPUs)"
     if _GPU.fullmatch(name) or _NIC_INDEXED.fullmatch(name):
         return None
     if "GPU" in name or "NIC" in name or _FUSED_LOWER.fullmatch(name):
@@ -82,7 +99,15 @@ def cell_problem(row: str, col: str, cell: str) -> str | None:
     if normalize_relation(cell) is None:
         return (f"{row}–{col} has unknown relation {cell!r} "
                 f"(expected NV<n>, PIX, PXB, PHB, NODE or SYS)")
+    m = _NV.fullmatch(cell)
+    if m and (len(m.group(1)) > 3 or int(m.group(1)) > MAX_DIRECT_NVLINKS):
+        return (f"{row}–{col} is {_cut(cell)}: a GPU pair has at most {MAX_DIRECT_NVLINKS} NVLinks (the most one "
+                "GPU has)")
     return None
+
+
+def _cut(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:30] + "...") + f" ({len(text)} characters)"
 
 
 def asymmetry(relations: Mapping[str, Mapping[str, str]], names: Sequence[str]) -> tuple[str, str] | None:
@@ -97,16 +122,19 @@ def asymmetry(relations: Mapping[str, Mapping[str, str]], names: Sequence[str]) 
 # --- CPU lists ----------------------------------------------------------------------------
 
 def parse_cpulist(text: str) -> frozenset[int]:
-    """``0-11,24-35`` → the set of CPUs; raises ValueError for anything else."""
+    """``0-11,24-35`` → the set of CPUs (ids below ``MAX_CPUS``, checked before any range is
+    expanded); raises ValueError for anything else."""
     cpus: set[int] = set()
     for part in text.split(","):
         m = _CPU_RANGE.fullmatch(part.strip())
         if not m:
-            raise ValueError(f"{text!r} is not a CPU list (like 0-11,24-35)")
+            raise ValueError(f"{_cut(text)} is not a CPU list (like 0-11,24-35)")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
-            raise ValueError(f"{text!r} has a descending range {part!r}")
+            raise ValueError(f"{_cut(text)} has a descending range {part!r}")
+        if hi >= MAX_CPUS:
+            raise ValueError(f"{_cut(text)} names CPU {hi}: CPU ids are below {MAX_CPUS} (Linux's largest NR_CPUS)")
         cpus.update(range(lo, hi + 1))
     return frozenset(cpus)
 
@@ -185,11 +213,40 @@ def detect_nvswitch(gpu_names: Sequence[str], relations: Mapping[str, Mapping[st
     return k > 0 and k * (n - 1) > MAX_DIRECT_NVLINKS
 
 
+def device_problem(gpus: Sequence[Gpu], nics: Sequence[Nic]) -> str | None:
+    """Why these devices cannot be one node's (a count, index, memory size, NUMA or socket id
+    beyond what any node has, or a CPU list that is not one), or None."""
+    if len(gpus) > MAX_GPUS:
+        return f"{len(gpus)} GPUs: a node has at most {MAX_GPUS}"
+    if len(nics) > MAX_NICS:
+        return f"{len(nics)} NICs: a node's topology lists at most {MAX_NICS}"
+    for d in (*gpus, *nics):
+        name = _cut(d.name)
+        if isinstance(d, Gpu) and d.index >= MAX_GPUS:
+            return f"{name}: index {d.index}: a GPU index is below {MAX_GPUS} (no node has more GPUs)"
+        if isinstance(d, Gpu) and d.memory_mib > MAX_GPU_MEMORY_MIB:
+            return f"{name}: memory_mib {d.memory_mib}: no GPU has more than {MAX_GPU_MEMORY_MIB} MiB (1 TiB)"
+        if not -1 <= d.numa < MAX_NUMA:
+            return f"{name}: numa {d.numa}: a NUMA id is -1 (unknown) or below {MAX_NUMA}"
+        if not -1 <= d.socket < MAX_SOCKETS:
+            return f"{name}: socket {d.socket}: a socket id is -1 (unknown) or below {MAX_SOCKETS}"
+        if d.cpu_affinity:
+            try:
+                parse_cpulist(d.cpu_affinity)
+            except ValueError as e:
+                return f"{name}: cpu_affinity: {e}"
+    return None
+
+
 def finish(node: str, gpus: Sequence[Gpu], nics: Sequence[Nic], relations: dict[str, dict[str, str]],
            *, source: str, nvswitch: bool | None = None) -> NodeTopology:
     """Build the model with the derived facts every reader fills in the same way: NUMA from
     CPU affinity when no id is known, NIC NUMA from nearby GPUs, NVSwitch from the matrix
-    (unless the reader knows it, as NVML does)."""
+    (unless the reader knows it, as NVML does). Raises ``TopologyParseError`` for devices
+    beyond any node's (``device_problem``)."""
+    problem = device_problem(gpus, nics)
+    if problem:
+        raise TopologyParseError(problem)
     gpus, nics = numa_from_affinity(gpus, nics)
     nics = infer_nic_numa(gpus, nics, relations)
     if nvswitch is None:

@@ -18,7 +18,9 @@ A file looks like this (docs/topology.md has the full description)::
       mlx5_0:  NODE NODE X
 
 Config-style strictness: an unknown key anywhere, a duplicate key, a missing row or cell, an
-asymmetric pair or an unknown relation raises ``TopologyParseError`` naming the key or row.
+asymmetric pair, an unknown relation or a value beyond any node's (``model.device_problem``)
+raises ``TopologyParseError`` naming the key or row. Text that is not YAML, or YAML Phalanx
+refuses to build (an alias bomb, see ``phalanx_input``), raises ``phalanx_input.Unreadable``.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from typing import Any
 import msgspec
 import yaml
 
+from phalanx_input import Unreadable, read_text, yaml_documents
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology.model import (
     TopologyParseError,
     asymmetry,
     cell_problem,
+    device_problem,
     finish,
     is_indexed_nic,
     normalize_relation,
@@ -52,19 +56,6 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gpus: list[dict[str, Any]] = []
     nics: list[dict[str, Any]] = []
     matrix: dict[str, str | list[str]] = {}
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise TopologyParseError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
 
 def _where(source: str) -> str:
@@ -147,16 +138,16 @@ def _check_names(gpus: list[Gpu], nics: list[Nic]) -> list[str]:
 
 def loads(text: str, *, source: str = "") -> NodeTopology:
     """Parse the YAML topology format; ``source`` (``yaml:<path>``) names the file in errors
-    and in the model. Raises ``TopologyParseError`` for anything that is not a valid file."""
+    and in the model. Raises ``phalanx_input.Unreadable`` for text that is not (safe) YAML and
+    ``TopologyParseError`` for YAML that is not a valid topology."""
     where = _where(source)
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except TopologyParseError as e:
-        raise TopologyParseError(f"{where}: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        raise TopologyParseError(f"{where}: {line}not valid YAML ({getattr(e, 'problem', e)})") from None
+        docs = yaml_documents(text)
+    except Unreadable as e:
+        raise Unreadable(f"{where}: {e}") from None
+    if len(docs) > 1:
+        raise TopologyParseError(f"{where}: {len(docs)} YAML documents; a topology file holds one")
+    data = docs[0] if docs else None
     try:
         doc = msgspec.convert(data, _File)
     except msgspec.ValidationError as e:
@@ -173,6 +164,9 @@ def _model(doc: _File, source: str) -> NodeTopology:
                                  f"got {doc.apiVersion} / {doc.kind}")
     gpus = [_gpu(e, i) for i, e in enumerate(doc.gpus)]
     nics = [_nic(e, i) for i, e in enumerate(doc.nics)]
+    problem = device_problem(gpus, nics)
+    if problem:
+        raise TopologyParseError(problem)
     names = _check_names(gpus, nics)
     relations = _relations(doc.matrix, names)
     topo = finish(doc.node, gpus, nics, relations, source=source, nvswitch=doc.nvswitch)
@@ -180,8 +174,8 @@ def _model(doc: _File, source: str) -> NodeTopology:
 
 
 def load(path: str | Path) -> NodeTopology:
-    """Read a YAML topology file (``OSError`` when it cannot be read)."""
-    return loads(Path(path).read_text(encoding="utf-8"), source=f"yaml:{path}")
+    """Read a YAML topology file (``OSError``, ``Unreadable`` included, when it cannot be read)."""
+    return loads(read_text(path), source=f"yaml:{path}")
 
 
 # --- writing ------------------------------------------------------------------------------

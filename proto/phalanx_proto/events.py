@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from phalanx_proto.codec import Decoder
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
 Attempt = Annotated[int, msgspec.Meta(ge=1)]
@@ -317,6 +318,10 @@ class NodeTopologyReported(TopologyEvent, tag="topology.reported"):
     tiers: NetworkTiers = NetworkTiers()
     enabled: bool = True
     """False when the node's labels do not enable Phalanx (R10/R11)."""
+    device_plugin: bool = False
+    """The node's agent serves the kubelet device plugin (docs/delivery.md), so binder records
+    every bind to this node in the node's fence; nodes without a kubelet (the simulator, kwok)
+    have nothing that reads a fence."""
 
     def key(self) -> str:
         return f"{super().key()}:{self.topology.generation}"
@@ -385,9 +390,9 @@ class MigDestroyed(_PodNodeEvent, tag="mig.destroyed"):
 NODE_EVENTS = (MigPrepareRequested, MigDestroyRequested, MigReady, MigFailed, MigDestroyed)
 AnyNodeEvent = MigPrepareRequested | MigDestroyRequested | MigReady | MigFailed | MigDestroyed
 
-gang_decoder = msgspec.json.Decoder(AnyGangEvent)
-topology_decoder = msgspec.json.Decoder(AnyTopologyEvent)
-node_decoder = msgspec.json.Decoder(AnyNodeEvent)
+gang_decoder = Decoder(AnyGangEvent)
+topology_decoder = Decoder(AnyTopologyEvent)
+node_decoder = Decoder(AnyNodeEvent)
 encoder = msgspec.json.Encoder()
 
 ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from phalanx_proto import subjects as S
+from phalanx_proto.codec import Decoder
 from phalanx_proto.events import (
     Assignment,
     MemberSpec,
@@ -148,13 +149,13 @@ class ReconcilerReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
 RECONCILER_LEASE_KEY = "gang-coordinator.reconciler"
 RECONCILER_REPORT_KEY = "gang-coordinator.reconciler-report"
 
-gang_state_decoder = msgspec.json.Decoder(GangState)
-ledger_decoder = msgspec.json.Decoder(NodeLedger)
-report_decoder = msgspec.json.Decoder(NodeTopologyReported)
-heartbeat_decoder = msgspec.json.Decoder(NodeHeartbeat)
-mig_record_decoder = msgspec.json.Decoder(MigRecord)
-lease_decoder = msgspec.json.Decoder(Lease)
-reconciler_report_decoder = msgspec.json.Decoder(ReconcilerReport)
+gang_state_decoder = Decoder(GangState)
+ledger_decoder = Decoder(NodeLedger)
+report_decoder = Decoder(NodeTopologyReported)
+heartbeat_decoder = Decoder(NodeHeartbeat)
+mig_record_decoder = Decoder(MigRecord)
+lease_decoder = Decoder(Lease)
+reconciler_report_decoder = Decoder(ReconcilerReport)
 
 
 # --- the rules a stored value must keep --------------------------------------------------------
@@ -243,7 +244,7 @@ def mig_record_problem(key: str, record: MigRecord) -> str:
 class BucketRule:
     """How to read one bucket's values: the decoder and the rule a decoded value must keep."""
 
-    decoder: msgspec.json.Decoder
+    decoder: Decoder
     problem: Callable[[str, Any], str]
 
 

@@ -227,13 +227,13 @@ KV_SIM_LEASES = "phx-sim-leases"
 
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
-           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, READ),
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH),
             Grant(READER, READ)), value="kv.NodeTopologyReported", key="{node}"),
     Bucket(KV_HEARTBEAT, 1, "The last heartbeat of each node's topology-discovery.",
-           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, READ),
-            Grant(READER, READ)), value="kv.NodeHeartbeat", key="{node}"),
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           value="kv.NodeHeartbeat", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node; all nodes of a decision commit in one atomic batch.",
-           (Grant(PLACEMENT, WRITE), Grant(BINDER, READ), Grant(GANG_COORDINATOR, READ),
+           (Grant(PLACEMENT, WRITE), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, READ),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
            atomic=True, value="kv.NodeLedger", key="{node}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phalanx_engine.requests import RequestError, RequestKind, Violation, parse_pod
+from phalanx_engine.quantity import Bound, decimal
+from phalanx_engine.requests import MAX_GANG, RequestError, RequestKind, Violation, parse_pod
 from phalanx_kube.port import Pod
 from phalanx_proto.events import MemberSpec
+from phalanx_proto.state import MAX_GANG_TIMEOUT_S
 
 MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member",
                    "pod-group.scheduling.sigs.k8s.io/min-available")
@@ -46,6 +48,7 @@ JOB_LABELS = (
     ("training.kubeflow.org/job-name", "mpijob"),
 )
 TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"
+MAX_TIMEOUT = Bound(int(MAX_GANG_TIMEOUT_S), "a gang waits at most a week for its members")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +105,10 @@ def _min_member(pod: Pod) -> int | None:
         raw = pod.labels.get(key) or pod.annotations.get(key)
         if raw is None:
             continue
-        value = _int(raw)
-        if value is None or value < 1:
-            raise InvalidMember((Violation(f"metadata.labels[{key}]", str(raw),
-                                           "min-member is the number of pods in the gang: an integer >= 1"),))
+        value = decimal(raw, f"metadata.labels[{key}]", most=MAX_GANG)
+        if isinstance(value, Violation):
+            raise InvalidMember((Violation(value.field, value.value,
+                                           f"min-member is the number of pods in the gang: {value.rule}"),))
         return value
     return None
 
@@ -114,10 +117,10 @@ def _timeout(pod: Pod) -> float:
     raw = pod.annotations.get(TIMEOUT_ANNOTATION)
     if raw is None:
         return 0.0
-    value = _int(raw)
-    if value is None or value < 1:
-        raise InvalidMember((Violation(f"metadata.annotations[{TIMEOUT_ANNOTATION}]", str(raw),
-                                       "the gang timeout is a whole number of seconds >= 1"),))
+    value = decimal(raw, f"metadata.annotations[{TIMEOUT_ANNOTATION}]", most=MAX_TIMEOUT)
+    if isinstance(value, Violation):
+        raise InvalidMember((Violation(value.field, value.value,
+                                       f"the gang timeout is a whole number of seconds: {value.rule}"),))
     return float(value)
 
 
@@ -126,8 +129,3 @@ def _priority(pod: Pod) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _int(raw: object) -> int | None:
-    try:
-        return int(str(raw).strip())
-    except ValueError:
-        return None

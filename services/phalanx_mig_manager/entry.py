@@ -26,8 +26,9 @@ def add_arguments(p) -> None:
                    help="an instance owned by nothing is destroyed after this many seconds")
 
 
-def devices_from(spec: str):
-    """The ``MigDevices`` for a ``--nvml`` value; raises ValueError for a bad one."""
+def devices_from(spec: str, node: str = ""):
+    """The ``MigDevices`` for a ``--nvml`` value (a fake stands for ``node``); raises ValueError
+    for a bad one."""
     from phalanx_nvml import NvmlMig
 
     if spec == "real":
@@ -35,12 +36,12 @@ def devices_from(spec: str):
     if spec.startswith("fake:"):
         from phalanx_nvml.fake_mig import from_spec
 
-        return NvmlMig(from_spec(spec.removeprefix("fake:")))
+        return NvmlMig(from_spec(spec.removeprefix("fake:"), node=node))
     raise ValueError(f"--nvml must be 'real' or 'fake:<model>x<count>', not {spec!r}")
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_mig_manager.service import run
 
-    await run(bus, args.node, devices_from(args.nvml), reconcile_s=args.reconcile_s,
+    await run(bus, args.node, devices_from(args.nvml, args.node), reconcile_s=args.reconcile_s,
               orphan_grace_s=args.orphan_grace_s, task_status=task_status)

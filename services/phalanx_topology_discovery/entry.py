@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
     g.add_argument("--no-cdi", action="store_true",
                    help="name GPUs in NVIDIA_VISIBLE_DEVICES instead of CDI (only where the node has no CDI; "
                    "see docs/delivery.md for why env-var delivery is not access control)")
+    g.add_argument("--sysfs-root", default=os.environ.get("PHALANX_SYSFS_ROOT", "/"),
+                   help="the directory holding the host's sys/ (RDMA device nodes of the chosen NICs are read from "
+                   "<root>/sys/class/infiniband; default %(default)s)")
     g.add_argument("--mps-pipe-dir", default="", help="the node's MPS control daemon pipe directory, if it runs one")
     g.add_argument("--mps-active-thread-pct", type=int, default=0,
                    help="the MPS daemon's default active thread percentage (what it enforces on every client)")
@@ -73,7 +76,8 @@ def _agent(args, cluster):
     mps = dv.Mps(args.mps_pipe_dir, args.mps_active_thread_pct, args.mps_pinned_mem_mib) if args.mps_pipe_dir else None
     config = A.AgentConfig(node=args.node, socket_dir=args.device_plugin_dir,
                            pod_resources_socket=args.pod_resources_socket, state_dir=args.state_dir,
-                           fence_namespace=args.fence_namespace, delivery=dv.Delivery(cdi=not args.no_cdi, mps=mps))
+                           fence_namespace=args.fence_namespace, delivery=dv.Delivery(cdi=not args.no_cdi, mps=mps,
+                                                                   sysfs_root=args.sysfs_root))
     unhealthy = lambda uuids: frozenset()  # noqa: E731 - a topology file has no NVML to ask
     if not args.topology_file:
         from phalanx_nvml.health import NvmlHealth

@@ -115,7 +115,7 @@ class Discovery:
         labels = node.labels if node else {}
         report = NodeTopologyReported(
             node=self.config.node, topology=topo, tiers=tiers_from_labels(self.config.node, labels),
-            enabled=enabled_by_labels(labels))
+            enabled=enabled_by_labels(labels), device_plugin=self.agent is not None)
         topo_kv = await self.bus.kv(S.KV_TOPOLOGY)
         current = await topo_kv.get(S.token(self.config.node))
         if current is None or current.value != encoder.encode(report):

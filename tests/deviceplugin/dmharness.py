@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
+
+from phalanx_bus import Bus
+from phalanx_kube.sim import SimCluster
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO / "tools" / "devicemanager" / "build.sh"
@@ -83,3 +88,31 @@ class DeviceManager:
             self._proc.kill()
             await self._proc.wait()
         self._proc = None
+
+
+@asynccontextmanager
+async def cluster_of(kind: str, request, plane=None):
+    """(ClusterPort, create_pod, namespace) on the simulated cluster or the real apiserver (the
+    session's, or ``plane``)."""
+    namespace = f"dp-{uuid.uuid4().hex[:8]}"
+    if kind == "sim":
+        bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="deviceplugin-test")
+        sim = await SimCluster.open(bus)
+
+        async def create(obj):
+            return (await sim.apply_pod(obj)).raw
+        try:
+            yield sim, create, namespace
+        finally:
+            await bus.close()
+        return
+    from phalanx_kube.kube import KubeCluster
+
+    plane = plane or request.getfixturevalue("kube")
+    api = plane.api
+    api.create_namespace(namespace)
+
+    async def create(obj):
+        return await anyio.to_thread.run_sync(api.create_pod, obj)
+    async with await KubeCluster.open(str(plane.kubeconfig)) as cluster:
+        yield cluster, create, namespace

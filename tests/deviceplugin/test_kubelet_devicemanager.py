@@ -9,21 +9,17 @@ assignment, exactly."""
 from __future__ import annotations
 
 import tempfile
-import uuid
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from dmharness import DeviceManager, bin_path
+from dmharness import DeviceManager, bin_path, cluster_of
 from dpkit import MIG_UUID, UUIDS, Binder, assignment, node_topology, pod, rdma_sysfs
 
-from phalanx_bus import Bus
 from phalanx_deviceplugin import delivery as dv
 from phalanx_deviceplugin.agent import AgentConfig, PluginAgent
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION
-from phalanx_kube.sim import SimCluster
 from phalanx_proto.events import Assignment, PodRef
 
 pytestmark = [pytest.mark.anyio, pytest.mark.deviceplugin]
@@ -87,32 +83,6 @@ class Node:
         return (await self.dm.request("devices", uid=p["metadata"]["uid"]))["devices"]["c0"]
 
 
-@asynccontextmanager
-async def cluster_of(kind: str, request):
-    """(ClusterPort, create_pod, namespace) on the simulated cluster or the real apiserver."""
-    namespace = f"dp-{uuid.uuid4().hex[:8]}"
-    if kind == "sim":
-        bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="deviceplugin-test")
-        sim = await SimCluster.open(bus)
-
-        async def create(obj):
-            return (await sim.apply_pod(obj)).raw
-        try:
-            yield sim, create, namespace
-        finally:
-            await bus.close()
-        return
-    from phalanx_kube.kube import KubeCluster
-
-    plane, api = request.getfixturevalue("kube"), request.getfixturevalue("kube_api")
-    api.create_namespace(namespace)
-
-    async def create(obj):
-        return await anyio.to_thread.run_sync(api.create_pod, obj)
-    async with await KubeCluster.open(str(plane.kubeconfig)) as cluster:
-        yield cluster, create, namespace
-
-
 @pytest.fixture(params=["sim", "kube"])
 async def node(request):
     async with cluster_of(request.param, request) as (cluster, create, namespace):
@@ -145,7 +115,8 @@ async def test_two_pods_bound_at_once_are_steered_to_exactly_their_own_gpus_and_
 
     assert await node.devices(big) == {GPU: sorted([UUIDS[0], UUIDS[2]])}
     assert await node.devices(rdma) == {GPU: [UUIDS[1]], "aliyun.com/rdma": ["mlx5_1-rdma-0"]}
-    assert (await node.options(big))["cdi"] == gpus(0, 2)
+    b = await node.options(big)
+    assert (b["cdi"], b["env"]["PHALANX_GPU_UUIDS"]) == (gpus(0, 2), f"{UUIDS[2]},{UUIDS[0]}")  # the assignment's order
     o = await node.options(rdma)
     assert (o["cdi"], o["devices"], o["env"]["PHALANX_RDMA_DEVICES"], o["env"]["NVIDIA_VISIBLE_DEVICES"]) == (
         gpus(1), ["/dev/infiniband/rdma_cm", "/dev/infiniband/umad1", "/dev/infiniband/uverbs1"], "mlx5_1", "void")

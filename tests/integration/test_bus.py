@@ -24,8 +24,8 @@ async def bus(nats_private):
     await b.close()
 
 
-async def collect(bus, durable, subject, handler, n, timeout=10):
-    """Run a consumer until ``handler`` has been called ``n`` times (bounded by ``timeout``)."""
+async def collect(bus, durable, subject, handler, n, timeout=10, concurrency=1):
+    """Run a consumer until ``handler`` has returned ``n`` times (bounded by ``timeout``)."""
     seen = []
 
     async def record(event, delivery):
@@ -37,7 +37,8 @@ async def collect(bus, durable, subject, handler, n, timeout=10):
     with anyio.fail_after(timeout):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: consume(bus, stream=S.STREAM_GANG, durable=durable, filter_subject=subject,
-                                          decoder=gang_decoder, handler=record, ack_wait_s=1.0))
+                                          decoder=gang_decoder, handler=record, ack_wait_s=1.0,
+                                          concurrency=concurrency))
     return seen
 
 
@@ -102,6 +103,39 @@ async def test_a_temporary_error_is_retried_and_a_permanent_one_is_dead_lettered
     assert seen == [(PlacementRequested(gang_id="default/t"), 2)]
     assert sorted(calls) == [("default/p", 1), ("default/t", 1), ("default/t", 2)]
     dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "ladder-test"))
+    assert "permanent: never" in dead.headers["Phalanx-Error"]
+
+
+async def test_a_concurrent_consumer_runs_up_to_its_bound_at_once_and_settles_each_message_alone(bus):
+    for i in range(12):
+        await bus.publish(f"phx.gang.placement.default.c{i}", PlacementRequested(gang_id=f"default/c{i}"))
+    in_flight, peak, calls = 0, 0, []
+    four_at_once = anyio.Event()
+
+    async def handler(event, delivery):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        calls.append((event.gang_id, delivery.num_delivered))
+        if in_flight == 4:
+            four_at_once.set()
+        try:
+            with anyio.fail_after(10):  # one message at a time would never get here
+                await four_at_once.wait()
+            await anyio.sleep(0.01)
+        finally:
+            in_flight -= 1
+        if event.gang_id == "default/c3" and delivery.num_delivered == 1:
+            raise TemporaryError("not yet", delay=0.1)
+        if event.gang_id == "default/c7":
+            raise PermanentError("never")
+
+    seen = await collect(bus, "parallel-test", "phx.gang.placement.>", handler, 11, timeout=30, concurrency=4)
+    assert peak == 4
+    assert sorted((e.gang_id, n) for e, n in seen) == sorted(
+        [(f"default/c{i}", 1) for i in range(12) if i not in (3, 7)] + [("default/c3", 2)])
+    assert sorted(calls) == sorted([(f"default/c{i}", 1) for i in range(12)] + [("default/c3", 2)])
+    dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "parallel-test"))
     assert "permanent: never" in dead.headers["Phalanx-Error"]
 
 

@@ -222,6 +222,11 @@ class ControlPlane:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     scheduler_port: int = 0
     etcd_url: str = ""
+    kwok_config: Path = STAGES
+    """kwok's stage file (benchmarks drop the periodic node heartbeat at thousands of nodes)."""
+    kwok_lease_s: int = 40
+    kwok_cidr: str = "10.0.0.0/24"
+    """Pod IPs kwok hands out: a /24 holds 254 running pods."""
 
     @property
     def ca_file(self) -> Path:
@@ -354,8 +359,8 @@ class ControlPlane:
     def _start_kwok(self) -> None:
         self._run("kwok", [
             self.bins / "kwok", f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", f"--config={STAGES}",
-            "--cidr=10.0.0.0/24", "--node-lease-duration-seconds=40"])
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", f"--config={self.kwok_config}",
+            f"--cidr={self.kwok_cidr}", f"--node-lease-duration-seconds={self.kwok_lease_s}"])
         # Prove kwok works before any test relies on it: a fake node must turn Ready.
         probe = f"kwok-probe-{secrets.token_hex(3)}"
         self.api.create_node(fake_gpu_node(probe))
@@ -367,14 +372,25 @@ class ControlPlane:
         finally:
             self.api.delete(f"/api/v1/nodes/{probe}")
 
-    def start_scheduler(self) -> None:
-        """Start kube-scheduler once (for tests and benchmarks that compare with it)."""
+    def start_scheduler(self, *, qps: float = 0, burst: int = 0) -> None:
+        """Start kube-scheduler once (for tests and benchmarks that compare with it). ``qps`` and
+        ``burst`` (when set) raise its client's rate limit through a KubeSchedulerConfiguration
+        (``clientConnection``), as scheduler_perf does."""
         if "kube-scheduler" in self.procs and self.procs["kube-scheduler"].poll() is None:
             return
+        if qps:
+            cfg = self.workdir / "kube-scheduler.yaml"
+            cfg.write_text(json.dumps({
+                "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": qps, "burst": burst or int(qps)},
+                "leaderElection": {"leaderElect": False}}))
+            how = [f"--config={cfg}"]
+        else:
+            how = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
         for attempt in range(3):
             sp = free_port()
             self._run("kube-scheduler", [
-                self.bins / "kube-scheduler", f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+                self.bins / "kube-scheduler", *how,
                 "--bind-address=127.0.0.1", f"--secure-port={sp}",
                 f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}"])
             try:
@@ -386,6 +402,10 @@ class ControlPlane:
                 self._terminate("kube-scheduler")
                 if attempt == 2:
                     raise
+
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler (a benchmark runs one scheduler at a time)."""
+        self._terminate("kube-scheduler")
 
     # -- identities --------------------------------------------------------------------------
     def kubeconfig_for(self, name: str, token: str) -> Path:
@@ -422,11 +442,12 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_control_plane(*, with_kwok: bool = True, with_scheduler: bool = False) -> ControlPlane:
-    """Start a control plane in a fresh temp dir. Raises ``HarnessError`` (binaries, start-up)."""
+def start_control_plane(*, with_kwok: bool = True, with_scheduler: bool = False, **tuning: Any) -> ControlPlane:
+    """Start a control plane in a fresh temp dir. Raises ``HarnessError`` (binaries, start-up).
+    ``tuning``: ``kwok_config``, ``kwok_lease_s``, ``kwok_cidr`` (see ``ControlPlane``)."""
     bins = bin_dir()
     workdir = Path(tempfile.mkdtemp(prefix="phalanx-kube-", dir=_scratch_root()))
-    plane = ControlPlane(bins=bins, workdir=workdir, with_kwok=with_kwok).start()
+    plane = ControlPlane(bins=bins, workdir=workdir, with_kwok=with_kwok, **tuning).start()
     if with_scheduler:
         try:
             plane.start_scheduler()

@@ -3,8 +3,10 @@ the TokenRequest API, can do its job through the real adapter, and is refused (4
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 
+import anyio
 import pytest
 import yaml
 from kubeharness import KubeApiError, fake_gpu_node, gpu_pod, unique
@@ -27,7 +29,7 @@ ACCESS = {
                          ("create", "pods", "", False), ("list", "nodes", "", False)],
     "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
                ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
-               ("list", "pods", "", False), ("watch", "pods", "", False), ("patch", "pods", "status", False),
+               ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", False),
                ("get", "nodes", "", False), ("get", "secrets", "", False)],
     "topology-discovery": [("get", "nodes", "", True), ("list", "nodes", "", True), ("watch", "nodes", "", True),
                            ("patch", "nodes", "status", True), ("patch", "nodes", "", False),
@@ -88,6 +90,11 @@ async def test_binder_binds_with_its_own_account_and_may_not_list_nodes(rbac, ku
         with pytest.raises(AdapterApiError) as e:
             await cluster.list_nodes()
         assert e.value.status == 403
+        with anyio.fail_after(30):  # the pod watch that releases fence entries
+            async with aclosing(cluster.watch_pods()) as events:
+                async for ev in events:
+                    if ev is None:
+                        break
     finally:
         await cluster.close()
     assert [e["count"] for e in kube_api.events(kube_ns, "to-bind")] == [2]

@@ -92,7 +92,7 @@ def test_only_cluster_services_may_create_ephemeral_consumers():
     permissions, so it is a way to publish anywhere: never for node agents or read-only users."""
     creators = sorted(i for i in S.IDENTITIES if any(re.match(r"^\$JS\.API\.CONSUMER\.CREATE\.[^.]+(\.>)?$", s)
                                                        for s in permissions(i).publish))
-    assert creators == [S.GANG_COORDINATOR, S.PLACEMENT]  # (admin may do anything)
+    assert creators == [S.BINDER, S.GANG_COORDINATOR, S.PLACEMENT]  # (admin may do anything)
 
 
 def test_a_node_agent_credential_carries_its_nodes_as_tags_and_no_permissions_of_its_own():

@@ -139,3 +139,24 @@ def test_a_spec_can_mix_models_and_mig_modes():
     assert m.gpu_count() == 2
     assert (m.mig_enabled(0), m.mig_enabled(1)) == (True, False)
     assert m.describe(1)[0] == "NVIDIA A100-40GB"
+
+
+def test_a_nodes_fake_names_its_gpus_as_topology_discovery_does_and_every_create_gets_a_new_mig_uuid():
+    from phalanx_nvml.fake import gpu_uuid
+
+    fake = from_spec("A100-40GBx2", node="node-a")
+    m = NvmlMig(fake)
+    assert [fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(i)) for i in range(2)] == [
+        gpu_uuid("node-a", "GPU0"), gpu_uuid("node-a", "GPU1")]
+    first = m.create(1, "3g.20gb", 0)
+    uuid_1 = m.list_instances(1)[0].uuid
+    m.destroy(1, first)
+    m.create(1, "3g.20gb", 0)  # the same slot again: a new device, as the driver makes it
+    uuid_2 = m.list_instances(1)[0].uuid
+    again = NvmlMig(from_spec("A100-40GBx2", node="node-a"))
+    again.create(1, "3g.20gb", 0)
+    other = NvmlMig(from_spec("A100-40GBx2", node="node-b"))
+    other.create(1, "3g.20gb", 0)
+    assert uuid_1.startswith("MIG-") and uuid_1 != uuid_2
+    assert again.list_instances(1)[0].uuid == uuid_1  # stable within a run: the same node's first create
+    assert other.list_instances(1)[0].uuid != uuid_1

@@ -150,7 +150,9 @@ def test_requests_valid_pods_parse_to_the_expected_request(case: str, spec: dict
 
 HANG = ("gpu-core 0 is not allowed: it would make the GPU program in the container hang without output (seed "
         "FAQ Q1); give a percent from 1 to 100, or leave gpu-core out for no compute limit")
-CORE_RANGE = "gpu-core is a percent of one GPU's compute and must be an integer from 1 to 100"
+CORE_MOST = "must be at most 100: gpu-core is a percent of one GPU's compute"
+NOT_INTEGER = "must be an integer (the API server's rule for extended resources)"
+NEGATIVE = "must be greater than or equal to 0"
 SLICES = "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"
 APP_LIMITS = "spec.containers[app].resources.limits"
 
@@ -164,17 +166,16 @@ INVALID = [
     ("gpu-core 0 is rejected because it would hang the GPU program",
      pod(ctr(aliyun_gpu__core="0", aliyun_gpu__memory="4")),
      [Violation(lim("app", "aliyun.com/gpu-core"), "0", HANG)]),
-    ("a negative gpu-core is rejected with its range", pod(ctr(aliyun_gpu__core="-5")),
-     [Violation(lim("app", "aliyun.com/gpu-core"), "-5", CORE_RANGE)]),
+    ("a negative gpu-core is rejected as the API server rejects it", pod(ctr(aliyun_gpu__core="-5")),
+     [Violation(lim("app", "aliyun.com/gpu-core"), "-5", NEGATIVE)]),
     ("gpu-core over 100 is rejected with its range", pod(ctr(aliyun_gpu__core=101)),
-     [Violation(lim("app", "aliyun.com/gpu-core"), "101", CORE_RANGE)]),
+     [Violation(lim("app", "aliyun.com/gpu-core"), "101", CORE_MOST)]),
     ("a fractional gpu-core is not an integer", pod(ctr(aliyun_gpu__core="0.5")),
-     [Violation(lim("app", "aliyun.com/gpu-core"), "0.5",
-                'gpu-core must be a plain integer percent from 1 to 100, such as "50"')]),
-    ("a Kubernetes quantity for gpu-memory is not a plain GiB integer", pod(ctr(aliyun_gpu__memory="4Gi")),
+     [Violation(lim("app", "aliyun.com/gpu-core"), "0.5", NOT_INTEGER)]),
+    ("gpu-memory 4Gi is 4Gi GiB, more than any GPU has", pod(ctr(aliyun_gpu__memory="4Gi")),
      [Violation(lim("app", "aliyun.com/gpu-memory"), "4Gi",
-                'gpu-memory must be a plain integer number of GiB, such as "4" (not a Kubernetes quantity like 4Gi '
-                "or 0.5; for MiB use aliyun.com/gpu-memory-mib)")]),
+                'must be at most 1024: gpu-memory is GiB of one GPU\'s memory, and no GPU has more than 1 TiB (4 GiB '
+                'is written "4", not "4Gi")')]),
     ("gpu-memory 0 GiB is rejected", pod(ctr(aliyun_gpu__memory="0")),
      [Violation(lim("app", "aliyun.com/gpu-memory"), "0",
                 "gpu-memory is GiB of GPU memory and must be at least 1 (for less, use aliyun.com/gpu-memory-mib)")]),
@@ -212,9 +213,9 @@ INVALID = [
      [Violation(lim("app", "nvidia.com/gpu"), "0",
                 "nvidia.com/gpu is a number of whole GPUs and must be at least 1 (leave it out to ask for none)")]),
     ("a fractional whole-GPU count is not an integer", pod(ctr(nvidia_gpu="1.5")),
-     [Violation(lim("app", "nvidia.com/gpu"), "1.5", "nvidia.com/gpu must be a plain integer")]),
+     [Violation(lim("app", "nvidia.com/gpu"), "1.5", NOT_INTEGER)]),
     ("a boolean is not an integer", pod(ctr(aliyun_gpu=True)),
-     [Violation(lim("app", "aliyun.com/gpu"), "true", "aliyun.com/gpu must be a plain integer")]),
+     [Violation(lim("app", "aliyun.com/gpu"), "true", 'a quantity is a string such as "4" or a number, not true')]),
     ("containers asking different shares with replica are heterogeneous",
      pod(ctr("a", aliyun_gpu__core="50", aliyun_gpu__memory="4"), ctr("b", aliyun_gpu__core="30"),
          labels={"replica": "2"}),
@@ -236,11 +237,12 @@ INVALID = [
                 "replica asks for 2 GPUs but no container says what each GPU gets: set aliyun.com/gpu-core and/or "
                 "aliyun.com/gpu-memory (or gpu-slice) in resources.limits")]),
     ("replica that is not a positive integer is rejected", pod(ctr(aliyun_gpu__core="5"), labels={"replica": "two"}),
-     [Violation("metadata.labels[replica]", "two", "replica is the number of GPUs and must be an integer of at least 1")]),
+     [Violation("metadata.labels[replica]", "two",
+                "replica is the number of GPUs: must be a whole number written with ASCII digits 0-9 only")]),
     ("rdma is a switch, not a NIC count", pod(ctr(aliyun_gpu="1", aliyun_rdma="2"), hostNetwork=True),
      [Violation(lim("app", "aliyun.com/rdma"), "2",
-                'aliyun.com/rdma is a switch, not a NIC count: set it to "1" to place GPUs and RDMA NICs together, '
-                "or leave it out")]),
+                'must be at most 1: aliyun.com/rdma is a switch, not a NIC count: set it to "1" to place GPUs and '
+                "RDMA NICs together, or leave it out")]),
     ("rdma with a GPU share is rejected", pod(ctr(aliyun_gpu__core="50", aliyun_rdma="1"), hostNetwork=True),
      [Violation(lim("app", "aliyun.com/rdma"), "1",
                 "aliyun.com/rdma places whole GPUs together with RDMA NICs: ask for aliyun.com/gpu (1 to 8) with it, "
@@ -289,7 +291,7 @@ INVALID = [
                 "init containers cannot ask for GPU resources; ask in the main containers")]),
     ("a min-member of zero is rejected", pod(ctr(nvidia_gpu="1"), labels={"aliyun.com/min-member": "0"}),
      [Violation("metadata.labels[aliyun.com/min-member]", "0",
-                "min-member is the number of pods in the gang and must be an integer of at least 1")]),
+                "min-member is the number of pods in the gang: must be at least 1")]),
     ("every broken rule is listed, not just the first", pod(ctr(aliyun_gpu__core="0", aliyun_gpu__slice="5")),
      [Violation(lim("app", "aliyun.com/gpu-core"), "0", HANG),
       Violation(lim("app", "aliyun.com/gpu-slice"), "5", SLICES)]),
@@ -320,6 +322,102 @@ def test_requests_turn_into_the_wire_member_spec() -> None:
     ref = PodRef(namespace="default", name="tdm-demo")
     assert req.member_spec(ref) == MemberSpec(pod=ref, gpus=1, core_pct=50, memory_mib=4096,
                                               resource_name="nvidia.com/gpu")
+
+
+# --- hostile input: the exact values users tried ------------------------------------------------
+
+GRAMMAR_RULE = ("a Kubernetes quantity is ASCII digits with an optional sign and decimal point and an optional suffix "
+                "(Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or an exponent such as e3); the API server rejects anything "
+                "else")
+GPUS_MOST = "must be at most 64: a pod's GPUs are on one node, and no node has more than 64 GPUs"
+TEN_20 = "100000000000000000000"
+SUBDOMAIN = ("must be a DNS-1123 subdomain: at most 253 characters, lower-case ASCII letters, digits, '-' and '.', "
+             "each part starting and ending with a letter or digit")
+
+
+@pytest.mark.parametrize(("case", "spec", "expected"), cases(
+    ("an Arabic-Indic four is not four GPUs", pod(ctr(nvidia_gpu="٤")),
+     [Violation(lim("app", "nvidia.com/gpu"), "٤", GRAMMAR_RULE)]),
+    ("a full-width eight is not eight GPUs", pod(ctr(aliyun_gpu="８")),
+     [Violation(lim("app", "aliyun.com/gpu"), "８", GRAMMAR_RULE)]),
+    ("10^20 GPUs name the bound", pod(ctr(nvidia_gpu=TEN_20)), [Violation(lim("app", "nvidia.com/gpu"), TEN_20, GPUS_MOST)]),
+    ("10^20 GPUs as a YAML integer name the bound", pod(ctr(nvidia_gpu=10**20)),
+     [Violation(lim("app", "nvidia.com/gpu"), TEN_20, GPUS_MOST)]),
+    ("10^20 MiB of GPU memory name the bound", pod(ctr(aliyun_gpu__memory__mib=TEN_20)),
+     [Violation(lim("app", "aliyun.com/gpu-memory-mib"), TEN_20,
+                "must be at most 1048576: gpu-memory-mib is MiB of one GPU's memory, and no GPU has more than 1 TiB")]),
+    ("replica 10^20 names the bound", pod(ctr(aliyun_gpu__core="5"), labels={"replica": TEN_20}),
+     [Violation("metadata.labels[replica]", TEN_20, f"replica is the number of GPUs: {GPUS_MOST}")]),
+    ("an Arabic-Indic replica is neither a label value nor a number", pod(ctr(aliyun_gpu__core="5"),
+                                                                         labels={"replica": "٤"}),
+     [Violation("metadata.labels[replica]", "٤", "a label value is empty or at most 63 ASCII letters, digits, '-', "
+                                                "'_' and '.', starting and ending with a letter or digit"),
+      Violation("metadata.labels[replica]", "٤",
+                "replica is the number of GPUs: must be a whole number written with ASCII digits 0-9 only")]),
+    ("min-member 10^20 names the bound", pod(ctr(nvidia_gpu="1"), labels={"aliyun.com/min-member": TEN_20}),
+     [Violation("metadata.labels[aliyun.com/min-member]", TEN_20,
+                "min-member is the number of pods in the gang: must be at most 10000: a gang has at most 10000 pods "
+                "(the wire contract's bound: one decision commits at most 1,000 nodes)")]),
+    ("a pod name of 200,000 characters is refused and shown cut", pod(ctr(nvidia_gpu="1"), name="a" * 200_000),
+     [Violation("metadata.name", "a" * 60 + "... (200000 characters)", SUBDOMAIN)]),
+    ("an emoji pod name is refused", pod(ctr(nvidia_gpu="1"), name="train-\U0001f680"),
+     [Violation("metadata.name", "train-\U0001f680", SUBDOMAIN)]),
+    ("an unquoted label value is refused as the API server refuses it",
+     pod(ctr(aliyun_gpu__core="5"), labels={"replica": 2}),
+     [Violation("metadata.labels[replica]", "2", 'label values are strings: write the value in quotes, e.g. "4"')]),
+    ("initContainers that is an integer is a shape error, not a crash", pod(ctr(nvidia_gpu="1"), initContainers=5),
+     [Violation("spec.initContainers", "5", "must be a list of containers")]),
+    ("a container that is not a mapping is named", pod(ctr(nvidia_gpu="1"), initContainers=[7]),
+     [Violation("spec.initContainers[0]", "7", "must be a container (a mapping)")]),
+))
+def test_requests_hostile_values_are_violations_naming_the_rule(case: str, spec: dict,
+                                                                expected: list[Violation]) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_pod(spec)
+    assert info.value.violations == tuple(expected)
+
+
+def _jobset(parallelism: object) -> dict:
+    obj = example("gang-nccl-test.yaml")
+    obj["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = parallelism
+    return obj
+
+
+def _self_referencing_list() -> dict:
+    obj: dict = {"kind": "List", "items": []}
+    obj["items"].append(obj)
+    return obj
+
+
+WORKER = "JobSet/gang-nccl-test spec.replicatedJobs[worker]"
+NOT_INT = "must be an integer (a number without quotes or decimal point)"
+
+
+@pytest.mark.parametrize(("case", "obj", "expected"), cases(
+    ("a JobSet parallelism of \"four\" is an error, not 1", _jobset("four"),
+     (ObjectCheck(where=WORKER, violations=(Violation(
+         "spec.replicatedJobs[0].template.spec.parallelism", "four", NOT_INT),)),)),
+    ("a quoted JobSet parallelism is an error, as the API server's is", _jobset("7"),
+     (ObjectCheck(where=WORKER, violations=(Violation(
+         "spec.replicatedJobs[0].template.spec.parallelism", "7", NOT_INT),)),)),
+    ("a JobSet whose replicatedJobs is an integer", {"kind": "JobSet", "metadata": {"name": "j"},
+                                                     "spec": {"replicatedJobs": 3}},
+     (ObjectCheck(where="JobSet/j", violations=(Violation("spec.replicatedJobs", "3",
+                                                          "must be a list of replicated jobs"),)),)),
+    ("a List whose items is an integer", {"kind": "List", "items": 3},
+     (ObjectCheck(where="List (unnamed)", violations=(Violation("items", "3", "must be a list of objects"),)),)),
+    ("a self-referencing List ends at its first level", _self_referencing_list(),
+     (ObjectCheck(where="List (unnamed)", violations=(Violation("items[0].kind", "List",
+                                                                "a List item cannot itself be a List"),)),)),
+    ("a Job's parallelism of 10^20 names the bound",
+     {"kind": "Job", "metadata": {"name": "j"}, "spec": {"parallelism": 10**20, "template": pod(ctr(nvidia_gpu="1"))}},
+     (ObjectCheck(where="Job/j", violations=(Violation(
+         "spec.parallelism", TEN_20, "must be at most 10000: a gang has at most 10000 pods (the wire contract's "
+                                     "bound: one decision commits at most 1,000 nodes)"),)),)),
+))
+def test_requests_malformed_workload_objects_are_violations(case: str, obj: dict,
+                                                            expected: tuple[ObjectCheck, ...]) -> None:
+    assert check_object(obj) == expected
 
 
 # --- node-side: the GPU model ---------------------------------------------------------------
@@ -448,7 +546,6 @@ def test_validate_checks_the_gpu_model_when_given(capsys: pytest.CaptureFixture[
     ("a missing file", None),
     ("a YAML syntax error", "kind: Pod\n  spec: [\n"),
     ("a file without objects", "# nothing\n"),
-    ("a document that is not a mapping", "- a\n- b\n"),
 ))
 def test_validate_exits_2_for_unreadable_input(case: str, content: str | None, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,19 +91,19 @@ def test_show_exits_2_with_the_reason_on_stderr_for_a_missing_file(capsys, tmp_p
     assert err == f"phalanx topology show: cannot read {tmp_path / 'nope.txt'}: No such file or directory\n"
 
 
-def test_show_exits_2_naming_the_line_for_a_malformed_matrix(capsys, tmp_path):
+def test_show_exits_1_naming_the_line_for_a_malformed_matrix(capsys, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("  GPU0 GPU1\nGPU0 X NV1\nGPU1 NV2 X\n")
     code, out, err = run(capsys, "topology", "show", str(bad))
-    assert (code, out) == (2, "")
+    assert (code, out) == (1, "")
     assert err.startswith(f"phalanx topology show: {bad}: line 3: GPU0–GPU1 is NV1 on line 2 but GPU1–GPU0 is NV2")
 
 
-def test_show_exits_2_naming_the_key_for_an_invalid_yaml_file(capsys, tmp_path):
+def test_show_exits_1_naming_the_key_for_an_invalid_yaml_file(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: phalanx.io/v1alpha1\nkind: NodeTopology\nnode: n\ngpu: []\n")
     code, _, err = run(capsys, "topology", "show", str(bad))
-    assert code == 2
+    assert code == 1
     assert "unknown field `gpu`" in err
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx_input import Unreadable
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology import TopologyParseError, load_file
 from phalanx_topology.yamlfmt import dump, dumps, load, loads
@@ -125,8 +126,6 @@ INVALID = [
      "small.yaml: Object missing required field `node`"),
     ("the wrong kind", _edit("kind: NodeTopology", "kind: Node"),
      "small.yaml: expected apiVersion: phalanx.io/v1alpha1 and kind: NodeTopology, got phalanx.io/v1alpha1 / Node"),
-    ("a duplicate key", _edit("  GPU1:    NV2  X    PHB\n", "  GPU1:    NV2  X    PHB\n  GPU1:    NV2  X    PHB\n"),
-     "small.yaml: line 13: duplicate key 'GPU1'"),
     ("a row with a missing cell", _edit("GPU1:    NV2  X    PHB", "GPU1:    NV2  X"),
      "small.yaml: matrix.GPU1: 2 cells, expected 3 (one per column: GPU0 GPU1 mlx5_0)"),
     ("a missing row", _edit("  mlx5_0:  PIX  PHB  X\n", ""),
@@ -141,7 +140,21 @@ INVALID = [
      "small.yaml: matrix.GPU1: GPU1–mlx5_0 has unknown relation 'QPI'"),
     ("a device name used twice", _edit("{name: mlx5_0}", "{name: GPU1}"),
      "small.yaml: device name 'GPU1' is used twice"),
-    ("text that is not YAML", "gpus: [\n", "small.yaml: line 2: not valid YAML"),
+    ("an NVLink count of NV99999999999999999999 is bounded",
+     _edit("GPU0:    X    NV2  PIX\n  GPU1:    NV2", "GPU0:    X    NV99999999999999999999  PIX\n  GPU1:    "
+                                                     "NV99999999999999999999"),
+     "small.yaml: matrix.GPU0: GPU0–GPU1 is 'NV99999999999999999999': a GPU pair has at most 18 NVLinks"),
+    ("a GPU index of 10^20 is bounded", _edit("{index: 1, numa: 0}", "{index: 100000000000000000000, numa: 0}"),
+     "small.yaml: 'GPU100000000000000000000': index 100000000000000000000: a GPU index is below 64"),
+    ("10^20 MiB of GPU memory is bounded", _edit("{index: 1, numa: 0}", "{index: 1, numa: 0, memory_mib: 100000000000000000000}"),
+     "small.yaml: 'GPU1': memory_mib 100000000000000000000: no GPU has more than 1048576 MiB (1 TiB)"),
+    ("a NUMA id beyond Linux's is bounded", _edit("{index: 1, numa: 0}", "{index: 1, numa: 99999}"),
+     "small.yaml: 'GPU1': numa 99999: a NUMA id is -1 (unknown) or below 1024"),
+    ("a CPU list too wide to expand is refused before it is expanded",
+     _edit("{index: 1, numa: 0}", "{index: 1, numa: 0, cpu_affinity: 0-99999999999}"),
+     "small.yaml: 'GPU1': cpu_affinity: '0-99999999999' is not a CPU list"),
+    ("two YAML documents are not one topology", SMALL + "---\n" + SMALL,
+     "small.yaml: 2 YAML documents; a topology file holds one"),
     ("a document that is not a mapping", "- 1\n- 2\n", "small.yaml: Expected `object`, got `array`"),
 ]
 
@@ -178,13 +191,37 @@ def test_load_file_reads_yaml_by_extension_or_by_content_and_node_overrides_the_
         assert load_file(path, node="other").node == "other"
 
 
-def test_load_file_raises_os_error_for_a_missing_file_and_parse_error_for_a_binary_one(tmp_path):
+UNREADABLE = [
+    ("a duplicate key", _edit("  GPU1:    NV2  X    PHB\n", "  GPU1:    NV2  X    PHB\n  GPU1:    NV2  X    PHB\n"),
+     "small.yaml: line 13: not valid YAML (duplicate key 'GPU1')"),
+    ("text that is not YAML", "gpus: [\n", "small.yaml: line 2: not valid YAML"),
+    ("an alias bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 10) + "]\n" for i in range(7)),
+     "small.yaml: line 6: more than 1000000 YAML nodes once aliases are expanded"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "message"), UNREADABLE, ids=[c[0] for c in UNREADABLE])
+def test_text_that_is_not_safe_yaml_is_unreadable(case, text, message):
+    with pytest.raises(Unreadable, match="^" + re.escape(message)):
+        loads(text, source="yaml:small.yaml")
+
+
+@pytest.mark.parametrize(("case", "data", "message"), [
+    pytest.param("binary", b"\xff\xfe\x00GPU0", "not a text file (a NUL byte at offset 2)", id="binary"),
+    pytest.param("not UTF-8", b"GPU0 \xff", "not UTF-8 text (invalid start byte at byte 5)", id="not UTF-8"),
+    pytest.param("too large", b"#" * (1024 * 1024 + 1), "larger than 1048576 bytes", id="too large"),
+])
+def test_load_file_refuses_what_is_not_a_small_text_file(case, data, message, tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_bytes(data)
+    with pytest.raises(Unreadable, match="^" + re.escape(message)):
+        load_file(path)
+
+
+def test_load_file_raises_os_error_for_a_missing_file(tmp_path):
     with pytest.raises(OSError):
         load_file(tmp_path / "missing.txt")
-    binary = tmp_path / "x.bin"
-    binary.write_bytes(b"\xff\xfe\x00GPU0")
-    with pytest.raises(TopologyParseError, match="not a text file"):
-        load_file(binary)
 
 
 def test_dump_writes_the_file_that_load_reads(tmp_path):

@@ -1,0 +1,360 @@
+"""Phalanx against kube-scheduler at cluster scale, on one real kube-apiserver, in one run.
+
+For each node count N (default 100, 1,000, 5,000): one control plane (etcd, kube-apiserver
+v1.36.3, kwok; ``tests/kube/kubeharness.py``) with N kwok nodes of 8 GPUs, labelled into
+network tiers as ``phalanx_runtime.synthetic`` lays them out (HyperNodes of 8 nodes, leaf
+switches of 64, network-pods of 512). Two workloads, each run by both schedulers on the same
+API server, one scheduler at a time, the other stopped and every pod deleted in between:
+
+* ``single``: ``--pods`` one-GPU pods (at most 90 % of the cluster's GPUs);
+* ``gangs``: ``--gang-pods`` one-GPU pods in gangs, half of them in gangs of 64 and half in
+  gangs of 8 (JobSet labels and ``aliyun.com/min-member``; kube-scheduler has no gangs and
+  places the same pods one by one), gangs created in a seeded random order.
+
+Phalanx runs as the Deployments would (``phalanx run … --cluster kube``: a nats-server,
+placement, gang-coordinator, binder) plus one ``node-fleet`` process that plays every node's
+topology-discovery and mig-manager. Both schedulers' clients are raised to ``--qps`` (kube-
+scheduler through its ``clientConnection``, as scheduler_perf does) so that no client rate
+limiter is what is measured. Pods are created by 8 threads; a pod's pending→bound latency runs
+from just before its create request to the moment a pod watch (opened before) shows
+``spec.nodeName``; pods/s is the bound pods over the time from the first create to the last
+binding. A phase stops after ``--cap-s``: pods not bound by then count as unbound (a
+percentile that falls on them prints as ``>cap``). CPU seconds per bound pod sum every process
+of the scheduler (Phalanx: placement, gang-coordinator, binder, nats-server; the node fleet is
+shown apart, since real node agents run on their nodes) from ``/proc/<pid>/stat``; the API
+server, etcd and kwok are shown per phase for context. kwok runs without its periodic node
+heartbeat stage and with 10-minute leases (at thousands of nodes they would take the
+control plane's CPU; nothing here needs them), and hands out pod IPs from a /16.
+
+    .venv/bin/python bench/scale.py                                   # 100, 1,000, 5,000 nodes
+    .venv/bin/python bench/scale.py --nodes 1000 --pods 2000 --cap-s 600 --json
+    .venv/bin/python bench/scale.py --nodes 100 --nodes 1000 --plot scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "kube"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import kubeharness  # noqa: E402
+from kube_baseline import BindWatch  # noqa: E402
+from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
+from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
+
+from phalanx_runtime.stack import Stack  # noqa: E402
+from phalanx_runtime.synthetic import synthetic_cluster  # noqa: E402
+
+SERVICES = ("placement", "gang-coordinator", "binder")
+CREATORS = 8
+FLEET_HEARTBEAT_S = 10.0
+STALE_S = 45.0
+"""The fleet beats every 10 s and placement allows 45 s: the simulated agents share the CPUs."""
+
+
+def kwok_stages(workdir: Path) -> Path:
+    """The harness's kwok stages without the periodic node heartbeat."""
+    docs = [d for d in yaml.safe_load_all(kubeharness.STAGES.read_text()) if d]
+    kept = [d for d in docs if d["metadata"]["name"] != "node-heartbeat"]
+    out = workdir / "kwok-stages-scale.yaml"
+    out.write_text(yaml.safe_dump_all(kept))
+    return out
+
+
+def say(*a: object) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def in_threads(fn, items, workers: int = CREATORS) -> None:
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+# -- workloads --------------------------------------------------------------------------------
+def workload(kind: str, gpus: int, pods: int, gang_pods: int, seed: int) -> list[tuple[str, str, int]]:
+    """(pod name, gang name or "", gang size) in creation order."""
+    if kind == "single":
+        return [(f"p{i:05d}", "", 1) for i in range(min(pods, int(0.9 * gpus)))]
+    total = min(gang_pods, int(0.8 * gpus))
+    gangs = [64] * (total // 2 // 64) + [8] * ((total - total // 2 // 64 * 64) // 8)
+    random.Random(seed).shuffle(gangs)
+    out = []
+    for g, size in enumerate(gangs):
+        out += [(f"g{g:03d}x{size}-m{m:02d}", f"g{g:03d}x{size}", size) for m in range(size)]
+    return out
+
+
+def pod_object(name: str, gang: str, size: int, namespace: str, scheduler: str) -> dict:
+    labels = {"jobset.sigs.k8s.io/jobset-name": gang, "aliyun.com/min-member": str(size)} if gang else {}
+    return gpu_pod(name, namespace, 1, scheduler=scheduler, labels=labels)
+
+
+# -- one phase --------------------------------------------------------------------------------
+class Cpu:
+    """CPU seconds of named process groups between ``start`` and ``stop``."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self.start = {g: sum(map(cpu_seconds, pids)) for g, pids in groups.items()}
+
+    def stop(self) -> dict[str, float]:
+        return {g: sum(map(cpu_seconds, pids)) - self.start[g] for g, pids in self.groups.items()}
+
+
+def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[str, str, int]], scheduler: str,
+              cap_s: float, groups: dict[str, list[int]]) -> dict:
+    api: KubeApi = plane.api
+    api.create_namespace(namespace)
+    watch = BindWatch(plane, namespace)
+    created: dict[str, float] = {}
+    cpu = Cpu(groups)
+
+    def create(item: tuple[str, str, int]) -> None:
+        name, gang, size = item
+        created[name] = time.perf_counter()
+        api.create_pod(pod_object(name, gang, size, namespace, scheduler))
+
+    creator = threading.Thread(target=in_threads, args=(create, pods), daemon=True)
+    started = time.perf_counter()
+    creator.start()
+    last_report = started
+    try:
+        while len(watch.bound) < len(pods) and time.perf_counter() - started < cap_s and watch.error is None:
+            time.sleep(0.1)
+            if time.perf_counter() - last_report >= 10:
+                last_report = time.perf_counter()
+                say(f"  [{label}] {len(created)} created, {len(watch.bound)}/{len(pods)} bound, "
+                    f"{len(watch.bound) / (last_report - started):.1f} pods/s, {last_report - started:.0f} s")
+        used = cpu.stop()
+        creator.join(120)
+    finally:
+        watch.close()
+    if watch.error is not None:
+        raise RuntimeError(f"{label}: the pod watch broke: {watch.error!r}")
+    bound = dict(watch.bound)
+    lat = [(bound[n][0] - created[n]) if n in bound else math.inf for n, _, _ in pods]
+    span = (max(t for t, _ in bound.values()) - min(created.values())) if bound else cap_s
+    gang_done: dict[int, list[float]] = {}
+    for members in _gangs(pods).values():
+        done = all(m in bound for m in members)
+        gang_done.setdefault(len(members), []).append(
+            max(bound[m][0] for m in members) - min(created[m] for m in members) if done else math.inf)
+    result = {"scheduler": scheduler, "pods": len(pods), "bound": len(bound), "seconds": span,
+              "pods_per_s": len(bound) / span if span > 0 else 0.0, "p50_s": pct(lat, 0.5), "p99_s": pct(lat, 0.99),
+              "gang_p50_s": {size: pct(times, 0.5) for size, times in sorted(gang_done.items())},
+              "cpu_s": used, "cap_s": cap_s}
+    say(f"  [{label}] done: {len(bound)}/{len(pods)} bound in {span:.1f} s")
+    return result
+
+
+def _gangs(pods: list[tuple[str, str, int]]) -> dict[str, list[str]]:
+    """Gang → its members (single pods are in none)."""
+    out: dict[str, list[str]] = {}
+    for name, gang, _ in pods:
+        if gang:
+            out.setdefault(gang, []).append(name)
+    return out
+
+
+def check_phalanx_bindings(api: KubeApi, namespace: str) -> None:
+    """Every bound pod has its assignment annotation, on its node, and no GPU is handed out twice."""
+    seen: set[tuple[str, int]] = set()
+    for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        node = pod["spec"].get("nodeName")
+        if not node:
+            continue
+        a = json.loads(pod["metadata"]["annotations"]["phalanx.io/assignment"])
+        assert a["node"] == node, a
+        for g in a["gpus"]:
+            assert (node, g) not in seen, f"GPU {g} of {node} assigned twice"
+            seen.add((node, g))
+
+
+def delete_pods(api: KubeApi, namespace: str) -> None:
+    api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + 120
+    while api.get(f"/api/v1/namespaces/{namespace}/pods", query={"limit": 1})["items"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pods of {namespace} not gone after 120 s")
+        time.sleep(0.5)
+
+
+# -- one cluster size -------------------------------------------------------------------------
+def run_size(n: int, args, work: Path) -> list[dict]:
+    t0 = time.monotonic()
+    cluster = synthetic_cluster(f"{n}x8v100")
+    plane = kubeharness.start_control_plane(kwok_config=kwok_stages(work), kwok_lease_s=600,
+                                            kwok_cidr="10.0.0.0/16")
+    rows = []
+    try:
+        api = plane.api
+        in_threads(lambda node: api.create_node(fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
+        say(f"{n} nodes: control plane up and nodes created ({time.monotonic() - t0:.0f} s)")
+        context = {"control plane": [plane.procs[p].pid for p in ("kube-apiserver", "etcd", "kwok")]}
+        kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig),
+                     "--kube-api-qps", str(args.qps), "--kube-api-burst", str(args.burst)]
+        for kind in args.workloads:
+            pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
+            if "phalanx" in args.schedulers:
+                rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context))
+            if "kube-scheduler" in args.schedulers:
+                plane.start_scheduler(qps=args.qps, burst=args.qps)
+                time.sleep(2)
+                groups = {"scheduler": [plane.procs["kube-scheduler"].pid], **context}
+                r = run_phase(plane, f"kube-scheduler {n} nodes {kind}", f"k-{kind}", pods, "default-scheduler",
+                              args.cap_s, groups)
+                plane.stop_scheduler()
+                delete_pods(api, f"k-{kind}")
+                rows.append({"nodes": n, "workload": kind, **r})
+    finally:
+        plane.stop()
+    return rows
+
+
+def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work: Path, context) -> dict:
+    api = plane.api
+    fleet_args = [*kube_args, "--heartbeat-s", str(FLEET_HEARTBEAT_S), "--label-refresh-s", "3600"]
+    stack = Stack(cluster, workdir=str(work / f"stack-{n}-{kind}"), fleet=True,
+                  service_args={"placement": [*kube_args, "--heartbeat-stale-s", str(STALE_S)],
+                                "gang-coordinator": kube_args, "binder": kube_args, "node-fleet": fleet_args})
+    stack.start_nats()
+    try:
+        started = time.monotonic()
+        stack.start_services(timeout_s=180 + 0.2 * n)
+        deadline = time.monotonic() + 120 + 0.05 * n
+        while True:
+            items = api.get("/api/v1/nodes")["items"]
+            advertised = sum(1 for i in items if i["status"].get("capacity", {}).get("aliyun.com/gpu-core"))
+            if advertised >= n:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {advertised}/{n} nodes advertised by the fleet")
+            time.sleep(2)
+        say(f"{n} nodes: Phalanx ready ({time.monotonic() - started:.0f} s); {kind}: {len(pods)} pods")
+        time.sleep(2)
+        pid = {name: stack.procs[name].proc.pid for name in (*SERVICES, "node-fleet")}
+        groups = {"scheduler": [pid[s] for s in SERVICES] + [stack.nats.proc.pid],
+                  "node agents": [pid["node-fleet"]], **context}
+        r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
+        r["placement_rss_mib"] = memory_mib(pid["placement"])[1]
+        check_phalanx_bindings(api, f"p-{kind}")
+    finally:
+        stack.stop()
+    delete_pods(api, f"p-{kind}")
+    return {"nodes": n, "workload": kind, **r}
+
+
+# -- output -----------------------------------------------------------------------------------
+def _secs(v: float, cap: float) -> str:
+    return f">{cap:.0f} s" if math.isinf(v) else (f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s")
+
+
+def table(rows: list[dict]) -> str:
+    out = [f"{'nodes':>6} {'workload':<8} {'scheduler':<15} {'bound':>11} {'pods/s':>8} {'p50':>9} {'p99':>9} "
+           f"{'gang-8 p50':>11} {'gang-64 p50':>12} {'CPU s/pod':>10} {'agents':>8} {'apiserver+':>11} "
+           f"{'plc RSS':>8}", "-" * 136]
+    for r in rows:
+        per_pod = {g: c / max(1, r["bound"]) for g, c in r["cpu_s"].items()}
+        gangs = r["gang_p50_s"]
+        out.append(
+            f"{r['nodes']:>6} {r['workload']:<8} {('Phalanx' if r['scheduler'] == 'phalanx' else 'kube-scheduler'):<15} "
+            f"{r['bound']:>5}/{r['pods']:<5} {r['pods_per_s']:>8.1f} {_secs(r['p50_s'], r['cap_s']):>9} "
+            f"{_secs(r['p99_s'], r['cap_s']):>9} "
+            f"{(_secs(gangs[8], r['cap_s']) if 8 in gangs else '-'):>11} "
+            f"{(_secs(gangs[64], r['cap_s']) if 64 in gangs else '-'):>12} "
+            f"{per_pod['scheduler']:>10.4f} {per_pod.get('node agents', 0):>8.4f} {per_pod['control plane']:>11.4f} "
+            f"{(str(round(r['placement_rss_mib'])) + ' MiB') if 'placement_rss_mib' in r else '-':>8}")
+    pairs = {}
+    for r in rows:
+        pairs.setdefault((r["nodes"], r["workload"]), {})[r["scheduler"]] = r
+    ratios = [f"Phalanx / kube-scheduler pods/s at {n} nodes, {w}: "
+              f"{p['phalanx']['pods_per_s'] / p['default-scheduler']['pods_per_s']:.2f}"
+              for (n, w), p in pairs.items() if len(p) == 2 and p["default-scheduler"]["pods_per_s"] > 0]
+    return "\n".join(out + [""] + ratios)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit(f"--plot needs matplotlib ({e})") from e
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scheduler, name, color in (("phalanx", "Phalanx", "tab:blue"), ("default-scheduler", "kube-scheduler",
+                                                                           "tab:orange")):
+        mine = sorted((r for r in rows if r["scheduler"] == scheduler and r["workload"] == "single"),
+                      key=lambda r: r["nodes"])
+        for key, style in (("p50_s", "-o"), ("p99_s", "--s")):
+            pts = [(r["nodes"], r[key]) for r in mine if math.isfinite(r[key])]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, color=color, label=f"{name} {key[:3]}")
+    ax.set(xscale="log", yscale="log", xlabel="nodes (8 GPUs each)", ylabel="pending→bound (s)",
+           title="One-GPU pods on kwok nodes, same kube-apiserver")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, action="append", help="kwok nodes of 8 GPUs (repeatable; default 100 1000 5000)")
+    p.add_argument("--pods", type=int, default=2000, help="one-GPU pods of the single workload (default %(default)s)")
+    p.add_argument("--gang-pods", type=int, default=1024, help="pods of the gang workload (default %(default)s)")
+    p.add_argument("--workloads", default="single,gangs", help="comma list of single, gangs (default %(default)s)")
+    p.add_argument("--schedulers", default="phalanx,kube-scheduler", help="comma list (default %(default)s)")
+    p.add_argument("--cap-s", type=float, default=300.0, help="seconds one phase may run (default %(default)s)")
+    p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
+    p.add_argument("--burst", type=int, default=1000, help="Phalanx's client burst (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--plot", metavar="PNG", help="also draw pending→bound latency against nodes")
+    args = p.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.schedulers = [s for s in args.schedulers.split(",") if s]
+    rows: list[dict] = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="phalanx-scale-") as tmp:
+        for n in args.nodes or [100, 1000, 5000]:
+            try:
+                rows += run_size(n, args, Path(tmp))
+            except Exception as e:  # noqa: BLE001 - report what happened at this size and go on
+                say(f"{n} nodes: FAILED: {e!r}")
+                rows.append({"nodes": n, "error": repr(e)})
+    good = [r for r in rows if "error" not in r]
+    meta = {"cpus": os.cpu_count(), "kube_version": "v1.36.3", "minutes": round((time.monotonic() - began) / 60, 1),
+            "load_average": os.getloadavg()}
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
+    else:
+        print(table(good))
+        for r in rows:
+            if "error" in r:
+                print(f"{r['nodes']} nodes: {r['error']}")
+        print(f"\n{meta['cpus']} CPUs, kube-apiserver {meta['kube_version']}, {meta['minutes']} min, "
+              f"load average at the end {statistics.fmean(meta['load_average']):.1f}")
+    if args.plot:
+        plot(good, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Fuzz tests, in-process: ``phalanx validate``, ``phalanx topology show`` and every wire decoder
+``phalanx_proto`` exports get generated input - random bytes and text, Kubernetes-shaped trees
+with hostile leaves, mutated YAML, matrices with hostile cells, schema-guided events with deep
+nesting - and must answer with a result: never a traceback, a hang or unbounded memory.
+
+A seeded generator (``random.Random``, tens of microseconds an input) rather than a
+property-testing library, so 10^4 inputs per target fit in ``make test``. Each target gets
+``PHALANX_FUZZ_EXAMPLES`` inputs (default 10000) from seed ``PHALANX_FUZZ_SEED`` (default 17,
+so every run tries the same ones); a failure names the seed, the input number and the input.
+The counts are printed at the end of the run. The long run, with a fresh seed each time::
+
+    make fuzz            # 200000 inputs per target
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import random
+import resource
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+import phalanx_proto.events
+import phalanx_proto.state
+from phalanx_cli import cmd_topology, cmd_validate
+from phalanx_proto.codec import Decoder
+
+pytestmark = pytest.mark.fuzz
+
+EXAMPLES = int(os.environ.get("PHALANX_FUZZ_EXAMPLES", "10000"))
+SEED = int(os.environ.get("PHALANX_FUZZ_SEED", "17"))
+MAX_GROWTH_KIB = 256 * 1024  # peak RSS may grow at most this much over a whole target
+MAX_SECONDS = 10.0  # one input taking longer is a hang, whatever the machine's load
+CONTROL = {chr(c) for c in (*range(0x20), 0x7F)} - {"\n"}
+
+TRICKY = ["٤", "８", "²", "1e3", "1E", "100000000000000000000", "1e999999999", "0.5", "-1", "4Gi", "+", ".", "",
+          " 7 ", "0x10", "NV99999999999999999999", "0-99999999999", "\x1b[2J", "\u202e", "a" * 300, "\U0001f680",
+          "phalanx", "List", "Pod", "Job", "JobSet", "MPIJob", "Deployment", "nvidia", "amd", "1", "7", "64", "65",
+          "&a", "*a", "null", "true", "~", "- x", "{", "'"]
+KEYS = ["kind", "apiVersion", "metadata", "name", "namespace", "generateName", "labels", "annotations", "spec",
+        "containers", "initContainers", "resources", "limits", "requests", "schedulerName", "hostNetwork",
+        "securityContext", "capabilities", "add", "replicatedJobs", "template", "parallelism", "items",
+        "mpiReplicaSpecs", "Worker", "runtimeClassName", "replica", "aliyun.com/min-member", "phalanx.io/gpu-vendor",
+        "nvidia.com/gpu", "aliyun.com/gpu", "aliyun.com/gpu-core", "aliyun.com/gpu-memory",
+        "aliyun.com/gpu-memory-mib", "aliyun.com/gpu-slice", "aliyun.com/rdma"]
+RESOURCES = KEYS[-6:]
+ALPHABET = "az09AZ-_./: \t\n#&*!|>'\"{}[],%@`\x00\x1b\x7f\u0085\u202e٤８²é\U0001f680\ufeff"
+PIECES = ["&a ", "*a", "*b", "<<: ", "[", "]", "{", "}", ": ", "- ", "!!binary ", "!!set ", "!!python/object:x ",
+          "'", '"', "\t", "\n  ", "---\n", "\x00", "\x1b", "%YAML 1.1\n", "? ", "|\n", "&a [*a]"]
+
+
+class Gen:
+    """Hostile inputs from one ``random.Random``."""
+
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+
+    def pick(self, items: typing.Sequence) -> typing.Any:
+        return items[self.r.randrange(len(items))]
+
+    def text(self, most: int = 12) -> str:
+        return "".join(self.pick(ALPHABET) for _ in range(self.r.randrange(most + 1)))
+
+    def scalar(self) -> object:
+        r = self.r.random()
+        if r < 0.3:
+            return self.pick(TRICKY)
+        return self.pick([None, True, False, self.r.randrange(-5, 100), self.r.randrange(-10**25, 10**25),
+                          self.r.uniform(-1e6, 1e6), float("nan"), float("inf"), self.text()])
+
+    def tree(self, depth: int = 0) -> object:
+        r = self.r.random()
+        if depth >= 4 or r < 0.4:
+            return self.scalar()
+        if r < 0.7:
+            return [self.tree(depth + 1) for _ in range(self.r.randrange(5))]
+        keys = [self.pick(KEYS) if self.r.random() < 0.7 else self.pick([self.text(6), self.r.randrange(-3, 4)])
+                for _ in range(self.r.randrange(6))]
+        return {k: self.tree(depth + 1) for k in keys}
+
+    def leaf(self) -> object:
+        return self.tree(2) if self.r.random() < 0.5 else self.pick(TRICKY)
+
+    def pod(self) -> dict:
+        limits = {self.pick(RESOURCES): self.leaf() for _ in range(self.r.randrange(4))}
+        labels = {self.pick(["replica", "aliyun.com/min-member", "app", *TRICKY[:8]]): self.leaf()
+                  for _ in range(self.r.randrange(3))}
+        spec: dict = {"schedulerName": "phalanx", "containers": [{"name": "app", "resources": {"limits": limits}}]}
+        if self.r.random() < 0.3:
+            spec[self.pick(["initContainers", "containers", "hostNetwork", "schedulerName"])] = self.leaf()
+        return {"kind": "Pod", "metadata": {"name": self.leaf(), "labels": labels}, "spec": spec}
+
+    def workload(self) -> dict:
+        kind = self.pick(["Pod", "Job", "JobSet", "MPIJob", "List"])
+        if kind == "Pod":
+            return self.pod()
+        if kind == "Job":
+            return {"kind": "Job", "metadata": {"name": "j"}, "spec": {"parallelism": self.leaf(), "template": self.pod()}}
+        if kind == "JobSet":
+            jobs = [{"name": self.leaf(), "template": {"spec": {"parallelism": self.leaf(), "template": self.pod()}}}]
+            return {"kind": "JobSet", "metadata": {"name": self.leaf()},
+                    "spec": {"replicatedJobs": jobs if self.r.random() < 0.7 else self.tree(1)}}
+        if kind == "MPIJob":
+            return {"kind": "MPIJob", "spec": {"mpiReplicaSpecs": {"Worker": {"template": self.pod()}}
+                                               if self.r.random() < 0.7 else self.tree(1)}}
+        return {"kind": "List", "items": [self.pod() for _ in range(self.r.randrange(3))]
+                if self.r.random() < 0.7 else self.tree(1)}
+
+    def mutate(self, text: str) -> str:
+        at = self.r.randrange(len(text) + 1)
+        if self.r.random() < 0.5:
+            return text[:at] + self.pick(PIECES) + text[at:]
+        return text[:at] + text[at + self.r.randrange(20):]
+
+    def yaml_text(self) -> str:
+        r = self.r.random()
+        text = self.text(200) if r < 0.15 else dump(self.workload() if r < 0.7 else self.tree())
+        return self.mutate(text) if self.r.random() < 0.35 else text
+
+    def validate_input(self) -> bytes:
+        if self.r.random() < 0.1:
+            return self.r.randbytes(self.r.randrange(300))
+        return self.yaml_text().encode("utf-8", "surrogatepass")
+
+
+def dump(tree: object) -> str:
+    return yaml.safe_dump(tree, allow_unicode=True)
+
+
+class Budget:
+    """Counts the inputs of one target and checks time per input and memory over the target."""
+
+    def __init__(self, name: str, counts: dict[str, int]) -> None:
+        self.name, self.counts = name, counts
+        counts[name] = 0
+        self.rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.slowest = 0.0
+
+    def run(self, make: Callable[[Gen], object], check: Callable[[object], None]) -> None:
+        """``EXAMPLES`` inputs from ``make``, each given to ``check``; a failure names the input."""
+        gen = Gen(SEED)
+        for n in range(EXAMPLES):
+            case = make(gen)
+            started = time.monotonic()
+            try:
+                check(case)
+            except Exception as e:
+                raise AssertionError(f"{self.name}: seed {SEED} input {n}: {case!r:.2000}") from e
+            self.counts[self.name] += 1
+            self.slowest = max(self.slowest, time.monotonic() - started)
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - self.rss_kib
+        assert self.counts[self.name] == EXAMPLES
+        assert self.slowest < MAX_SECONDS, f"{self.name}: one input took {self.slowest:.1f}s"
+        assert grew < MAX_GROWTH_KIB, f"{self.name}: peak memory grew by {grew} KiB"
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[tuple[io.StringIO, io.StringIO]]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
+
+
+def no_raw_control(text: str) -> bool:
+    return not (set(text) & CONTROL)
+
+
+def test_fuzz_validate_answers_every_input_with_an_exit_code(fuzz_counts: dict[str, int]) -> None:
+    args = argparse.Namespace(files=["-"], gpu_model="", gpu_vendor="nvidia", gpu_memory_mib=0)
+
+    def check(data: object) -> None:
+        assert isinstance(data, bytes)
+        with captured() as (out, err):
+            code = cmd_validate.run(args, stdin=io.BytesIO(data), out=out, err=err)
+        assert code in (0, 1, 2)
+        assert no_raw_control(out.getvalue()) and no_raw_control(err.getvalue())
+
+    Budget("validate", fuzz_counts).run(Gen.validate_input, check)
+
+
+DEVICES = ["GPU0", "GPU1", "GPU2", "GPU3", "mlx5_0", "mlx5_1", "NIC0"]
+GOOD_CELLS = ["NV1", "NV2", "NV4", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC"]
+CELLS = [*GOOD_CELLS, "X", "NV19", "NV99999999999999999999", "QPI", "GPU63", "GPU64", "GPU٣", "0-7", "8-15",
+         "0-99999999999", "N/A", "0", "1", "٣", "99999", "", "\x1b[2J", "Legend:", "CPU Affinity"]
+
+
+def matrix(gen: Gen) -> str:
+    """``nvidia-smi topo -m`` text: a well-formed frame with some cells replaced by hostile ones."""
+    names = gen.r.sample(DEVICES, gen.r.randrange(1, 6))
+    extras = gen.pick([[], ["CPU Affinity"], ["CPU Affinity", "NUMA Affinity"]])
+    lines = ["\t" + "\t".join(names + extras)]
+    for a in names:
+        cells = ["X" if a == b else gen.pick(GOOD_CELLS) for b in names] + [gen.pick(["0-7", "0", "N/A"])
+                                                                            for _ in extras]
+        for _ in range(gen.r.randrange(3)):
+            cells[gen.r.randrange(len(cells))] = gen.pick(CELLS)
+        lines.append(a + "\t" + "\t".join(cells))
+    if gen.r.random() < 0.3:
+        lines += ["", "NIC Legend:", "  NIC0: " + gen.pick(["mlx5_0", "\x1b", "x" * 300, ""])]
+    return "\n".join(lines) + "\n"
+
+
+def topology_yaml(gen: Gen) -> str:
+    doc = {"apiVersion": gen.pick(["phalanx.io/v1alpha1", "x"]), "kind": "NodeTopology", "node": gen.leaf()}
+    for key in ("gpus", "nics", "matrix", "generation", "nvswitch"):
+        if gen.r.random() < 0.6:
+            doc[key] = gen.tree(1)
+    if gen.r.random() < 0.5:
+        doc["gpus"] = [{"index": gen.pick([0, 1, 63, 64, 10**20, -1, "0"]), "numa": gen.leaf(),
+                        "memory_mib": gen.leaf(), "cpu_affinity": gen.leaf()} for _ in range(gen.r.randrange(3))]
+    return dump(doc)
+
+
+def topology_input(gen: Gen) -> tuple[str, str]:
+    r = gen.r.random()
+    suffix, text = (".txt", matrix(gen)) if r < 0.5 else (".yaml", topology_yaml(gen)) if r < 0.9 else (
+        gen.pick([".txt", ".yaml"]), gen.text(200))
+    return suffix, gen.mutate(text) if gen.r.random() < 0.3 else text
+
+
+def test_fuzz_topology_show_answers_every_input_with_an_exit_code(fuzz_counts: dict[str, int],
+                                                                  tmp_path: Path) -> None:
+    def check(case: object) -> None:
+        suffix, text = typing.cast(tuple[str, str], case)
+        path = tmp_path / f"topo{suffix}"
+        path.write_bytes(text.encode("utf-8", "surrogatepass"))
+        with captured() as (out, err):
+            code = cmd_topology._show(argparse.Namespace(file=str(path), node=None, json=len(text) % 2 == 0))
+        assert code in (0, 1, 2), err.getvalue()
+
+    Budget("topology show", fuzz_counts).run(topology_input, check)
+
+
+PROTO_MODULES = (phalanx_proto.events, phalanx_proto.state)
+
+
+def _decoders(kind: type) -> dict[str, typing.Any]:
+    """Every decoder of ``kind`` that ``phalanx_proto`` exports: the wire contract's entry points."""
+    return {f"{m.__name__.rsplit('.', 1)[1]}.{name}": value for m in PROTO_MODULES
+            for name, value in vars(m).items() if isinstance(value, kind)}
+
+
+DECODERS = _decoders(Decoder)
+
+
+def test_fuzz_proto_exports_only_decoders_that_refuse_with_msgspec_errors() -> None:
+    """A bare msgspec decoder raises RecursionError on deep nesting; proto exports codec.Decoder."""
+    assert _decoders(msgspec.json.Decoder) == {}
+    assert len(DECODERS) >= 5
+
+
+def _structs(tp: object) -> list[type]:
+    members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return [m for m in members if isinstance(m, type) and issubclass(m, msgspec.Struct)]
+
+
+def event_bytes(gen: Gen, structs: list[type]) -> bytes:
+    """Random bytes, random JSON, or an object with a real tag and the struct's own field
+    names holding random values, one of them sometimes nested thousands of levels deep."""
+    r = gen.r.random()
+    if r < 0.15:
+        return gen.r.randbytes(gen.r.randrange(200))
+    if r < 0.3:
+        return json_bytes(gen.tree())
+    struct = gen.pick(structs)
+    config = struct.__struct_config__
+    doc = {config.tag_field: config.tag} if config.tag_field else {}
+    for f in msgspec.structs.fields(struct):
+        if gen.r.random() < 0.75:
+            doc[f.encode_name] = gen.tree(1)
+    body = json_bytes(doc)
+    if r < 0.45 and doc:
+        depth = gen.r.randrange(1, 20000)
+        nest = gen.pick([b"[" * depth + b"]" * depth, b'{"a":' * depth + b"1" + b"}" * depth])
+        key = json_bytes(gen.pick(sorted(doc)))
+        body = body[:-1] + b"," + key + b":" + nest + b"}"  # a later duplicate key wins in msgspec
+    return body
+
+
+def json_bytes(tree: object) -> bytes:
+    try:
+        return msgspec.json.encode(tree)
+    except (TypeError, ValueError, OverflowError):
+        return msgspec.json.encode(repr(tree))
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_fuzz_wire_decoders_decode_or_refuse_every_input(name: str, fuzz_counts: dict[str, int]) -> None:
+    decoder = DECODERS[name]
+    structs = _structs(decoder.type)
+
+    def check(data: object) -> None:
+        try:
+            decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+
+    Budget(f"wire {name}", fuzz_counts).run(lambda gen: event_bytes(gen, structs), check)
