@@ -167,7 +167,7 @@ async def one_request(bus: Bus, ev: PlacementRequested) -> tuple[float, bool]:
     record = GangState(gang_id=ev.gang_id, phase="placing", attempt=ev.attempt, members=ev.members,
                        created_at=time.time())
     await (await bus.kv(S.KV_GANGS)).put(S.gang_key(ev.gang_id), encoder.encode(record))
-    sub = await bus.nc.subscribe(S.coord_subject(ev.gang_id))
+    sub = await bus.nc.subscribe(S.placement_reply_subject(ev.gang_id))
     try:
         await bus.nc.flush()
         started = time.perf_counter()

@@ -3,7 +3,7 @@
 Mechanisms every service uses (style rules 6 and 7):
 
 * ``Bus.connect`` — a connection that reconnects forever, with JetStream and KV handles;
-* ``Bus.declare`` — streams, KV buckets idempotently at start;
+* ``Bus.declare`` — streams and KV buckets of the bus table (admin identity only);
 * ``Bus.publish`` — an event with ``Nats-Msg-Id`` (its idempotency key) and W3C trace headers;
 * ``consume`` (``phalanx_bus.consumer``) — a durable pull-consumer loop with the ack ladder;
 * ``Kv`` — compare-and-set access to a KV bucket;
@@ -13,6 +13,7 @@ Mechanisms every service uses (style rules 6 and 7):
 
 from phalanx_bus.bus import (
     Bus,
+    BusAuth,
     BusError,
     DecodeFailure,
     Kv,
@@ -27,7 +28,7 @@ from phalanx_bus.mirror import KvMirror, MirrorEntry, MirrorLagging, Poisoned
 from phalanx_bus.records import BadEntry, Record, read_all, read_one
 
 __all__ = [
-    "Bus", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write", "tail",
-    "Delivery", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
+    "Bus", "BusAuth", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write",
+    "tail", "Delivery", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
     "KvMirror", "MirrorEntry", "MirrorLagging", "Poisoned",
 ]

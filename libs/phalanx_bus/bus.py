@@ -6,8 +6,10 @@ Called by every service at start (``Bus.connect`` then ``Bus.declare``) and by t
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator, Callable, Iterable
+import logging
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -39,44 +41,63 @@ class KvEntry:
     deleted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class StreamSpec:
-    name: str
-    subjects: tuple[str, ...]
-    max_age_s: float = 7 * 24 * 3600
-    max_msgs_per_subject: int = -1
-    allow_schedules: bool = False
-
-
-STREAMS = (
-    StreamSpec(S.STREAM_GANG, ("phx.gang.>",)),
-    StreamSpec(S.STREAM_TOPOLOGY, ("phx.topology.>",), max_msgs_per_subject=16),
-    StreamSpec(S.STREAM_NODE, ("phx.node.>",)),
-    StreamSpec(S.STREAM_DEADLINE, ("phx.deadline.>",), allow_schedules=True),
-    StreamSpec(S.STREAM_DEAD_LETTER, ("phx.dlq.>",), max_age_s=30 * 24 * 3600),
-)
-KV_BUCKETS = {S.KV_TOPOLOGY: 1, S.KV_HEARTBEAT: 1, S.KV_LEDGER: 8, S.KV_GANGS: 8}
-"""Bucket → history depth."""
+StreamSpec = S.Stream
+STREAMS = S.STREAMS
+KV_BUCKETS = {b.name: b.history for b in S.BUCKETS}
+"""Bucket → history depth (from the bus table)."""
 
 DUPLICATE_WINDOW_S = 120.0
-
-_TEMPLATES = (
-    (re.compile(r"^phx\.gang\.(placement|binder|coord|status)\.[^.]+\.[^.]+$"), r"phx.gang.\1.{gang}"),
-    (re.compile(r"^phx\.topology\.[^.]+$"), "phx.topology.{node}"),
-    (re.compile(r"^phx\.node\.[^.]+\.(mig|reply)$"), r"phx.node.{node}.\1"),
-    (re.compile(r"^phx\.deadline\.(sched|fired)\.[^.]+\.[^.]+$"), r"phx.deadline.\1.{gang}"),
-)
 
 
 def destination_template(subject: str) -> str:
     """The low-cardinality form of a subject (OTel ``messaging.destination.template``, and the
     ``{destination}`` of messaging span names): ``phx.gang.placement.default.g`` →
-    ``phx.gang.placement.{gang}``. The same addresses as the channels of ``proto/asyncapi.yaml``;
-    subjects that carry no per-gang or per-node token (dead letters) are their own template."""
-    for pattern, template in _TEMPLATES:
-        if pattern.match(subject):
-            return pattern.sub(template, subject)
-    return subject
+    ``phx.gang.placement.{gang}``. These are the channel templates of the bus table, the same
+    addresses as ``proto/asyncapi.yaml``; a subject of no channel is its own template."""
+    channel = S.channel_of(subject)
+    return channel.template if channel is not None else subject
+
+
+ENV_CREDS = "PHALANX_NATS_CREDS"
+ENV_CA = "PHALANX_NATS_CA"
+ENV_CERT = "PHALANX_NATS_CERT"
+ENV_KEY = "PHALANX_NATS_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class BusAuth:
+    """Who the connection is and how it is encrypted: a NATS ``.creds`` file (user JWT + seed,
+    mounted from a Secret) and TLS files (the CA that signed the server's certificate; a client
+    certificate and key only where the server asks for one)."""
+
+    creds: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BusAuth:
+        """``PHALANX_NATS_CREDS``, ``PHALANX_NATS_CA``, ``PHALANX_NATS_CERT``, ``PHALANX_NATS_KEY``."""
+        env = os.environ if environ is None else environ
+        return cls(env.get(ENV_CREDS) or None, env.get(ENV_CA) or None, env.get(ENV_CERT) or None,
+                   env.get(ENV_KEY) or None)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not (self.ca or self.cert):
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if self.cert:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def inbox_prefix(self) -> str:
+        """``_INBOX.<user public key>`` with credentials (each identity may subscribe to its own
+        inbox only, see ``phalanx_bus.permissions``), the NATS default without."""
+        if not self.creds:
+            return "_INBOX"
+        from phalanx_bus.credentials import decode_jwt_claims, read_creds_jwt
+
+        return f"_INBOX.{decode_jwt_claims(read_creds_jwt(self.creds))['sub']}"
 
 
 async def _cas(write, conflict: str) -> int:
@@ -137,8 +158,9 @@ class Kv:
         except nats.js.errors.KeyNotFoundError:
             return
 
-    async def keys(self) -> list[str]:
-        """Every key with a message in the bucket (deleted keys included; ``get`` skips them).
+    async def keys(self, pattern: str = ">") -> list[str]:
+        """Every key matching ``pattern`` (a subject pattern over keys, e.g. ``node-a.>``) with a
+        message in the bucket (deleted keys included; ``get`` skips them).
 
         Read from the server's stream state (``subjects_filter``), not from a watcher: nats-py's
         watcher-based ``keys()`` can end early while keys are being written, and a snapshot
@@ -150,7 +172,7 @@ class Kv:
         out: list[str] = []
         offset = 0
         while True:
-            req = json.dumps({"subjects_filter": f"{prefix}>", "offset": offset}).encode()
+            req = json.dumps({"subjects_filter": f"{prefix}{pattern}", "offset": offset}).encode()
             msg = await self._bus.nc.request(f"$JS.API.STREAM.INFO.KV_{self.bucket}", req, timeout=5.0)
             resp = json.loads(msg.data)
             if "error" in resp:
@@ -162,10 +184,11 @@ class Kv:
             if not subjects or offset >= total:
                 return sorted(out)
 
-    async def items(self) -> list[KvEntry]:
-        """Every live entry. Keys deleted between listing and reading are skipped."""
+    async def items(self, pattern: str = ">") -> list[KvEntry]:
+        """Every live entry (of keys matching ``pattern``). Keys deleted between listing and
+        reading are skipped."""
         out = []
-        for k in await self.keys():
+        for k in await self.keys(pattern):
             e = await self.get(k)
             if e is not None:
                 out.append(e)
@@ -190,6 +213,46 @@ class Kv:
                     pass
 
 
+async def _settle(what: str, attempt, timeout_s: float = 60.0) -> None:
+    """Run a declaration until it succeeds: a JetStream cluster that has just started (or lost
+    its meta leader) answers "no suitable peers" or 503 for a while, and two declarers racing
+    see "already in use" once. ``BusError`` with the last answer after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            await attempt()
+            return
+        except (nats.js.errors.BadRequestError, nats.js.errors.ServiceUnavailableError,
+                nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+            if loop.time() > deadline:
+                raise BusError(f"cannot {what}: {e!r}") from e
+            await asyncio.sleep(0.5)
+
+
+class _SslEofNoise(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl": logged
+    each time a TLS server closes a nats-py connection, it says nothing the bus's own
+    disconnect warning does not, and would break a CLI command's one-line output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+_SSL_EOF_NOISE = _SslEofNoise()
+
+
+class _Refusal(asyncio.Event):
+    why = ""
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """The server (or its certificate) refused us: retrying with the same settings cannot help."""
+    text = str(e).lower()
+    return isinstance(e, nats.errors.AuthorizationError | ssl.SSLError) or "authorization violation" in text \
+        or "certificate verify failed" in text or "secure connection required" in text
+
+
 class Bus:
     """One NATS connection with JetStream; the process's handle on the bus."""
 
@@ -198,6 +261,8 @@ class Bus:
         self.js = nc.jetstream(timeout=5.0)
         self.service = service
         self._kv: dict[str, Kv] = {}
+        self.refusals: list[str] = []
+        """The server's recent "Permissions Violation" errors on this connection, oldest first."""
         self.reconnects = 0
         """How many times this connection came back after a break (server restart, network)."""
         self._reconnected = asyncio.Event()
@@ -215,8 +280,25 @@ class Bus:
             await self._reconnected.wait()
 
     @classmethod
-    async def connect(cls, url: str, *, service: str, connect_timeout_s: float = 30.0) -> Bus:
-        """Connect, retrying until ``connect_timeout_s``; afterwards reconnect forever."""
+    async def connect(cls, url: str, *, service: str, auth: BusAuth | None = None,
+                      connect_timeout_s: float = 30.0) -> Bus:
+        """Connect, retrying until ``connect_timeout_s``; afterwards reconnect forever.
+
+        ``auth`` defaults to ``BusAuth.from_env()``: in a pod, the credentials and CA mounted
+        from Secrets; in the tests, the session's admin identity. ``url`` may list several
+        servers separated by commas (a cluster). A refused credential is not retried.
+        """
+        auth = BusAuth.from_env() if auth is None else auth
+        options: dict = {}
+        if auth.creds:
+            options["user_credentials"] = auth.creds
+            options["inbox_prefix"] = auth.inbox_prefix()
+        tls = auth.ssl_context()
+        if tls is not None:
+            options["tls"] = tls
+            if _SSL_EOF_NOISE not in logging.getLogger("asyncio").filters:
+                logging.getLogger("asyncio").addFilter(_SSL_EOF_NOISE)
+        servers = [u.strip() for u in url.split(",") if u.strip()]
 
         closing = {"yes": False}
         made: dict[str, Bus] = {}
@@ -230,27 +312,54 @@ class Bus:
             if "bus" in made:
                 made["bus"]._note_reconnect()
 
+        refusals: list[str] = []
+        refusal = _Refusal()
+
         async def on_error(e: Exception) -> None:
+            if "permissions violation" in str(e).lower():
+                refusals.append(str(e))
+                del refusals[:-100]
+            elif _is_refusal(e):
+                refusal.why = repr(e)
+                refusal.set()
             if not isinstance(e, nats.errors.SlowConsumerError):
                 warn("nats error", error=repr(e))
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout_s
         while True:
+            refusals.clear()
+            attempt = asyncio.ensure_future(nats.connect(
+                servers, name=f"phalanx-{service}", max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5, connect_timeout=2, allow_reconnect=True,
+                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
+                **options,
+            ))
+            refused = asyncio.ensure_future(refusal.wait())
+            done, _ = await asyncio.wait({attempt, refused}, timeout=max(0.5, deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            refused.cancel()
+            if attempt not in done:
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                if refusal.is_set():
+                    raise BusError(f"NATS at {url} refused the connection: {refusal.why} (check --nats-creds/"
+                                   f"--nats-ca or {ENV_CREDS}/{ENV_CA})")
+                raise BusError(f"cannot connect to NATS at {url} within {connect_timeout_s:.0f}s")
             try:
-                nc = await nats.connect(
-                    url, name=f"phalanx-{service}", max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5, connect_timeout=2, allow_reconnect=True,
-                    disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, error_cb=on_error,
-                )
-                bus = cls(nc, service)
-                bus._closing = closing
-                made["bus"] = bus
-                return bus
+                nc = attempt.result()
             except Exception as e:  # noqa: BLE001 - retried, then reported
+                if _is_refusal(e):
+                    raise BusError(f"NATS at {url} refused the connection: {e!r}") from e
                 if loop.time() > deadline:
                     raise BusError(f"cannot connect to NATS at {url}: {e}") from e
                 await asyncio.sleep(0.5)
+                continue
+            bus = cls(nc, service)
+            bus._closing = closing
+            bus.refusals = refusals
+            made["bus"] = bus
+            return bus
 
     async def close(self) -> None:
         getattr(self, "_closing", {})["yes"] = True
@@ -259,45 +368,73 @@ class Bus:
         except Exception:  # noqa: BLE001 - closing a broken connection
             await self.nc.close()
 
-    async def declare(self, streams: Iterable[StreamSpec] = STREAMS,
-                      buckets: dict[str, int] | None = None) -> None:
-        """Create or update the streams and KV buckets. Safe to call from every replica."""
+    async def declare(self, streams: Iterable[StreamSpec] = STREAMS, buckets: dict[str, int] | None = None,
+                      *, replicas: int = 1) -> None:
+        """Create or update the streams and KV buckets of the bus table (default) with
+        ``replicas`` copies each. Needs the admin identity (``phalanx bus init``, the bootstrap
+        Job, ``phalanx up``, the test fixtures); services only open what exists. Idempotent."""
         for spec in streams:
-            await self.declare_stream(spec)
-        for bucket, history in (KV_BUCKETS if buckets is None else buckets).items():
-            await self.kv(bucket, history=history)
+            await self.declare_stream(spec, replicas=replicas)
+        if buckets is None:
+            for b in S.BUCKETS:
+                await self.declare_bucket(b.name, history=b.history, replicas=replicas, atomic=b.atomic)
+        else:
+            for name, history in buckets.items():
+                await self.declare_bucket(name, history=history, replicas=replicas)
 
-    async def declare_stream(self, spec: StreamSpec) -> None:
+    async def declare_stream(self, spec: StreamSpec, *, replicas: int = 1) -> None:
         cfg = api.StreamConfig(
             name=spec.name, subjects=list(spec.subjects), storage=api.StorageType.FILE,
             retention=api.RetentionPolicy.LIMITS, max_age=spec.max_age_s,
             max_msgs_per_subject=spec.max_msgs_per_subject, duplicate_window=DUPLICATE_WINDOW_S,
-            allow_msg_schedules=True if spec.allow_schedules else None,
+            allow_msg_schedules=True if spec.allow_schedules else None, num_replicas=replicas,
         )
-        for _ in range(5):
-            try:
-                await self.js.stream_info(spec.name)
-                await self.js.update_stream(cfg)
-                return
-            except nats.js.errors.NotFoundError:
-                try:
-                    await self.js.add_stream(cfg)
-                    return
-                except nats.js.errors.BadRequestError:
-                    continue  # another replica created it first: update instead
-        raise BusError(f"cannot declare stream {spec.name}")
+        await _settle(f"declare stream {spec.name}", lambda: self._put_stream(cfg))
 
-    async def kv(self, bucket: str, *, history: int = 1) -> Kv:
-        """The KV bucket, created if missing."""
+    async def _put_stream(self, cfg: api.StreamConfig) -> None:
+        try:
+            await self.js.stream_info(cfg.name)
+            await self.js.update_stream(cfg)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_stream(cfg)
+
+    async def declare_bucket(self, bucket: str, *, history: int = 1, replicas: int = 1, atomic: bool = False) -> Kv:
+        """Create the KV bucket (direct gets on, so per-key read permissions work), or bring
+        an existing one to ``replicas``, direct gets and, with ``atomic``, atomic batches."""
+        async def create() -> None:
+            try:
+                await self.js.stream_info(f"KV_{bucket}")
+            except nats.js.errors.NotFoundError:
+                await self.js.create_key_value(bucket=bucket, history=history, replicas=replicas, direct=True)
+
+        await _settle(f"declare KV bucket {bucket}", create)
+        info = await self.js.stream_info(f"KV_{bucket}")
+        cfg = info.config
+        if (cfg.num_replicas or 1) != replicas or not cfg.allow_direct or (atomic and not cfg.allow_atomic):
+            cfg.num_replicas, cfg.allow_direct = replicas, True
+            cfg.allow_atomic = True if atomic or cfg.allow_atomic else None
+            await self.js.update_stream(cfg)
+        self._kv.pop(bucket, None)
+        return await self.kv(bucket)
+
+    async def kv(self, bucket: str, *, history: int | None = None) -> Kv:
+        """The KV bucket. One missing from the server is created when this identity may (the
+        admin, e.g. in tests); otherwise ``BusError`` says to declare it first."""
         if bucket in self._kv:
             return self._kv[bucket]
         try:
             handle = await self.js.key_value(bucket)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            known = S.BUCKET.get(bucket)
+            depth = history if history is not None else (known.history if known else 1)
             try:
-                handle = await self.js.create_key_value(bucket=bucket, history=history)
-            except nats.js.errors.BadRequestError:
+                await self.declare_bucket(bucket, history=depth, atomic=bool(known and known.atomic))
                 handle = await self.js.key_value(bucket)
+            except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
+                raise BusError(f"KV bucket {bucket} is not declared and {self.service} may not create it: run "
+                               "`phalanx bus init` with the admin identity") from e
+        except nats.errors.TimeoutError as e:
+            raise BusError(f"KV bucket {bucket}: no answer (is {self.service} allowed to read it?)") from e
         kv = Kv(self, bucket, handle)
         self._kv[bucket] = kv
         return kv
@@ -372,9 +509,14 @@ async def tail(bus: Bus, subject: str, decoder: msgspec.json.Decoder,
     """Live events on ``subject`` (core subscription, nothing durable): ``(subject, event)``.
     Undecodable messages are yielded as ``(subject, DecodeFailure)``. ``on_subscribed`` is called
     once the server has the subscription (nothing published after that is missed)."""
+    seen = len(bus.refusals)
     sub = await bus.nc.subscribe(subject)
+    await bus.nc.flush()
+    await asyncio.sleep(0.2)  # a refusal (-ERR) may trail the flush's PONG slightly
+    if any(f'"{subject.lower()}"' in r.lower() for r in bus.refusals[seen:]):
+        await sub.unsubscribe()
+        raise BusError(f"the server refused a subscription to {subject} for this identity")
     if on_subscribed is not None:
-        await bus.nc.flush()
         on_subscribed()
     try:
         async for msg in sub.messages:
@@ -396,14 +538,18 @@ class DecodeFailure:
 
 
 async def enable_atomic(bus: Bus, bucket: str) -> None:
-    """Allow JetStream atomic batch publish on a KV bucket's stream (nats-server 2.12+)."""
+    """Check that a KV bucket's stream allows JetStream atomic batch publish (nats-server
+    2.12+), turning it on when this identity may (``Bus.declare`` does it for the table's
+    atomic buckets); ``BusError`` when it is off and cannot be turned on."""
     await bus.kv(bucket)
-    stream = f"KV_{bucket}"
-    info = await bus.js.stream_info(stream)
-    if not getattr(info.config, "allow_atomic", False):
-        cfg = info.config
-        cfg.allow_atomic = True
-        await bus.js.update_stream(cfg)
+    info = await bus.js.stream_info(f"KV_{bucket}")
+    if getattr(info.config, "allow_atomic", False):
+        return
+    try:
+        await bus.declare_bucket(bucket, history=info.config.max_msgs_per_subject or 1,
+                                 replicas=info.config.num_replicas or 1, atomic=True)
+    except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
+        raise BusError(f"KV bucket {bucket} does not allow atomic batches: run `phalanx bus init`") from e
 
 
 async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], *,

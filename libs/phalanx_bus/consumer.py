@@ -48,7 +48,7 @@ import nats.js.errors
 from nats.js import api
 from opentelemetry import trace
 
-from phalanx_bus.bus import Bus, destination_template
+from phalanx_bus.bus import Bus, BusError, destination_template
 from phalanx_proto import subjects as S
 from phalanx_telemetry import extract_context, log, metrics, tracer, warn
 
@@ -96,6 +96,26 @@ async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
     metrics.BUS_CONSUMER_ACK_PENDING.set(info.num_ack_pending or 0, stream=stream, consumer=durable)
 
 
+def misaddressed(subject: str, event: Any) -> str:
+    """Why ``event`` may not travel on ``subject`` per the bus table, or ``""``: its kind is
+    not one of the channel's (a binder reply claiming to be ``Placed``), or its ``node`` or
+    ``gang_id`` is not the one the subject names (one node's agent speaking for another).
+    Subject permissions decide who may publish on a channel; this decides what they may say."""
+    channel = S.channel_of(subject)
+    kind = event.__struct_config__.tag
+    if channel is None:
+        return f"subject {subject} is no channel of the bus table"
+    if kind not in channel.kinds:
+        return f"kind {kind!r} is not allowed on {channel.template} (allowed: {', '.join(channel.kinds)})"
+    node = getattr(event, "node", None)
+    if "{node}" in channel.template and node is not None and S.render(channel.template, node=node) != subject:
+        return f"node {node!r} of the event is not the node of subject {subject}"
+    gang = getattr(event, "gang_id", None)
+    if "{gang}" in channel.template and gang and S.render(channel.template, gang=gang) != subject:
+        return f"gang {gang!r} of the event is not the gang of subject {subject}"
+    return ""
+
+
 async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str, cause: str) -> None:
     headers = {
         "Phalanx-Error": error[:1000],
@@ -127,7 +147,7 @@ async def consume(
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     config = api.ConsumerConfig(
-        durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
+        name=durable, durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
         max_deliver=max_deliver, filter_subject=filter_subject,
         deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=1000,
     )
@@ -191,9 +211,13 @@ async def _fetch(bus: Bus, sub, stream: str, durable: str, filter_subject: str, 
 
 
 async def _subscribe(bus: Bus, stream: str, durable: str, filter_subject: str, config):
+    """Bind to the durable, creating it (with its name and filter in the request subject, which
+    is all a service's permissions allow: ``phalanx_bus.permissions``) when missing."""
     while True:
         try:
             return await bus.js.pull_subscribe(filter_subject, durable=durable, stream=stream, config=config)
+        except nats.js.errors.NotFoundError as e:
+            raise BusError(f"stream {stream} is not declared: run `phalanx bus init` with the admin identity") from e
         except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.errors.NoRespondersError, nats.errors.ConnectionReconnectingError) as e:
             warn("subscribe failed, retrying", consumer=durable, error=repr(e))
@@ -228,8 +252,16 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
         await msg.term()
         metrics.BUS_MESSAGES.inc(consumer=durable, kind="undecodable", outcome="term")
         return
-    delivery = Delivery(msg.subject, meta.num_delivered, meta.sequence.stream, headers, msg)
     kind = event.__struct_config__.tag
+    refused = misaddressed(msg.subject, event)
+    if refused:
+        warn("event not allowed on its subject terminated", consumer=durable, subject=msg.subject, kind=kind,
+             seq=meta.sequence.stream, error=refused)
+        await _record_dead_letter(bus, stream, durable, msg, f"misaddressed: {refused}", "misaddressed")
+        await msg.term()
+        metrics.BUS_MESSAGES.inc(consumer=durable, kind=kind, outcome="term")
+        return
+    delivery = Delivery(msg.subject, meta.num_delivered, meta.sequence.stream, headers, msg)
     if meta.num_delivered > 1:
         metrics.BUS_REDELIVERIES.inc(consumer=durable, kind=kind)
     template = destination_template(msg.subject)

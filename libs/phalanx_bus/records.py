@@ -67,12 +67,13 @@ def _bad(bucket: str, entry: KvEntry, error: str) -> BadEntry:
     return bad
 
 
-async def read_all(kv: Kv, rule: BucketRule | None = None) -> tuple[list[Record], list[BadEntry]]:
-    """Every live entry of the bucket: the good ones and the bad ones, apart. Sets
+async def read_all(kv: Kv, rule: BucketRule | None = None, pattern: str = ">") -> tuple[list[Record], list[BadEntry]]:
+    """Every live entry of the bucket (of keys matching ``pattern``, for an identity that may
+    read only some keys): the good ones and the bad ones, apart. Sets
     ``phalanx_kv_invalid_entries{bucket}`` to the number of bad ones."""
     good: list[Record] = []
     bad: list[BadEntry] = []
-    for entry in await kv.items():
+    for entry in await kv.items(pattern):
         out = check(kv.bucket, entry, rule)
         (good if isinstance(out, Record) else bad).append(out)
     metrics.KV_INVALID_ENTRIES.set(len(bad), bucket=kv.bucket)

@@ -1,11 +1,10 @@
 """``phalanx asyncapi``: write (or check) ``proto/asyncapi.yaml``, the AsyncAPI 3.0 contract.
 
-The document is generated from ``proto/``: channel addresses come from the subject and key
-functions of ``phalanx_proto.subjects`` (called with placeholder arguments, so a changed
-subject changes the document), messages are the event types of ``phalanx_proto.events`` and
-the KV values of ``phalanx_proto.state``, and every payload points at the JSON Schema that
-``phalanx schema`` writes into ``proto/schema/``. What is not in the code — which service
-sends and which consumes each channel — is the table ``CHANNELS`` below.
+The document is generated from ``proto/``: channels, their messages, who publishes and who
+consumes them come from the bus table in ``phalanx_proto.subjects`` (the same table the
+server's permissions derive from), messages are the event types of ``phalanx_proto.events``
+and the KV values of ``phalanx_proto.state``, and every payload points at the JSON Schema that
+``phalanx schema`` writes into ``proto/schema/``.
 
 ``tests/unit/test_asyncapi.py`` fails when the checked-in file drifts from this generator;
 ``--check`` exits 1 in that case, like ``phalanx schema --check``.
@@ -28,10 +27,6 @@ VERSION = "0.1.0"
 """The contract's version (``info.version``); bump with incompatible changes, which the rules
 in docs/events.md forbid for existing tags."""
 
-_GANG_NS, _GANG_NAME, _NODE = "PHXGANGNS", "PHXGANGNAME", "PHXNODE"
-_GANG = f"{_GANG_NS}/{_GANG_NAME}"
-_STREAM, _CONSUMER = "PHXSTREAM", "PHXCONSUMER"
-
 PARAMETERS = {
     "gang": "The gang's key, gang_key(gang_id): '<namespace>.<name>' with every character outside "
             "[A-Za-z0-9_-] replaced by '_' (two subject tokens; subscribe with '*.*' or '>').",
@@ -39,12 +34,9 @@ PARAMETERS = {
     "stream": "The stream the dead message came from (PHX_GANG, PHX_TOPOLOGY, PHX_NODE, PHX_DEADLINE).",
     "consumer": "The durable consumer that gave the message up (placement, binder, gang-coordinator, "
                 "mig-manager-<node>, ...).",
+    "gpu": "The GPU index on the node.",
+    "start": "The MIG placement start slot on the GPU.",
 }
-
-
-def _address(subject: str) -> str:
-    return (subject.replace(f"{_GANG_NS}.{_GANG_NAME}", "{gang}").replace(_NODE, "{node}")
-            .replace(_STREAM, "{stream}").replace(_CONSUMER, "{consumer}"))
 
 
 @dataclass(frozen=True)
@@ -60,67 +52,31 @@ class Channel:
     durable: str = ""
 
 
-CHANNELS = (
-    Channel("gangPlacement", _address(S.placement_subject(_GANG)),
-            (E.tag_of(E.PlacementRequested), E.tag_of(E.ReleaseRequested), E.tag_of(E.AdoptRequested)),
-            "gang-coordinator", "placement",
-            "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
-            "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
-            "against the gang's record in KV phx-gangs and the ledger.",
-            S.STREAM_GANG, "placement"),
-    Channel("gangBinder", _address(S.binder_subject(_GANG)), (E.tag_of(E.BindRequested),),
-            "gang-coordinator", "binder", "Commands to binder: annotate and bind one placed member.",
-            S.STREAM_GANG, "binder"),
-    Channel("gangCoordinator", _address(S.coord_subject(_GANG)),
-            tuple(E.tag_of(t) for t in (E.Placed, E.PlacementFailed, E.Released, E.Bound, E.BindFailed)),
-            "placement, binder", "gang-coordinator",
-            "Replies to gang-coordinator from placement (Placed, PlacementFailed, Released) and binder "
-            "(Bound, BindFailed).", S.STREAM_GANG, "gang-coordinator"),
-    Channel("gangStatus", _address(S.status_subject(_GANG)),
-            tuple(E.tag_of(t) for t in (E.GangAdmitted, E.GangScheduled, E.GangPending, E.RollbackStarted)),
-            "gang-coordinator", "subscribers",
-            "What happens to a gang, for everybody else: an attempt starts, it is scheduled, it waits (with "
-            "the reason its pods show), it is rolled back. Phalanx itself does not consume it.",
-            S.STREAM_GANG),
-    Channel("topology", _address(S.topology_subject(_NODE)), (E.tag_of(E.NodeTopologyReported),),
-            "topology-discovery", "subscribers",
-            "A node's GPU/NIC topology, published when it changes (new hardware generation, new labels). The "
-            "current report is also in KV phx-topology; heartbeats go to KV phx-heartbeat only.",
-            S.STREAM_TOPOLOGY),
-    Channel("nodeMig", _address(S.mig_subject(_NODE)),
-            (E.tag_of(E.MigPrepareRequested), E.tag_of(E.MigDestroyRequested)), "gang-coordinator",
-            "mig-manager", "Commands to the mig-manager of one node: create or destroy a MIG instance.",
-            S.STREAM_NODE, "mig-manager-{node}"),
-    Channel("nodeReply", _address(S.node_reply_subject(_NODE)),
-            tuple(E.tag_of(t) for t in (E.MigReady, E.MigFailed, E.MigDestroyed)), "mig-manager",
-            "gang-coordinator", "Replies of a node's mig-manager.", S.STREAM_NODE, "gang-coordinator-node"),
-    Channel("deadlineSchedule", _address(S.deadline_schedule_subject(_GANG)), ("deadline.scheduled",),
-            "gang-coordinator", "the NATS server",
-            "An attempt's deadline, stored as a JetStream scheduled message (header Nats-Schedule: @at <time>); "
-            "one pending schedule per subject, so a new attempt's deadline replaces the old one.",
-            S.STREAM_DEADLINE),
-    Channel("deadlineFired", _address(S.deadline_fired_subject(_GANG)), (E.tag_of(E.GangDeadline),),
-            "the NATS server", "gang-coordinator",
-            "The deadline, delivered by the server at its time (Nats-Schedule-Target). Ignored unless the "
-            "attempt is still running.", S.STREAM_DEADLINE, "gang-coordinator-deadline"),
-    Channel("deadLetter", _address(S.dead_letter_subject(_STREAM, _CONSUMER)), ("dead_letter",),
-            "every consumer", "operators",
-            "Messages a consumer gave up on (undecodable, refused with PermanentError, or failed on their last "
-            "delivery): the original payload with the error and origin in headers.", S.STREAM_DEAD_LETTER),
-    Channel("kvGangs", f"$KV.{S.KV_GANGS}.{{gang}}", ("kv.GangState",), "gang-coordinator",
-            "phalanx explain, subscribers",
-            "KV phx-gangs: the saga state of each gang (watch it as a subscription on this subject, or with a "
-            "KV watcher). Written by compare-and-set only.", f"KV_{S.KV_GANGS}"),
-    Channel("kvLedger", f"$KV.{S.KV_LEDGER}.{{node}}", ("kv.NodeLedger",), "placement", "placement, subscribers",
-            "KV phx-ledger: every reservation on one node; all nodes of a decision commit in one atomic batch.",
-            f"KV_{S.KV_LEDGER}"),
-    Channel("kvTopology", f"$KV.{S.KV_TOPOLOGY}.{{node}}", ("kv.NodeTopologyReported",), "topology-discovery",
-            "placement, subscribers", "KV phx-topology: the current topology report of each node.",
-            f"KV_{S.KV_TOPOLOGY}"),
-    Channel("kvHeartbeat", f"$KV.{S.KV_HEARTBEAT}.{{node}}", ("kv.NodeHeartbeat",), "topology-discovery",
-            "placement, subscribers", "KV phx-heartbeat: the last heartbeat of each node's topology-discovery.",
-            f"KV_{S.KV_HEARTBEAT}"),
-)
+_PRODUCER = {"deadlineFired": "the NATS server", "deadLetter": "every consumer"}
+_MESSAGES = {"deadlineSchedule": ("deadline.scheduled",), "deadLetter": ("dead_letter",)}
+
+
+def _channels() -> tuple[Channel, ...]:
+    """The channels of the bus table, then its KV buckets that hold schema'd values."""
+    out = []
+    for ch in S.CHANNELS:
+        durables = [c.durable for c in S.CONSUMERS if ch.id in c.channels]
+        out.append(Channel(ch.id, ch.template, _MESSAGES.get(ch.id, ch.kinds),
+                           _PRODUCER.get(ch.id, ", ".join(ch.publishers)), ch.receiver, ch.description, ch.stream,
+                           durables[0] if durables else ""))
+    for b in S.BUCKETS:
+        if not b.value:
+            continue
+        writers = ", ".join(g.identity for g in b.grants if g.level == S.WRITE)
+        readers = ", ".join(dict.fromkeys(g.identity for g in b.grants if g.level in (S.READ, S.WATCH)))
+        cid = "kv" + "".join(w.capitalize() for w in b.name.removeprefix("phx-").split("-"))
+        out.append(Channel(cid, f"$KV.{b.name}.{b.key}", (b.value,), writers, readers,
+                           f"KV {b.name}: {b.description} (watch it as a subscription on this subject, or with "
+                           "a KV watcher).", f"KV_{b.name}"))
+    return tuple(out)
+
+
+CHANNELS = _channels()
 
 
 def _summary(t: type) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import BusUnreachable, add_nats, connect_bus, one_line
+from phalanx_cli.cmd_run import BusUnreachable, add_nats, bus_auth, connect_bus, one_line
 from phalanx_cli.terminal import safe
 from phalanx_proto.codec import Decoder
 from phalanx_proto.events import AnyGangEvent, AnyNodeEvent, AnyTopologyEvent, Assignment, MemberSpec, PodRef
@@ -40,7 +40,9 @@ def register(sub) -> None:
     p = sub.add_parser("events", help="tail the Phalanx subjects and print decoded events",
                        description="Print every event published on the Phalanx subjects, one line per event "
                                    "(or JSON lines), as it happens.")
-    p.add_argument("--subject", default="phx.>", help="subject filter (NATS wildcards; default %(default)s)")
+    p.add_argument("--subject", default="phx.>",
+                   help="subject filter (NATS wildcards; default %(default)s). A subscriber identity may read "
+                        "phx.gang.status.> and phx.topology.> only")
     add_nats(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="exit after this many events (default: never)")
@@ -68,7 +70,7 @@ async def tail_events(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     printed = 0
     budget = getattr(args, "connect_timeout", 10.0)
-    bus = await connect_bus(args.nats, service="cli-events", budget_s=budget)
+    bus = await connect_bus(args.nats, service="cli-events", budget_s=budget, auth=bus_auth(args))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_connection, bus, args.nats, budget)

@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from phalanx_cli.cmd_run import add_cluster, add_nats, connect_bus, one_line, open_cluster
+from phalanx_cli.cmd_run import add_cluster, add_nats, bus_auth, connect_bus, one_line, open_cluster
 from phalanx_cli.terminal import safe, safe_lines
 
 
@@ -104,7 +104,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
     from phalanx_proto.events import PodRef
 
     async with AsyncExitStack() as stack:
-        bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
+        bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout, auth=bus_auth(args))
         stack.push_async_callback(bus.close)
         if progress is not None:
             progress["connected"] = True

@@ -34,28 +34,44 @@ SERVICES = {
 
 
 def add_nats(p: argparse.ArgumentParser) -> None:
-    """``--nats``: the one definition every bus-facing command shares."""
+    """``--nats``, ``--nats-creds``, ``--nats-ca``: the one definition every bus-facing command
+    shares. Credentials and CA are files, in a pod mounted from Secrets."""
     p.add_argument("--nats", default=os.environ.get("PHALANX_NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server URL (env PHALANX_NATS_URL; default %(default)s)")
+                   help="NATS server URL, or several separated by commas (env PHALANX_NATS_URL; default %(default)s)")
+    p.add_argument("--nats-creds", default=os.environ.get("PHALANX_NATS_CREDS"),
+                   help="NATS credentials file (user JWT + seed) of this identity (env PHALANX_NATS_CREDS)")
+    p.add_argument("--nats-ca", default=os.environ.get("PHALANX_NATS_CA"),
+                   help="CA certificate that signed the NATS server's certificate; turns TLS on "
+                        "(env PHALANX_NATS_CA)")
+
+
+def bus_auth(args: argparse.Namespace):
+    """The ``BusAuth`` of the ``--nats-creds``/``--nats-ca`` flags (client certificate, if the
+    server wants one, from ``PHALANX_NATS_CERT``/``PHALANX_NATS_KEY``)."""
+    from phalanx_bus import BusAuth
+
+    env = BusAuth.from_env()
+    return BusAuth(args.nats_creds, args.nats_ca, env.cert, env.key)
 
 
 class BusUnreachable(Exception):
     """NATS did not answer within the command's budget; ``str()`` is the one line to print."""
 
 
-async def connect_bus(url: str, *, service: str, budget_s: float, quiet: bool = True):
+async def connect_bus(url: str, *, service: str, budget_s: float, quiet: bool = True, auth=None):
     """``Bus.connect`` bounded by ``budget_s`` seconds of wall clock, whatever the client
     library does while it retries (it would otherwise retry an unreachable server forever).
-    Raises ``BusUnreachable`` with one line naming the URL and the budget. ``quiet`` (the
-    default, for commands a person runs) keeps the bus's retry warnings off the terminal: the
-    command prints its one line instead."""
+    ``auth`` is the identity and TLS settings (``bus_auth(args)``; ``None``: the environment's).
+    Raises ``BusUnreachable`` with one line naming the URL and the budget, or the server's
+    refusal of the credential. ``quiet`` (the default, for commands a person runs) keeps the
+    bus's retry warnings off the terminal: the command prints its one line instead."""
     from phalanx_bus import Bus, BusError
 
     if quiet:
         logging.getLogger("phalanx").setLevel(logging.ERROR)
     try:
         with anyio.fail_after(budget_s):
-            return await Bus.connect(url, service=service, connect_timeout_s=budget_s)
+            return await Bus.connect(url, service=service, auth=auth, connect_timeout_s=budget_s)
     except TimeoutError:
         raise BusUnreachable(f"cannot reach NATS at {url} within {budget_s:g}s") from None
     except BusError as e:
@@ -162,9 +178,9 @@ def run_service(args: argparse.Namespace) -> int:
 
     async def body(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
-            bus = await connect_bus(args.nats, service=args.service, budget_s=CONNECT_BUDGET_S, quiet=False)
+            bus = await connect_bus(args.nats, service=args.service, budget_s=CONNECT_BUDGET_S, quiet=False,
+                                    auth=bus_auth(args))
             stack.push_async_callback(_close, bus)
-            await bus.declare()
             cluster = (await open_cluster(args.cluster, bus, kubeconfig=args.kubeconfig, stack=stack,
                                           qps=args.kube_api_qps, burst=args.kube_api_burst)
                        if entry.NEEDS_CLUSTER else None)

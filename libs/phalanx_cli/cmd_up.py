@@ -110,6 +110,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> int:
+    from phalanx_bus import BusAuth
     from phalanx_kube.sim import SimCluster
     from phalanx_proto import subjects as S
 
@@ -117,9 +118,15 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
     started = time.monotonic()
     stack.start_nats()
     _progress(quiet, f"nats: {stack.url}")
-    bus = await connect_bus(stack.url, service="cli", budget_s=CONNECT_BUDGET_S, quiet=False)
+    await anyio.to_thread.run_sync(stack.bootstrap)
+    admin = stack.identity_env(S.ADMIN)
+    if admin:
+        reader = stack.identity_env(S.READER)
+        _progress(quiet, f"read-only identity (explain, events, doctor): export PHALANX_NATS_URL={stack.url} "
+                         f"PHALANX_NATS_CA={reader['PHALANX_NATS_CA']} PHALANX_NATS_CREDS={reader['PHALANX_NATS_CREDS']}")
+    bus = await connect_bus(stack.url, service="cli", budget_s=CONNECT_BUDGET_S, quiet=False,
+                            auth=BusAuth.from_env(admin or None))
     try:
-        await bus.declare()
         sim = await SimCluster.open(bus)
         for node in stack.cluster.node_objects():
             await sim.apply_node(node)

@@ -24,6 +24,7 @@ COMMANDS = [
     "phalanx_cli.cmd_doctor",
     "phalanx_cli.cmd_events",
     "phalanx_cli.cmd_asyncapi",
+    "phalanx_cli.cmd_bus",
 ]
 
 

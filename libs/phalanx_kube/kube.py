@@ -60,6 +60,7 @@ from phalanx_kube.port import (
     PodEvent,
     PodGone,
     node_from_dict,
+    not_ours,
     pod_from_dict,
 )
 from phalanx_kube.ratelimit import KubeClientSettings, TokenBucket
@@ -302,9 +303,22 @@ class KubeCluster:
                                         ok=(404,))
         return None if status == 404 else pod_from_api(body)
 
+    async def _our_uid(self, ref: PodRef) -> str | None:
+        """The uid of the pod ``ref`` names if it has one of our scheduler names; ``None`` when
+        it is gone; ``NotOurs`` otherwise. The caller acts with this uid as precondition, so a
+        pod recreated in between (under another scheduler) is not touched either."""
+        pod = await self.get_pod(ref)
+        if pod is None or (ref.uid and pod.uid != ref.uid):
+            return None
+        if pod.scheduler_name not in self.scheduler_names:
+            raise not_ours(ref, pod.scheduler_name, self.scheduler_names)
+        return pod.uid
+
     async def _patch_pod(self, ref: PodRef, body: dict[str, Any], *, status: bool = False) -> None:
-        if ref.uid:
-            body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
+        uid = await self._our_uid(ref)
+        if uid is None:
+            raise PodGone(f"pod {ref} not found")
+        body = {**body, "metadata": {**body.get("metadata", {}), "uid": uid}}
         method = self._core.patch_namespaced_pod_status if status else self._core.patch_namespaced_pod
         ctype = "application/strategic-merge-patch+json" if status else "application/merge-patch+json"
         try:
@@ -321,8 +335,14 @@ class KubeCluster:
         await self._patch_pod(ref, {"metadata": {"annotations": dict(annotations)}})
 
     async def bind(self, ref: PodRef, node: str) -> None:
+        uid = await self._our_uid(ref)
+        if uid is None:
+            pod = await self.get_pod(ref)
+            if pod is None:
+                raise PodGone(f"pod {ref} not found")
+            raise BindConflict(f"pod {ref} was recreated (uid {pod.uid})")
         binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": ref.name, "namespace": ref.namespace, **({"uid": ref.uid} if ref.uid else {})},
+                   "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": uid},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         status, body = await self._call(f"bind pod {ref}", self._core.create_namespaced_pod_binding,
                                         ref.name, ref.namespace, binding, ok=(404, 409))
@@ -343,9 +363,10 @@ class KubeCluster:
         raise KubeApiError(status, body, f"bind pod {ref}")
 
     async def delete_pod(self, ref: PodRef) -> None:
-        opts: dict[str, Any] = {"gracePeriodSeconds": 0}
-        if ref.uid:
-            opts["preconditions"] = {"uid": ref.uid}
+        uid = await self._our_uid(ref)
+        if uid is None:
+            return
+        opts: dict[str, Any] = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
         await self._call(f"delete pod {ref}", self._core.delete_namespaced_pod, ref.name, ref.namespace,
                          body=opts, ok=(404, 409))
 

@@ -105,6 +105,16 @@ class PodGone(Exception):
     """The pod no longer exists."""
 
 
+class NotOurs(Exception):
+    """The pod's ``schedulerName`` is not one of Phalanx's: Phalanx never binds, patches or
+    deletes it, whatever a command on the bus says (both adapters check before acting)."""
+
+
+def not_ours(ref: object, scheduler_name: str, ours: tuple[str, ...]) -> NotOurs:
+    return NotOurs(f"pod {ref} has schedulerName {scheduler_name!r}, not one of Phalanx's "
+                   f"({', '.join(ours)}): Phalanx does not bind, patch or delete it")
+
+
 class ClusterPort(Protocol):
     """What Phalanx needs from Kubernetes. Every method is safe to call more than once."""
 
@@ -120,7 +130,8 @@ class ClusterPort(Protocol):
     async def get_pod(self, ref: PodRef) -> Pod | None: ...
 
     async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
-        """Merge ``annotations`` into the pod's. Raises ``PodGone``."""
+        """Merge ``annotations`` into the pod's. Raises ``PodGone``; ``NotOurs`` for a pod of
+        another scheduler (as do ``bind``, ``set_scheduled_condition`` and ``delete_pod``)."""
         ...
 
     async def bind(self, ref: PodRef, node: str) -> None:

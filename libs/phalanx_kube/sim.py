@@ -34,15 +34,17 @@ from phalanx_kube.port import (
     PodEvent,
     PodGone,
     node_from_dict,
+    not_ours,
     pod_from_dict,
 )
+from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.subjects import token
 
-KV_PODS = "phx-sim-pods"
-KV_NODES = "phx-sim-nodes"
-KV_EVENTS = "phx-sim-events"
-KV_LEASES = "phx-sim-leases"
+KV_PODS = S.KV_SIM_PODS
+KV_NODES = S.KV_SIM_NODES
+KV_EVENTS = S.KV_SIM_EVENTS
+KV_LEASES = S.KV_SIM_LEASES
 
 _json = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[KubeEvent])
@@ -65,12 +67,14 @@ class SimCluster:
         self.scheduler_names = tuple(scheduler_names)
 
     @classmethod
-    async def open(cls, bus: Bus) -> SimCluster:
+    async def open(cls, bus: Bus, *, scheduler_names: tuple[str, ...] = SCHEDULER_NAMES) -> SimCluster:
+        """The simulated cluster as a scheduler with ``scheduler_names`` sees it (a test plays
+        kube-scheduler with ``("default-scheduler",)``)."""
         pods = await bus.kv(KV_PODS, history=4)
         nodes = await bus.kv(KV_NODES, history=4)
         events = await bus.kv(KV_EVENTS, history=2)
         leases = await bus.kv(KV_LEASES, history=2)
-        return cls(bus, pods, nodes, events, leases)
+        return cls(bus, pods, nodes, events, leases, scheduler_names)
 
     # -- loading -------------------------------------------------------------------------
     async def apply_pod(self, obj: dict[str, Any]) -> Pod:
@@ -96,6 +100,13 @@ class SimCluster:
     # -- pods ----------------------------------------------------------------------------
     def _ours(self, pod: Pod) -> bool:
         return pod.scheduler_name in self.scheduler_names
+
+    def _check_ours(self, ref: PodRef, obj: dict[str, Any]) -> None:
+        """``NotOurs`` for a pod of another scheduler (read in the same compare-and-set cycle
+        as the write, so the check and the write see the same pod)."""
+        name = (obj.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        if name not in self.scheduler_names:
+            raise not_ours(ref, name, self.scheduler_names)
 
     async def list_pods(self) -> list[Pod]:
         pods = [pod_from_dict(msgspec.json.decode(e.value)) for e in await self._pods.items()]
@@ -141,6 +152,7 @@ class SimCluster:
             entry, obj = await self._read(ref)
             if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
                 raise PodGone(f"pod {ref} not found")
+            self._check_ours(ref, obj)
             change(obj)
             try:
                 await self._pods.update(entry.key, _json.encode(obj), last=entry.revision)
@@ -171,6 +183,7 @@ class SimCluster:
         entry, obj = await self._read(ref)
         if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
             return
+        self._check_ours(ref, obj)
         try:
             await self._pods.delete(entry.key, last=entry.revision)
         except KvConflict:

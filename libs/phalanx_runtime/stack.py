@@ -7,6 +7,12 @@ serves every node's agents instead (``phalanx_node_fleet``), so a simulated clus
 thousands of nodes fits on one machine. One gang-coordinator, one placement and one binder
 serve the whole cluster. Each process is ``python -m phalanx_cli.main run <service> …``,
 exactly what a Deployment runs.
+
+Security: the stack's nats-server requires TLS and credentials (``LocalSecurity``: the test
+session's bundle when it exported one, else a fresh one in the work dir). Before the services
+start, ``phalanx bus init`` declares the streams and buckets as the admin; then every process
+runs with its own identity: a node agent's credential names its node, so the permission
+table is exercised by every stack.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 from phalanx_runtime.children import popen_options
 from phalanx_runtime.inputs import ClusterFile, ClusterNode, load_workload
+from phalanx_runtime.localauth import LocalSecurity
 from phalanx_runtime.natsserver import NatsServer
 
 __all__ = ["FLEET_ABOVE", "ClusterFile", "ClusterNode", "ServiceProc", "Stack", "StackError", "fake_mig_spec",
@@ -62,6 +69,8 @@ class ServiceProc:
     ready_file: Path
     log_path: Path
     proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """This process's own identity (``PHALANX_NATS_CREDS``/``PHALANX_NATS_CA``)."""
 
 
 @dataclass
@@ -81,6 +90,11 @@ class Stack:
     flags go in ``service_args["node-fleet"]``."""
     nats: NatsServer | None = None
     procs: dict[str, ServiceProc] = field(default_factory=dict)
+    bus_replicas: int = 1
+    """Copies of each stream and bucket that ``bootstrap`` declares (3 on a cluster)."""
+    security: LocalSecurity | None = None
+    """Keys and CA of the bus; default: the session's (``PHALANX_BUS_SECRETS_DIR``), else a
+    fresh bundle when the stack starts its own server, else none (``nats_url`` given)."""
 
     def __post_init__(self) -> None:
         self._tmp = None
@@ -88,6 +102,10 @@ class Stack:
             self._tmp = tempfile.TemporaryDirectory(prefix="phalanx-stack-")
             self.workdir = self._tmp.name
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
+        if self.security is None:
+            self.security = LocalSecurity.from_env()
+        if self.security is None and self.nats_url is None:
+            self.security = LocalSecurity.create(os.path.join(self.workdir, "secrets"))
 
     @property
     def url(self) -> str:
@@ -95,7 +113,7 @@ class Stack:
 
     def start_nats(self) -> None:
         if self.nats_url is None and self.nats is None:
-            self.nats = NatsServer(store_dir=os.path.join(self.workdir, "nats"))
+            self.nats = NatsServer(store_dir=os.path.join(self.workdir, "nats"), security=self.security)
             os.makedirs(self.nats.store_dir, exist_ok=True)
             self.nats.start()
 
@@ -107,6 +125,26 @@ class Stack:
     def fleet_file(self) -> Path:
         """The cluster file the ``node-fleet`` process reads (written by ``start_services``)."""
         return Path(self.workdir) / "fleet-cluster.yaml"
+
+    def identity_env(self, identity: str, nodes: tuple[str, ...] = ()) -> dict[str, str]:
+        """Environment for a process (or ``Bus.connect``) acting as ``identity``; empty when
+        the stack has no security bundle (its environment decides)."""
+        return self.security.env(identity, nodes) if self.security is not None else {}
+
+    def bootstrap(self, timeout_s: float = 60.0) -> None:
+        """``phalanx bus init`` as the admin: declare every stream and bucket (once)."""
+        if getattr(self, "_bootstrapped", False):
+            return
+        env = {**os.environ, **self.env, **self.identity_env("admin")}
+        try:
+            out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "bus", "init", "--nats", self.url,
+                                  "--replicas", str(self.bus_replicas)],
+                                 env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise StackError(f"phalanx bus init did not finish in {timeout_s}s") from e
+        if out.returncode != 0:
+            raise StackError(f"phalanx bus init failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+        self._bootstrapped = True
 
     def plan(self) -> list[tuple[str, str, list[str]]]:
         """(process name, service, extra args) for every process of the stack."""
@@ -138,21 +176,25 @@ class Stack:
         return 60.0 + 0.05 * len(self.cluster.nodes)
 
     def spawn_services(self) -> None:
-        """Start every service process without waiting for it (``wait_ready`` waits). Called
-        from the main thread, the children also die with this process (``children``)."""
+        """Declare the bus (``bootstrap``, once), then start every service process without
+        waiting for it (``wait_ready`` waits). Called from the main thread, the children also
+        die with this process (``children``)."""
+        self.bootstrap()
         if self.uses_fleet:
             self.cluster.dump(self.fleet_file)
         for name, service, extra in self.plan():
             safe = name.replace("@", "-").replace("#", "-")
+            node = name.partition("@")[2]
             sp = ServiceProc(name, ["run", service, "--nats", self.url, *extra, *self.service_args.get(service, [])],
-                             Path(self.workdir) / f"{safe}.ready", Path(self.workdir) / f"{safe}.log")
+                             Path(self.workdir) / f"{safe}.ready", Path(self.workdir) / f"{safe}.log",
+                             env=self.identity_env(service, (node,) if node else ()))
             self.procs[name] = sp
             self._spawn(sp)
 
     def _spawn(self, sp: ServiceProc) -> None:
         sp.ready_file.unlink(missing_ok=True)
         log = open(sp.log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.env, **sp.env}
         sp.proc = subprocess.Popen([sys.executable, "-m", "phalanx_cli.main", *sp.args, "--ready-file", str(sp.ready_file)],
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                    **popen_options())

@@ -276,7 +276,7 @@ BUS_MESSAGES = Counter(
     ["consumer", "kind", "outcome"], allowed={"outcome": OUTCOMES})
 BUS_REDELIVERIES = Counter(
     "phalanx_bus_redeliveries_total", "Messages delivered more than once (num_delivered > 1).", ["consumer", "kind"])
-DEAD_LETTER_CAUSES = ("undecodable", "permanent", "exhausted")
+DEAD_LETTER_CAUSES = ("undecodable", "misaddressed", "permanent", "exhausted")
 BUS_DEAD_LETTERS = Counter(
     "phalanx_bus_dead_letters_total",
     "Messages a consumer gave up on and recorded on the dead-letter stream PHX_DLQ, by consumer and cause "

@@ -1,26 +1,81 @@
-"""Streams, subjects, durable consumers and KV buckets: the addresses of the contract.
+"""The bus table: every stream, subject, durable consumer and KV bucket of Phalanx, and which
+identity may publish, consume, read or write each one.
 
-Subjects name their addressee, so each service's durable consumer filters on what it
-handles and other systems can subscribe to any of them:
+This is the one place an address is written (contract C3). Everything else derives from it:
 
-=============================  ======================================  ==================
-subject                        events                                  consumed by
-=============================  ======================================  ==================
-``phx.gang.placement.<gang>``  PlacementRequested, ReleaseRequested    placement
-``phx.gang.binder.<gang>``     BindRequested                           binder
-``phx.gang.coord.<gang>``      Placed, PlacementFailed, Bound, …       gang-coordinator
-``phx.gang.status.<gang>``     GangAdmitted, GangScheduled, …          subscribers
-``phx.topology.<node>``        NodeTopologyReported                    subscribers (placement reads KV)
-``phx.node.<node>.mig``        MigPrepareRequested, MigDestroyRequested mig-manager
-``phx.node.<node>.reply``      MigReady, MigFailed, MigDestroyed       gang-coordinator
-``phx.deadline.sched.<gang>``  GangDeadline (scheduled message)        (the server)
-``phx.deadline.fired.<gang>``  GangDeadline (delivered at the time)    gang-coordinator
-=============================  ======================================  ==================
+* ``phalanx_bus`` declares ``STREAMS`` and ``BUCKETS`` and names span destinations from
+  ``CHANNELS`` (``template_of``); the services' durable consumers take their filters from
+  ``CONSUMERS``; the consumer loop refuses an event whose kind is not one of its channel's;
+* ``phalanx_bus.permissions`` turns the grants below into each identity's NATS publish and
+  subscribe permissions (rendered into the account JWT's scoped signing keys);
+* ``phalanx asyncapi`` writes ``proto/asyncapi.yaml`` and ``phalanx bus permissions`` the
+  permission table of docs/security.md.
+
+Placeholders in templates: ``{gang}`` is ``gang_key(gang_id)`` (two tokens, ``<ns>.<name>``),
+``{node}`` is ``token(node)`` (one token). For a per-node identity (``Identity.per_node``) a
+``{node}`` in a grant means *its own node(s) only*: the server expands it from the node tags
+of the identity's credential. Whoever adds a subject, bucket or consumer adds it here.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from phalanx_proto import events as E
+
+# -- identities ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    description: str
+    per_node: bool = False
+    """A node agent: its credential names its node(s) (tags ``node:<token>``) and every
+    ``{node}`` in its grants is limited to those."""
+    includes: tuple[str, ...] = ()
+    """Identities whose grants this one also has (``{node}`` as any node unless ``per_node``)."""
+
+
+ADMIN = "admin"
+GANG_COORDINATOR = "gang-coordinator"
+PLACEMENT = "placement"
+BINDER = "binder"
+TOPOLOGY_DISCOVERY = "topology-discovery"
+MIG_MANAGER = "mig-manager"
+READER = "reader"
+SUBSCRIBER = "subscriber"
+SIMULATOR = "simulator"
+NODE_FLEET = "node-fleet"
+
+IDENTITIES = {i.name: i for i in (
+    Identity(ADMIN, "Declares streams, buckets and their replicas (`phalanx bus init`, the bootstrap Job, "
+                    "test fixtures); the only identity with the JetStream admin API."),
+    Identity(GANG_COORDINATOR, "Runs the saga: the only publisher of placement, bind and MIG commands."),
+    Identity(PLACEMENT, "Decides and reserves: the only writer of phx-ledger."),
+    Identity(BINDER, "Binds placed pods; reads the ledger and topology."),
+    Identity(TOPOLOGY_DISCOVERY, "Node agent: reports its own node's topology and heartbeat.", per_node=True),
+    Identity(MIG_MANAGER, "Node agent: consumes its own node's MIG commands, owns its MIG records.", per_node=True),
+    Identity(READER, "Read-only KV access for `phalanx explain` and `phalanx doctor`."),
+    Identity(SUBSCRIBER, "Read-only: gang status and topology events (`phalanx events`, other teams)."),
+    Identity(SIMULATOR, "Loads nodes and pods into the simulated cluster (`phalanx up`, simulator only)."),
+    Identity(NODE_FLEET, "Simulator only: one process playing every simulated node's agents (any node).",
+             includes=(TOPOLOGY_DISCOVERY, MIG_MANAGER)),
+)}
+SERVICE_IDENTITIES = (TOPOLOGY_DISCOVERY, GANG_COORDINATOR, PLACEMENT, MIG_MANAGER, BINDER)
+
+# -- streams ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float = 7 * 24 * 3600
+    max_msgs_per_subject: int = -1
+    allow_schedules: bool = False
+
 
 STREAM_GANG = "PHX_GANG"
 STREAM_TOPOLOGY = "PHX_TOPOLOGY"
@@ -28,14 +83,187 @@ STREAM_NODE = "PHX_NODE"
 STREAM_DEADLINE = "PHX_DEADLINE"
 STREAM_DEAD_LETTER = "PHX_DLQ"
 
+STREAMS = (
+    Stream(STREAM_GANG, ("phx.gang.>",)),
+    Stream(STREAM_TOPOLOGY, ("phx.topology.>",), max_msgs_per_subject=16),
+    Stream(STREAM_NODE, ("phx.node.>",)),
+    Stream(STREAM_DEADLINE, ("phx.deadline.>",), allow_schedules=True),
+    Stream(STREAM_DEAD_LETTER, ("phx.dlq.>",), max_age_s=30 * 24 * 3600),
+)
+
+# -- channels (subjects) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: str
+    template: str
+    stream: str
+    kinds: tuple[str, ...]
+    """Event tags allowed on the channel; a consumer refuses any other (a forgery or a bug)."""
+    publishers: tuple[str, ...]
+    description: str
+    subscribers: tuple[str, ...] = ()
+    """Identities allowed a plain (non-durable) subscription, e.g. ``phalanx events``."""
+    receiver: str = ""
+    """Who consumes it, in words (AsyncAPI)."""
+
+
+def _tags(*types) -> tuple[str, ...]:
+    return tuple(E.tag_of(t) for t in types)
+
+
+_EVERYONE_WATCHING = (SUBSCRIBER, READER)
+CHANNELS = (
+    Channel("gangPlacement", "phx.gang.placement.{gang}", STREAM_GANG,
+            _tags(E.PlacementRequested, E.ReleaseRequested, E.AdoptRequested), (GANG_COORDINATOR,),
+            "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
+            "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
+            "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),
+    Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindRequested), (GANG_COORDINATOR,),
+            "Commands to binder: annotate and bind one placed member.", receiver="binder"),
+    Channel("gangPlacementReply", "phx.gang.coord.placement.{gang}", STREAM_GANG,
+            _tags(E.Placed, E.PlacementFailed, E.Released), (PLACEMENT,),
+            "Replies of placement to gang-coordinator.", receiver="gang-coordinator"),
+    Channel("gangBinderReply", "phx.gang.coord.binder.{gang}", STREAM_GANG, _tags(E.Bound, E.BindFailed),
+            (BINDER,), "Replies of binder to gang-coordinator.", receiver="gang-coordinator"),
+    Channel("gangStatus", "phx.gang.status.{gang}", STREAM_GANG,
+            _tags(E.GangAdmitted, E.GangScheduled, E.GangPending, E.RollbackStarted), (GANG_COORDINATOR,),
+            "What happens to a gang, for everybody else: an attempt starts, it is scheduled, it waits (with "
+            "the reason its pods show), it is rolled back. Phalanx itself does not consume it.",
+            subscribers=_EVERYONE_WATCHING, receiver="subscribers"),
+    Channel("topology", "phx.topology.{node}", STREAM_TOPOLOGY, _tags(E.NodeTopologyReported),
+            (TOPOLOGY_DISCOVERY,),
+            "A node's GPU/NIC topology, published when it changes (new hardware generation, new labels). The "
+            "current report is also in KV phx-topology; heartbeats go to KV phx-heartbeat only.",
+            subscribers=_EVERYONE_WATCHING, receiver="subscribers"),
+    Channel("nodeMig", "phx.node.{node}.mig", STREAM_NODE, _tags(E.MigPrepareRequested, E.MigDestroyRequested),
+            (GANG_COORDINATOR,), "Commands to the mig-manager of one node: create or destroy a MIG instance.",
+            receiver="mig-manager"),
+    Channel("nodeReply", "phx.node.{node}.reply", STREAM_NODE, _tags(E.MigReady, E.MigFailed, E.MigDestroyed),
+            (MIG_MANAGER,), "Replies of a node's mig-manager.", receiver="gang-coordinator"),
+    Channel("deadlineSchedule", "phx.deadline.sched.{gang}", STREAM_DEADLINE, _tags(E.GangDeadline),
+            (GANG_COORDINATOR,),
+            "An attempt's deadline, stored as a JetStream scheduled message (header Nats-Schedule: @at <time>); "
+            "one pending schedule per subject, so a new attempt's deadline replaces the old one.",
+            receiver="the NATS server"),
+    Channel("deadlineFired", "phx.deadline.fired.{gang}", STREAM_DEADLINE, _tags(E.GangDeadline), (),
+            "The deadline, delivered by the server at its time (Nats-Schedule-Target). Ignored unless the "
+            "attempt is still running.", receiver="gang-coordinator"),
+    Channel("deadLetter", "phx.dlq.{stream}.{consumer}", STREAM_DEAD_LETTER, (), (),
+            "Messages a consumer gave up on (undecodable, refused with PermanentError, not allowed on their "
+            "subject, or failed on their last delivery): the original payload with the error and origin in "
+            "headers. Each consumer may publish only its own.",
+            receiver="operators"),
+)
+CHANNEL = {c.id: c for c in CHANNELS}
+
+# -- durable consumers --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Consumer:
+    durable: str
+    stream: str
+    filter: str
+    identity: str
+    channels: tuple[str, ...]
+    """The channel ids the filter selects (checked by tests: all of them and nothing else)."""
+
+
+CONSUMERS = (
+    Consumer("placement", STREAM_GANG, "phx.gang.placement.>", PLACEMENT, ("gangPlacement",)),
+    Consumer("binder", STREAM_GANG, "phx.gang.binder.>", BINDER, ("gangBinder",)),
+    Consumer("gang-coordinator", STREAM_GANG, "phx.gang.coord.>", GANG_COORDINATOR,
+             ("gangPlacementReply", "gangBinderReply")),
+    Consumer("gang-coordinator-node", STREAM_NODE, "phx.node.*.reply", GANG_COORDINATOR, ("nodeReply",)),
+    Consumer("gang-coordinator-deadline", STREAM_DEADLINE, "phx.deadline.fired.>", GANG_COORDINATOR,
+             ("deadlineFired",)),
+    Consumer("mig-manager-{node}", STREAM_NODE, "phx.node.{node}.mig", MIG_MANAGER, ("nodeMig",)),
+    Consumer("mig-manager-fleet", STREAM_NODE, "phx.node.*.mig", NODE_FLEET, ("nodeMig",)),
+)
+CONSUMER = {c.durable: c for c in CONSUMERS}
+
+# -- KV buckets ---------------------------------------------------------------------------
+
+INFO, READ, WATCH, WRITE = "info", "read", "watch", "write"
+"""Bucket access levels, each including the ones before: open the bucket (stream info); get
+keys; also watch (ephemeral consumers on the bucket); also put/create/update/delete keys."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    identity: str
+    level: str
+    keys: str = ">"
+    """Key pattern: ``>`` (all), ``{node}`` (the node agent's own key), ``{node}.>``."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    name: str
+    history: int
+    description: str
+    grants: tuple[Grant, ...]
+    atomic: bool = False
+    """Allow JetStream atomic batch publish on the bucket's stream."""
+    simulator_only: bool = False
+    value: str = ""
+    """The AsyncAPI message id of its values (``kv.<Struct>``), when they have a schema."""
+    key: str = ">"
+    """The key's form, in template placeholders (AsyncAPI)."""
+
+
 KV_TOPOLOGY = "phx-topology"
 KV_HEARTBEAT = "phx-heartbeat"
 KV_LEDGER = "phx-ledger"
 KV_GANGS = "phx-gangs"
-KV_MIG = "phx-mig"
-"""MIG ownership records, written by each node's mig-manager (``<node>.<gpu>.<start>``)."""
 KV_LEASES = "phx-leases"
-"""gang-coordinator's leases (one active reconciler) and the reconciler's last report."""
+KV_MIG = "phx-mig"
+KV_SIM_PODS = "phx-sim-pods"
+KV_SIM_NODES = "phx-sim-nodes"
+KV_SIM_EVENTS = "phx-sim-events"
+KV_SIM_LEASES = "phx-sim-leases"
+
+BUCKETS = (
+    Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH),
+            Grant(READER, READ)), value="kv.NodeTopologyReported", key="{node}"),
+    Bucket(KV_HEARTBEAT, 1, "The last heartbeat of each node's topology-discovery.",
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           value="kv.NodeHeartbeat", key="{node}"),
+    Bucket(KV_LEDGER, 8, "Every reservation on one node; all nodes of a decision commit in one atomic batch.",
+           (Grant(PLACEMENT, WRITE), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, READ),
+            Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
+           atomic=True, value="kv.NodeLedger", key="{node}"),
+    Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, READ), Grant(READER, READ)),
+           value="kv.GangState", key="{gang}"),
+    Bucket(KV_LEASES, 1, "Leases that elect one active replica of a singleton loop (the reconciler).",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ))),
+    Bucket(KV_MIG, 1, "Who owns each MIG instance of a node (written before the create, verified after).",
+           (Grant(MIG_MANAGER, WRITE, "{node}.>"), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
+           key="{node}.{gpu}.{start}"),
+    Bucket(KV_SIM_PODS, 4, "Simulated cluster: pods.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH),
+            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, INFO)), simulator_only=True),
+    Bucket(KV_SIM_NODES, 4, "Simulated cluster: nodes.",
+           (Grant(SIMULATOR, WRITE), Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ),
+            Grant(BINDER, READ), Grant(READER, READ)), simulator_only=True),
+    Bucket(KV_SIM_LEASES, 2, "Simulated cluster: coordination Leases (the device plugin's fences).",
+           (Grant(SIMULATOR, WRITE), Grant(BINDER, WRITE), Grant(TOPOLOGY_DISCOVERY, READ), Grant(READER, READ),
+            Grant(GANG_COORDINATOR, INFO)), simulator_only=True),
+    Bucket(KV_SIM_EVENTS, 2, "Simulated cluster: events of each pod.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(BINDER, WRITE), Grant(READER, READ),
+            Grant(TOPOLOGY_DISCOVERY, INFO)), simulator_only=True),
+)
+BUCKET = {b.name: b for b in BUCKETS}
+
+EXTRA_API: dict[str, tuple[str, ...]] = {}
+"""JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry); none
+today (the coordinator used to purge binder's queue of a rolled-back attempt)."""
+
+# -- addresses ----------------------------------------------------------------------------
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -51,31 +279,71 @@ def gang_key(gang_id: str) -> str:
     return f"{token(ns)}.{token(name)}"
 
 
+def render(template: str, *, gang: str | None = None, node: str | None = None, **tokens: str) -> str:
+    """A template with its placeholders filled: ``gang`` is a gang id, ``node`` a node name,
+    other placeholders take a value made into one token."""
+    out = template
+    if gang is not None:
+        out = out.replace("{gang}", gang_key(gang))
+    if node is not None:
+        out = out.replace("{node}", token(node))
+    for k, v in tokens.items():
+        out = out.replace("{" + k + "}", token(v))
+    if "{" in out:
+        raise ValueError(f"{template}: placeholder left unfilled in {out}")
+    return out
+
+
+_PATTERN = {"{gang}": r"[^.]+\.[^.]+", "{node}": r"[^.]+", "{stream}": r"[^.]+", "{consumer}": r"[^.]+"}
+
+
+def _regex(template: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{\w+\})", template)
+    return re.compile("^" + "".join(_PATTERN.get(p, re.escape(p)) for p in parts) + "$")
+
+
+_MATCHERS = tuple((_regex(c.template), c) for c in CHANNELS)
+
+
+def channel_of(subject: str) -> Channel | None:
+    """The channel a concrete subject belongs to, or ``None``."""
+    for pattern, channel in _MATCHERS:
+        if pattern.match(subject):
+            return channel
+    return None
+
+
 def placement_subject(gang_id: str) -> str:
-    return f"phx.gang.placement.{gang_key(gang_id)}"
+    return render(CHANNEL["gangPlacement"].template, gang=gang_id)
 
 
 def binder_subject(gang_id: str) -> str:
-    return f"phx.gang.binder.{gang_key(gang_id)}"
+    return render(CHANNEL["gangBinder"].template, gang=gang_id)
 
 
-def coord_subject(gang_id: str) -> str:
-    return f"phx.gang.coord.{gang_key(gang_id)}"
+def placement_reply_subject(gang_id: str) -> str:
+    """Where placement answers gang-coordinator (Placed, PlacementFailed, Released)."""
+    return render(CHANNEL["gangPlacementReply"].template, gang=gang_id)
+
+
+def binder_reply_subject(gang_id: str) -> str:
+    """Where binder answers gang-coordinator (Bound, BindFailed)."""
+    return render(CHANNEL["gangBinderReply"].template, gang=gang_id)
 
 
 def status_subject(gang_id: str) -> str:
-    return f"phx.gang.status.{gang_key(gang_id)}"
+    return render(CHANNEL["gangStatus"].template, gang=gang_id)
 
 
 def topology_subject(node: str) -> str:
-    return f"phx.topology.{token(node)}"
+    return render(CHANNEL["topology"].template, node=node)
 
 
 def mig_subject(node: str) -> str:
-    return f"phx.node.{token(node)}.mig"
+    return render(CHANNEL["nodeMig"].template, node=node)
 
 
-MIG_EVERY_NODE = "phx.node.*.mig"
+MIG_EVERY_NODE = CONSUMER["mig-manager-fleet"].filter
 """Every node's MIG commands: the filter of a node fleet's single consumer (simulator only;
 a real node's mig-manager filters on its own ``mig_subject``)."""
 
@@ -87,20 +355,30 @@ def node_of_mig_subject(subject: str) -> str:
 
 
 def node_reply_subject(node: str) -> str:
-    return f"phx.node.{token(node)}.reply"
+    return render(CHANNEL["nodeReply"].template, node=node)
 
 
 def deadline_schedule_subject(gang_id: str) -> str:
     """Where a gang's deadline is scheduled; one pending schedule per subject, so a new
     attempt's deadline replaces the previous one."""
-    return f"phx.deadline.sched.{gang_key(gang_id)}"
+    return render(CHANNEL["deadlineSchedule"].template, gang=gang_id)
 
 
 def deadline_fired_subject(gang_id: str) -> str:
     """Where the server delivers the deadline; must be inside ``PHX_DEADLINE`` (the server
     refuses a schedule target outside the stream)."""
-    return f"phx.deadline.fired.{gang_key(gang_id)}"
+    return render(CHANNEL["deadlineFired"].template, gang=gang_id)
 
 
 def dead_letter_subject(stream: str, consumer: str) -> str:
-    return f"phx.dlq.{token(stream)}.{token(consumer)}"
+    return render(CHANNEL["deadLetter"].template, stream=stream, consumer=consumer)
+
+
+def durable(name: str, node: str | None = None) -> Consumer:
+    """The consumer declaration of durable ``name`` (a per-node template such as
+    ``mig-manager-{node}`` filled for ``node``)."""
+    c = CONSUMER[name]
+    if node is None:
+        return c
+    return Consumer(render(c.durable, node=node), c.stream, render(c.filter, node=node), c.identity, c.channels)
+

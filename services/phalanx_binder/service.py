@@ -53,7 +53,15 @@ from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
 from phalanx_kube import fence as F
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES, BindConflict, ClusterPort, Pod, PodGone
+from phalanx_kube.port import (
+    ASSIGNMENT_ANNOTATION,
+    SCHEDULER_NAMES,
+    BindConflict,
+    ClusterPort,
+    NotOurs,
+    Pod,
+    PodGone,
+)
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_proto.state import alloc_key
@@ -195,14 +203,14 @@ class Binder:
                 span.set_attribute("phalanx.outcome", "bound")
                 if pod.created:
                     metrics.POD_PENDING_TO_BOUND_SECONDS.observe(max(0.0, time.time() - pod.created))
-        except (BindConflict, PodGone) as e:
+        except (BindConflict, PodGone, NotOurs) as e:
             metrics.BINDS.inc(result="failed")
             span.set_attribute("phalanx.outcome", "failed")
             span.set_attribute("phalanx.failure_reason", str(e))
-            await self.bus.publish(S.coord_subject(ev.gang_id), BindFailed(
+            await self.bus.publish(S.binder_reply_subject(ev.gang_id), BindFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, reason=str(e)))
             return
-        await self.bus.publish(S.coord_subject(ev.gang_id), Bound(
+        await self.bus.publish(S.binder_reply_subject(ev.gang_id), Bound(
             gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, node=a.node))
 
     async def _fence(self, ev: BindRequested, a: Assignment, text: str, ticket: Ticket | None) -> None:
@@ -227,6 +235,7 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run binder until cancelled; ready once both mirrors are listed and its durable consumer
     is live (the pod watch starts alongside and never holds binds up)."""
+    own = S.CONSUMER[DURABLE]
     async with anyio.create_task_group() as tg:
         topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
         ledger = KvMirror.of_bucket(bus, S.KV_LEDGER)
@@ -240,6 +249,6 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
         log("binder settings", parallelism=settings.parallelism, fence_namespace=settings.fence_namespace,
             holder=fences.holder)
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.binder.>", decoder=gang_decoder,
+            bus, stream=own.stream, durable=own.durable, filter_subject=own.filter, decoder=gang_decoder,
             handler=binder.on_command, concurrency=settings.parallelism, task_status=task_status))
         task_status.started()

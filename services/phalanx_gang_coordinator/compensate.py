@@ -23,7 +23,7 @@ import anyio
 from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
-from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, Pod
+from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Bound, PodRef
 from phalanx_proto.state import GangState
 from phalanx_telemetry import log, metrics, refused, warn
@@ -76,9 +76,19 @@ class Compensator:
                 continue
             await self.notifier.event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its controller "
                                                              "recreates it")
-            await self.cluster.delete_pod(a.pod)
-            deleted.append(a.pod)
+            if await self._delete(a.pod):
+                deleted.append(a.pod)
         return tuple(deleted)
+
+    async def _delete(self, pod: PodRef) -> bool:
+        """Delete a bound member so its controller recreates it; a pod of another scheduler is
+        refused by the adapter (``NotOurs``), logged, and left alone."""
+        try:
+            await self.cluster.delete_pod(pod)
+            return True
+        except NotOurs as e:
+            warn("refused to delete a pod of another scheduler", pod=str(pod), error=str(e))
+            return False
 
     async def undo_late_bind(self, ev: Bound, pod: Pod) -> None:
         """A bind of an attempt that was rolled back (binder was slow): its reservation is
@@ -100,4 +110,4 @@ class Compensator:
         await self.notifier.event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back "
                                                           "before this pod was bound; deleting it so its controller "
                                                           "recreates it")
-        await self.cluster.delete_pod(ev.pod)
+        await self._delete(ev.pod)

@@ -94,13 +94,13 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
     driver = coord.driver
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.coord.>",
+            bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
             decoder=gang_decoder, handler=driver.on_reply, task_status=task_status))
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_NODE, durable=DURABLE_NODE, filter_subject="phx.node.*.reply",
+            bus, stream=S.CONSUMER[DURABLE_NODE].stream, durable=DURABLE_NODE, filter_subject=S.CONSUMER[DURABLE_NODE].filter,
             decoder=node_decoder, handler=driver.on_node_reply, task_status=task_status))
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_DEADLINE, durable=DURABLE_DEADLINE, filter_subject="phx.deadline.fired.>",
+            bus, stream=S.CONSUMER[DURABLE_DEADLINE].stream, durable=DURABLE_DEADLINE, filter_subject=S.CONSUMER[DURABLE_DEADLINE].filter,
             decoder=gang_decoder, handler=driver.on_deadline, task_status=task_status))
         await tg.start(coord.intake.watch)
         tg.start_soon(coord.resync.run)

@@ -59,6 +59,8 @@ from phalanx_proto.state import MigRecord, mig_record_key
 from phalanx_telemetry import log, warn
 
 KV_MIG = S.KV_MIG
+"""Ownership records of MIG instances (keys ``<node>.<gpu>.<start>``; a node's agent may
+write its own node's keys only)."""
 record_key = mig_record_key
 
 
@@ -196,7 +198,7 @@ class MigManager:
     async def destroy(self, ev: MigDestroyRequested, delivery: Delivery) -> MigDestroyed:
         """Destroy every instance recorded for this pod on ``gpu`` (by UUID when given, else for
         this gang and attempt). Nothing to destroy is success: the take may never have happened."""
-        good, _ = await read_all(self.records)
+        good, _ = await read_all(self.records, pattern=f"{S.token(self.node)}.>")
         for rec in good:
             record, entry = rec.value, rec
             if record.node != self.node or record.gpu != ev.gpu or str(record.pod) != str(ev.pod):
@@ -251,7 +253,7 @@ class MigManager:
         counts as owned, and while this node's ledger value is unreadable nothing is destroyed.
         """
         records: dict[tuple[int, int], tuple[MigRecord, KvEntry]] = {}
-        good, bad = await read_all(self.records)
+        good, bad = await read_all(self.records, pattern=f"{S.token(self.node)}.>")
         for rec in good:
             r = rec.value
             if r.node == self.node:
@@ -323,13 +325,14 @@ async def run(bus: Bus, node: str, devices: MigDevices, *, reconcile_s: float = 
               clock: Callable[[], float] = time.monotonic, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run mig-manager for ``node`` until cancelled; ready once it has reconciled once and its
     consumer is live."""
-    records = await bus.kv(KV_MIG)
+    own = S.durable("mig-manager-{node}", node)
+    records = await bus.kv(S.KV_MIG)
     ledger = await bus.kv(S.KV_LEDGER)
     manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=orphan_grace_s, clock=clock)
     await manager.reconcile()
     async with anyio.create_task_group() as tg:
         await tg.start(_reconcile_loop, manager, reconcile_s)
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_NODE, durable=f"mig-manager-{S.token(node)}", filter_subject=S.mig_subject(node),
+            bus, stream=own.stream, durable=own.durable, filter_subject=own.filter,
             decoder=node_decoder, handler=manager.on_command, task_status=task_status))
         task_status.started(manager)

@@ -48,6 +48,7 @@ from phalanx_topology_discovery.service import Config as DiscoveryConfig
 from phalanx_topology_discovery.service import Discovery, topology_from_file
 
 DURABLE = "mig-manager-fleet"
+"""The fleet's one MIG consumer (its filter, every node's MIG commands, is in the bus table)."""
 
 
 @dataclass(frozen=True)
@@ -192,8 +193,8 @@ async def run(bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], conf
         if fleet.mig:
             tg.start_soon(fleet.reconcile_loop)
         await tg.start(lambda task_status: consume(
-            bus, stream=S.STREAM_NODE, durable=DURABLE, filter_subject=S.MIG_EVERY_NODE, decoder=node_decoder,
-            handler=fleet.on_mig, task_status=task_status))
+            bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
+            decoder=node_decoder, handler=fleet.on_mig, task_status=task_status))
         log("fleet ready", nodes=len(fleet.agents), mig_nodes=len(fleet.mig), reported=reported, beats=beats,
             s=round(time.monotonic() - started, 2))
         task_status.started(fleet)

@@ -136,7 +136,7 @@ class Placement:
             existing = _existing(ev, ledgers)
             if existing is not None:
                 log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
-                await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
+                await self.bus.publish(S.placement_reply_subject(ev.gang_id), Placed(
                     gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
                 return
             refusal = checks.check_decide(record)
@@ -162,7 +162,7 @@ class Placement:
                 empty = (place_snapshot(Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes)), ev.members,
                                         self.profile) if result.resolvable else None)
                 fits_empty = isinstance(empty, Decision)
-                await self.bus.publish(S.coord_subject(ev.gang_id), PlacementFailed(
+                await self.bus.publish(S.placement_reply_subject(ev.gang_id), PlacementFailed(
                     gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
                     fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members),
                     reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits_empty else ()))
@@ -188,7 +188,7 @@ class Placement:
             log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
                 assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments),
                 unchecked_nodes=",".join(result.unchecked))
-            await self.bus.publish(S.coord_subject(ev.gang_id), Placed(
+            await self.bus.publish(S.placement_reply_subject(ev.gang_id), Placed(
                 gang_id=ev.gang_id, attempt=ev.attempt, assignments=result.assignments))
             return
         raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5)
@@ -248,7 +248,7 @@ class Placement:
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
         if released:
             _record_allocation(await self.snapshot("", await self.ledgers()), ())
-        await self.bus.publish(S.coord_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+        await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
 
     async def on_adopt(self, ev: AdoptRequested) -> None:
         """Record a reservation for a pod found bound without one, if its GPUs are free there
@@ -321,7 +321,7 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
         _record_allocation(await placement.snapshot("", await placement.ledgers()), ())
     except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting
         warn("allocation metrics not computed at start", error=repr(e))
-    await consume(bus, stream=S.STREAM_GANG, durable=DURABLE, filter_subject="phx.gang.placement.>",
+    await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
                   decoder=gang_decoder, handler=placement.on_command, task_status=task_status)
 
 

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from kubeharness import KubeApi, gpu_pod, unique
 
-from phalanx_kube.port import BindConflict, KubeEvent, Lease, LeaseConflict, Node, Pod, PodGone
+from phalanx_kube.port import BindConflict, KubeEvent, Lease, LeaseConflict, Node, NotOurs, Pod, PodGone
 from phalanx_proto.events import PodRef
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -221,6 +221,28 @@ async def test_delete_removes_the_pod_and_deleting_again_or_another_uid_is_a_no_
     assert await backend.cluster.get_pod(ref) is None
     await backend.cluster.delete_pod(ref)
     await backend.cluster.delete_pod(backend.ref("never-existed"))
+
+
+@pytest.mark.parametrize("scheduler", ["default-scheduler", "someone-else"])
+async def test_a_pod_of_another_scheduler_is_never_bound_patched_or_deleted(backend, scheduler):
+    ref = await backend.pod("not-ours", scheduler=scheduler)
+    before = await backend.cluster.get_pod(ref)
+    attempts = {
+        "bind": lambda r: backend.cluster.bind(r, "node-1"),
+        "annotate": lambda r: backend.cluster.annotate_pod(r, {"phalanx.io/assignment": "{}"}),
+        "condition": lambda r: backend.cluster.set_scheduled_condition(r, status=False, reason="R", message="m"),
+        "delete": lambda r: backend.cluster.delete_pod(r),
+    }
+    refused = {}
+    for what, act in attempts.items():
+        for r in (ref, backend.ref("not-ours")):  # with and without the uid
+            with pytest.raises(NotOurs) as e:
+                await act(r)
+            refused[what] = scheduler in str(e.value)
+    after = await backend.cluster.get_pod(ref)
+    assert refused == dict.fromkeys(attempts, True)
+    assert (after.uid, after.node_name, after.annotations, after.raw.get("status", {}).get("conditions")) == (
+        before.uid, before.node_name, before.annotations, before.raw.get("status", {}).get("conditions"))
 
 
 # -- events and conditions -------------------------------------------------------------------------

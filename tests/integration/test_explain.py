@@ -1,9 +1,12 @@
 """``phalanx explain`` and ``phalanx events`` against the real stack on the demo cluster, run as
-the commands a user types (subprocesses)."""
+the commands a user types (subprocesses): ``explain`` with the read-only ``reader`` identity,
+``events`` of the whole saga with the admin identity (a subscriber may read gang status and
+topology only; tests/hostile)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +14,7 @@ import time
 import anyio
 import pytest
 
+from phalanx_proto import subjects as S
 from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
@@ -54,13 +58,15 @@ async def _pending_with_reason(bus, name):
     return None
 
 
-def phalanx(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "phalanx_cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def explain(stack: Stack, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``phalanx explain ARGS --nats URL`` as the read-only identity."""
+    return subprocess.run([sys.executable, "-m", "phalanx_cli.main", "explain", *args, "--nats", stack.url],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **stack.identity_env(S.READER)})
 
 
 def test_explain_a_pending_pod_gives_its_gang_phase_attempt_and_the_real_reason(stack):
-    out = phalanx("explain", "default/too-big-9gpu", "--nats", stack.url, "--json")
+    out = explain(stack, "default/too-big-9gpu", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["status"] == "pending" and r["managed"] is True and r["pod"]["node"] is None
@@ -73,29 +79,29 @@ def test_explain_a_pending_pod_gives_its_gang_phase_attempt_and_the_real_reason(
     assert r["condition"]["status"] == "False" and REASON in r["condition"]["message"]
     assert "trace_id" in r  # GangState.trace_id: null until gang-coordinator records one
 
-    text = phalanx("explain", "default/too-big-9gpu", "--nats", stack.url)
+    text = explain(stack, "default/too-big-9gpu")
     assert text.returncode == 0, text.stderr
     assert f"Reason:      {REASON}" in text.stdout
     assert "Status:      pending" in text.stdout and "FailedScheduling" in text.stdout
 
 
 def test_explain_a_scheduled_pod_gives_its_assignment_and_scheduled_event(stack):
-    out = phalanx("explain", "default/fits-2gpu", "--nats", stack.url, "--json")
+    out = explain(stack, "default/fits-2gpu", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["status"] == "bound" and r["reason"] == ""
     assert r["gang"]["phase"] == "scheduled" and r["gang"]["bound"] == ["default/fits-2gpu"]
     assert r["assignment"]["node"] == r["pod"]["node"] and len(r["assignment"]["gpus"]) == 2
     assert [e["reason"] for e in r["events"]][-1] == "Scheduled"
-    text = phalanx("explain", "default/fits-2gpu", "--nats", stack.url)
+    text = explain(stack, "default/fits-2gpu")
     assert f"Status:      bound to {r['pod']['node']}" in text.stdout
     assert f"GPUs {','.join(map(str, r['assignment']['gpus']))}" in text.stdout
 
 
 def test_explain_says_when_there_is_no_such_pod_or_the_argument_is_bad(stack):
-    missing = phalanx("explain", "default/nope", "--nats", stack.url)
+    missing = explain(stack, "default/nope")
     assert missing.returncode == 1 and "not found" in missing.stderr
-    bad = phalanx("explain", "a/b/c", "--nats", stack.url)
+    bad = explain(stack, "a/b/c")
     assert bad.returncode == 2 and "NAMESPACE/POD" in bad.stderr
 
 

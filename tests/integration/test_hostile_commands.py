@@ -54,7 +54,7 @@ async def test_a_placed_for_an_attempt_never_started_or_not_from_placement_chang
             Placed(gang_id=state.gang_id, attempt=1, assignments=(other_gpu,)),      # not what the ledger holds
             Placed(gang_id=state.gang_id, attempt=1, assignments=(mine,)),           # a replay of the real one
         ):
-            await forge(bus, S.coord_subject(state.gang_id), forged)
+            await forge(bus, S.placement_reply_subject(state.gang_id), forged)
         await drained(bus, "gang-coordinator", "placement")
         assert await record(bus, sim) == before
         # Nobody else is put on the victim's GPU afterwards.
@@ -77,7 +77,7 @@ async def test_a_forged_placed_and_bind_for_a_placing_attempt_bind_nothing_onto_
 
             state = await wait_until(placing, 30)
             onto_held = Assignment(pod=pod.ref, node=held.node, gpus=held.gpus)
-            await forge(bus, S.coord_subject(state.gang_id), Placed(gang_id=state.gang_id, attempt=state.attempt,
+            await forge(bus, S.placement_reply_subject(state.gang_id), Placed(gang_id=state.gang_id, attempt=state.attempt,
                                                                     assignments=(onto_held,)))
             await forge(bus, S.binder_subject(state.gang_id), BindRequested(gang_id=state.gang_id, attempt=state.attempt,
                                                                             assignment=onto_held))
@@ -123,7 +123,8 @@ async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes
         victim, vstate = await scheduled(bus, sim, "victim-d")
         _, other = await scheduled(bus, sim, "other-d")
         bystander = await sim.apply_pod(gpu_pod("bystander-d", 1, scheduler="default-scheduler"))
-        await sim.bind(bystander.ref, "v100-b")
+        kube_scheduler = await SimCluster.open(bus, scheduler_names=("default-scheduler",))
+        await kube_scheduler.bind(bystander.ref, "v100-b")  # Phalanx's adapter would refuse: not its pod
         bystander = await sim.get_pod(bystander.ref)
         before = await record(bus, sim)
         node = vstate.assignments[0].node
@@ -134,7 +135,7 @@ async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes
             Bound(gang_id=vstate.gang_id, attempt=vstate.attempt, pod=victim.ref,
                   node="v100-b" if node == "v100-a" else "v100-a"),                          # not where it is bound
         ):
-            await forge(bus, S.coord_subject(forged.gang_id), forged)
+            await forge(bus, S.binder_reply_subject(forged.gang_id), forged)
         await drained(bus, "gang-coordinator")
         assert await record(bus, sim) == before
 

@@ -75,7 +75,7 @@ async def start_and_place(bus, sim, tg):
     ledger = NodeLedger(node="a100", allocations={
         alloc_key(a.pod): Allocation(gang_id=GANG, attempt=s.attempt, assignment=a) for a in assignments})
     await (await bus.kv(S.KV_LEDGER)).put(S.token("a100"), encoder.encode(ledger))
-    await bus.publish(S.coord_subject(GANG), Placed(gang_id=GANG, attempt=s.attempt, assignments=assignments))
+    await bus.publish(S.placement_reply_subject(GANG), Placed(gang_id=GANG, attempt=s.attempt, assignments=assignments))
 
     async def preparing():
         st = (await gang_states(bus)).get(GANG)

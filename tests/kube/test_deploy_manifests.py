@@ -60,7 +60,8 @@ def test_every_manifest_passes_a_server_side_dry_run(kube_api):
 
 def test_every_object_lives_in_phalanx_system_or_is_cluster_scoped():
     for obj in render():
-        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                           "ValidatingAdmissionPolicyBinding"):
             assert "namespace" not in obj["metadata"], obj["metadata"]
         else:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
@@ -80,7 +81,8 @@ def test_each_service_runs_phalanx_with_its_own_account_probes_and_the_bus_url(s
         assert container["args"][container["args"].index("--cluster") + 1] == "kube"
     assert container["args"][-2:] == ["--health-addr", "0.0.0.0:8080"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["PHALANX_NATS_URL"]["value"] == "nats://nats.phalanx-system.svc:4222"
+    assert (env["PHALANX_NATS_URL"]["value"], env["PHALANX_NATS_CREDS"]["value"], env["PHALANX_NATS_CA"]["value"]) == (
+        "tls://nats.phalanx-system.svc:4222", f"/etc/phalanx/nats/creds/{service}.creds", "/etc/phalanx/nats/ca/ca.crt")
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080} in container["ports"]
@@ -95,15 +97,43 @@ def test_each_service_runs_phalanx_with_its_own_account_probes_and_the_bus_url(s
     host_paths = {v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container.get("volumeMounts", [])}
     assert host_paths == {"topology-discovery": {"/sys", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources",
-                                                 "/var/lib/phalanx"},
-                          "mig-manager": {"/sys", "/dev"}}.get(service, set())
+                                                 "/var/lib/phalanx", "/etc/phalanx/nats"},
+                          "mig-manager": {"/sys", "/dev", "/etc/phalanx/nats"}}.get(service, set())
     assert mounts.get("/sys", True), "/sys is mounted read-only"
+    assert mounts["/etc/phalanx/nats/creds"] and mounts["/etc/phalanx/nats/ca"], "credentials are mounted read-only"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if kind == "DaemonSet":  # a node agent's credential is its node's own, provisioned on the node
+        assert volumes["nats-creds"]["hostPath"] == {"path": "/etc/phalanx/nats", "type": "Directory"}
+    else:
+        assert volumes["nats-creds"]["secret"] == {"secretName": f"phalanx-nats-{service}",
+                                                   "items": [{"key": "creds", "path": f"{service}.creds"}]}
+    assert volumes["nats-ca"]["secret"] == {"secretName": "phalanx-nats-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
 
 
-def test_nats_runs_jetstream_on_a_persistent_volume():
-    sts = by_kind(render(), "StatefulSet")["nats"]
+def test_nats_runs_a_three_node_jetstream_cluster_with_tls_routes_and_auth():
+    objs = render()
+    sts = by_kind(objs, "StatefulSet")["nats"]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     image, tag = container["image"].split(":")
     assert image == "nats" and tuple(int(x) for x in tag.split("-")[0].split(".")[:2]) >= (2, 12)
-    assert container["args"][:3] == ["-js", "-sd", "/data"]
+    assert (sts["spec"]["replicas"], container["args"]) == (3, ["-c", "/etc/nats/nats.conf"])
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    conf = by_kind(objs, "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    routes = [f"tls://nats-{i}.nats-headless.phalanx-system.svc:6222" for i in range(3)]
+    assert all(r in conf for r in routes) and "verify: true" in conf and 'include "auth/auth.conf"' in conf
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "phalanx-nats-tls"
+    assert volumes["auth"]["secret"]["secretName"] == "phalanx-nats-auth"
+    job = by_kind(objs, "Job")["phalanx-bus-init"]["spec"]["template"]["spec"]
+    assert job["containers"][0]["args"] == ["bus", "init", "--replicas", "3"]
+
+
+def test_only_phalanx_pods_reach_nats_and_only_monitoring_its_monitor_port():
+    policy = by_kind(render(), "NetworkPolicy")["nats"]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "nats"}}
+    rules = {r["ports"][0]["port"]: r["from"] for r in policy["ingress"]}
+    assert rules == {
+        4222: [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "phalanx"}}}],
+        6222: [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}],
+        8222: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+    }

@@ -28,7 +28,7 @@ ACCESS = {
                          ("create", "pods", "binding", False), ("patch", "pods", "", False),
                          ("create", "pods", "", False), ("list", "nodes", "", False)],
     "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
-               ("delete", "pods", "", True), ("create", "events", "", True), ("patch", "events", "", True),
+               ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
                ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", False),
                ("get", "nodes", "", False), ("get", "secrets", "", False)],
     "topology-discovery": [("get", "nodes", "", True), ("list", "nodes", "", True), ("watch", "nodes", "", True),

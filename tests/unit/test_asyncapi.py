@@ -85,7 +85,8 @@ def test_every_wire_event_is_a_message_on_a_channel():
 
 
 @pytest.mark.parametrize("subject", [
-    S.placement_subject("default/train"), S.binder_subject("default/train"), S.coord_subject("default/train"),
+    S.placement_subject("default/train"), S.binder_subject("default/train"), S.placement_reply_subject("default/train"),
+    S.binder_reply_subject("default/train"),
     S.status_subject("default/train"), S.topology_subject("v100-a"), S.mig_subject("v100-a"),
     S.node_reply_subject("v100-a"), S.deadline_schedule_subject("default/train"),
     S.deadline_fired_subject("default/train"),
