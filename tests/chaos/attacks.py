@@ -57,13 +57,13 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
     match kind:
         case "placed":
             moved = tuple(msgspec.structs.replace(a, gpus=tuple((g + 1) % 8 for g in a.gpus)) for a in s.assignments)
-            await forge(bus, S.coord_subject(s.gang_id), Placed(gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2)
+            await forge(bus, S.placement_reply_subject(s.gang_id), Placed(gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2)
                                                                 or 1, assignments=moved))
         case "bound":
             bound = [p for p in await sim.list_pods() if p.node_name]
             if bound:
                 p = rng.choice(bound)
-                await forge(bus, S.coord_subject(s.gang_id), Bound(gang_id=s.gang_id, attempt=max(1, s.attempt),
+                await forge(bus, S.binder_reply_subject(s.gang_id), Bound(gang_id=s.gang_id, attempt=max(1, s.attempt),
                                                                    pod=p.ref, node=p.node_name))
         case "release":
             allocs = [a for led in (await ledger(bus)).values() for a in led.allocations.values()]

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from hostile import audited, cleaned_env, drained, forge, hostile_stack, record, scheduled
+from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
