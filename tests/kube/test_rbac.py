@@ -129,16 +129,19 @@ async def test_gang_coordinator_watches_and_reports_with_its_own_account_and_may
 async def test_topology_discovery_advertises_resources_with_its_own_account_and_may_not_bind(rbac, kube_api, kube_ns):
     name = unique("rbac-node")
     kube_api.create_node(fake_gpu_node(name, kwok=False))
+    uid = kube_api.create_pod(gpu_pod("unbound", kube_ns))["metadata"]["uid"]
     cluster = await sa_cluster(rbac, "topology-discovery")
     try:
         assert (await cluster.get_node(name)).name == name
         await cluster.patch_node_capacity(name, {"aliyun.com/gpu-core": "800"})
+        # The agent may read pods (its device plugin identifies the pod being admitted), never bind one.
         with pytest.raises(AdapterApiError) as e:
-            await cluster.bind(PodRef(namespace=kube_ns, name="anything"), name)
+            await cluster.bind(PodRef(namespace=kube_ns, name="unbound", uid=uid), name)
         assert e.value.status == 403
     finally:
         await cluster.close()
     assert kube_api.get(f"/api/v1/nodes/{name}")["status"]["capacity"]["aliyun.com/gpu-core"] == "800"
+    assert not kube_api.get_pod(kube_ns, "unbound")["spec"].get("nodeName")
 
 
 # (service, verb, allowed in phalanx-system, allowed in another namespace)
