@@ -106,7 +106,8 @@ def _messages() -> dict[str, dict[str, Any]]:
     }
     for name, ref in (("GangState", "kv.GangState.json"), ("NodeLedger", "kv.NodeLedger.json"),
                       ("NodeTopologyReported", f"{E.tag_of(E.NodeTopologyReported)}.json"),
-                      ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json")):
+                      ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
+                      ("NodeKubeState", "kv.NodeKubeState.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",

@@ -29,6 +29,7 @@ from phalanx_proto.events import (
     RequestKind,
     pod_key,
 )
+from phalanx_proto.scheduling import NodeKubeState
 
 MAX_GANG_TIMEOUT_S = 7 * 24 * 3600.0
 """The largest per-gang attempt deadline (``phalanx.io/gang-timeout-seconds``): a week."""
@@ -166,6 +167,9 @@ heartbeat_decoder = Decoder(NodeHeartbeat)
 mig_record_decoder = Decoder(MigRecord)
 lease_decoder = Decoder(Lease)
 reconciler_report_decoder = Decoder(ReconcilerReport)
+node_kube_state_decoder = Decoder(NodeKubeState)
+"""``phx-node-state``: the key is the node's token (only that node's agent may write it, so
+the value needs no name of its own to be checked against)."""
 
 
 # --- the rules a stored value must keep --------------------------------------------------------
@@ -264,6 +268,7 @@ BUCKETS: dict[str, BucketRule] = {
     S.KV_TOPOLOGY: BucketRule(report_decoder, report_problem),
     S.KV_HEARTBEAT: BucketRule(heartbeat_decoder, heartbeat_problem),
     S.KV_MIG: BucketRule(mig_record_decoder, mig_record_problem),
+    S.KV_NODE_STATE: BucketRule(node_kube_state_decoder, lambda key, value: ""),
 }
 """Every shared bucket whose values Phalanx believes, with its rule (``phx-leases`` holds
 gang-coordinator's own bookkeeping and is read with ``lease_decoder``/``reconciler_report_decoder``)."""

@@ -55,7 +55,8 @@ IDENTITIES = {i.name: i for i in (
     Identity(GANG_COORDINATOR, "Runs the saga: the only publisher of placement, bind and MIG commands."),
     Identity(PLACEMENT, "Decides and reserves: the only writer of phx-ledger."),
     Identity(BINDER, "Binds placed pods; reads the ledger and topology."),
-    Identity(TOPOLOGY_DISCOVERY, "Node agent: reports its own node's topology and heartbeat.", per_node=True),
+    Identity(TOPOLOGY_DISCOVERY, "Node agent: reports its own node's topology, heartbeat and Kubernetes state.",
+             per_node=True),
     Identity(MIG_MANAGER, "Node agent: consumes its own node's MIG commands, owns its MIG records.", per_node=True),
     Identity(READER, "Read-only KV access for `phalanx explain` and `phalanx doctor`."),
     Identity(SUBSCRIBER, "Read-only: gang status and topology events (`phalanx events`, other teams)."),
@@ -220,6 +221,7 @@ KV_LEDGER = "phx-ledger"
 KV_GANGS = "phx-gangs"
 KV_LEASES = "phx-leases"
 KV_MIG = "phx-mig"
+KV_NODE_STATE = "phx-node-state"
 KV_SIM_PODS = "phx-sim-pods"
 KV_SIM_NODES = "phx-sim-nodes"
 KV_SIM_EVENTS = "phx-sim-events"
@@ -232,6 +234,10 @@ BUCKETS = (
     Bucket(KV_HEARTBEAT, 1, "The last heartbeat of each node's topology-discovery.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
            value="kv.NodeHeartbeat", key="{node}"),
+    Bucket(KV_NODE_STATE, 1, "Each node's Kubernetes state for the non-GPU filters (allocatable, taints, labels, "
+           "cordon, Ready, and the requests and host ports of the pods Phalanx did not place there).",
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           value="kv.NodeKubeState", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node; all nodes of a decision commit in one atomic batch.",
            (Grant(PLACEMENT, WRITE), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, READ),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
@@ -246,7 +252,7 @@ BUCKETS = (
            key="{node}.{gpu}.{start}"),
     Bucket(KV_SIM_PODS, 4, "Simulated cluster: pods.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH),
-            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, INFO)), simulator_only=True),
+            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, READ)), simulator_only=True),
     Bucket(KV_SIM_NODES, 4, "Simulated cluster: nodes.",
            (Grant(SIMULATOR, WRITE), Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ),
             Grant(BINDER, READ), Grant(READER, READ)), simulator_only=True),
