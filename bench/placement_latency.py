@@ -86,7 +86,7 @@ def request(k: int) -> PlacementRequested:
 
 SERVICE_PROFILE = default_profile(require_node_state=False)
 """The profile the placement service runs while node agents do not report ``NodeKubeState``
-(``phalanx_placement.service.Config.require_node_state``): the synthetic nodes have none."""
+(``--node-state optional`` of the placement service): the synthetic nodes have none."""
 
 
 def engine_ms(reps: list[NodeTopologyReported], count: int = 200) -> list[float]:

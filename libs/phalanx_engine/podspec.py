@@ -85,6 +85,20 @@ def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v
 # --- requests -------------------------------------------------------------------------------
 
 
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """What a running pod of any scheduler requests of its node, every resource included (GPUs
+    too): kube-scheduler's sum, as above. Values the API server let through but Phalanx cannot
+    read are left out (the node agent reports, it does not validate)."""
+    return _requests(spec, (), [])
+
+
+def pod_host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """The host ports a running pod of any scheduler binds (``hostNetwork`` included)."""
+    return _host_ports(spec, spec.get("hostNetwork") is True, [])
+
+
+
+
 def _amount(name: Any, raw: Any, field: str) -> int | Violation:
     if name == CPU:
         return cpu_millis(raw, field)

@@ -27,7 +27,8 @@ Mapping of the port's rules onto the API:
 
 RBAC this needs (``deploy/k8s/rbac.yaml`` grants each service only its part): pods
 get/list/watch/patch/delete, pods/binding create, pods/status patch, events create/get/patch,
-nodes get/list/watch, nodes/status patch; ``list_events`` (tests, CLI) also needs events list;
+nodes get/list/watch, nodes/status patch (the node agent: its own node's pods list/watch,
+``watch_node``); ``list_events`` (tests, CLI) also needs events list;
 the per-node fences are ``coordination.k8s.io`` leases (binder: get/create/update/delete; the
 node agent: get).
 """
@@ -49,6 +50,7 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 
+from phalanx_kube import nodewatch
 from phalanx_kube.port import (
     SCHEDULER_NAMES,
     BindConflict,
@@ -56,6 +58,7 @@ from phalanx_kube.port import (
     Lease,
     LeaseConflict,
     Node,
+    NodeObjects,
     Pod,
     PodEvent,
     PodGone,
@@ -437,6 +440,26 @@ class KubeCluster:
     async def get_node(self, name: str) -> Node | None:
         status, body = await self._call(f"get node {name}", self._core.read_node, name, ok=(404,))
         return None if status == 404 else node_from_dict(body)
+
+    async def list_node_pods(self, name: str) -> list[Pod]:
+        _, body = await self._call(f"list pods on node {name}", self._core.list_pod_for_all_namespaces,
+                                   field_selector=f"spec.nodeName={name}")
+        return sorted((pod_from_api(o) for o in body.get("items") or []), key=lambda p: (p.namespace, p.name))
+
+    async def list_bound_pods(self) -> list[Pod]:
+        _, body = await self._call("list bound pods", self._core.list_pod_for_all_namespaces,
+                                   field_selector="spec.nodeName!=")
+        return sorted((pod_from_api(o) for o in body.get("items") or []), key=lambda p: (p.namespace, p.name))
+
+    async def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
+        """List + watch of the node and of its pods (``phalanx_kube.nodewatch``)."""
+        async with aclosing(nodewatch.follow(self._core, name, self._call, self._acquire)) as updates:
+            async for objs in updates:
+                yield objs
+
+    async def _acquire(self) -> None:
+        if self._limiter is not None:
+            await self._limiter.acquire()
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         res = {k: str(v) for k, v in resources.items()}

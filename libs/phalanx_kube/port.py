@@ -52,11 +52,22 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Node(msgspec.Struct, frozen=True, kw_only=True):
+    """The part of a Node that Phalanx reads. ``raw`` is the whole object as a dict."""
+
     name: str
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     capacity: dict[str, str] = {}
     allocatable: dict[str, str] = {}
+    raw: dict[str, Any] = {}
+
+
+class NodeObjects(msgspec.Struct, frozen=True, kw_only=True):
+    """One node and the pods bound to it, of every scheduler, as the API holds them now (what
+    a node agent reports from: ``phalanx_engine.nodekube``)."""
+
+    node: Node | None
+    pods: tuple[Pod, ...] = ()
 
 
 class PodEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,6 +169,19 @@ class ClusterPort(Protocol):
 
     async def get_node(self, name: str) -> Node | None: ...
 
+    async def list_node_pods(self, name: str) -> list[Pod]:
+        """The pods bound to node ``name``, of every scheduler (as the kubelet sees them)."""
+        ...
+
+    async def list_bound_pods(self) -> list[Pod]:
+        """Every pod bound to a node, of every scheduler (one listing for many nodes)."""
+        ...
+
+    def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
+        """Node ``name`` and its pods (``list_node_pods``): the current state first, then again
+        after changes (several changes may come as one). Implementations re-list after errors."""
+        ...
+
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         """Set extended resources in the node's status capacity and allocatable."""
         ...
@@ -210,4 +234,5 @@ def node_from_dict(obj: dict[str, Any]) -> Node:
         annotations=dict(meta.get("annotations") or {}),
         capacity={k: str(v) for k, v in (status.get("capacity") or {}).items()},
         allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
+        raw=obj,
     )

@@ -30,6 +30,7 @@ from phalanx_kube.port import (
     Lease,
     LeaseConflict,
     Node,
+    NodeObjects,
     Pod,
     PodEvent,
     PodGone,
@@ -45,6 +46,9 @@ KV_PODS = S.KV_SIM_PODS
 KV_NODES = S.KV_SIM_NODES
 KV_EVENTS = S.KV_SIM_EVENTS
 KV_LEASES = S.KV_SIM_LEASES
+
+NODE_POLL_S = 2.0
+"""How often ``watch_node`` looks at a simulated node and its pods."""
 
 _json = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[KubeEvent])
@@ -225,6 +229,29 @@ class SimCluster:
     async def get_node(self, name: str) -> Node | None:
         entry = await self._nodes.get(token(name))
         return None if entry is None else node_from_dict(msgspec.json.decode(entry.value))
+
+    async def list_bound_pods(self) -> list[Pod]:
+        pods = [pod_from_dict(msgspec.json.decode(e.value)) for e in await self._pods.items()]
+        return sorted((p for p in pods if p.node_name), key=lambda p: (p.namespace, p.name))
+
+    async def list_node_pods(self, name: str) -> list[Pod]:
+        return [p for p in await self.list_bound_pods() if p.node_name == name]
+
+    async def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
+        """Polls every ``NODE_POLL_S`` (the simulator's pods are one bucket of every node's):
+        yields when the node or its pods changed."""
+        last: NodeObjects | None = None
+        while True:
+            try:
+                now = NodeObjects(node=await self.get_node(name), pods=tuple(await self.list_node_pods(name)))
+                if now != last:
+                    last = now
+                    yield now
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - bus away: poll again
+                pass
+            await asyncio.sleep(NODE_POLL_S)
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         for _ in range(20):

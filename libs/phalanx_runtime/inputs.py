@@ -71,6 +71,11 @@ def convert(doc: Any, kind: type, where: str) -> Any:
         raise Invalid(f"{where}: {path}" if path else where, problem) from None
 
 
+SIMULATED_ALLOCATABLE = {"cpu": "96", "memory": "768Gi", "ephemeral-storage": "3Ti", "pods": "110"}
+"""What every simulated node offers besides GPUs (a DGX-class server; the kubelet's default
+pod limit): the non-GPU filters check a simulated pod's requests against it."""
+
+
 @dataclass(frozen=True)
 class ClusterFile:
     nodes: tuple[ClusterNode, ...]
@@ -123,9 +128,13 @@ class ClusterFile:
         return out
 
     def node_objects(self) -> list[dict[str, Any]]:
+        """The Node objects of the simulated cluster: Ready, schedulable, with
+        ``SIMULATED_ALLOCATABLE`` (topology-discovery adds the GPU resources)."""
         return [{"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
-                 "status": {"capacity": {}, "allocatable": {}}} for n in self.nodes]
+                 "status": {"capacity": dict(SIMULATED_ALLOCATABLE), "allocatable": dict(SIMULATED_ALLOCATABLE),
+                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}
+                for n in self.nodes]
 
 
 def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -9,6 +9,9 @@ NVML — sharing one bus connection and one ``ClusterPort``:
 * **topology**: at start one node listing and one ``Discovery.report`` per node; then every
   ``label_refresh_s`` a listing and a report for each node whose labels changed (a DaemonSet
   agent reads its Node every beat; the fleet trades that for one listing per period);
+* **Kubernetes state**: at start and every ``label_refresh_s``, one node listing and one listing
+  of the bound pods give every node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a
+  node's key of ``phx-node-state`` is written only when its state changed);
 * **heartbeats**: every ``heartbeat_s`` one beat per node, each under the node's own key of
   ``phx-heartbeat``, written ``concurrency`` at a time (pipelined, one connection);
 * **MIG**: one durable consumer on every node's MIG subject (``phx.node.*.mig``) hands each
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import anyio
 
 from phalanx_bus import Bus, Delivery, Kv, PermanentError, consume
-from phalanx_kube.port import ClusterPort, Node
+from phalanx_kube.port import ClusterPort, Node, NodeObjects, Pod
 from phalanx_mig_manager.entry import devices_from
 from phalanx_mig_manager.service import KV_MIG, MigManager
 from phalanx_proto import subjects as S
@@ -44,6 +47,7 @@ from phalanx_proto.events import (
 )
 from phalanx_runtime.stack import ClusterNode, fake_mig_spec
 from phalanx_telemetry import log, metrics, warn
+from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import Config as DiscoveryConfig
 from phalanx_topology_discovery.service import Discovery, topology_from_file
 
@@ -69,6 +73,7 @@ class Fleet:
         self.cluster = cluster
         self.config = config
         self.agents: dict[str, Discovery] = {}
+        self.states: dict[str, NodeStateReporter] = {}
         self.mig: dict[str, MigManager] = {}
         self.names: dict[str, str] = {}
         """Subject token → node name, for every node of the fleet."""
@@ -78,6 +83,7 @@ class Fleet:
                                       gpu_memory_mib=n.gpu_memory_mib, mig_enabled=n.mig_enabled)
             self.agents[n.name] = Discovery(bus, cluster, DiscoveryConfig(node=n.name, heartbeat_s=config.heartbeat_s),
                                             lambda topo=topo: topo)
+            self.states[n.name] = NodeStateReporter(bus, n.name)
             self.names[S.token(n.name)] = n.name
             spec = fake_mig_spec(n)
             if spec is not None:
@@ -100,6 +106,22 @@ class Fleet:
             if name not in failed:
                 self._labels[name] = node.labels if node is not None else None
         return len(todo) - len(failed)
+
+    async def report_states(self) -> int:
+        """Every node's Kubernetes state from one node listing and one pod listing; returns
+        how many nodes' stored states changed."""
+        listed = {n.name: n for n in await self.cluster.list_nodes()}
+        pods: dict[str, list[Pod]] = {}
+        for p in await self.cluster.list_bound_pods():
+            pods.setdefault(p.node_name, []).append(p)
+        changed: list[str] = []
+
+        async def one(name: str) -> None:
+            if await self.states[name].observe(NodeObjects(node=listed.get(name), pods=tuple(pods.get(name, ())))):
+                changed.append(name)
+
+        await self._each(list(self.states), one, "node state")
+        return len(changed)
 
     async def beat(self) -> int:
         """One heartbeat per node, each under its own key; returns how many were stored."""
@@ -142,6 +164,8 @@ class Fleet:
             try:
                 if (reported := await self.report(changed_only=True)):
                     log("fleet reported label changes", nodes=reported)
+                if (states := await self.report_states()):
+                    log("fleet reported node state changes", nodes=states)
             except Exception as e:  # noqa: BLE001 - the listing failed: next period retries
                 metrics.HEARTBEAT_FAILURES.inc()
                 warn("fleet node listing failed", error=repr(e)[:300])
@@ -186,6 +210,7 @@ async def run(bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], conf
     for manager in fleet.mig.values():
         await manager.reconcile()
     reported = await fleet.report(changed_only=False)
+    await fleet.report_states()
     beats = await fleet.beat()
     async with anyio.create_task_group() as tg:
         tg.start_soon(fleet.beat_loop)

@@ -42,6 +42,7 @@ from phalanx_bus import records as R
 from phalanx_engine.decide import default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
 from phalanx_placement import checks
+from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
@@ -65,14 +66,16 @@ class Config:
     max_commit_retries: int = 20
     decide_delay_s: float = 0.0
     """Test only: sleep between reading the ledger and committing, to widen replica races."""
-    require_node_state: bool = False
-    """True: a node whose agent has not reported its Kubernetes state (``NodeKubeState``) takes
-    nothing. False until topology-discovery reports it: such nodes are placed on by GPUs alone
-    and the decision names them (``Decision.unchecked``, logged) — docs/placement.md."""
+    node_state: str = "auto"
+    """When a node without a reported Kubernetes state (``NodeKubeState``) takes nothing:
+    ``auto`` once reports have flowed for ``node_state_grace_s``, or ``required``/``optional``
+    (``nodestate.py``, docs/placement.md)."""
+    node_state_grace_s: float = GRACE_S
 
 
 class Placement:
-    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config, gangs_kv=None) -> None:
+    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config, gangs_kv=None,
+                 node_states: NodeStates | None = None) -> None:
         self.bus = bus
         self.topo_kv = topo_kv
         self.beat_kv = beat_kv
@@ -82,7 +85,13 @@ class Placement:
         self.conflicts = 0
         self.unreadable_nodes: set[str] = set()
         """Nodes whose ledger entry is bad, as of the last ``ledgers()``: left out of decisions."""
-        self.profile = default_profile(require_node_state=config.require_node_state)
+        self.node_states = node_states
+        self.profiles = {req: default_profile(require_node_state=req) for req in (False, True)}
+
+    @property
+    def profile(self):
+        """The engine profile for the next decision (nodes without state refused or not)."""
+        return self.profiles[self.node_states.required() if self.node_states is not None else False]
 
     async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
         good, bad = await R.read_all(self.ledger_kv)
@@ -108,7 +117,8 @@ class Placement:
             nodes.append(NodeView(
                 name=rep.node, topology=rep.topology, enabled=rep.enabled,
                 fresh=now - beats.get(rep.node, 0.0) <= self.config.heartbeat_stale_s,
-                tiers=rep.tiers, allocations=others, revision=rev))
+                tiers=rep.tiers, allocations=others, revision=rev,
+                kube=self.node_states.of(rep.node) if self.node_states is not None else None))
         return Snapshot(nodes=tuple(sorted(nodes, key=lambda n: n.name)))
 
     async def on_command(self, event, delivery: Delivery) -> None:
@@ -315,8 +325,15 @@ def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
 async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run placement until cancelled; ready once its durable consumer is live."""
     await enable_atomic(bus, S.KV_LEDGER)
+    node_states = NodeStates(bus, policy=config.node_state, grace_s=config.node_state_grace_s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(node_states.run)
+        await _serve(bus, config, node_states, task_status)
+
+
+async def _serve(bus: Bus, config: Config, node_states: NodeStates, task_status) -> None:
     placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
-                          await bus.kv(S.KV_LEDGER), config, await bus.kv(S.KV_GANGS))
+                          await bus.kv(S.KV_LEDGER), config, await bus.kv(S.KV_GANGS), node_states)
     try:
         _record_allocation(await placement.snapshot("", await placement.ledgers()), ())
     except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting

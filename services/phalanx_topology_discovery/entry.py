@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--mig-enabled", action="store_true",
                    help="mark the file's MIG-capable GPUs as in MIG mode (NVML reports the real mode)")
     p.add_argument("--heartbeat-s", type=float, default=3.0, help="seconds between heartbeats (default %(default)s)")
+    p.add_argument("--node-state-debounce-s", type=float, default=0.5,
+                   help="at most one report of the node's Kubernetes state per this many seconds (default %(default)s)")
     g = p.add_argument_group("device plugin (docs/delivery.md)")
     g.add_argument("--advertise", choices=("auto", "device-plugin", "node-status"),
                    default=os.environ.get("PHALANX_ADVERTISE", "auto"),
@@ -89,5 +91,6 @@ def _agent(args, cluster):
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_topology_discovery.service import Config, run
 
-    await run(bus, cluster, Config(node=args.node, heartbeat_s=args.heartbeat_s), _reader(args),
+    await run(bus, cluster, Config(node=args.node, heartbeat_s=args.heartbeat_s,
+                                  node_state_debounce_s=args.node_state_debounce_s), _reader(args),
               agent=_agent(args, cluster), task_status=task_status)

@@ -7,6 +7,9 @@ the simulator and tests), reads its Node's labels for network tiers and enableme
   report changes (new generation, new labels);
 * puts a ``NodeHeartbeat`` in KV ``phx-heartbeat`` every ``heartbeat_s``; placement treats a
   node whose beat is older than its bound as unavailable;
+* watches its Node and the pods bound to it and puts the node's Kubernetes state
+  (``NodeKubeState``: allocatable, taints, labels, cordon, Ready, what the pods Phalanx did not
+  place request and bind) in KV ``phx-node-state`` when it changes (``kubestate``);
 * reports the node's GPU resources to the kubelet (R11: "resources reported"): on a real node
   by running the device plugin (``phalanx_deviceplugin``, docs/delivery.md) while the node is
   enabled, so the kubelet advertises them and hands each pod exactly the devices Phalanx chose;
@@ -32,6 +35,7 @@ from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology.tiers import tiers_from_labels
+from phalanx_topology_discovery.kubestate import DEBOUNCE_S, NodeStateReporter
 
 ENABLE_LABEL = "lj_runtimekit_enable"
 ACK_LABEL = "ack.node.gpu.schedule"
@@ -41,6 +45,9 @@ ACK_LABEL = "ack.node.gpu.schedule"
 class Config:
     node: str
     heartbeat_s: float = 3.0
+    node_state: bool = True
+    """Report the node's Kubernetes state to ``phx-node-state`` (``kubestate``)."""
+    node_state_debounce_s: float = DEBOUNCE_S
 
 
 def enabled_by_labels(labels: dict[str, str]) -> bool:
@@ -157,11 +164,15 @@ class Discovery:
 async def run(bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology], *,
               agent: Callable[[anyio.abc.TaskGroup], ResourceAgent] | None = None,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run topology-discovery until cancelled; ready once the first report is stored. ``agent``
+    """Run topology-discovery until cancelled; ready once the first topology report and the
+    first Kubernetes-state report are stored. ``agent``
     builds the device plugin agent in the service's task group; without it the resources are
     patched into the Node status."""
     async with anyio.create_task_group() as tg:
         discovery = Discovery(bus, cluster, config, read, agent(tg) if agent else None)
         await discovery.report_once()
         tg.start_soon(discovery.loop)
+        if config.node_state:
+            await tg.start(functools.partial(NodeStateReporter(bus, config.node).follow, cluster,
+                                             debounce_s=config.node_state_debounce_s))
         task_status.started()

@@ -9,6 +9,8 @@ import pytest
 
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeTopologyReported
+from phalanx_proto.scheduling import NodeKubeState
+from phalanx_runtime.inputs import SIMULATED_ALLOCATABLE
 from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
@@ -44,10 +46,11 @@ async def test_both_nodes_report_their_topology_and_resources_through_the_bus(st
 
         async def advertised():
             node = await sim.get_node("v100-b")
-            return node.capacity if node and node.capacity else None
+            return node.capacity if node and "nvidia.com/gpu" in node.capacity else None
 
         capacity = await wait_until(advertised, 15)
-        assert capacity == {"nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800", "aliyun.com/gpu-memory": "128"}
+        assert capacity == {**SIMULATED_ALLOCATABLE, "nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800",
+                            "aliyun.com/gpu-memory": "128"}
     finally:
         await bus.close()
 
@@ -79,5 +82,41 @@ async def test_a_node_whose_discovery_stops_becomes_unavailable_with_that_reason
 
         bound = await wait_until(placed, 60)
         assert bound["default/needs-b"] == ("v100-b", (0, 1, 2, 3))
+    finally:
+        await bus.close()
+
+
+async def test_placement_checks_the_node_state_the_agents_report_and_refuses_what_kube_scheduler_would(stack):
+    bus, sim = await connect(stack)
+    try:
+        await seed_nodes(stack, sim)
+        await anyio.to_thread.run_sync(stack.start_services)
+        kv = await bus.kv(S.KV_NODE_STATE)
+
+        async def reported():
+            return all([await kv.get(n) for n in ("v100-a", "v100-b")])
+
+        await wait_until(reported, 30)
+        cordoned = stack.cluster.node_objects()[0]
+        cordoned["spec"] = {"unschedulable": True}
+        await sim.apply_node(cordoned)
+
+        async def cordon_reported():
+            e = await kv.get("v100-a")
+            return msgspec.json.decode(e.value, type=NodeKubeState).unschedulable
+
+        await wait_until(cordon_reported, 30)
+        hungry = gpu_pod("hungry", 1)
+        hungry["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "200"}
+        await sim.apply_pod(hungry)
+        await sim.apply_pod(gpu_pod("fits", 8))
+
+        async def outcome():
+            s = (await gang_states(bus)).get("default/hungry")
+            b = await bound_pods(sim)
+            return (s.reason, b["default/fits"][0]) if s is not None and s.phase == "backoff" and b else None
+
+        assert await wait_until(outcome, 30) == (
+            "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable.", "v100-b")
     finally:
         await bus.close()

@@ -1,0 +1,71 @@
+"""A node's Kubernetes state as its agent reports it (``phalanx_engine.nodekube``): from the Node
+and the pods bound to it, read as kube-scheduler reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_engine.nodekube import node_kube_state
+from phalanx_engine.quantity import Violation
+from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
+
+
+def node(**status_spec) -> dict:
+    return {"metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": status_spec.pop("spec", {}),
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+                       "capacity": {"cpu": "9", "example.com/only-capacity": "3"},
+                       "conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": "True"}], **status_spec}}
+
+
+def pod(cpu: str = "", memory: str = "", *, phase: str = "Running", host_port: int = 0, host_network=False) -> dict:
+    req = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+    ports = [{"containerPort": host_port or 80, **({"hostPort": host_port} if host_port else {})}]
+    return {"spec": {"hostNetwork": host_network, "containers": [{"name": "c", "resources": {"requests": req},
+                                                                  "ports": ports}]},
+            "status": {"phase": phase}}
+
+
+CASES = [
+    ("an idle ready node reports its allocatable (not its capacity), labels and readiness",
+     node(), [],
+     NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
+                   labels={"zone": "a"}, ready="True")),
+    ("running and pending pods add up; terminal pods hold nothing",
+     node(), [pod("500m", "1Gi"), pod("1", phase="Pending"), pod("4", "8Gi", phase="Succeeded"),
+              pod("2", phase="Failed")],
+     NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
+                   labels={"zone": "a"}, ready="True", requested={"cpu": 1500, "memory": 1 << 30}, pods=2)),
+    ("host ports come from hostPort, and from every container port with hostNetwork",
+     node(), [pod(host_port=8080), pod(host_network=True)],
+     NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
+                   labels={"zone": "a"}, ready="True", pods=2,
+                   host_ports=(HostPort(port=80), HostPort(port=8080)))),
+    ("a cordoned, tainted node without a Ready condition is Unknown; a taint with a made-up effect is left out",
+     node(spec={"unschedulable": True, "taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
+                                                   {"key": "x", "effect": "Sometimes"}]}, conditions=[]), [],
+     NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
+                   labels={"zone": "a"}, unschedulable=True,
+                   taints=(Taint(key="dedicated", value="infra", effect="NoSchedule"),), ready="Unknown")),
+]
+
+
+@pytest.mark.parametrize(("name", "node_obj", "pods", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_node_state(name, node_obj, pods, expected):
+    assert node_kube_state(node_obj, pods) == expected
+
+
+def test_an_unreadable_allocatable_quantity_is_a_violation_naming_the_field():
+    got = node_kube_state({"status": {"allocatable": {"cpu": "lots"}}}, [])
+    assert isinstance(got, Violation) and (got.field, got.value) == ("status.allocatable[cpu]", "lots")
+
+
+def test_more_labels_than_the_wire_carries_is_a_violation_naming_the_bound():
+    got = node_kube_state({"metadata": {"labels": {f"k{i}": "v" for i in range(1025)}}}, [])
+    assert got == Violation("metadata.labels", "1025 entries", "Phalanx reports at most 1024 per node")
+
+
+def test_a_malformed_node_object_gives_an_empty_unknown_state_and_no_exception():
+    assert node_kube_state({"metadata": [], "spec": "x", "status": {"conditions": "y"}}, [{"spec": 3}]) == \
+        NodeKubeState(pods=1)

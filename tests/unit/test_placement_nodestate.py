@@ -1,0 +1,42 @@
+"""placement's rule for nodes without a reported Kubernetes state (``nodestate.NodeStates``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_placement.nodestate import NodeStates
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def states(policy: str) -> tuple[NodeStates, Clock]:
+    clock = Clock()
+    return NodeStates(bus=None, policy=policy, grace_s=30.0, clock=clock), clock  # type: ignore[arg-type]
+
+
+def test_auto_refuses_unreported_nodes_only_after_reports_have_flowed_for_the_grace():
+    s, clock = states("auto")
+    seen = []
+    for step in ("no report yet", "first report", "20 s later", "30 s later"):
+        if step == "first report":
+            s._seen(None, None)
+        clock.now += {"no report yet": 0, "first report": 0, "20 s later": 20, "30 s later": 10}[step]
+        seen.append((step, s.required()))
+    assert seen == [("no report yet", False), ("first report", False), ("20 s later", False), ("30 s later", True)]
+
+
+@pytest.mark.parametrize(("policy", "required"), [("required", True), ("optional", False)])
+def test_a_fixed_policy_does_not_depend_on_reports(policy, required):
+    s, _ = states(policy)
+    assert (s.required(), s._seen(None, None), s.required()) == (required, None, required)
+
+
+def test_an_unknown_policy_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="one of auto, required, optional"):
+        NodeStates(bus=None, policy="sometimes")  # type: ignore[arg-type]
