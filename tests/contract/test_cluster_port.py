@@ -11,6 +11,7 @@ never leaks between tests.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,10 @@ class Backend:
     _create_node: Any
 
     async def pod(self, name: str, *, scheduler: str = "phalanx", annotations: dict | None = None,
-                  labels: dict | None = None) -> PodRef:
+                  labels: dict | None = None, node: str = "") -> PodRef:
         obj = gpu_pod(name, self.namespace, 1, scheduler=scheduler, labels=labels)
+        if node:
+            obj["spec"]["nodeName"] = node  # created bound, as by another scheduler
         if annotations:
             obj["metadata"]["annotations"] = annotations
         uid = await self._create_pod(obj)
@@ -279,17 +282,42 @@ async def test_nodes_are_listed_and_extended_resources_patched_into_capacity_and
     await backend.node(name, labels=labels, capacity={"cpu": "64", "memory": "512Gi"})
     c = backend.cluster
 
-    assert await c.get_node(name) == Node(name=name, labels=labels, capacity={"cpu": "64", "memory": "512Gi"},
-                                          allocatable={"cpu": "64", "memory": "512Gi"})
+    got = await c.get_node(name)
+    assert got.raw["metadata"]["name"] == name  # the whole object, camelCase
+    assert msgspec.structs.replace(got, raw={}) == Node(
+        name=name, labels=labels, capacity={"cpu": "64", "memory": "512Gi"}, allocatable={"cpu": "64", "memory": "512Gi"})
     assert name in [n.name for n in await c.list_nodes()]
 
     await c.patch_node_capacity(name, {"nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800"})
     want = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "aliyun.com/gpu-core": "800"}
-    assert await c.get_node(name) == Node(name=name, labels=labels, capacity=want, allocatable=want)
+    assert msgspec.structs.replace(await c.get_node(name), raw={}) == Node(
+        name=name, labels=labels, capacity=want, allocatable=want)
 
     assert await c.get_node(unique("no-such-node")) is None
     with pytest.raises(KeyError):
         await c.patch_node_capacity(unique("no-such-node"), {"nvidia.com/gpu": "8"})
+
+
+async def test_a_node_is_watched_with_the_pods_bound_to_it_of_every_scheduler(backend):
+    """What the node agent reports from: the node, then again once its pods change."""
+    c, name = backend.cluster, unique("watched-node")
+    await backend.node(name, labels={"kubernetes.io/hostname": name}, capacity={"cpu": "8"})
+    mine_ref = await backend.pod("on-node")
+    await backend.pod("elsewhere")
+    with anyio.fail_after(60):
+        async with aclosing(c.watch_node(name)) as updates:
+            first = await anext(updates)
+            assert (first.node.name, first.pods) == (name, ())
+            await c.bind(mine_ref, name)
+            await backend.pod("theirs-on-node", scheduler="default-scheduler", node=name)
+            while True:
+                update = await anext(updates)
+                if len(update.pods) == 2:
+                    break
+    assert sorted(p.name for p in update.pods) == ["on-node", "theirs-on-node"]
+    assert sorted(p.name for p in await c.list_node_pods(name)) == ["on-node", "theirs-on-node"]
+    bound = {p.name for p in await c.list_bound_pods() if p.node_name == name}
+    assert bound == {"on-node", "theirs-on-node"}
 
 
 # -- leases (the per-node fences of docs/delivery.md) ----------------------------------------------
