@@ -98,3 +98,21 @@ def test_mig_on_v100_nodes_stays_pending_with_the_reason(stack3, kube_api, kube_
 
     cond = wait_for(pending, 30, "PodScheduled=False on mig-demo")
     assert cond["message"].startswith("0/3 nodes are available: 3 no MIG-capable GPU."), cond
+
+
+def test_a_gang_of_mig_pods_on_v100_nodes_is_told_no_mig_capable_gpu(stack3, kube_api, kube_ns):
+    """Issue 14: a gang keeps the per-node reason a single pod gets, not a network-domain one."""
+    names = [f"mig-gang-{i}" for i in range(2)]
+    for name in names:
+        pod = seed_pod("mig-demo", kube_ns)
+        pod["metadata"].update(name=name, labels={"jobset.sigs.k8s.io/jobset-name": "mig-gang",
+                                                  "aliyun.com/min-member": "2"})
+        kube_api.create_pod(pod)
+
+    def pending(name: str):
+        cond = condition(kube_api.get_pod(kube_ns, name))
+        return cond if cond and cond["status"] == "False" and "nodes are available" in cond["message"] else None
+
+    messages = {name: wait_for(lambda n=name: pending(n), 30, f"PodScheduled=False on {name}")["message"]
+                for name in names}
+    assert all(m.startswith("0/3 nodes are available: 3 no MIG-capable GPU.") for m in messages.values()), messages

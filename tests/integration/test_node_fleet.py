@@ -27,6 +27,7 @@ from phalanx_proto.events import (
     PodRef,
     node_decoder,
 )
+from phalanx_proto.scheduling import HostPort, NodeKubeState
 from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_runtime.synthetic import synthetic_cluster, tier_labels
 from phalanx_topology.tiers import tiers_from_labels
@@ -92,6 +93,24 @@ async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beat
             return msgspec.json.decode(e.value, type=NodeTopologyReported).tiers.hypernode == "hn-moved" or None
 
         await wait_until(re_reported, 30)
+
+        states = {e.key: msgspec.json.decode(e.value, type=NodeKubeState)
+                  for e in await (await bus.kv(S.KV_NODE_STATE)).items()}
+        assert sorted(states) == sorted(n.name for n in cluster.nodes)
+        foreign = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "default"},
+                   "spec": {"schedulerName": "default-scheduler", "nodeName": n.name, "containers": [
+                       {"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}},
+                        "ports": [{"containerPort": 80, "hostPort": 8080}]}]}}
+        await sim.apply_pod(foreign)
+
+        async def state_of_n():
+            e = await (await bus.kv(S.KV_NODE_STATE)).get(n.name)
+            got = msgspec.json.decode(e.value, type=NodeKubeState)
+            return got if got.pods else None
+
+        got = await wait_until(state_of_n, 30)
+        assert (got.requested, got.pods, got.host_ports, got.ready, got.allocatable["cpu"]) == (
+            {"cpu": 3000}, 1, (HostPort(port=8080),), "True", 96000)
         tg.cancel_scope.cancel()
 
 
