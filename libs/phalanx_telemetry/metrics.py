@@ -291,7 +291,7 @@ BUS_CONSUMER_ACK_PENDING = Gauge(
     ["stream", "consumer"])
 
 # --- bad KV values (phalanx_bus.records) ------------------------------------------------------
-KV_BUCKET_NAMES = ("phx-ledger", "phx-gangs", "phx-topology", "phx-heartbeat", "phx-mig", "phx-leases")
+KV_BUCKET_NAMES = ("phx-ledger", "phx-gangs", "phx-topology", "phx-heartbeat", "phx-node-state", "phx-mig", "phx-leases")
 KV_INVALID_ENTRIES = Gauge(
     "phalanx_kv_invalid_entries",
     "Values in a KV bucket that do not decode or break the bucket's rule, found by this process's last full "

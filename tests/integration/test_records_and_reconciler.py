@@ -80,6 +80,7 @@ POISON = {
     S.KV_GANGS: ("default.poisoned", b"[1, 2"),
     S.KV_MIG: ("ghost.0.0", b'{"node": "elsewhere", "gpu": 0, "start": 0, "profile": "1g.5gb", "gang_id": "g", '
                             b'"attempt": 1, "pod": {"namespace": "a", "name": "b"}}'),
+    S.KV_NODE_STATE: ("ghost", b'{"allocatable": {"cpu": -1}}'),
 }
 
 
@@ -129,6 +130,7 @@ async def test_a_poisoned_value_in_every_bucket_is_skipped_named_and_holds_nothi
             placement = await anyio.to_thread.run_sync(scrape, stack, "placement")
             assert placement['phalanx_kv_invalid_entries{bucket="phx-ledger"}'] == 1
             assert placement['phalanx_kv_invalid_entries{bucket="phx-topology"}'] == 1
+            assert placement['phalanx_kv_invalid_entries{bucket="phx-node-state"}'] == 1
         finally:
             for bucket, (key, _) in POISON.items():
                 await (await bus.kv(bucket)).delete(key)
