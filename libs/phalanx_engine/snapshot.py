@@ -1,7 +1,8 @@
 """The placement engine's input: an immutable snapshot of the cluster, and its output.
 
 The placement service builds a ``Snapshot`` from KV ``phx-topology``, ``phx-heartbeat`` and
-``phx-ledger`` (and, once node agents report it, each node's ``NodeKubeState``); ``phalanx place`` and the benchmarks build one by hand. A decision works on
+``phx-ledger``, with each node's ``NodeKubeState`` from ``phx-node-state``; ``phalanx place`` and
+the benchmarks build one by hand. A decision works on
 its own scratch copy of free capacity, never on the snapshot (style rule 4).
 """
 
