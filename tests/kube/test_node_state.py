@@ -84,6 +84,7 @@ async def test_the_agent_reports_its_node_and_the_pods_phalanx_did_not_place_as_
                 busy, unschedulable=True, taints=(Taint(key="dedicated", value="infra", effect="NoSchedule"),)))
 
             kube_api.delete(f"/api/v1/namespaces/{kube_ns}/pods/web")
+            kube_api.delete(f"/api/v1/namespaces/{kube_ns}/pods/ours")  # other stacks' reconcilers see it
             kube_api.delete(f"/api/v1/nodes/{name}")
             with anyio.fail_after(30):
                 while await kv.get(S.token(name)) is not None:
