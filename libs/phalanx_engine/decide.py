@@ -29,7 +29,7 @@ from phalanx_engine.framework import ALL_KINDS, Member, Profile
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
-from phalanx_engine.snapshot import Decision, Snapshot
+from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import NoFit, Status
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 
@@ -114,6 +114,34 @@ class Cluster:
             self._unindex(old)
         self.nodes[state.name] = state
         self._index(state)
+
+    # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------
+    def upsert(self, view: NodeView) -> None:
+        """Add or replace one node from its view: usable nodes get fresh scratch state, the
+        others move to ``excluded`` with their status (``total`` counts each node once)."""
+        known = view.name in self.nodes or view.name in self.excluded
+        why = gpu.node_usable(view)
+        if why is None:
+            self.excluded.pop(view.name, None)
+            self.put(NodeState(view))
+        else:
+            self._drop_state(view.name)
+            self.excluded[view.name] = why
+        if not known:
+            self.total += 1
+
+    def remove(self, name: str) -> None:
+        """Forget one node (its report is gone or unreadable); unknown names are ignored."""
+        known = name in self.nodes or name in self.excluded
+        self._drop_state(name)
+        self.excluded.pop(name, None)
+        if known:
+            self.total -= 1
+
+    def _drop_state(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
+        if old is not None:
+            self._unindex(old)
 
     def assume(self, assignments: Iterable[Assignment]) -> None:
         """Book decided assignments into this state (the node states change in place; the
