@@ -48,7 +48,10 @@ class NodeStates:
         self._clock = clock
         self._since: float | None = None
         """When this process first saw a report (``auto``)."""
-        self.mirror: KvMirror[NodeKubeState] = KvMirror.of_bucket(bus, S.KV_NODE_STATE, on_put=self._seen)
+        self.on_change: Callable[[str], object] | None = None
+        """Called with a node's key whenever its state changes or goes (placement's cache)."""
+        self.mirror: KvMirror[NodeKubeState] = KvMirror.of_bucket(bus, S.KV_NODE_STATE, on_put=self._seen,
+                                                                   on_delete=self._gone)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Follow the bucket until cancelled; started once the bucket is listed."""
@@ -57,6 +60,12 @@ class NodeStates:
     def _seen(self, entry, previous) -> None:
         if self._since is None:
             self._since = self._clock()
+        if self.on_change is not None:
+            self.on_change(entry.key)
+
+    def _gone(self, previous) -> None:
+        if self.on_change is not None:
+            self.on_change(previous.key)
 
     def of(self, node: str) -> NodeKubeState | None:
         entry = self.mirror.get(S.token(node))

@@ -1,28 +1,30 @@
 """placement: decides where a gang goes and reserves it in the ledger (KV ``phx-ledger``).
 
-For each ``PlacementRequested`` it builds a snapshot from ``phx-topology``,
-``phx-heartbeat`` and ``phx-ledger``, asks the engine for a decision, commits the
-reservations by compare-and-set on the revisions it read, and replies ``Placed`` or
-``PlacementFailed``. A lost race (another replica changed a node) means: re-read, decide
-again. Redelivery is safe: if the ledger already holds this gang's attempt, the same
-``Placed`` is sent again without deciding.
+It decides on a watch-fed cache of ``phx-topology``, ``phx-heartbeat``, ``phx-node-state``
+(``nodestate.py``), ``phx-ledger`` and ``phx-gangs`` (``cache.py``): no request reads a bucket. ``PlacementRequested`` commands wait
+in a queue (``queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
+highest priority first, then by arrival, and decides them one after the other on the cache,
+each decision assumed into it before the next. Each gang's reservations then commit on their
+own (pipelined, while the next cycle decides) in one atomic batch expecting the ledger
+revisions the decision read; a lost compare-and-set (another replica changed a node) drops the
+assumption, catches the ledger up from the watch and decides that request again. Redelivery is
+safe: if the ledger already holds this gang's attempt, the same ``Placed`` is sent again.
 
 Nothing is believed on its word (``checks.py``, docs/saga.md "Checks"): a request is carried
 out only for the attempt and the members the gang's record in ``phx-gangs`` names; a release
 frees exactly (gang, attempt, pod uid) and never a live member's reservation; an adoption
 (the reconciler's repair for a pod bound without a reservation) only onto free GPUs. A bad
-value in ``phx-ledger``, ``phx-topology`` or ``phx-heartbeat`` is skipped, counted and named
-(``phalanx_bus.records``): its node is left out of decisions, the others go on.
+value in ``phx-ledger``, ``phx-topology`` or ``phx-heartbeat`` is isolated by its mirror:
+its node is left out of decisions, the others go on.
 
-Metrics: decision time, ledger conflicts, and after every commit and release the GPUs,
-core % and memory allocated by node, model and mode plus fragmentation
+Metrics: decision time, ledger conflicts, and (at most every ``metrics_every_s`` after a
+commit) the GPUs, core % and memory allocated by node, model and mode plus fragmentation
 (``phalanx_telemetry.allocation``). Spans ``placement.decide`` and ``placement.commit`` carry
 the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -32,17 +34,18 @@ from phalanx_bus import (
     Bus,
     Delivery,
     KvConflict,
-    Record,
+    Poisoned,
     TemporaryError,
     consume,
     enable_atomic,
     kv_atomic_write,
 )
-from phalanx_bus import records as R
-from phalanx_engine.decide import default_profile, place_snapshot
-from phalanx_engine.snapshot import Decision, NodeView, NoFit, Snapshot
+from phalanx_engine.decide import decide, default_profile
+from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks
+from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, NodeStates
+from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
@@ -51,7 +54,6 @@ from phalanx_proto.events import (
     PlacementRequested,
     Released,
     ReleaseRequested,
-    encoder,
     gang_decoder,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
@@ -65,66 +67,55 @@ class Config:
     heartbeat_stale_s: float = 15.0
     max_commit_retries: int = 20
     decide_delay_s: float = 0.0
-    """Test only: sleep between reading the ledger and committing, to widen replica races."""
+    """Test only: sleep between deciding and committing, to widen replica races."""
     node_state: str = "auto"
     """When a node without a reported Kubernetes state (``NodeKubeState``) takes nothing:
     ``auto`` once reports have flowed for ``node_state_grace_s``, or ``required``/``optional``
     (``nodestate.py``, docs/placement.md)."""
     node_state_grace_s: float = GRACE_S
+    cycle_max: int = 64
+    """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
+    metrics_every_s: float = 1.0
+    """Allocation gauges are recomputed (a pass over every node) at most this often."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """A decision's outcome that needs no ledger write."""
+
+    event: object
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """A decision assumed into the cache, to be committed."""
+
+    commit: Commit
+    decision: Decision
 
 
 class Placement:
-    def __init__(self, bus: Bus, topo_kv, beat_kv, ledger_kv, config: Config, gangs_kv=None,
-                 node_states: NodeStates | None = None) -> None:
+    def __init__(self, bus: Bus, cache: ClusterCache, config: Config) -> None:
         self.bus = bus
-        self.topo_kv = topo_kv
-        self.beat_kv = beat_kv
-        self.ledger_kv = ledger_kv
-        self.gangs_kv = gangs_kv
+        self.cache = cache
         self.config = config
         self.conflicts = 0
-        self.unreadable_nodes: set[str] = set()
-        """Nodes whose ledger entry is bad, as of the last ``ledgers()``: left out of decisions."""
-        self.node_states = node_states
+        self.queue = RequestQueue()
         self.profiles = {req: default_profile(require_node_state=req) for req in (False, True)}
+        self._recorded_at = 0.0
+        self._allocation_stale = True
 
     @property
     def profile(self):
         """The engine profile for the next decision (nodes without state refused or not)."""
-        return self.profiles[self.node_states.required() if self.node_states is not None else False]
-
-    async def ledgers(self) -> dict[str, tuple[NodeLedger, int]]:
-        good, bad = await R.read_all(self.ledger_kv)
-        self.unreadable_nodes = {b.key for b in bad}
-        return {r.value.node: (r.value, r.revision) for r in good}
-
-    async def gang_record(self, gang_id: str) -> GangState | R.BadEntry | None:
-        if self.gangs_kv is None:
-            self.gangs_kv = await self.bus.kv(S.KV_GANGS)
-        rec = await R.read_one(self.gangs_kv, S.gang_key(gang_id))
-        return rec.value if isinstance(rec, Record) else rec
-
-    async def snapshot(self, gang_id: str, ledgers: dict[str, tuple[NodeLedger, int]]) -> Snapshot:
-        beats = {r.value.node: r.value.at for r in (await R.read_all(self.beat_kv))[0]}
-        now = time.time()
-        nodes = []
-        for r in (await R.read_all(self.topo_kv))[0]:
-            rep = r.value
-            if S.token(rep.node) in self.unreadable_nodes:
-                continue  # its reservations are unknown: deciding on it could book a GPU twice
-            ledger, rev = ledgers.get(rep.node, (NodeLedger(node=rep.node), 0))
-            others = tuple(a.assignment for a in ledger.allocations.values() if a.gang_id != gang_id)
-            nodes.append(NodeView(
-                name=rep.node, topology=rep.topology, enabled=rep.enabled,
-                fresh=now - beats.get(rep.node, 0.0) <= self.config.heartbeat_stale_s,
-                tiers=rep.tiers, allocations=others, revision=rev,
-                kube=self.node_states.of(rep.node) if self.node_states is not None else None))
-        return Snapshot(nodes=tuple(sorted(nodes, key=lambda n: n.name)))
+        states = self.cache.node_states
+        return self.profiles[states.required() if states is not None else False]
 
     async def on_command(self, event, delivery: Delivery) -> None:
         match event:
             case PlacementRequested():
-                await self.on_request(event)
+                record = self.cache.gang(event.gang_id)
+                await self.queue.submit(event, record.priority if isinstance(record, GangState) else 0)
             case ReleaseRequested():
                 await self.on_release(event)
             case AdoptRequested():
@@ -132,160 +123,248 @@ class Placement:
             case _:
                 warn("unexpected event on placement subject", kind=type(event).__name__)
 
-    async def on_request(self, ev: PlacementRequested) -> None:
-        record = await self.gang_record(ev.gang_id)
-        if isinstance(record, R.BadEntry):
-            refused("unreadable_record", str(record), gang=ev.gang_id, attempt=ev.attempt)
-            return
-        refusal = checks.check_request(record, ev)
+    async def _record(self, gang_id: str, check) -> GangState | checks.Refusal:
+        """The gang's record and the check's verdict on it; a record that fails the check is
+        caught up from the watch (it may be behind the command) and checked once more."""
+        for attempt in (0, 1):
+            if attempt:
+                await self.cache.gangs.catch_up()
+            record = self.cache.gang(gang_id)
+            if isinstance(record, Poisoned):
+                refusal = checks.Refusal("unreadable_record", f"{S.KV_GANGS}/{record.key} "
+                                                              f"(revision {record.revision}): {record.error}")
+            else:
+                refusal = check(record)
+            if refusal is None:
+                return record
+        return refusal
+
+    # -- the scheduling cycle ------------------------------------------------------------------
+    async def run_cycles(self) -> None:
+        """Take what waits (bounded, by priority then arrival), decide one request after the
+        other on the cache (each decision assumed before the next), commit per gang, pipelined."""
+        async with anyio.create_task_group() as tg:
+            while True:
+                batch = await self.queue.take(self.config.cycle_max)
+                records = {}
+                for w in batch:
+                    records[id(w)] = await self._record(w.ev.gang_id, lambda r, ev=w.ev: checks.check_request(r, ev))
+                self.cache.refresh()
+                for w in batch:
+                    record = records[id(w)]
+                    if isinstance(record, checks.Refusal):
+                        refused(record.rule, record.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
+                                command="placement.requested")
+                        w.finish()
+                        continue
+                    outcome = self._decide(w.ev, record)
+                    if isinstance(outcome, _Decided):
+                        tg.start_soon(self._commit_request, w, outcome)
+                    elif isinstance(outcome, _Reply):
+                        tg.start_soon(self._reply, w, outcome.event)
+                    else:
+                        refused(outcome.rule, outcome.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
+                                command="placement.requested")
+                        w.finish()
+
+    def _decide(self, ev: PlacementRequested, record: GangState) -> _Decided | _Reply | checks.Refusal:
+        """One request on the cache, synchronously: the committed answer again, a refusal, a
+        no-fit reply, or a decision assumed into the cache (its ``Commit``)."""
+        existing = self._existing(ev)
+        if existing is not None:
+            log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
+            return _Reply(Placed(gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
+        refusal = checks.check_decide(record)
         if refusal is not None:
-            refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
-            return
-        for _ in range(self.config.max_commit_retries):
-            ledgers = await self.ledgers()
-            existing = _existing(ev, ledgers)
-            if existing is not None:
-                log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
-                await self.bus.publish(S.placement_reply_subject(ev.gang_id), Placed(
-                    gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
-                return
-            refusal = checks.check_decide(record)
-            if refusal is not None:
-                refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="placement.requested")
-                return
-            snap = await self.snapshot(ev.gang_id, ledgers)
-            with tracer().start_as_current_span("placement.decide", attributes={
-                    "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
-                    "phalanx.members": len(ev.members)}) as span:
-                started = time.perf_counter()
-                result = place_snapshot(snap, ev.members, self.profile, avoid=ev.avoid_nodes)
-                elapsed = time.perf_counter() - started
-                _annotate_decision(span, result)
-            elapsed_ms = elapsed * 1000
-            metrics.PLACEMENT_DECISION_SECONDS.observe(
-                elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
-            if isinstance(result, NoFit):
-                log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed_ms, 3))
-                # Could it fit were the whole cluster empty (the filters say: only busy nodes kept
-                # it out), and where? Those nodes are what the fairness gate keeps for this gang
-                # should it starve (docs/saga.md, backfill).
-                empty = (place_snapshot(Snapshot(nodes=tuple(_emptied(n) for n in snap.nodes)), ev.members,
-                                        self.profile) if result.resolvable else None)
-                fits_empty = isinstance(empty, Decision)
-                await self.bus.publish(S.placement_reply_subject(ev.gang_id), PlacementFailed(
-                    gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                    fits_empty_cluster=fits_empty, members=tuple(m.pod for m in ev.members),
-                    reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits_empty else ()))
-                return
-            if self.config.decide_delay_s:
-                await anyio.sleep(self.config.decide_delay_s)
-            try:
-                with tracer().start_as_current_span("placement.commit", attributes={
-                        "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
-                        "k8s.node.name": sorted({a.node for a in result.assignments})}) as span:
-                    try:
-                        await self.commit(ev, result, ledgers)
-                    except KvConflict:
-                        span.set_attribute("phalanx.outcome", "conflict")
-                        raise
-                    span.set_attribute("phalanx.outcome", "committed")
-            except KvConflict as e:
-                self.conflicts += 1
-                metrics.LEDGER_COMMIT_CONFLICTS.inc()
-                log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e), conflicts=self.conflicts)
-                continue
-            _record_allocation(snap, result.assignments)
-            log("reserved", gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed_ms, 3),
-                assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in result.assignments),
-                unchecked_nodes=",".join(result.unchecked))
-            await self.bus.publish(S.placement_reply_subject(ev.gang_id), Placed(
-                gang_id=ev.gang_id, attempt=ev.attempt, assignments=result.assignments))
-            return
-        raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5)
+            return refusal
+        with tracer().start_as_current_span("placement.decide", attributes={
+                "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                "phalanx.members": len(ev.members)}) as span:
+            started = time.perf_counter()
+            with self.cache.excluding(ev.gang_id):
+                result = decide(self.cache.cluster, ev.members, self.profile, avoid=ev.avoid_nodes)
+            elapsed = time.perf_counter() - started
+            _annotate_decision(span, result)
+        metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
+        if isinstance(result, NoFit):
+            log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed * 1000, 3))
+            # Could it fit were the whole cluster empty (the statuses say: only busy nodes kept it
+            # out), and where? Those nodes are what the fairness gate keeps for this gang should
+            # it starve (docs/saga.md, backfill).
+            empty = decide(self.cache.empty, ev.members, self.profile) if result.resolvable else None
+            fits = isinstance(empty, Decision)
+            return _Reply(PlacementFailed(
+                gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
+                fits_empty_cluster=fits, members=tuple(m.pod for m in ev.members),
+                reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else ()))
+        log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
+        return _Decided(self.cache.assume(self._ledgers_after(ev, result)), result)
 
-    async def commit(self, ev: PlacementRequested, decision: Decision,
-                     ledgers: dict[str, tuple[NodeLedger, int]]) -> None:
-        """Write the reservations of every touched node in one JetStream atomic batch, each
-        write expecting the ledger revision the decision read: all nodes or none, and a
-        concurrent writer on any of them fails the whole batch (``KvConflict``).
-
-        Allocations this gang holds from earlier attempts are replaced.
-        """
+    def _ledgers_after(self, ev: PlacementRequested, decision: Decision) -> dict[str, NodeLedger]:
+        """Every touched node's new ledger: the gang's earlier reservations (and any of these
+        members') replaced by the decision's."""
         members = {alloc_key(m.pod) for m in ev.members}
-        by_node: dict[str, list] = {}
+        by_key: dict[str, tuple[str, list]] = {}
         for a in decision.assignments:
-            by_node.setdefault(a.node, []).append(a)
-        # Nodes where the gang held something but gets nothing now: clear those too.
-        for node, (ledger, _) in ledgers.items():
-            if node not in by_node and any(a.gang_id == ev.gang_id for a in ledger.allocations.values()):
-                by_node[node] = []
-        writes = []
-        for node, assignments in sorted(by_node.items()):
-            ledger, rev = ledgers.get(node, (NodeLedger(node=node), 0))
-            allocs = {k: v for k, v in ledger.allocations.items()
-                      if not (v.gang_id == ev.gang_id or k in members)}
+            by_key.setdefault(S.token(a.node), (a.node, []))[1].append(a)
+        for key in self.cache.gang_keys(ev.gang_id):
+            ledger = self.cache.ledger_of(key)
+            if key not in by_key and ledger is not None:
+                by_key[key] = (ledger.node, [])
+        out = {}
+        for key, (node, assignments) in by_key.items():
+            ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
+            allocs = {k: v for k, v in ledger.allocations.items() if not (v.gang_id == ev.gang_id or k in members)}
             for a in assignments:
                 allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a)
-            writes.append((S.token(node), encoder.encode(NodeLedger(node=node, allocations=allocs)), rev))
-        await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
+            out[key] = NodeLedger(node=node, allocations=allocs)
+        return out
 
+    def _existing(self, ev: PlacementRequested) -> tuple | None:
+        """The assignments already committed for exactly this gang attempt, if all are there."""
+        found = {}
+        for key in self.cache.gang_keys(ev.gang_id):
+            for alloc in (self.cache.ledger_of(key) or NodeLedger(node="")).allocations.values():
+                if alloc.gang_id == ev.gang_id and alloc.attempt == ev.attempt:
+                    found[alloc_key(alloc.assignment.pod)] = alloc.assignment
+        wanted = [alloc_key(m.pod) for m in ev.members]
+        if wanted and all(k in found for k in wanted):
+            return tuple(found[k] for k in wanted)
+        return None
+
+    async def _reply(self, w: Waiting, event) -> None:
+        try:
+            await self.bus.publish(S.placement_reply_subject(w.ev.gang_id), event)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
+            w.finish(e)
+            return
+        w.finish()
+
+    async def _commit_request(self, w: Waiting, decided: _Decided) -> None:
+        ev, commit, placed = w.ev, decided.commit, decided.decision.assignments
+        try:
+            with tracer().start_as_current_span("placement.commit", attributes={
+                    "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                    "k8s.node.name": sorted(led.node for led in commit.writes.values())}) as span:
+                if self.config.decide_delay_s:
+                    await anyio.sleep(self.config.decide_delay_s)
+                try:
+                    await self._write(commit)
+                except KvConflict:
+                    span.set_attribute("phalanx.outcome", "conflict")
+                    raise
+                span.set_attribute("phalanx.outcome", "committed")
+        except KvConflict as e:
+            self.conflicts += 1
+            metrics.LEDGER_COMMIT_CONFLICTS.inc()
+            log("ledger conflict, deciding again", gang=ev.gang_id, error=str(e), conflicts=self.conflicts)
+            w.tries += 1
+            if w.tries >= self.config.max_commit_retries:
+                w.finish(TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5))
+            else:
+                await self.cache.ledger.catch_up()
+                self.queue.put(w)
+            return
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
+            w.finish(e)
+            return
+        log("reserved", gang=ev.gang_id, attempt=ev.attempt,
+            assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in placed),
+            unchecked_nodes=",".join(decided.decision.unchecked))
+        await self._reply(w, Placed(gang_id=ev.gang_id, attempt=ev.attempt, assignments=placed))
+
+    async def _write(self, commit: Commit) -> None:
+        """Send the commit's atomic batch: all nodes or none, each expecting the revision its
+        decision read; the cache learns the outcome either way."""
+        try:
+            last = await kv_atomic_write(self.bus, S.KV_LEDGER, await self.cache.expected(commit))
+        except BaseException:
+            self.cache.forget(commit)
+            raise
+        self.cache.settle(commit, last)
+        self._allocation_stale = True
+        self.record_allocation(force=False)
+
+    # -- release and adoption ------------------------------------------------------------------
     async def on_release(self, ev: ReleaseRequested) -> None:
         """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
         May be called more than once, and for a reservation that was never made (nothing to free)."""
-        record = await self.gang_record(ev.gang_id)
-        if isinstance(record, R.BadEntry):
-            refused("unreadable_record", str(record), gang=ev.gang_id, attempt=ev.attempt)
+        await self.cache.gangs.catch_up()  # a release is checked against the record as it is now
+        record = self.cache.gang(ev.gang_id)
+        if isinstance(record, Poisoned):
+            refused("unreadable_record", f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
+                    attempt=ev.attempt)
             return
         refusal = checks.check_release(record, ev)
         if refusal is not None:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
         for _ in range(self.config.max_commit_retries):
-            released, writes = 0, []
-            for node, (ledger, rev) in (await self.ledgers()).items():
-                kept = checks.release(ledger, ev)
-                if kept is None:
-                    continue
-                released += len(ledger.allocations) - len(kept.allocations)
-                writes.append((S.token(node), encoder.encode(kept), rev))
+            released, writes = 0, {}
+            for key in self.cache.gang_keys(ev.gang_id):
+                ledger = self.cache.ledger_of(key)
+                kept = checks.release(ledger, ev) if ledger is not None else None
+                if kept is not None:
+                    released += len(ledger.allocations) - len(kept.allocations)
+                    writes[key] = kept
             try:
-                await kv_atomic_write(self.bus, S.KV_LEDGER, writes)
+                if writes:
+                    await self._write(self.cache.assume(writes))
                 break
             except KvConflict:
-                continue
+                await self.cache.ledger.catch_up()
         else:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
-        if released:
-            _record_allocation(await self.snapshot("", await self.ledgers()), ())
         await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
 
     async def on_adopt(self, ev: AdoptRequested) -> None:
         """Record a reservation for a pod found bound without one, if its GPUs are free there
         (``checks.adopt``); otherwise refuse and say why (the reconciler reports the pod)."""
         node = ev.assignment.node
+        key = S.token(node)
         for _ in range(self.config.max_commit_retries):
-            entry = await R.read_one(self.ledger_kv, S.token(node))
-            topo = await R.read_one(self.topo_kv, S.token(node))
-            if isinstance(entry, R.BadEntry):
-                refused("unreadable_record", str(entry), gang=ev.gang_id, pod=str(ev.assignment.pod))
+            if key in self.cache.ledger.poisoned:
+                bad = self.cache.ledger.poisoned[key]
+                refused("unreadable_record", f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
+                        gang=ev.gang_id, pod=str(ev.assignment.pod))
                 return
-            ledger, rev = (entry.value, entry.revision) if entry is not None else (NodeLedger(node=node), 0)
-            report = topo.value if isinstance(topo, Record) else None
-            out = checks.adopt(ledger, report.topology if report is not None and report.node == node else None, ev)
+            ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
+            topo = self.cache.topology.get(key)
+            report = topo.value if topo is not None and topo.value.node == node else None
+            out = checks.adopt(ledger, report.topology if report is not None else None, ev)
             if out is None:
                 return
             if isinstance(out, checks.Refusal):
                 refused(out.rule, out.why, gang=ev.gang_id, pod=str(ev.assignment.pod), command="adopt")
                 return
             try:
-                await kv_atomic_write(self.bus, S.KV_LEDGER, [(S.token(node), encoder.encode(out), rev)])
+                await self._write(self.cache.assume({key: out}))
             except KvConflict:
+                await self.cache.ledger.catch_up()
                 continue
             warn("reservation recorded for a bound pod", gang=ev.gang_id, attempt=ev.attempt,
                  pod=str(ev.assignment.pod), node=node, gpus=",".join(map(str, ev.assignment.gpus)), reason=ev.reason)
             return
         raise TemporaryError(f"node {node}: ledger kept changing during adoption", delay=0.5)
+
+    # -- allocation gauges ---------------------------------------------------------------------
+    def record_allocation(self, *, force: bool) -> None:
+        """Allocation gauges from the cache (a pass over every node): after a commit at most
+        every ``metrics_every_s``; ``flush_allocation`` catches up the rest."""
+        now = time.monotonic()
+        if not force and now - self._recorded_at < self.config.metrics_every_s:
+            return
+        self._recorded_at, self._allocation_stale = now, False
+        self.cache.refresh()
+        allocation.record(allocation.NodeAllocation(node=v.name, topology=v.topology, enabled=v.enabled,
+                                                    assignments=v.allocations) for v in self.cache.views.values())
+
+    async def flush_allocation(self) -> None:
+        while True:
+            await anyio.sleep(self.config.metrics_every_s)
+            if self._allocation_stale:
+                self.record_allocation(force=True)
 
 
 def _annotate_decision(span, result) -> None:
@@ -302,46 +381,20 @@ def _annotate_decision(span, result) -> None:
         span.set_attribute("phalanx.rdma_level", levels)
 
 
-def _record_allocation(snap: Snapshot, placed: tuple) -> None:
-    """Allocation gauges from the snapshot's reservations (other gangs) plus ``placed``."""
-    allocation.record(allocation.NodeAllocation(
-        node=n.name, topology=n.topology, enabled=n.enabled,
-        assignments=n.allocations + tuple(a for a in placed if a.node == n.name)) for n in snap.nodes)
-
-
-def _existing(ev: PlacementRequested, ledgers) -> tuple | None:
-    """The assignments already committed for exactly this gang attempt, if all are there."""
-    found = {}
-    for ledger, _ in ledgers.values():
-        for alloc in ledger.allocations.values():
-            if alloc.gang_id == ev.gang_id and alloc.attempt == ev.attempt:
-                found[alloc_key(alloc.assignment.pod)] = alloc.assignment
-    wanted = [alloc_key(m.pod) for m in ev.members]
-    if wanted and all(k in found for k in wanted):
-        return tuple(found[k] for k in wanted)
-    return None
-
-
 async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run placement until cancelled; ready once its durable consumer is live."""
+    """Run placement until cancelled; ready once its cache is listed and its durable consumer is live."""
     await enable_atomic(bus, S.KV_LEDGER)
-    node_states = NodeStates(bus, policy=config.node_state, grace_s=config.node_state_grace_s)
+    cache = ClusterCache(bus, stale_s=config.heartbeat_stale_s,
+                         node_states=NodeStates(bus, policy=config.node_state, grace_s=config.node_state_grace_s))
     async with anyio.create_task_group() as tg:
-        await tg.start(node_states.run)
-        await _serve(bus, config, node_states, task_status)
-
-
-async def _serve(bus: Bus, config: Config, node_states: NodeStates, task_status) -> None:
-    placement = Placement(bus, await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_HEARTBEAT),
-                          await bus.kv(S.KV_LEDGER), config, await bus.kv(S.KV_GANGS), node_states)
-    try:
-        _record_allocation(await placement.snapshot("", await placement.ledgers()), ())
-    except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting
-        warn("allocation metrics not computed at start", error=repr(e))
-    await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
-                  decoder=gang_decoder, handler=placement.on_command, task_status=task_status)
-
-
-def _emptied(node: NodeView) -> NodeView:
-    """The node as it would be with no reservations (for "where would it go?")."""
-    return dataclasses.replace(node, allocations=())
+        await tg.start(cache.run)
+        placement = Placement(bus, cache, config)
+        try:
+            placement.record_allocation(force=True)
+        except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting
+            warn("allocation metrics not computed at start", error=repr(e))
+        tg.start_soon(placement.run_cycles)
+        tg.start_soon(placement.flush_allocation)
+        await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
+                      filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
+                      concurrency=config.cycle_max, task_status=task_status)

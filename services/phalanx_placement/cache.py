@@ -1,0 +1,303 @@
+"""Placement's watch-fed cluster cache: what a decision reads, kept in memory.
+
+One ``KvMirror`` per bucket placement reads (``phx-topology``, ``phx-heartbeat``,
+``phx-ledger``, ``phx-gangs``, and ``phx-node-state`` through ``nodestate.NodeStates``) feeds two long-lived engine ``Cluster``s: ``cluster`` (every
+node with its reservations, as decisions see it) and ``empty`` (the same nodes with nothing
+reserved: where a gang would go were the cluster empty). A mirror change only marks its node
+dirty; ``refresh()`` rebuilds the dirty nodes (and those whose heartbeat went stale since,
+from a heap of deadlines), so the cost of a cycle follows the changes, not the cluster.
+
+Contract:
+
+* **No bucket is read on the request path.** Everything comes from the mirrors; a gang
+  record that looks behind a request is caught up from the watch (``catch_up``, one stream
+  info request), never re-read.
+* **Assume, then commit.** ``assume(writes)`` books a decision's new ledgers into the cache
+  and rebuilds their nodes at once (the next decision sees them) and returns a ``Commit``. ``expected(commit)`` gives
+  the atomic batch: each node's new ledger expecting the revision the decision read — the
+  mirror's, or, when the node's ledger was itself only assumed by an earlier commit still in
+  flight, that commit's outcome (it waits; if that one failed, so does this:
+  ``KvConflict``). ``settle(commit, seq)`` records the committed revisions; the assumption
+  is dropped when the watch echoes them. ``forget(commit)`` drops a failed assumption.
+* **Unreadable values leave nodes out.** A node whose ledger entry does not decode is taken
+  out of both clusters (its reservations are unknown: deciding on it could book a GPU twice);
+  a node without a readable topology report is not a node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import anyio
+
+from phalanx_bus import Bus, KvConflict, KvMirror, MirrorEntry, Poisoned
+from phalanx_engine.decide import Cluster
+from phalanx_engine.snapshot import NodeView
+from phalanx_placement.nodestate import NodeStates
+from phalanx_proto import subjects as S
+from phalanx_proto.events import encoder
+from phalanx_proto.state import GangState, NodeLedger
+
+
+@dataclass(eq=False)
+class Commit:
+    """One atomic batch of ledger writes (ledger key → the node's whole new ledger)."""
+
+    writes: dict[str, NodeLedger]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    revisions: dict[str, int] | None = None
+    """The revision of each write, once committed."""
+    failed: bool = False
+    dependents: list[Commit] = field(default_factory=list)
+    """Commits whose decisions read this one's assumed ledgers: they fail if it does."""
+
+
+@dataclass(eq=False)
+class Assumed:
+    """A node's ledger as a commit not yet echoed by the watch will leave it."""
+
+    ledger: NodeLedger
+    commit: Commit
+    base: int | Assumed
+    """What the decision read: the mirror's revision (0: no entry), or an earlier assumption."""
+
+
+class ClusterCache:
+    def __init__(self, bus: Bus, *, stale_s: float, clock: Callable[[], float] = time.time,
+                 node_states: NodeStates | None = None) -> None:
+        self.stale_s = stale_s
+        self.clock = clock
+        self.node_states = node_states
+        """Each node's Kubernetes state (``NodeView.kube``); None: no node has one."""
+        self.topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY, on_put=self._changed, on_delete=self._gone)
+        self.beats = KvMirror.of_bucket(bus, S.KV_HEARTBEAT, on_put=self._beat, on_delete=self._gone)
+        self.ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, on_put=self._ledger_put, on_delete=self._gone)
+        self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
+        self._dirty: set[str] = set()
+        if node_states is not None:
+            node_states.on_change = self._dirty.add
+        self.cluster = Cluster(nodes={}, total=0)
+        self.empty = Cluster(nodes={}, total=0)
+        self.views: dict[str, NodeView] = {}
+        """Ledger key (the node's token) → the view ``cluster`` holds of it."""
+        self._names: dict[str, str] = {}
+        self._assumed: dict[str, Assumed] = {}
+        self._by_gang: dict[str, set[str]] = {}
+        self._gangs_at: dict[str, frozenset[str]] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._poisoned_seen: frozenset[str] = frozenset()
+
+    @property
+    def mirrors(self) -> tuple[KvMirror, ...]:
+        own = (self.topology, self.beats, self.ledger, self.gangs)
+        return own if self.node_states is None else (*own, self.node_states.mirror)
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow every bucket until cancelled; started once each is listed and the clusters built."""
+        async with anyio.create_task_group() as tg:
+            for mirror in (self.topology, self.beats, self.ledger, self.gangs):
+                await tg.start(mirror.run)
+            if self.node_states is not None:
+                await tg.start(self.node_states.run)
+            self.refresh()
+            task_status.started()
+
+    # -- reading -----------------------------------------------------------------------------
+    def gang(self, gang_id: str) -> GangState | Poisoned | None:
+        key = S.gang_key(gang_id)
+        entry = self.gangs.get(key)
+        return entry.value if entry is not None else self.gangs.poisoned.get(key)
+
+    def ledger_of(self, key: str) -> NodeLedger | None:
+        """The node's ledger as the cache believes it (assumed commits included)."""
+        assumed = self._assumed.get(key)
+        if assumed is not None:
+            return assumed.ledger
+        entry = self.ledger.get(key)
+        return entry.value if entry is not None else None
+
+    def gang_keys(self, gang_id: str) -> frozenset[str]:
+        """Ledger keys holding any reservation of the gang (assumed ones included)."""
+        return frozenset(self._by_gang.get(gang_id, ()))
+
+    def refresh(self) -> None:
+        """Bring ``cluster``/``empty``/``views`` up to date with the mirrors and the clock."""
+        now = self.clock()
+        while self._deadlines and self._deadlines[0][0] < now:
+            self._dirty.add(heapq.heappop(self._deadlines)[1])
+        poisoned = frozenset(self.ledger.poisoned)
+        if poisoned != self._poisoned_seen:
+            self._dirty |= poisoned ^ self._poisoned_seen
+            self._poisoned_seen = poisoned
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            self._rebuild(key, now)
+
+    @contextlib.contextmanager
+    def excluding(self, gang_id: str) -> Iterator[None]:
+        """``cluster`` without the gang's own reservations (a new attempt replaces them), for
+        the duration of a synchronous decision."""
+        saved = []
+        for key in self.gang_keys(gang_id):
+            view, ledger = self.views.get(key), self.ledger_of(key)
+            if view is None or ledger is None:
+                continue
+            saved.append(view)
+            others = tuple(a.assignment for a in ledger.allocations.values() if a.gang_id != gang_id)
+            self.cluster.upsert(dataclasses.replace(view, allocations=others))
+        try:
+            yield
+        finally:
+            for view in saved:
+                self.cluster.upsert(view)
+
+    # -- assuming and committing --------------------------------------------------------------
+    def assume(self, writes: dict[str, NodeLedger]) -> Commit:
+        commit = Commit(writes=dict(writes))
+        for key, ledger in writes.items():
+            base = self._assumed.get(key)
+            if base is not None:
+                base.commit.dependents.append(commit)
+            entry = self.ledger.get(key)
+            self._assumed[key] = Assumed(ledger, commit, base if base is not None else
+                                         (entry.revision if entry is not None else 0))
+            self._touch(key)
+        now = self.clock()
+        for key in writes:  # the next decision, in this same cycle, must see it
+            self._dirty.discard(key)
+            self._rebuild(key, now)
+        return commit
+
+    async def expected(self, commit: Commit) -> list[tuple[str, bytes, int]]:
+        """The commit's atomic batch, in key order: each write expecting the revision its
+        decision read. Raises ``KvConflict`` when that revision came from a failed commit."""
+        out = []
+        for key in sorted(commit.writes):
+            base = _base_of(self._assumed.get(key), commit, key)
+            if isinstance(base, Assumed):
+                await base.commit.done.wait()
+                if base.commit.failed or base.commit.revisions is None:
+                    raise KvConflict(f"{S.KV_LEDGER}/{key}: built on a commit that failed")
+                base = base.commit.revisions[key]
+            out.append((key, encoder.encode(commit.writes[key]), base))
+        return out
+
+    def settle(self, commit: Commit, last_seq: int) -> None:
+        """The commit's batch is stored; ``last_seq`` is its last write's stream sequence (the
+        writes of one batch are stored one after another, in key order)."""
+        keys = sorted(commit.writes)
+        commit.revisions = {k: last_seq - (len(keys) - 1 - i) for i, k in enumerate(keys)}
+        commit.done.set()
+        commit.dependents.clear()  # they may commit now; nothing more to fail them for
+        for key in keys:
+            self._normalize(key)
+
+    def forget(self, commit: Commit) -> None:
+        """The commit failed: its assumptions go, and so do those of every commit whose
+        decision read them (each fails when it tries to commit: ``expected``)."""
+        doomed, stack = [], [commit]
+        while stack:
+            c = stack.pop()
+            if c.failed and c is not commit:
+                continue
+            c.failed = True
+            c.done.set()
+            doomed.append(c)
+            stack.extend(d for d in c.dependents if not d.failed)
+        for c in doomed:
+            for key in c.writes:
+                self._normalize(key)
+
+    # -- mirror callbacks (inline, in revision order) -------------------------------------------
+    def _changed(self, entry: MirrorEntry, previous: MirrorEntry | None = None) -> None:
+        self._dirty.add(entry.key)
+
+    def _gone(self, previous: MirrorEntry) -> None:
+        self._normalize(previous.key)
+
+    def _beat(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
+        self._dirty.add(entry.key)
+        heapq.heappush(self._deadlines, (entry.value.at + self.stale_s, entry.key))
+
+    def _ledger_put(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
+        self._normalize(entry.key)
+
+    def _normalize(self, key: str) -> None:
+        """Drop assumptions that failed or that the watch has echoed; reindex the node."""
+        assumed = self._assumed.get(key)
+        while assumed is not None:
+            if assumed.commit.failed:
+                base = assumed.base
+                assumed = base if isinstance(base, Assumed) else None
+                continue
+            revisions = assumed.commit.revisions
+            entry = self.ledger.get(key)
+            if revisions is not None and entry is not None and entry.revision >= revisions[key]:
+                assumed = None
+            break
+        if assumed is None:
+            self._assumed.pop(key, None)
+        else:
+            self._assumed[key] = assumed
+        self._touch(key)
+
+    def _touch(self, key: str) -> None:
+        """The node's believed ledger may have changed: reindex its gangs, rebuild it later."""
+        self._dirty.add(key)
+        ledger = self.ledger_of(key)
+        now = frozenset(a.gang_id for a in ledger.allocations.values()) if ledger is not None else frozenset()
+        before = self._gangs_at.get(key, frozenset())
+        for gang in before - now:
+            keys = self._by_gang.get(gang)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_gang[gang]
+        for gang in now - before:
+            self._by_gang.setdefault(gang, set()).add(key)
+        if now:
+            self._gangs_at[key] = now
+        else:
+            self._gangs_at.pop(key, None)
+
+    def _rebuild(self, key: str, now: float) -> None:
+        report = self.topology.get(key)
+        old = self._names.get(key)
+        if report is None or key in self.ledger.poisoned:
+            if old is not None:
+                self.cluster.remove(old)
+                self.empty.remove(old)
+                del self._names[key]
+                self.views.pop(key, None)
+            return
+        rep = report.value
+        if old is not None and old != rep.node:
+            self.cluster.remove(old)
+            self.empty.remove(old)
+        beat = self.beats.get(key)
+        ledger = self.ledger_of(key)
+        entry = self.ledger.get(key)
+        view = NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled,
+                        fresh=beat is not None and now - beat.value.at <= self.stale_s, tiers=rep.tiers,
+                        allocations=tuple(a.assignment for a in ledger.allocations.values()) if ledger else (),
+                        revision=entry.revision if entry is not None else 0,
+                        kube=self.node_states.of(rep.node) if self.node_states is not None else None)
+        self._names[key] = rep.node
+        self.views[key] = view
+        self.cluster.upsert(view)
+        self.empty.upsert(dataclasses.replace(view, allocations=()))
+
+
+def _base_of(top: Assumed | None, commit: Commit, key: str) -> int | Assumed:
+    """What ``commit``'s write of ``key`` was built on (walking down from the newest assumption)."""
+    while top is not None and top.commit is not commit:
+        base = top.base
+        top = base if isinstance(base, Assumed) else None
+    if top is None:
+        raise KvConflict(f"{S.KV_LEDGER}/{key}: the assumption was dropped before its commit")
+    return top.base
