@@ -105,23 +105,29 @@ class SagaDriver:
                 log("held back", gang=gang_id, reason=reason)
                 await self.execute(effects.pending(t.after, now))
             return
-        t = await self.store.transition(gang_id, lambda s: saga.start_attempt(
-            s, now=now, settle_s=self.config.settle_s, avoid=gate.avoid, avoid_for=gate.head))
-        if t is None:
-            return
-        if gate.avoid:
-            log("backfill", gang=gang_id, head=gate.head, avoid=",".join(gate.avoid))
-        metrics.GANG_ATTEMPTS.inc()
-        state = t.after
-        # One trace per attempt: a root span whose context travels in every command's headers.
+        def start(s: GangState | None, trace_id: str = "") -> GangState | None:
+            new = saga.start_attempt(s, now=now, settle_s=self.config.settle_s, avoid=gate.avoid, avoid_for=gate.head)
+            return msgspec.structs.replace(new, trace_id=trace_id) if new is not None and trace_id else new
+
+        if start(current) is None:
+            return  # not complete yet, or its backoff is not over: no trace, no write
+        # One trace per attempt: a root span whose context travels in every command's headers;
+        # its id goes into the record with the attempt, in one compare-and-set.
         with tracer().start_as_current_span("gang.attempt", context=otel_context.Context(), attributes={
-                "phalanx.gang": gang_id, "phalanx.attempt": state.attempt,
-                "phalanx.members": len(state.members), "phalanx.min_member": state.min_member}) as span:
+                "phalanx.gang": gang_id, "phalanx.members": len(current.members),
+                "phalanx.min_member": current.min_member}) as span:
             trace_id = format(span.get_span_context().trace_id, "032x")
-            traced = await self.store.transition(gang_id, lambda s, a=state.attempt: None if s is None or s.attempt != a
-                                                 else msgspec.structs.replace(s, trace_id=trace_id))
+            t = await self.store.transition(gang_id, lambda s: start(s, trace_id))
+            if t is None:
+                span.set_attribute("phalanx.outcome", "not_started")
+                return
+            state = t.after
+            span.set_attribute("phalanx.attempt", state.attempt)
+            if gate.avoid:
+                log("backfill", gang=gang_id, head=gate.head, avoid=",".join(gate.avoid))
+            metrics.GANG_ATTEMPTS.inc()
             log("attempt started", gang=gang_id, attempt=state.attempt, members=len(state.members), trace=trace_id)
-            await self.apply(Transition(t.before, traced.after if traced is not None else state))
+            await self.apply(t)
 
     # -- replies -----------------------------------------------------------------------------
     async def on_reply(self, event, delivery: Delivery) -> None:

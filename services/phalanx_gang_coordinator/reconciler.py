@@ -85,7 +85,7 @@ class Reconciler:
     async def read(self) -> audit.Reading:
         """Ledger first, then gang records and MIG records, then pods (see ``audit``)."""
         ledgers, bad_ledgers = await read_all(await self.bus.kv(S.KV_LEDGER))
-        gangs, bad_gangs = await self.store.all()
+        gangs, bad_gangs = await self.store.all(current=True)
         mig, bad_mig = await read_all(await self.bus.kv(S.KV_MIG))
         pods = await self.cluster.list_pods()
         return audit.Reading(

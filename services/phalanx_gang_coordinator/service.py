@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from phalanx_bus import Bus, consume
+from phalanx_bus import Bus, KvMirror, consume
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
@@ -79,7 +79,7 @@ class Coordinator:
 
     @classmethod
     def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config) -> Coordinator:
-        store = GangStore(gangs_kv)
+        store = GangStore(gangs_kv, KvMirror.of_bucket(bus, S.KV_GANGS))
         notifier = Notifier(cluster)
         driver = SagaDriver(bus, cluster, store, notifier, config)
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s)
@@ -93,6 +93,7 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
     coord = Coordinator.build(bus, cluster, await bus.kv(S.KV_GANGS), config)
     driver = coord.driver
     async with anyio.create_task_group() as tg:
+        await tg.start(coord.store.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
             decoder=gang_decoder, handler=driver.on_reply, task_status=task_status))

@@ -5,6 +5,10 @@ stored state (``saga.py``) applied in a bounded compare-and-set loop; it returns
 so the caller can derive the side effects (``effects.entered``). A value that does not decode,
 or breaks the bucket's rule, is never fatal: ``load`` raises ``UnreadableRecord`` for that one
 gang (its pods are told), ``all`` returns it apart, and everything else goes on.
+
+``all`` (the resync's and the reconciler's view of every gang) comes from a ``KvMirror`` of
+the bucket fed by a KV watch once ``run`` has started it, so a tick costs no read of the
+bucket; a transition still reads its one key and writes by compare-and-set.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import anyio
 import msgspec
 
-from phalanx_bus import BadEntry, Kv, KvConflict, Record, read_all, read_one
+from phalanx_bus import BadEntry, Kv, KvConflict, KvMirror, Record, read_all, read_one
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.state import GangState
@@ -43,8 +48,14 @@ Change = Callable[[GangState | None], GangState | None]
 
 
 class GangStore:
-    def __init__(self, kv: Kv) -> None:
+    def __init__(self, kv: Kv, mirror: KvMirror | None = None) -> None:
         self.kv = kv
+        self.mirror = mirror
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow the bucket in ``mirror`` until cancelled (started once it is listed)."""
+        assert self.mirror is not None, "a store without a mirror has nothing to run"
+        await self.mirror.run(task_status=task_status)
 
     async def load(self, gang_id: str) -> tuple[GangState | None, int | None]:
         """The gang's state and revision; ``(None, None)`` when absent. Raises ``UnreadableRecord``."""
@@ -85,7 +96,14 @@ class GangStore:
     async def delete(self, gang_id: str) -> None:
         await self.kv.delete(S.gang_key(gang_id))
 
-    async def all(self) -> tuple[list[GangState], list[BadEntry]]:
-        """Every readable gang state, and the bad entries apart (logged once, counted)."""
+    async def all(self, *, current: bool = False) -> tuple[list[GangState], list[BadEntry]]:
+        """Every readable gang state, and the bad entries apart (logged once, counted): from
+        the mirror once it is listed, else read from the bucket. ``current``: include every
+        write the bucket had when called (the mirror catches up first), as a fresh read would."""
+        if self.mirror is not None and self.mirror.started:
+            if current:
+                await self.mirror.catch_up()
+            return ([e.value for e in self.mirror],
+                    [BadEntry(S.KV_GANGS, p.key, p.revision, p.error) for p in self.mirror.poisoned.values()])
         good, bad = await read_all(self.kv)
         return [r.value for r in good if isinstance(r, Record)], bad
