@@ -10,11 +10,14 @@ network-pods of 512) whose topology reports and heartbeats are written straight 
 ``phx.gang.placement.<gang>``; its latency runs from the publish to the ``Placed`` (or
 ``PlacementFailed``) that a core subscription, opened before, sees on ``phx.gang.coord.<gang>``.
 Placed pods keep their GPUs, so the ledger fills as a busy cluster's would. Beside it: the
-engine alone (``place_snapshot``) deciding the same request on the same nodes in this process.
+engine alone deciding the same request on the same nodes in this process — ``engine``:
+``place_snapshot``, the cluster state built for each decision (what placement did before its
+cache); ``kept``: ``decide`` on one cluster kept and booked into, as placement's cache does.
 Also printed: placement's CPU seconds per request (``/proc/<pid>/stat``) and its peak RSS.
 
     .venv/bin/python bench/placement_latency.py                              # 10, 100, 1,000, 5,000 nodes
     .venv/bin/python bench/placement_latency.py --nodes 1000 --requests 50 --json
+    .venv/bin/python bench/placement_latency.py --baseline before.json --save after.json --plot latency.png
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import anyio
 
 from phalanx_bus import Bus
-from phalanx_engine.decide import default_profile, place_snapshot
+from phalanx_engine.decide import Cluster, decide, default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -87,6 +90,21 @@ def request(k: int) -> PlacementRequested:
 SERVICE_PROFILE = default_profile(require_node_state=False)
 """The profile the placement service runs while node agents do not report ``NodeKubeState``
 (``--node-state optional`` of the placement service): the synthetic nodes have none."""
+
+
+def kept_cluster_ms(reps: list[NodeTopologyReported], count: int = 200) -> list[float]:
+    """The engine deciding the same one-GPU requests on one cluster built once, each decision
+    booked into it (``Cluster.assume``) before the next, as the placement service's cache does."""
+    cluster = Cluster.from_snapshot(Snapshot(nodes=tuple(NodeView(name=r.node, topology=r.topology, tiers=r.tiers)
+                                                         for r in reps)))
+    out = []
+    for k in range(count):
+        started = time.perf_counter()
+        got = decide(cluster, request(k).members, SERVICE_PROFILE)
+        out.append((time.perf_counter() - started) * 1000)
+        assert isinstance(got, Decision)
+        cluster.assume(got.assignments)
+    return out
 
 
 def engine_ms(reps: list[NodeTopologyReported], count: int = 200) -> list[float]:
@@ -153,10 +171,10 @@ async def measure(n: int, requests: int, cap_s: float, workdir: Path) -> dict:
             with anyio.move_on_after(10, shield=True):
                 await proc.wait()
         server.close()
-    eng = engine_ms(reps)
+    eng, kept = engine_ms(reps), kept_cluster_ms(reps)
     return {"nodes": n, "requests": len(latencies), **outcomes,
             "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99), "max_ms": max(latencies),
-            "engine_p50_ms": pct(eng, 0.5), "engine_p99_ms": pct(eng, 0.99),
+            "engine_p50_ms": pct(eng, 0.5), "engine_p99_ms": pct(eng, 0.99), "kept_p50_ms": pct(kept, 0.5),
             "cpu_ms_per_request": 1000 * cpu / max(1, len(latencies)), "rss_mib": rss, "peak_rss_mib": peak}
 
 
@@ -184,13 +202,46 @@ async def one_request(bus: Bus, ev: PlacementRequested) -> tuple[float, bool]:
 
 def table(rows: list[dict]) -> str:
     out = [f"{'nodes':>6} {'requests':>9} {'service p50':>12} {'service p99':>12} {'engine p50':>11} "
-           f"{'engine p99':>11} {'service/engine':>15} {'CPU/request':>12} {'peak RSS':>9}", "-" * 104]
+           f"{'engine p99':>11} {'kept p50':>10} {'service/engine':>15} {'CPU/request':>12} {'peak RSS':>9}",
+           "-" * 115]
     for r in rows:
         out.append(f"{r['nodes']:>6} {r['requests']:>9} {r['p50_ms']:>9.1f} ms {r['p99_ms']:>9.1f} ms "
-                   f"{r['engine_p50_ms']:>8.3f} ms {r['engine_p99_ms']:>8.3f} ms "
+                   f"{r['engine_p50_ms']:>8.3f} ms {r['engine_p99_ms']:>8.3f} ms {r['kept_p50_ms']:>7.3f} ms "
                    f"{r['p50_ms'] / r['engine_p50_ms']:>14.0f}x {r['cpu_ms_per_request']:>9.1f} ms "
                    f"{r['peak_rss_mib']:>5.0f} MiB")
     return "\n".join(out)
+
+
+def compared(rows: list[dict], before: list[dict]) -> str:
+    """This run beside an earlier one (``--baseline``, its ``--json`` output), size by size."""
+    old = {r["nodes"]: r for r in before}
+    out = [f"{'nodes':>6} {'before p50':>11} {'after p50':>10} {'before p99':>11} {'after p99':>10} "
+           f"{'p50 ratio':>10} {'before CPU/req':>15} {'after CPU/req':>14}", "-" * 96]
+    for r in rows:
+        b = old.get(r["nodes"])
+        if b is None:
+            out.append(f"{r['nodes']:>6} {'-':>11} {r['p50_ms']:>7.1f} ms {'-':>11} {r['p99_ms']:>7.1f} ms")
+            continue
+        out.append(f"{r['nodes']:>6} {b['p50_ms']:>8.1f} ms {r['p50_ms']:>7.1f} ms {b['p99_ms']:>8.1f} ms "
+                   f"{r['p99_ms']:>7.1f} ms {b['p50_ms'] / r['p50_ms']:>9.0f}x {b['cpu_ms_per_request']:>12.1f} ms "
+                   f"{r['cpu_ms_per_request']:>11.1f} ms")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], before: list[dict], path: str) -> None:
+    """request→Placed p50 and p99 against nodes (this run, the baseline), and the engine's p50."""
+    from phalanx_bench.plotting import Series, line_plot
+
+    def series(label: str, rs: list[dict], key: str, style: str, color: str) -> Series:
+        return Series(label, [r["nodes"] for r in rs], [r[key] for r in rs], style, color, "o")
+
+    lines = [series("service p50", rows, "p50_ms", "-", "tab:blue"), series("service p99", rows, "p99_ms", "--", "tab:blue")]
+    if before:
+        lines += [series("before p50 (bucket reads per request)", before, "p50_ms", "-", "tab:red"),
+                  series("before p99", before, "p99_ms", "--", "tab:red")]
+    lines.append(series("engine alone, kept cluster, p50", rows, "kept_p50_ms", ":", "tab:gray"))
+    line_plot(path, lines, xlabel="nodes (8 GPUs each)", ylabel="request → Placed (ms)", logx=True, logy=True,
+              title="placement service: one-GPU request → Placed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-s", type=float, default=180.0,
                    help="stop sending requests to one size after this many seconds (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--baseline", metavar="JSON", help="an earlier run's --json output, printed beside this one")
+    p.add_argument("--save", metavar="JSON", help="also write this run's rows as JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw request→Placed against nodes (with the baseline)")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
@@ -207,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} nodes: seeding KV, starting placement ...", file=sys.stderr, flush=True)
             rows.append(anyio.run(measure, n, args.requests, args.cap_s, Path(tmp)))
     print(json.dumps(rows, indent=2) if args.json else table(rows))
+    before = json.loads(Path(args.baseline).read_text()) if args.baseline else []
+    if before and not args.json:
+        print(f"\nbefore ({args.baseline}) and after, side by side:")
+        print(compared(rows, before))
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=2))
+    if args.plot:
+        plot(rows, before, args.plot)
     return 0
 
 
