@@ -123,21 +123,23 @@ class Placement:
             case _:
                 warn("unexpected event on placement subject", kind=type(event).__name__)
 
-    async def _record(self, gang_id: str, check) -> GangState | checks.Refusal:
-        """The gang's record and the check's verdict on it; a record that fails the check is
-        caught up from the watch (it may be behind the command) and checked once more."""
-        for attempt in (0, 1):
-            if attempt:
-                await self.cache.gangs.catch_up()
-            record = self.cache.gang(gang_id)
-            if isinstance(record, Poisoned):
-                refusal = checks.Refusal("unreadable_record", f"{S.KV_GANGS}/{record.key} "
-                                                              f"(revision {record.revision}): {record.error}")
-            else:
-                refusal = check(record)
-            if refusal is None:
-                return record
-        return refusal
+    def _checked(self, ev: PlacementRequested) -> GangState | checks.Refusal:
+        """The gang's record from the mirror, or why the request is refused."""
+        record = self.cache.gang(ev.gang_id)
+        if isinstance(record, Poisoned):
+            return checks.Refusal("unreadable_record", f"{S.KV_GANGS}/{record.key} "
+                                                       f"(revision {record.revision}): {record.error}")
+        return checks.check_request(record, ev) or record
+
+    async def _records(self, batch: list[Waiting]) -> list[GangState | checks.Refusal]:
+        """Each request's record and verdict; if any is refused, the mirror may be behind the
+        command (gang-coordinator writes the record, then sends it): one catch-up from the
+        watch for the whole cycle, and those are checked once more."""
+        out = [self._checked(w.ev) for w in batch]
+        if any(isinstance(r, checks.Refusal) for r in out):
+            await self.cache.gangs.catch_up()
+            out = [self._checked(w.ev) if isinstance(r, checks.Refusal) else r for w, r in zip(batch, out, strict=True)]
+        return out
 
     # -- the scheduling cycle ------------------------------------------------------------------
     async def run_cycles(self) -> None:
@@ -146,12 +148,9 @@ class Placement:
         async with anyio.create_task_group() as tg:
             while True:
                 batch = await self.queue.take(self.config.cycle_max)
-                records = {}
-                for w in batch:
-                    records[id(w)] = await self._record(w.ev.gang_id, lambda r, ev=w.ev: checks.check_request(r, ev))
+                records = await self._records(batch)
                 self.cache.refresh()
-                for w in batch:
-                    record = records[id(w)]
+                for w, record in zip(batch, records, strict=True):
                     if isinstance(record, checks.Refusal):
                         refused(record.rule, record.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
                                 command="placement.requested")
