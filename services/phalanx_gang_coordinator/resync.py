@@ -48,9 +48,12 @@ class Resync:
                 log("resync failed", level=40, exc_info=True)
 
     async def once(self) -> None:
+        # The gangs first, then the pods: a member the gangs name existed before the listing
+        # began, so a listing without it means it is gone. A pod the watch admits while the
+        # listing runs is in neither and is never taken for gone.
+        states, _ = await self.store.all()
         pods = await self.cluster.list_pods()
         live = {(p.namespace, p.name, p.uid) for p in pods}
-        states, _ = await self.store.all()
         # Pods already members of a gang need no re-admission (that is two KV reads a pod a
         # tick); their gang is re-driven below. Only pods the watch may have missed go through.
         members = {(m.pod.namespace, m.pod.name, m.pod.uid) for st in states for m in st.members}
@@ -64,7 +67,7 @@ class Resync:
         now = time.time()
         for state in sorted(states, key=saga.queue_key):
             try:
-                await self._gang(state, live, now)
+                await self._gang(state, live, members, now)
             except Exception:  # noqa: BLE001 - one gang's trouble must not stall the others
                 log("resync of gang failed", level=40, exc_info=True, gang=state.gang_id)
 
@@ -80,9 +83,11 @@ class Resync:
                 self._failed_pods.add(key)
                 log("resync of pod failed", level=40, exc_info=True, pod=f"{pod.namespace}/{pod.name}", uid=pod.uid)
 
-    async def _gang(self, state: GangState, live: set, now: float) -> None:
-        """Re-drive one gang: drop gone members, start it, re-publish its commands, resume its rollback."""
-        gone = [m.pod for m in state.members if (m.pod.namespace, m.pod.name, m.pod.uid) not in live]
+    async def _gang(self, state: GangState, live: set, listed: set, now: float) -> None:
+        """Re-drive one gang: drop gone members (those known before the listing, ``listed``, and
+        absent from it), start it, re-publish its commands, resume its rollback."""
+        gone = [m.pod for m in state.members
+                if (key := (m.pod.namespace, m.pod.name, m.pod.uid)) in listed and key not in live]
         for ref in gone:
             await self.intake.on_pod_deleted(Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid), state.gang_id)
         if gone:

@@ -74,6 +74,7 @@ def forgeries() -> dict[str, Forgery]:
         "write the ledger": Forgery(f"$KV.{S.KV_LEDGER}.{NODE}", msgspec.json.encode(NodeLedger(node=NODE))),
         "write another node's topology": Forgery(f"$KV.{S.KV_TOPOLOGY}.{OTHER}", b"{}"),
         "report a node that does not exist": Forgery(f"$KV.{S.KV_TOPOLOGY}.evil", b"{}"),
+        "report another node as cordoned": Forgery(f"$KV.{S.KV_NODE_STATE}.{OTHER}", b'{"unschedulable": true}'),
         "publish a topology event for another node": Forgery(S.topology_subject(OTHER), b"{}"),
         "bind through the simulated API server": Forgery(f"$KV.{S.KV_SIM_PODS}.default.victim", b"{}"),
         "write another node's MIG records": Forgery(f"$KV.{S.KV_MIG}.{OTHER}.0.0", b"{}"),
@@ -122,7 +123,7 @@ def stack(tmp_path_factory):
 async def snapshot(bus: Bus) -> dict:
     """Everything a forgery could change (heartbeats and dead letters excepted)."""
     out: dict = {}
-    for bucket in (S.KV_LEDGER, S.KV_GANGS, S.KV_TOPOLOGY, S.KV_MIG, S.KV_SIM_PODS, S.KV_SIM_NODES):
+    for bucket in (S.KV_LEDGER, S.KV_GANGS, S.KV_TOPOLOGY, S.KV_NODE_STATE, S.KV_MIG, S.KV_SIM_PODS, S.KV_SIM_NODES):
         out[bucket] = {e.key: (e.revision, e.value) for e in await (await bus.kv(bucket)).items()}
     for stream in (S.STREAM_GANG, S.STREAM_NODE, S.STREAM_DEADLINE, S.STREAM_TOPOLOGY):
         out[stream] = (await bus.js.stream_info(stream)).state.last_seq
@@ -201,6 +202,8 @@ ALLOWED = {  # the same probe must see an identity's own rights, or the refusals
     "a subscriber reads gang status": (S.SUBSCRIBER, (), Forgery("phx.gang.status.>", subscribe=True)),
     "a subscriber reads topology events": (S.SUBSCRIBER, (), Forgery("phx.topology.>", subscribe=True)),
     "a node agent beats its own heart": (S.TOPOLOGY_DISCOVERY, (NODE,), Forgery(f"$KV.{S.KV_HEARTBEAT}.{NODE}", b"{}")),
+    "the reader reads a node's Kubernetes state": (S.READER, (), Forgery(
+        f"$JS.API.DIRECT.GET.KV_{S.KV_NODE_STATE}.$KV.{S.KV_NODE_STATE}.{NODE}")),
     "the reader reads the ledger": (S.READER, (), Forgery(
         f"$JS.API.DIRECT.GET.KV_{S.KV_LEDGER}.$KV.{S.KV_LEDGER}.{NODE}")),
     "mig-manager reads its own node's ledger": (S.MIG_MANAGER, (NODE,), Forgery(

@@ -1,0 +1,78 @@
+"""gang-coordinator's resync never takes a pod admitted while it was listing for a gone one
+(``resync.Resync.once``): a member is gone only when a listing begun after its gang was read
+lacks it."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx_gang_coordinator.resync import Resync
+from phalanx_kube.port import Pod
+from phalanx_proto.events import MemberSpec, PodRef
+from phalanx_proto.state import GangState
+
+pytestmark = pytest.mark.anyio
+
+FRESH = PodRef(namespace="ns", name="fresh", uid="u-fresh")
+OLD = PodRef(namespace="ns", name="old", uid="u-old")
+
+
+def gang(ref: PodRef) -> GangState:
+    return GangState(gang_id=f"{ref.namespace}/{ref.name}", phase="placing", attempt=1,
+                     members=(MemberSpec(pod=ref, gpus=1),), updated_at=1e18)
+
+
+class Store:
+    def __init__(self, states: list[GangState]) -> None:
+        self.states = states
+
+    async def all(self):
+        return list(self.states), []
+
+
+class Cluster:
+    """Lists the pods as they were when the listing began; ``during`` happens meanwhile."""
+
+    def __init__(self, pods: list[Pod], during) -> None:
+        self.pods, self.during = pods, during
+
+    async def list_pods(self) -> list[Pod]:
+        listed = list(self.pods)
+        self.during()
+        return listed
+
+
+class Intake:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def on_pod(self, pod: Pod) -> None:
+        pass
+
+    async def on_pod_deleted(self, pod: Pod, gang_id: str) -> None:
+        self.deleted.append(f"{pod.namespace}/{pod.name}")
+
+
+class Driver:
+    gate = None
+
+    async def start(self, gang_id: str) -> None:
+        pass
+
+    async def redrive(self, state) -> None:
+        pass
+
+
+class Config:
+    resync_s = 2.0
+    redrive_after_s = 5.0
+    starve_after_s = 0.0
+    fairness = "backfill"
+
+
+async def test_a_pod_admitted_while_the_resync_lists_is_not_taken_for_gone_and_a_deleted_one_is():
+    store = Store([gang(OLD)])  # "old" was deleted before the listing began
+    cluster = Cluster([], during=lambda: store.states.append(gang(FRESH)))  # "fresh" admitted meanwhile
+    intake = Intake()
+    await Resync(cluster, store, intake, Driver(), Config()).once()
+    assert intake.deleted == ["ns/old"]
