@@ -239,11 +239,16 @@ class SimCluster:
 
     async def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
         """Polls every ``NODE_POLL_S`` (the simulator's pods are one bucket of every node's):
-        yields when the node or its pods changed."""
+        yields when the node or its pods changed. The pods are listed again only when the pods
+        bucket has changed since the last listing (its stream's last sequence, read first)."""
         last: NodeObjects | None = None
+        seq, pods = -1, ()
         while True:
             try:
-                now = NodeObjects(node=await self.get_node(name), pods=tuple(await self.list_node_pods(name)))
+                now_seq = int((await self._bus.js.stream_info(f"KV_{KV_PODS}")).state.last_seq or 0)
+                if now_seq != seq:
+                    pods, seq = tuple(await self.list_node_pods(name)), now_seq
+                now = NodeObjects(node=await self.get_node(name), pods=pods)
                 if now != last:
                     last = now
                     yield now
