@@ -22,6 +22,8 @@ class Waiting:
     priority: int
     arrival: int
     tries: int = 0
+    context: object = None
+    """The trace context the request arrived in (its spans and reply continue that trace)."""
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -44,13 +46,13 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    async def submit(self, ev: PlacementRequested, priority: int) -> None:
+    async def submit(self, ev: PlacementRequested, priority: int, context: object = None) -> None:
         """Queue ``ev`` and return once a cycle has finished it (raising what it failed with).
         A second delivery of an attempt still in a cycle waits for the first, then goes on."""
         key = (ev.gang_id, ev.attempt)
         while (ahead := self._inflight.get(key)) is not None:
             await ahead.done.wait()
-        w = Waiting(ev=ev, priority=priority, arrival=next(self._arrivals))
+        w = Waiting(ev=ev, priority=priority, arrival=next(self._arrivals), context=context)
         self._inflight[key] = w
         try:
             self.put(w)

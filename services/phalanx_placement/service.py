@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 import anyio
+from opentelemetry import context as otel_context
 
 from phalanx_bus import (
     Bus,
@@ -115,7 +116,8 @@ class Placement:
         match event:
             case PlacementRequested():
                 record = self.cache.gang(event.gang_id)
-                await self.queue.submit(event, record.priority if isinstance(record, GangState) else 0)
+                await self.queue.submit(event, record.priority if isinstance(record, GangState) else 0,
+                                        otel_context.get_current())
             case ReleaseRequested():
                 await self.on_release(event)
             case AdoptRequested():
@@ -156,7 +158,7 @@ class Placement:
                                 command="placement.requested")
                         w.finish()
                         continue
-                    outcome = self._decide(w.ev, record)
+                    outcome = self._decide(w, record)
                     if isinstance(outcome, _Decided):
                         tg.start_soon(self._commit_request, w, outcome)
                     elif isinstance(outcome, _Reply):
@@ -166,9 +168,10 @@ class Placement:
                                 command="placement.requested")
                         w.finish()
 
-    def _decide(self, ev: PlacementRequested, record: GangState) -> _Decided | _Reply | checks.Refusal:
+    def _decide(self, w: Waiting, record: GangState) -> _Decided | _Reply | checks.Refusal:
         """One request on the cache, synchronously: the committed answer again, a refusal, a
         no-fit reply, or a decision assumed into the cache (its ``Commit``)."""
+        ev = w.ev
         existing = self._existing(ev)
         if existing is not None:
             log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
@@ -176,7 +179,7 @@ class Placement:
         refusal = checks.check_decide(record)
         if refusal is not None:
             return refusal
-        with tracer().start_as_current_span("placement.decide", attributes={
+        with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                 "phalanx.members": len(ev.members)}) as span:
             started = time.perf_counter()
@@ -232,14 +235,26 @@ class Placement:
         return None
 
     async def _reply(self, w: Waiting, event) -> None:
+        token = otel_context.attach(w.context) if w.context is not None else None
         try:
             await self.bus.publish(S.placement_reply_subject(w.ev.gang_id), event)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
             w.finish(e)
             return
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         w.finish()
 
     async def _commit_request(self, w: Waiting, decided: _Decided) -> None:
+        token = otel_context.attach(w.context) if w.context is not None else None
+        try:
+            await self._commit_traced(w, decided)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    async def _commit_traced(self, w: Waiting, decided: _Decided) -> None:
         ev, commit, placed = w.ev, decided.commit, decided.decision.assignments
         try:
             with tracer().start_as_current_span("placement.commit", attributes={
