@@ -21,9 +21,11 @@ import argparse
 import sys
 from typing import IO, Any
 
+import msgspec
+
 from phalanx_cli.terminal import safe
 from phalanx_engine.requests import check_gpu_model
-from phalanx_engine.workloads import check_object
+from phalanx_engine.workloads import check_object, gang_check
 from phalanx_input import Unreadable, yaml_file
 
 
@@ -71,6 +73,7 @@ def _check(where: str, doc: Any, args: argparse.Namespace, out: IO[str], err: IO
               file=out)
         return 0
     code = 0
+    gang = gang_check(doc)
     for c in checks:
         violations = c.violations
         if c.request is not None and args.gpu_model:
@@ -82,8 +85,19 @@ def _check(where: str, doc: Any, args: argparse.Namespace, out: IO[str], err: IO
             for v in violations:
                 print(safe(f"  - {v}"), file=err)
             continue
-        assert c.request is not None
-        print(safe(f"{where}: OK {c.where}: {c.request.describe()}"), file=out)
+        if c.request is None:
+            print(safe(f"{where}: SKIP {c.where}: {'; '.join(c.warnings)}"), file=out)
+            continue
+        request = msgspec.structs.replace(c.request, min_member=0) if gang is not None else c.request
+        print(safe(f"{where}: OK {c.where}: {request.describe()}"), file=out)
         for w in c.warnings:
             print(safe(f"  warning: {w}"), file=out)
+    if gang is not None:
+        size = f"{gang.members} pods" if gang.members else "size not declared"
+        print(safe(f"  gang {gang.gang_id}: {size} ({gang.how})"), file=out)
+        if gang.violations:
+            code = 1
+            print(safe(f"{where}: INVALID gang {gang.gang_id}:"), file=err)
+            for v in gang.violations:
+                print(safe(f"  - {v}"), file=err)
     return code

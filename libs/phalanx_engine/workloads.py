@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
-from phalanx_engine import names
+from phalanx_engine import gangs, names
 from phalanx_engine.quantity import Violation, integer, shown
-from phalanx_engine.requests import MAX_GANG, MIN_MEMBER_LABEL, GpuRequest, RequestError, parse_pod
+from phalanx_engine.requests import MAX_GANG, MIN_MEMBER_LABEL, SCHEDULER_NAMES, GpuRequest, RequestError
+from phalanx_proto.state import GangPart
 
 
 class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +30,10 @@ class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
     template: Mapping[str, Any]
     parallelism: int = 0
     violations: tuple[Violation, ...] = ()
+    role: str = ""
+    """The replicated job (JobSet) or replica role (MPIJob) the template is for."""
+    replicas: int = 1
+    """How many Jobs (JobSet) or pods (MPIJob) the template makes."""
 
 
 class ObjectCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,14 +79,20 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
                 continue
             rname = rj.get("name")
             where = f"{label} spec.replicatedJobs[{_text(rname) or i}]"
-            out.append(_job_template(where, _mapping(_mapping(rj.get("template")).get("spec")), f"{path}.template.spec"))
+            t = _job_template(where, _mapping(_mapping(rj.get("template")).get("spec")), f"{path}.template.spec")
+            replicas = integer(rj.get("replicas", 1), f"{path}.replicas", most=MAX_GANG)
+            if isinstance(replicas, Violation):
+                t = msgspec.structs.replace(t, violations=t.violations + (replicas,))
+            out.append(msgspec.structs.replace(t, role=_text(rname), replicas=replicas if isinstance(replicas, int)
+                                               else 1))
         return tuple(out)
     if kind == "MPIJob":
         replicas = spec.get("mpiReplicaSpecs") or {}
         if not isinstance(replicas, Mapping):
             return (_broken(label, "spec.mpiReplicaSpecs", replicas, "must be a map of role to replica spec"),)
         return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{shown(role)}]",
-                                 template=_mapping(_mapping(rs).get("template")))
+                                 template=_mapping(_mapping(rs).get("template")), role=str(role).lower(),
+                                 replicas=_replicas(_mapping(rs).get("replicas")))
                      for role, rs in replicas.items())
     if kind in _TEMPLATE_KINDS:
         return (PodTemplate(where=label, template=_mapping(spec.get("template"))),)
@@ -114,6 +125,11 @@ def _job_template(where: str, job: Mapping[str, Any], path: str) -> PodTemplate:
                        parallelism=0 if bad else parallelism, violations=bad)
 
 
+def _replicas(raw: Any) -> int:
+    n = integer(raw if raw is not None else 1, "replicas", most=MAX_GANG)
+    return n if isinstance(n, int) else 1
+
+
 def _broken(where: str, field: str, raw: Any, rule: str) -> PodTemplate:
     return PodTemplate(where=where, template={}, violations=(Violation(field, shown(raw), rule),))
 
@@ -137,8 +153,13 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
         if t.violations and not t.template:
             out.append(ObjectCheck(where=t.where, violations=t.violations))
             continue
+        if obj.get("kind") == "MPIJob" and t.role == "launcher" and not _phalanx(t.template):
+            out.append(ObjectCheck(where=t.where, warnings=(
+                "not a gang member: the launcher asks for no GPU and is left to its scheduler "
+                f"({_mapping(t.template.get('spec')).get('schedulerName') or 'default-scheduler'})",)))
+            continue
         try:
-            req = parse_pod(t.template)
+            req = gangs.gpu_member(t.template)
         except RequestError as e:
             out.append(ObjectCheck(where=t.where, violations=t.violations + e.violations))
             continue
@@ -164,3 +185,84 @@ def _text(raw: Any) -> str:
     if not isinstance(raw, str):
         return ""
     return raw if len(raw) <= names.SUBDOMAIN_MAX else shown(raw)
+
+
+def _phalanx(template: Mapping[str, Any]) -> bool:
+    return _mapping(template.get("spec")).get("schedulerName") in SCHEDULER_NAMES
+
+
+class GangCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """The gang a workload's pods form, as gang-coordinator will see them: ``gangs.identify``
+    on each template labelled the way its controller labels the pods, sized by the same rule
+    (``gangs.jobset_size`` for a JobSet). ``members`` 0: no pod says (the settle rule)."""
+
+    gang_id: str
+    members: int
+    how: str
+    violations: tuple[Violation, ...] = ()
+
+
+def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
+    """The gang of a Job, JobSet or MPIJob (None for other objects or when a template is
+    malformed: ``check_object`` says why)."""
+    kind = obj.get("kind")
+    templates = pod_templates(obj) if kind in ("Job", "JobSet", "MPIJob") else None
+    if not templates or any(t.violations for t in templates):
+        return None
+    meta = _mapping(obj.get("metadata"))
+    ns, name = _text(meta.get("namespace")) or "default", _text(meta.get("name"))
+    jobs = sum(t.replicas for t in templates) if kind == "JobSet" else 0
+    parts: list[GangPart] = []
+    declared: list[int] = []
+    ident = None
+    v: list[Violation] = []
+    for t in templates:
+        if not _phalanx(t.template):
+            if kind == "JobSet":
+                v.append(Violation(f"{t.where} spec.schedulerName", str(_mapping(t.template.get("spec")).get(
+                    "schedulerName") or "default-scheduler"), "every replicated job of a JobSet gang is scheduled by "
+                    "Phalanx, or the gang waits for the Jobs it never sees; or set phalanx.io/gang-min-member"))
+            continue
+        tmeta = _mapping(t.template.get("metadata"))
+        labels = dict(_mapping(tmeta.get("labels")))
+        labels.update(_controller_labels(kind, name, t, jobs))
+        try:
+            ident = gangs.identify(ns, name, labels, _mapping(tmeta.get("annotations")))
+        except RequestError:
+            return None  # check_object names the bad value
+        if ident.part is not None:
+            parts.append(msgspec.structs.replace(ident.part, members=ident.part.members or 0))
+        if ident.min_member:
+            declared.append(ident.min_member)
+    if ident is None:
+        return GangCheck(gang_id=f"{ns}/{kind}:{name}", members=0, how="no pod scheduled by Phalanx",
+                         violations=tuple(v))
+    if declared:
+        size, how = max(declared), (f"{gangs.GANG_MIN_MEMBER} of the pods" if kind == "JobSet"
+                                    else "min-member said by the pods")
+    elif parts:
+        size_ = gangs.jobset_size(parts, jobs)
+        size = size_.members if size_.declared and not v else 0
+        how = " + ".join(f"{p.name} {p.jobs} x {p.members or '?'}" for p in parts)
+    else:
+        size, how = 0, "no pod says min-member"
+    workers = next((t.replicas for t in templates if t.role == "worker"), 0)
+    if kind == "MPIJob" and size and workers and size != workers:
+        v.append(Violation(f"metadata.labels[{MIN_MEMBER_LABEL}]", str(size),
+                           f"must equal the Worker replicas ({workers}): the launcher asks for no GPU and is not a "
+                           "gang member"))
+    if not size:
+        how += "; the gang is the pods present once none arrived for the settle time"
+    return GangCheck(gang_id=ident.gang_id, members=size, how=how, violations=tuple(v))
+
+
+def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[str, str]:
+    """The labels the controller puts on the pods of template ``t``."""
+    match kind:
+        case "JobSet":
+            return {gangs.JOBSET_NAME: name, gangs.JOBSET_REPLICATED_JOB: t.role,
+                    gangs.JOBSET_REPLICAS: str(t.replicas), gangs.JOBSET_JOBS: str(jobs)}
+        case "MPIJob":
+            return {gangs.MPIJOB_NAME: name, gangs.MPIJOB_ROLE: t.role}
+        case _:
+            return {gangs.JOB_NAME: name}

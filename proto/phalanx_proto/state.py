@@ -64,6 +64,23 @@ def alloc_key(pod: PodRef) -> str:
     return pod_key(pod)
 
 
+class GangPart(msgspec.Struct, frozen=True, kw_only=True):
+    """One replicated job of a JobSet gang, as its pods say: ``jobs`` Jobs (its replicas) of
+    ``members`` pods each (0: its pods do not say)."""
+
+    name: str
+    jobs: int
+    members: int
+
+
+class Running(msgspec.Struct, frozen=True, kw_only=True):
+    """A member placed and bound by an earlier attempt of its gang (``attempt``), which later
+    attempts for late members leave alone."""
+
+    pod: PodRef
+    attempt: int
+
+
 class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The saga state of one gang, owned by gang-coordinator and updated by compare-and-set."""
 
@@ -97,6 +114,13 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Per-gang attempt deadline (pod annotation ``phalanx.io/gang-timeout-seconds``); 0: default."""
     min_member_declared: bool = True
     """False when no pod said min-member: the gang is the pods seen once the group is quiet."""
+    parts: tuple[GangPart, ...] = ()
+    """A JobSet gang: its replicated jobs seen so far (``phalanx_engine.gangs.jobset_size``)."""
+    jobs: int = 0
+    """A JobSet gang: the JobSet's total Job count (its pods' ``global-replicas``)."""
+    running: tuple[Running, ...] = ()
+    """Members bound by earlier attempts: an attempt started for late members of a scheduled
+    gang places only the others (``saga.attempt_members``)."""
     last_member_at: float = 0.0
     attempt_started_at: float = 0.0
     """Unix time the current attempt started; its deadline is this + the timeout."""

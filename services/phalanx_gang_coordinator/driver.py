@@ -91,10 +91,11 @@ class SagaDriver:
     # -- attempts ----------------------------------------------------------------------------
     async def start(self, gang_id: str) -> None:
         """Start a new attempt when the gang is complete and waiting (or its backoff is over),
-        unless the fairness gate holds it back (its pods are told why, once)."""
+        or is scheduled and has late members, unless the fairness gate holds it back (its pods
+        are told why, once)."""
         now = time.time()
         current = await self.store.get(gang_id)
-        if current is None or current.phase not in ("waiting", "backoff"):
+        if current is None or not (current.phase in ("waiting", "backoff") or saga.late_members(current)):
             return
         gate = self.gate(current, now)
         reason = gate.hold

@@ -84,7 +84,7 @@ def _deadline(s: GangState, timeout_s: float) -> ScheduleDeadline:
 
 def _placement(s: GangState) -> Publish:
     return Publish(S.placement_subject(s.gang_id), PlacementRequested(
-        gang_id=s.gang_id, attempt=s.attempt, members=s.members, avoid_nodes=s.avoid_nodes))
+        gang_id=s.gang_id, attempt=s.attempt, members=saga.attempt_members(s), avoid_nodes=s.avoid_nodes))
 
 
 def _mig_prepares(s: GangState) -> tuple[Effect, ...]:
@@ -106,7 +106,7 @@ def pending(s: GangState, now: float) -> tuple[Effect, ...]:
               f"{zlib.crc32(reason.encode())}")
     return (Publish(S.status_subject(s.gang_id), GangPending(gang_id=s.gang_id, attempt=max(1, s.attempt),
                                                              reason=reason), msg_id=msg_id),
-            Notify(tuple(m.pod for m in s.members), "FailedScheduling", reason))
+            Notify(tuple(m.pod for m in saga.attempt_members(s)), "FailedScheduling", reason))
 
 
 def entered(before: GangState | None, after: GangState, *, now: float, timeout_s: float) -> tuple[Effect, ...]:
@@ -166,7 +166,7 @@ def compensation(s: GangState, step: str) -> tuple[Effect, ...]:
         case "mig":
             return tuple(_mig_destroy(s, a) for a in s.assignments if a.mig_profile)
         case "release":
-            pods = tuple(a.pod for a in s.assignments) or tuple(m.pod for m in s.members)
+            pods = tuple(a.pod for a in s.assignments) or tuple(m.pod for m in saga.attempt_members(s))
             if pods:
                 return (Publish(S.placement_subject(s.gang_id), ReleaseRequested(
                     gang_id=s.gang_id, attempt=s.attempt, reason=s.reason, pods=pods)),)
@@ -179,5 +179,6 @@ def member_gone(before: GangState, pod: PodRef) -> tuple[Effect, ...]:
     if before.attempt < 1:
         return ()
     destroys = tuple(_mig_destroy(before, a) for a in before.assignments if a.pod == pod and a.mig_profile)
+    attempt = next((r.attempt for r in before.running if r.pod == pod), before.attempt)
     return (*destroys, Publish(S.placement_subject(before.gang_id), ReleaseRequested(
-        gang_id=before.gang_id, attempt=before.attempt, reason="pod deleted", pods=(pod,))))
+        gang_id=before.gang_id, attempt=attempt, reason="pod deleted", pods=(pod,))))

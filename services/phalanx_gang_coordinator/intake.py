@@ -48,7 +48,7 @@ class PodIntake:
         try:
             t = await self.store.transition(ident.gang_id, lambda s: saga.add_member(
                 s, spec, gang_id=ident.gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
-                priority=ident.priority, now=now))
+                priority=ident.priority, now=now, part=ident.part, jobs=ident.jobs))
         except UnreadableRecord as e:
             await self.notifier.once(pod, "FailedScheduling", f"gang {ident.gang_id}: its record cannot be read ({e.bad}); "
                                                               "see `phalanx doctor`")
@@ -60,7 +60,10 @@ class PodIntake:
     async def _tell_membership(self, pod: Pod, declared: int | None, s: GangState) -> None:
         """Tell the pod what its gang is when that is not plain (no silent guesses)."""
         msg = ""
-        if not s.min_member_declared and s.gang_id != f"{pod.namespace}/{pod.name}":
+        if s.phase == "scheduled" and saga.late_members(s):
+            msg = (f"gang {s.gang_id} is already scheduled: this pod joins it by an attempt of its own; the running "
+                   "members stay where they are")
+        elif not s.min_member_declared and s.gang_id != f"{pod.namespace}/{pod.name}":
             msg = (f"gang {s.gang_id}: no pod says min-member (aliyun.com/min-member); the gang is taken as the "
                    f"pods present once none arrived for {self.settle_s:g}s ({len(s.members)} so far)")
         elif declared is not None and declared != s.min_member:
@@ -91,10 +94,13 @@ class PodIntake:
         await self.driver.execute(effects.member_gone(t.before, ref))
         new = t.after
         if not new.members:
-            await self.store.delete(gang_id)
-            log("gang gone", gang=gang_id)
+            # A tombstone, not a deletion: the attempt counter survives, so a gang recreated
+            # under this id (a JobSet restart) never reuses an attempt number. Resync deletes
+            # it once it has been empty for --tombstone-s.
+            await self.store.transition(gang_id, lambda s: saga.tombstone(s))
+            log("gang gone", gang=gang_id, attempt=new.attempt)
             return
-        if new.phase in saga.RUNNING and ref not in new.unbound:
+        if new.phase in saga.RUNNING and ref not in new.unbound and ref not in {r.pod for r in t.before.running}:
             await self.driver.apply(await self.store.transition(
                 gang_id, lambda s: saga.member_deleted(s, new.attempt, ref)))
 

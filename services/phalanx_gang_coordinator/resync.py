@@ -62,7 +62,7 @@ class Resync:
             await self._admit(pod)
         if unknown:
             states, _ = await self.store.all()
-        self.queue = [s for s in states if s.phase != "scheduled"]
+        self.queue = [s for s in states if s.phase != "scheduled" and s.members]
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
         for state in sorted(states, key=saga.queue_key):
@@ -92,8 +92,13 @@ class Resync:
             await self.intake.on_pod_deleted(Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid), state.gang_id)
         if gone:
             return
+        if not state.members:
+            if now - state.updated_at > self.config.tombstone_s and await self.store.delete_if(
+                    state.gang_id, lambda s: bool(s.members)):
+                log("tombstone removed", gang=state.gang_id, attempt=state.attempt)
+            return
         stalled = now - state.updated_at > self.config.redrive_after_s
-        if state.phase in ("waiting", "backoff"):
+        if state.phase in ("waiting", "backoff") or saga.late_members(state):
             await self.driver.start(state.gang_id)
         elif state.phase in saga.RUNNING + ("rolling_back",) and stalled:
             await self.driver.redrive(state)

@@ -23,6 +23,7 @@ import random
 
 import msgspec
 
+from phalanx_engine.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindFailed,
     Bound,
@@ -34,7 +35,7 @@ from phalanx_proto.events import (
     PlacementFailed,
     uid_digest,
 )
-from phalanx_proto.state import GangState
+from phalanx_proto.state import MAX_GANG_MEMBERS, GangPart, GangState, Running
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
@@ -51,23 +52,36 @@ def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = 
 
 
 def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_member: int | None,
-               timeout_s: float, priority: int, now: float) -> GangState | None:
+               timeout_s: float, priority: int, now: float, part: GangPart | None = None,
+               jobs: int = 0) -> GangState | None:
     """Record a pod as a member (a recreated pod, same name new uid, replaces the old one).
+
+    ``min_member`` is what the pod says about the whole gang (None: nothing); a JobSet pod says
+    its ``part`` and the JobSet's ``jobs`` instead, and the gang's size is
+    ``phalanx_engine.gangs.jobset_size`` of the parts seen. An entry without members (a
+    tombstone of a gang whose pods all went) is taken up again, attempt counter and all.
 
     Not while an attempt runs or rolls back: an attempt's members stay the members it was
     started with, so every command and reply of the attempt is about the same pods. A pod that
-    arrives meanwhile is admitted by a later resync, once the gang waits again."""
-    if s is None:
-        s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now,
+    arrives meanwhile is admitted by a later resync, once the gang waits again or is scheduled."""
+    if s is None or not s.members:
+        s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now, attempt=s.attempt if s else 0,
                       min_member_declared=min_member is not None)
     if spec in s.members or s.phase in RUNNING + ("rolling_back",):
         return None
     members = tuple(m for m in s.members if m.pod.name != spec.pod.name or m.pod.namespace != spec.pod.namespace)
     members += (spec,)
-    declared = s.min_member_declared or min_member is not None
-    target = max(min_member or 0, s.min_member if s.min_member_declared else 0) if declared else len(members)
-    return replace(s, members=members, min_member=max(1, target), min_member_declared=declared,
-                   timeout_s=max(s.timeout_s, timeout_s), priority=max(s.priority, priority), last_member_at=now)
+    parts = merge_part(s.parts, part) if part is not None else s.parts
+    jobs = max(s.jobs, jobs)
+    if min_member is None and parts and not (s.min_member_declared and not s.parts):
+        size = jobset_size(parts, jobs)
+        declared, target = size.declared, size.members if size.declared else len(members)
+    else:
+        declared = s.min_member_declared or min_member is not None
+        target = max(min_member or 0, s.min_member if s.min_member_declared else 0) if declared else len(members)
+    return replace(s, members=members, min_member=min(MAX_GANG_MEMBERS, max(1, target)), min_member_declared=declared,
+                   timeout_s=max(s.timeout_s, timeout_s), priority=max(s.priority, priority), last_member_at=now,
+                   parts=parts, jobs=jobs)
 
 
 def drop_member(s: GangState | None, pod) -> GangState | None:
@@ -77,7 +91,29 @@ def drop_member(s: GangState | None, pod) -> GangState | None:
     return replace(s, members=tuple(m for m in s.members if m.pod != pod),
                    bound=tuple(b for b in s.bound if b != pod),
                    assignments=tuple(a for a in s.assignments if a.pod != pod),
+                   running=tuple(r for r in s.running if r.pod != pod),
                    min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
+
+
+def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:
+    """The members the current attempt places: all but those bound by earlier attempts."""
+    running = {r.pod for r in s.running}
+    return tuple(m for m in s.members if m.pod not in running)
+
+
+def late_members(s: GangState) -> bool:
+    """A scheduled gang has members no attempt has bound yet (they arrived after it started,
+    or replace a deleted member): they join by an attempt of their own, the others stay."""
+    done = {r.pod for r in s.running} | set(s.bound)
+    return s.phase == "scheduled" and any(m.pod not in done for m in s.members)
+
+
+def tombstone(s: GangState | None) -> GangState | None:
+    """The entry of a gang whose pods are all gone: no members, nothing held, its attempt
+    counter kept (``add_member`` takes it up again)."""
+    if s is None or s.members:
+        return None
+    return GangState(gang_id=s.gang_id, attempt=s.attempt, created_at=s.created_at, min_member=1)
 
 
 def complete(s: GangState, now: float, settle_s: float) -> bool:
@@ -89,19 +125,29 @@ def complete(s: GangState, now: float, settle_s: float) -> bool:
 
 def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tuple[str, ...] = (),
                   avoid_for: str = "") -> GangState | None:
-    """waiting (complete) or backoff (over) → placing, attempt + 1. ``avoid``: nodes the attempt
-    may not use, kept for the starving head ``avoid_for`` (backfill)."""
-    if s is None or s.phase not in ("waiting", "backoff") or not complete(s, now, settle_s):
+    """waiting (complete) or backoff (over) → placing, attempt + 1; or scheduled with late
+    members → placing for those alone (the bound members become ``running`` and stay where
+    they are). ``avoid``: nodes the attempt may not use, kept for the starving head
+    ``avoid_for`` (backfill)."""
+    if s is None:
+        return None
+    running = tuple(r for r in s.running if any(m.pod == r.pod for m in s.members))
+    if s.phase == "scheduled":
+        if not late_members(s):
+            return None
+        running += tuple(Running(pod=p, attempt=s.attempt) for p in s.bound if any(m.pod == p for m in s.members))
+    elif s.phase not in ("waiting", "backoff") or not complete(s, now, settle_s):
         return None
     if s.phase == "backoff" and now < s.backoff_until:
         return None
     return replace(s, phase="placing", attempt=s.attempt + 1, assignments=(), bound=(), rollback_done=(),
-                   unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "")
+                   unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
+                   running=running)
 
 
 def members_digest(s: GangState) -> str:
-    """``uid_digest`` of the members: names this incarnation of the gang's attempt."""
-    return uid_digest(m.pod for m in s.members)
+    """``uid_digest`` of the attempt's members: names this incarnation of the gang's attempt."""
+    return uid_digest(m.pod for m in attempt_members(s))
 
 
 def placed(s: GangState | None, ev: Placed) -> GangState | None:
@@ -110,7 +156,7 @@ def placed(s: GangState | None, ev: Placed) -> GangState | None:
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
         return None
     pods = [a.pod for a in ev.assignments]
-    if len(set(pods)) != len(pods) or set(pods) != {m.pod for m in s.members}:
+    if len(set(pods)) != len(pods) or set(pods) != {m.pod for m in attempt_members(s)}:
         return None
     mig = any(a.mig_profile for a in ev.assignments)
     return replace(s, phase="preparing" if mig else "binding", assignments=ev.assignments)
@@ -122,7 +168,7 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     naming other pods than the members (another incarnation of the gang) changes nothing."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
         return None
-    if ev.members and set(ev.members) != {m.pod for m in s.members}:
+    if ev.members and set(ev.members) != {m.pod for m in attempt_members(s)}:
         return None
     failures = s.failures + 1
     delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)

@@ -64,6 +64,8 @@ class Config:
     """How a starving head of the queue is protected (``fairness.MODES``: backfill, strict)."""
     reconcile_s: float = 5.0
     """Seconds between reconciler passes (0: no reconciler in this replica)."""
+    tombstone_s: float = 3600.0
+    """How long the entry of a gang whose pods are all gone keeps its attempt counter."""
 
 
 @dataclass

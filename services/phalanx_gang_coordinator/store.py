@@ -96,6 +96,21 @@ class GangStore:
     async def delete(self, gang_id: str) -> None:
         await self.kv.delete(S.gang_key(gang_id))
 
+    async def delete_if(self, gang_id: str, keep: Callable[[GangState], bool]) -> bool:
+        """Delete the gang's entry unless ``keep(state)``, by compare-and-set (a member admitted
+        meanwhile keeps it); True when deleted."""
+        try:
+            state, rev = await self.load(gang_id)
+        except UnreadableRecord:
+            return False
+        if state is None or rev is None or keep(state):
+            return False
+        try:
+            await self.kv.delete(S.gang_key(gang_id), last=rev)
+        except KvConflict:
+            return False
+        return True
+
     async def all(self, *, current: bool = False) -> tuple[list[GangState], list[BadEntry]]:
         """Every readable gang state, and the bad entries apart (logged once, counted): from
         the mirror once it is listed, else read from the bucket. ``current``: include every

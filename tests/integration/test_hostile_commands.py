@@ -102,13 +102,13 @@ async def test_a_bind_for_a_pod_outside_the_gang_or_onto_an_unknown_node_is_refu
         outsider = await sim.apply_pod(gpu_pod("outsider-c", 1, scheduler="default-scheduler"))
         waiting = await sim.apply_pod(gpu_pod("waiting-c", 1, labels={
             "jobset.sigs.k8s.io/jobset-name": "incomplete-c", "aliyun.com/min-member": "2"}))
-        await wait_until(lambda: _known(bus, "default/jobset-incomplete-c"), 30)
+        await wait_until(lambda: _known(bus, "default/JobSet:incomplete-c"), 30)
         before = await record(bus, sim)
         a = owner.assignments[0]
         for forged in (
             BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=outsider.ref)),
             BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=waiting.ref)),
-            BindRequested(gang_id="default/jobset-incomplete-c", attempt=1,
+            BindRequested(gang_id="default/JobSet:incomplete-c", attempt=1,
                           assignment=Assignment(pod=waiting.ref, node="evil.node", gpus=(0,))),
             BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, node="v100-b"
                           if a.node == "v100-a" else "v100-a")),

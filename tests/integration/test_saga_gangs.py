@@ -94,7 +94,7 @@ async def test_binder_down_the_deadline_rolls_back_and_releases_then_the_gang_sc
         assert set(await wait_until(reserved, 30)) == {"default/t0", "default/t1"}
 
         async def rolled_back():
-            s = (await gang_states(bus)).get("default/jobset-t")
+            s = (await gang_states(bus)).get("default/JobSet:t")
             return s if s is not None and s.failures >= 1 and s.phase in ("backoff", "placing") else None
 
         state = await wait_until(rolled_back, 30)
@@ -108,14 +108,14 @@ async def test_binder_down_the_deadline_rolls_back_and_releases_then_the_gang_sc
 
         # With binder still down every attempt is rolled back and gives its reservation back.
         async def released_between_attempts():
-            s = (await gang_states(bus))["default/jobset-t"]
+            s = (await gang_states(bus))["default/JobSet:t"]
             return s.phase == "backoff" and not await audit_ledger(bus)
 
         await wait_until(released_between_attempts, 30)
         await anyio.to_thread.run_sync(stack.restart, "binder")
 
         async def scheduled():
-            s = (await gang_states(bus))["default/jobset-t"]
+            s = (await gang_states(bus))["default/JobSet:t"]
             return s if s.phase == "scheduled" else None
 
         state = await wait_until(scheduled, 60)
@@ -135,7 +135,7 @@ async def test_the_deadline_fires_even_if_the_coordinator_was_killed_and_restart
         await sim.apply_pod(gang_pod("d0", 1, "d", 1, annotations={"phalanx.io/gang-timeout-seconds": "5"}))
 
         async def placed():
-            s = (await gang_states(bus)).get("default/jobset-d")
+            s = (await gang_states(bus)).get("default/JobSet:d")
             return s if s is not None and s.phase == "binding" else None
 
         s = await wait_until(placed, 30)
@@ -145,7 +145,7 @@ async def test_the_deadline_fires_even_if_the_coordinator_was_killed_and_restart
         await anyio.to_thread.run_sync(stack.restart, "gang-coordinator")
 
         async def rolled_back():
-            st = (await gang_states(bus))["default/jobset-d"]
+            st = (await gang_states(bus))["default/JobSet:d"]
             return st if st.failures >= 1 else None
 
         st = await wait_until(rolled_back, 20)
@@ -184,7 +184,7 @@ async def test_a_large_gang_is_not_starved_by_a_stream_of_small_ones(tmp_path):
             n += 1
             await anyio.sleep(1.0)
         assert big_scheduled is not None, f"big gang starved; states: {await gang_states(bus)}"
-        assert await phase_of(bus, "default/jobset-big") == "scheduled"
+        assert await phase_of(bus, "default/JobSet:big") == "scheduled"
         # big needs both nodes, so every node is kept for it: the small gangs behind it are told.
         told = [i for i in range(4, n) for e in await sim.list_events(ref(f"s{i}"))
                 if "kept for a gang ahead in the queue" in e.message and "behind default/jobset-big" in e.message]
@@ -211,7 +211,7 @@ async def test_behind_a_starving_gang_others_still_run_where_they_cannot_delay_i
         await sim.apply_pod(gang_pod("big0", 8, "big", 1))
 
         async def starving():
-            s = (await gang_states(bus)).get("default/jobset-big")
+            s = (await gang_states(bus)).get("default/JobSet:big")
             return s if s is not None and s.reserve_nodes and time.time() - s.created_at > 4 else None
 
         head = await wait_until(starving, 30)
@@ -223,9 +223,9 @@ async def test_behind_a_starving_gang_others_still_run_where_they_cannot_delay_i
             return (await bound_pods(sim)).get("default/late0")
 
         node, _ = await wait_until(late_bound, 30)
-        assert node != s0_node and await phase_of(bus, "default/jobset-big") != "scheduled"
-        late = (await gang_states(bus))["default/jobset-late"]
-        assert late.avoid_nodes == (s0_node,) and late.avoid_for == "default/jobset-big"
+        assert node != s0_node and await phase_of(bus, "default/JobSet:big") != "scheduled"
+        late = (await gang_states(bus))["default/JobSet:late"]
+        assert late.avoid_nodes == (s0_node,) and late.avoid_for == "default/JobSet:big"
         await sim.delete_pod(ref("s0"))
 
         async def big_bound():

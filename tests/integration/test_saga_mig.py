@@ -18,7 +18,7 @@ from stackutil import gang_states, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-GANG = "default/jobset-mig"
+GANG = "default/JobSet:mig"
 
 
 def mig_pod(name: str) -> dict:

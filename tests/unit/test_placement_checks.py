@@ -19,7 +19,7 @@ from phalanx_proto.events import (
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_proto.topology import Gpu, NodeTopology
 
-G = "default/jobset-train"
+G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
 OLD_P1 = PodRef(namespace="default", name="w-0", uid="u-old")
 M1, M2 = MemberSpec(pod=P1, gpus=1), MemberSpec(pod=P2, gpus=1)

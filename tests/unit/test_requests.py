@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from phalanx_cli.main import main
+from phalanx_engine.gangs import NO_GPU_RULE
 from phalanx_engine.podspec import PodConstraints
 from phalanx_engine.requests import (
     GpuRequest,
@@ -19,7 +20,7 @@ from phalanx_engine.requests import (
     check_gpu_model,
     parse_pod,
 )
-from phalanx_engine.workloads import ObjectCheck, check_object, pod_templates
+from phalanx_engine.workloads import GangCheck, ObjectCheck, check_object, gang_check, pod_templates
 from phalanx_proto.events import MemberSpec, PodRef
 
 
@@ -514,7 +515,7 @@ def test_validate_accepts_every_seed_example_with_one_ok_line_each(capsys: pytes
     assert len(files) == 7
     assert main(["validate", *files]) == 0
     out = capsys.readouterr()
-    lines = [line for line in out.out.splitlines() if not line.startswith("  warning:")]
+    lines = [line for line in out.out.splitlines() if not line.startswith("  ")]
     assert [line.split(": OK ")[1].split(":")[0] for line in lines] == [
         "JobSet/gang-nccl-test spec.replicatedJobs[worker]", "Pod/mig-demo", "Pod/multi-gpu-demo",
         "Pod/rdma-4gpu-demo", "Pod/tdm-demo", "Pod/topology-4gpu-demo", "Pod/whole-card-demo"]
@@ -599,3 +600,58 @@ def test_validate_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.setattr("sys.stdin", io.StringIO((EXAMPLES / "tdm-demo.yaml").read_text()))
     assert main(["validate", "-"]) == 0
     assert capsys.readouterr().out == "-#1: OK Pod/tdm-demo: TDM share 50% core, 4096 MiB on 1 GPU\n"
+
+
+def _rj(name: str, replicas: int, parallelism: int, gpu: bool = True, scheduler: str = "phalanx") -> dict:
+    limits = {"nvidia.com/gpu": "1"} if gpu else {}
+    return {"name": name, "replicas": replicas, "template": {"spec": {"parallelism": parallelism, "template": {
+        "metadata": {"labels": {"aliyun.com/min-member": str(parallelism)}},
+        "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "x",
+                                                              "resources": {"limits": limits}}]}}}}}
+
+
+def _mpijob(worker_labels: dict, launcher_scheduler: str = "default-scheduler") -> dict:
+    def replica(n: int, limits: dict, scheduler: str, labels: dict) -> dict:
+        return {"replicas": n, "template": {"metadata": {"labels": labels}, "spec": {
+            "schedulerName": scheduler, "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]}}}
+    return {"kind": "MPIJob", "metadata": {"name": "m", "namespace": "ml"}, "spec": {"mpiReplicaSpecs": {
+        "Launcher": replica(1, {}, launcher_scheduler, {}),
+        "Worker": replica(4, {"nvidia.com/gpu": "1"}, "phalanx", worker_labels)}}}
+
+
+@pytest.mark.parametrize(("case", "obj", "expected"), cases(
+    ("a JobSet with a driver and two worker Jobs is one gang of all five pods",
+     {"kind": "JobSet", "metadata": {"name": "dw", "namespace": "ml"},
+      "spec": {"replicatedJobs": [_rj("driver", 1, 1), _rj("workers", 2, 2)]}},
+     GangCheck(gang_id="ml/JobSet:dw", members=5, how="driver 1 x 1 + workers 2 x 2")),
+    ("replicas 2 of a 7-pod Job make a gang of 14", {"kind": "JobSet", "metadata": {"name": "r"},
+                                                     "spec": {"replicatedJobs": [_rj("w", 2, 7)]}},
+     GangCheck(gang_id="default/JobSet:r", members=14, how="w 2 x 7")),
+    ("a JobSet whose driver is left to another scheduler would wait for it forever",
+     {"kind": "JobSet", "metadata": {"name": "x"},
+      "spec": {"replicatedJobs": [_rj("driver", 1, 1, gpu=False, scheduler="default-scheduler"), _rj("w", 1, 2)]}},
+     GangCheck(gang_id="default/JobSet:x", members=0, how="w 1 x 2; the gang is the pods present once none arrived "
+               "for the settle time", violations=(Violation(
+                   "JobSet/x spec.replicatedJobs[driver] spec.schedulerName", "default-scheduler",
+                   "every replicated job of a JobSet gang is scheduled by Phalanx, or the gang waits for the Jobs it "
+                   "never sees; or set phalanx.io/gang-min-member"),))),
+    ("an MPIJob's gang is its workers", _mpijob({"aliyun.com/min-member": "4"}),
+     GangCheck(gang_id="ml/MPIJob:m", members=4, how="min-member said by the pods")),
+    ("an MPIJob whose min-member counts the launcher is refused: the launcher is no member",
+     _mpijob({"aliyun.com/min-member": "5"}),
+     GangCheck(gang_id="ml/MPIJob:m", members=5, how="min-member said by the pods", violations=(Violation(
+         "metadata.labels[aliyun.com/min-member]", "5", "must equal the Worker replicas (4): the launcher asks for "
+         "no GPU and is not a gang member"),))),
+    ("a plain Job is one gang", {"kind": "Job", "metadata": {"name": "j"}, "spec": _rj("j", 1, 3)["template"]["spec"]},
+     GangCheck(gang_id="default/Job:j", members=3, how="min-member said by the pods")),
+))
+def test_validate_names_the_gang_the_runtime_forms(case: str, obj: dict, expected: GangCheck) -> None:
+    assert gang_check(obj) == expected
+
+
+def test_validate_refuses_a_gpu_less_launcher_with_phalanx_s_scheduler_as_the_runtime_does() -> None:
+    checks = check_object(_mpijob({"aliyun.com/min-member": "4"}, launcher_scheduler="phalanx"))
+    assert checks is not None
+    launcher = checks[0]
+    assert (launcher.where, launcher.violations) == ("MPIJob/m spec.mpiReplicaSpecs[Launcher]", (Violation(
+        "spec.containers[*].resources.limits", "no GPU resource", NO_GPU_RULE),))

@@ -27,7 +27,7 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import GangState
 
-G = "default/jobset-train"
+G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
 A1, A2 = Assignment(pod=P1, node="n1", gpus=(0,)), Assignment(pod=P2, node="n1", gpus=(1,))
 M1 = Assignment(pod=P1, node="a100", gpus=(3,), mig_profile="3g.20gb", mig_start=4)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx_engine import names
+from phalanx_engine.gangs import GangSize, jobset_size
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import pod_from_dict
 from phalanx_proto.events import MemberSpec, PodRef
 from phalanx_proto.scheduling import HostPort, Toleration
+from phalanx_proto.state import GangPart
+from phalanx_proto.subjects import gang_key
 
 
-def pod(name="p", *, labels=None, annotations=None, limits=None, priority=None, host_network=False, caps=None):
+def pod(name="p", *, labels=None, annotations=None, limits=None, priority=None, host_network=False, caps=None,
+        namespace="ml"):
     """Builder: a pod for the phalanx scheduler."""
     spec = {"schedulerName": "phalanx", "containers": [
         {"name": "c", "image": "x", "resources": {"limits": limits if limits is not None else {"nvidia.com/gpu": "1"}},
@@ -19,31 +24,95 @@ def pod(name="p", *, labels=None, annotations=None, limits=None, priority=None, 
         spec["priority"] = priority
     if host_network:
         spec["hostNetwork"] = True
-    return pod_from_dict({"metadata": {"name": name, "namespace": "ml", "uid": "u", "labels": labels or {},
+    return pod_from_dict({"metadata": {"name": name, "namespace": namespace, "uid": "u", "labels": labels or {},
                                        "annotations": annotations or {}}, "spec": spec})
 
 
+JS = "jobset.sigs.k8s.io/jobset-name"
+RJ = "jobset.sigs.k8s.io/replicatedjob-name"
+RJ_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOBS = "jobset.sigs.k8s.io/global-replicas"
+MIN = "aliyun.com/min-member"
+
+
+def jobset_pod(name="p", *, rj="workers", replicas="2", jobs="3", min_member="2", **extra):
+    """A pod as the JobSet controller labels it (replicated job, its replicas, the JobSet's Jobs)."""
+    labels = {JS: "train", RJ: rj, RJ_REPLICAS: replicas, JOBS: jobs, **extra}
+    if min_member:
+        labels[MIN] = min_member
+    return pod(name, labels=labels)
+
+
 IDS = [
-    ("a single pod is a gang of one", pod("solo"), ("ml/solo", "pod", 1)),
-    ("a JobSet is one gang sized by aliyun.com/min-member",
-     pod(labels={"jobset.sigs.k8s.io/jobset-name": "nccl", "aliyun.com/min-member": "7"}), ("ml/jobset-nccl", "jobset", 7)),
-    ("an MPIJob with gang on is one gang",
-     pod(labels={"training.kubeflow.org/job-name": "mpi", "aliyun.com/min-member": "2"}), ("ml/mpijob-mpi", "mpijob", 2)),
+    ("a single pod is a gang of one, whatever min-member it says", pod("solo", labels={MIN: "4"}),
+     ("ml/solo", "Pod", 1, None, 0)),
+    ("a JobSet pod says its replicated job: Jobs and pods per Job", jobset_pod(),
+     ("ml/JobSet:train", "JobSet", None, GangPart(name="workers", jobs=2, members=2), 3)),
+    ("a JobSet pod without min-member says its Job's pod count is unknown (0)", jobset_pod(min_member=""),
+     ("ml/JobSet:train", "JobSet", None, GangPart(name="workers", jobs=2, members=0), 3)),
+    ("phalanx.io/gang-min-member is the whole gang's size and wins", jobset_pod(**{"phalanx.io/gang-min-member": "9"}),
+     ("ml/JobSet:train", "JobSet", 9, GangPart(name="workers", jobs=2, members=2), 3)),
+    ("an MPIJob's pods are one gang", pod(labels={"training.kubeflow.org/job-name": "mpi", MIN: "2"}),
+     ("ml/MPIJob:mpi", "MPIJob", 2, None, 0)),
+    ("a plain Job's pods are one gang", pod(labels={"batch.kubernetes.io/job-name": "train", MIN: "3"}),
+     ("ml/Job:train", "Job", 3, None, 0)),
+    ("a plain Job that says no min-member is an undeclared gang", pod(labels={"batch.kubernetes.io/job-name": "j"}),
+     ("ml/Job:j", "Job", None, None, 0)),
+    ("a JobSet's pods are its gang, not their Job's",
+     pod(labels={JS: "js", "batch.kubernetes.io/job-name": "js-w-0", MIN: "2"}),
+     ("ml/JobSet:js", "JobSet", None, GangPart(name="", jobs=1, members=2), 0)),
     ("the Volcano/arena pod-group annotation names the gang",
      pod(labels={"training.kubeflow.org/job-name": "mpi"}, annotations={"scheduling.k8s.io/group-name": "mpi-pg"}),
-     ("ml/podgroup-mpi-pg", "podgroup", None)),
+     ("ml/PodGroup:mpi-pg", "PodGroup", None, None, 0)),
     ("a scheduler-plugins PodGroup label names the gang, min-member from its label",
      pod(labels={"scheduling.x-k8s.io/pod-group": "pg", "scheduling.x-k8s.io/min-member": "3"}),
-     ("ml/podgroup-pg", "podgroup", 3)),
-    ("a group without min-member says so (None)", pod(labels={"jobset.sigs.k8s.io/jobset-name": "js"}),
-     ("ml/jobset-js", "jobset", None)),
+     ("ml/PodGroup:pg", "PodGroup", 3, None, 0)),
+    ("ACK's pod-group labels name the gang, min-available its size",
+     pod(labels={"pod-group.scheduling.sigs.k8s.io/name": "pg", "pod-group.scheduling.sigs.k8s.io/min-available": "4"}),
+     ("ml/PodGroup:pg", "PodGroup", 4, None, 0)),
+    ("a pod named like a group's id is still a gang of its own", pod("jobset-train", labels={}),
+     ("ml/jobset-train", "Pod", 1, None, 0)),
 ]
 
 
 @pytest.mark.parametrize(("name", "p", "expected"), IDS, ids=[c[0] for c in IDS])
 def test_identity(name, p, expected):
     i = identity(p)
-    assert (i.gang_id, i.kind, i.min_member) == expected
+    assert (i.gang_id, i.kind, i.min_member, i.part, i.jobs) == expected
+
+
+def test_group_ids_never_equal_a_pod_id_nor_its_gang_key_nor_each_other():
+    pods = [pod(n) for n in ("jobset-train", "jobset.train", "JobSet-train", "job.train", "podgroup-train")]
+    groups = [pod(labels={k: "train"}) for k in (JS, "training.kubeflow.org/job-name", "batch.kubernetes.io/job-name",
+                                                 "scheduling.x-k8s.io/pod-group")]
+    pod_ids = [identity(p).gang_id for p in pods if validate_name(p.name)]
+    group_ids = [identity(g).gang_id for g in groups]
+    assert group_ids == ["ml/JobSet:train", "ml/MPIJob:train", "ml/Job:train", "ml/PodGroup:train"]
+    assert len({gang_key(i) for i in pod_ids + group_ids}) == len(pod_ids) + len(group_ids)
+    assert identity(pod(labels={JS: "train"}, namespace="other")).gang_id != group_ids[0]
+
+
+def validate_name(name: str) -> bool:
+    """Only names the API server accepts for a pod (RFC 1123 subdomain) can collide."""
+    return not names.check_metadata({"name": name})
+
+
+SIZES = [
+    ("driver and workers: the sum of replicas x pods per Job over the replicated jobs",
+     [GangPart(name="driver", jobs=1, members=1), GangPart(name="workers", jobs=2, members=2)], 3, GangSize(5, True)),
+    ("a replicated job not seen yet counts one pod per missing Job, and the size is not known",
+     [GangPart(name="workers", jobs=2, members=2)], 3, GangSize(5, True, known=False)),
+    ("replicas 2 of the seed's 7-pod Job", [GangPart(name="worker", jobs=2, members=7)], 2, GangSize(14, True)),
+    ("a replicated job that does not say its pods per Job makes the gang undeclared",
+     [GangPart(name="driver", jobs=1, members=0), GangPart(name="workers", jobs=2, members=2)], 3, GangSize(0, False)),
+    ("pods made by hand (no JobSet counts) are sized by what they say", [GangPart(name="", jobs=1, members=4)], 0,
+     GangSize(4, True)),
+]
+
+
+@pytest.mark.parametrize(("name", "parts", "jobs", "expected"), SIZES, ids=[c[0] for c in SIZES])
+def test_jobset_size(name, parts, jobs, expected):
+    assert jobset_size(parts, jobs) == expected
 
 
 def test_timeout_annotation_and_priority_are_read():
@@ -92,10 +161,10 @@ def test_a_pod_of_an_odd_shape_is_refused_with_a_reason_not_an_exception(spec):
 def test_a_pod_the_request_parser_trips_over_is_refused_with_a_reason(monkeypatch):
     from phalanx_gang_coordinator import gangs
 
-    def trip(raw):
+    def trip(raw, **kw):
         raise TypeError("'NoneType' object is not iterable")
 
-    monkeypatch.setattr(gangs, "parse_pod", trip)
+    monkeypatch.setattr(gangs.rules, "parse_pod", trip)
     with pytest.raises(InvalidMember) as e:
         member_spec(pod())
     assert str(e.value) == ("spec = 'TypeError': the pod's spec could not be read as a Kubernetes pod "

@@ -18,9 +18,9 @@ from phalanx_proto.events import (
     PlacementFailed,
     PodRef,
 )
-from phalanx_proto.state import GangState
+from phalanx_proto.state import GangPart, GangState, Running
 
-G = "default/jobset-train"
+G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
 A1, A2 = Assignment(pod=P1, node="n1", gpus=(0,)), Assignment(pod=P2, node="n1", gpus=(1,))
 M1 = Assignment(pod=P1, node="a100", gpus=(0,), mig_profile="3g.20gb", mig_start=4)
@@ -167,6 +167,69 @@ CASES = [
      lambda s: saga.add_member(s, MemberSpec(pod=PodRef(namespace="default", name="w-2", uid="u2"), gpus=1),
                                gang_id=G, min_member=2, timeout_s=0, priority=0, now=1.0), BINDING, None),
 ]
+
+P3 = PodRef(namespace="default", name="w-2", uid="u2")
+M3 = MemberSpec(pod=P3, gpus=1)
+SCHEDULED = gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2))
+LATE = replace(SCHEDULED, members=MEMBERS + (M3,))
+FOLLOW_UP = replace(LATE, phase="placing", attempt=3, assignments=(), bound=(), attempt_started_at=20.0,
+                    running=(Running(pod=P1, attempt=2), Running(pod=P2, attempt=2)))
+A3 = Assignment(pod=P3, node="n2", gpus=(0,))
+
+
+def add(spec, **kw):
+    return lambda s: saga.add_member(s, spec, gang_id=G, timeout_s=0, priority=0, now=1.0, **kw)
+
+
+def jobset_member(name, rj, jobs, members, total):
+    return add(MemberSpec(pod=PodRef(namespace="default", name=name, uid=name), gpus=1), min_member=None,
+               part=GangPart(name=rj, jobs=jobs, members=members), jobs=total)
+
+
+LATE_CASES = [
+    ("a pod that arrives after the gang was scheduled is recorded as a late member",
+     add(M3, min_member=2), SCHEDULED, replace(LATE, last_member_at=1.0)),
+    ("late members of a scheduled gang start an attempt of their own; the bound members become running",
+     lambda s: saga.start_attempt(s, now=20.0, settle_s=2), LATE, FOLLOW_UP),
+    ("a scheduled gang without late members starts nothing", lambda s: saga.start_attempt(s, now=20.0, settle_s=2),
+     SCHEDULED, None),
+    ("the follow-up attempt is placed for the late members alone",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=3, assignments=(A3,))), FOLLOW_UP,
+     replace(FOLLOW_UP, phase="binding", assignments=(A3,))),
+    ("a Placed of the follow-up that names a running member changes nothing",
+     lambda s: saga.placed(s, Placed(gang_id=G, attempt=3, assignments=(A1, A3))), FOLLOW_UP, None),
+    ("the follow-up's deadline names its own members",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=3, members_digest=saga.members_digest(FOLLOW_UP))),
+     FOLLOW_UP, replace(FOLLOW_UP, phase="rolling_back", reason="not every member was ready within the gang timeout",
+                        failure="deadline")),
+    ("a backoff after a failed follow-up keeps the running members for the next attempt",
+     lambda s: saga.start_attempt(s, now=30.0, settle_s=2), replace(FOLLOW_UP, phase="backoff", backoff_until=25.0),
+     replace(FOLLOW_UP, phase="placing", attempt=4, backoff_until=25.0, attempt_started_at=30.0)),
+    ("a gang whose pods are all gone leaves a tombstone that keeps its attempt counter",
+     saga.tombstone, replace(SCHEDULED, members=(), assignments=(), bound=(), created_at=5.0),
+     GangState(gang_id=G, attempt=2, created_at=5.0, min_member=1)),
+    ("a gang recreated under a tombstone's id goes on counting its attempts",
+     add(M3, min_member=1), GangState(gang_id=G, attempt=2, min_member=1),
+     GangState(gang_id=G, attempt=2, min_member=1, members=(M3,), created_at=1.0, last_member_at=1.0)),
+    ("a JobSet's first pod makes it wait for every Job: unseen Jobs count one pod each",
+     jobset_member("d-0", "driver", 1, 1, 3), None,
+     GangState(gang_id=G, min_member=3, created_at=1.0, last_member_at=1.0, jobs=3,
+               members=(MemberSpec(pod=PodRef(namespace="default", name="d-0", uid="d-0"), gpus=1),),
+               parts=(GangPart(name="driver", jobs=1, members=1),))),
+]
+
+
+@pytest.mark.parametrize(("name", "transition", "state", "expected"), LATE_CASES, ids=[c[0] for c in LATE_CASES])
+def test_late_members_tombstones_and_jobset_sizes(name, transition, state, expected):
+    assert transition(state) == expected
+
+
+def test_a_jobset_gang_is_the_sum_over_its_replicated_jobs_once_every_job_was_seen():
+    s = None
+    for name, rj, jobs, members in [("d-0", "driver", 1, 1), ("w-0-0", "workers", 2, 2), ("w-1-0", "workers", 2, 2)]:
+        s = jobset_member(name, rj, jobs, members, 3)(s)
+    assert (s.min_member, s.min_member_declared, len(s.members)) == (5, True, 3)
+    assert not saga.complete(s, now=100.0, settle_s=2)
 
 
 @pytest.mark.parametrize(("name", "transition", "state", "expected"), CASES, ids=[c[0] for c in CASES])
