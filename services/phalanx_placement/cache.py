@@ -139,16 +139,18 @@ class ClusterCache:
             self._rebuild(key, now)
 
     @contextlib.contextmanager
-    def excluding(self, gang_id: str) -> Iterator[None]:
-        """``cluster`` without the gang's own reservations (a new attempt replaces them), for
-        the duration of a synchronous decision."""
+    def excluding(self, gang_id: str, running: frozenset[str] = frozenset()) -> Iterator[None]:
+        """``cluster`` without the gang's own reservations (a new attempt replaces them), but
+        with those of its ``running`` members (allocation keys: bound by an earlier attempt,
+        left where they are by an attempt for late members), for the duration of a
+        synchronous decision."""
         saved = []
         for key in self.gang_keys(gang_id):
             view, ledger = self.views.get(key), self.ledger_of(key)
             if view is None or ledger is None:
                 continue
             saved.append(view)
-            others = tuple(a.assignment for a in ledger.allocations.values() if a.gang_id != gang_id)
+            others = tuple(a.assignment for k, a in ledger.allocations.items() if a.gang_id != gang_id or k in running)
             self.cluster.upsert(dataclasses.replace(view, allocations=others))
         try:
             yield

@@ -183,7 +183,7 @@ class Placement:
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                 "phalanx.members": len(ev.members)}) as span:
             started = time.perf_counter()
-            with self.cache.excluding(ev.gang_id):
+            with self.cache.excluding(ev.gang_id, _running(record)):
                 result = decide(self.cache.cluster, ev.members, self.profile, avoid=ev.avoid_nodes)
             elapsed = time.perf_counter() - started
             _annotate_decision(span, result)
@@ -200,23 +200,26 @@ class Placement:
                 fits_empty_cluster=fits, members=tuple(m.pod for m in ev.members),
                 reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else ()))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
-        return _Decided(self.cache.assume(self._ledgers_after(ev, result)), result)
+        return _Decided(self.cache.assume(self._ledgers_after(ev, result, _running(record))), result)
 
-    def _ledgers_after(self, ev: PlacementRequested, decision: Decision) -> dict[str, NodeLedger]:
+    def _ledgers_after(self, ev: PlacementRequested, decision: Decision,
+                       running: frozenset[str] = frozenset()) -> dict[str, NodeLedger]:
         """Every touched node's new ledger: the gang's earlier reservations (and any of these
-        members') replaced by the decision's."""
+        members') replaced by the decision's, but those of its ``running`` members kept."""
         members = {alloc_key(m.pod) for m in ev.members}
         by_key: dict[str, tuple[str, list]] = {}
         for a in decision.assignments:
             by_key.setdefault(S.token(a.node), (a.node, []))[1].append(a)
         for key in self.cache.gang_keys(ev.gang_id):
             ledger = self.cache.ledger_of(key)
-            if key not in by_key and ledger is not None:
+            if key not in by_key and ledger is not None and any(
+                    a.gang_id == ev.gang_id and k not in running for k, a in ledger.allocations.items()):
                 by_key[key] = (ledger.node, [])
         out = {}
         for key, (node, assignments) in by_key.items():
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
-            allocs = {k: v for k, v in ledger.allocations.items() if not (v.gang_id == ev.gang_id or k in members)}
+            allocs = {k: v for k, v in ledger.allocations.items()
+                      if k in running or not (v.gang_id == ev.gang_id or k in members)}
             for a in assignments:
                 allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a)
             out[key] = NodeLedger(node=node, allocations=allocs)
@@ -412,3 +415,8 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
         await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
                       filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
                       concurrency=config.cycle_max, task_status=task_status)
+
+
+def _running(record: GangState) -> frozenset[str]:
+    """The allocation keys of the gang's members bound by earlier attempts (``GangState.running``)."""
+    return frozenset(alloc_key(r.pod) for r in record.running)

@@ -77,10 +77,11 @@ async def bound_pods(sim: SimCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
-async def gang_states(bus: Bus) -> dict:
-    """Every readable gang state (unreadable values are skipped, as the services skip them)."""
+async def gang_states(bus: Bus, *, tombstones: bool = False) -> dict:
+    """Every readable gang state (unreadable values are skipped, as the services skip them);
+    tombstones (the entries of gangs whose pods are all gone) only when asked for."""
     good, _ = await read_all(await bus.kv(S.KV_GANGS))
-    return {r.value.gang_id: r.value for r in good}
+    return {r.value.gang_id: r.value for r in good if tombstones or r.value.members}
 
 
 def ref(name: str) -> PodRef:

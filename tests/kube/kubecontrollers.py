@@ -104,6 +104,32 @@ def _wait_until(plane: ControlPlane, name: str, probe, timeout_s: float, what: s
     raise HarnessError(f"{name}: {what} not seen after {timeout_s}s (last: {last!r}):\n{plane.tail(name, 40)}")
 
 
+def delete_workloads(api: KubeApi, ns: str, timeout_s: float = 90) -> None:
+    """Delete every JobSet, MPIJob and Job of ``ns`` (their pods go by the garbage collector)
+    and then any pod left, and wait until none is there: what a test made must not be left
+    pending for the next test's scheduler."""
+    for plural in ("apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", "apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
+                   "apis/batch/v1/namespaces/{ns}/jobs"):
+        path = "/" + plural.format(ns=ns)
+        try:
+            items = api.get(path)["items"]
+        except Exception:  # noqa: BLE001 - the CRD may not be installed in this plane
+            continue
+        for item in items:
+            api.request("DELETE", f"{path}/{item['metadata']['name']}", {"propagationPolicy": "Background"},
+                        ok=(404,))
+
+    def gone() -> bool:
+        pods = api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+        for p in pods:
+            if not p["metadata"].get("deletionTimestamp"):
+                api.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
+                            {"gracePeriodSeconds": 0}, ok=(404,))
+        return not pods
+
+    wait_for(gone, timeout_s, f"every pod of namespace {ns} to be deleted", interval_s=0.5)
+
+
 # -- CRDs ------------------------------------------------------------------------------------------
 def install_crds(plane: ControlPlane) -> None:
     """Apply the JobSet and MPIJob CRDs (server-side apply, idempotent) and wait until both are

@@ -2,7 +2,8 @@
 on when pods are created by a Job, a JobSet or an MPIJob instead of by the test.
 
 No scheduler runs here: a test binds a pod itself through ``pods/binding`` (as Phalanx's binder
-does) and kwok, playing the kubelet, moves it to Running.
+does) and kwok, playing the kubelet, moves it to Running. Each test deletes its workloads and
+waits for their pods to go, so none is left for a later tier's scheduler.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import kubecontrollers
 import pytest
 import yaml
-from kubecontrollers import wait_for
+from kubecontrollers import delete_workloads, wait_for
 from kubeharness import KubeApi, fake_gpu_node, unique
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +44,14 @@ def bind(api: KubeApi, pod: dict, node: str) -> None:
 def phase(api: KubeApi, ns: str, name: str) -> str | None:
     pod = api.get_pod(ns, name)
     return pod and pod.get("status", {}).get("phase")
+
+
+@pytest.fixture(autouse=True)
+def _workloads_deleted_after_each_test(kube_api, kube_ns):
+    """What a test made goes with it: a JobSet pod left pending here would be placed by the
+    next tier's Phalanx (it answers to ``lj-runtimekit-scheduler`` too)."""
+    yield
+    delete_workloads(kube_api, kube_ns)
 
 
 @pytest.fixture(scope="module")
