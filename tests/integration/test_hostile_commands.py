@@ -165,17 +165,20 @@ async def test_an_old_release_replayed_after_the_pod_was_recreated_frees_nothing
         await sim.delete_pod(old.ref)
         await wait_until(lambda: _gone(bus, "default/reborn-f"), 30)
         started = anyio.current_time()
-        new, state = await scheduled(bus, sim, "reborn-f")     # same name, new uid, same gang id, attempt 1 again
-        assert state.attempt == 1 and new.uid != old.uid
+        # Same name, new uid, same gang id; the gang's tombstone kept its attempt counter.
+        new, state = await scheduled(bus, sim, "reborn-f")
+        assert state.attempt == 2 and new.uid != old.uid
         # Message ids carry the pod uids: the new pod's commands are not duplicates of the old one's.
         assert anyio.current_time() - started < 30
         before = await record(bus, sim)
         for forged in (
             ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="replayed", pods=(old.ref,)),
-            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="by name", pods=(PodRef(namespace="default",
+            ReleaseRequested(gang_id=state.gang_id, attempt=2, reason="old pod, new attempt", pods=(old.ref,)),
+            ReleaseRequested(gang_id=state.gang_id, attempt=2, reason="by name", pods=(PodRef(namespace="default",
                                                                                                name="reborn-f"),)),
-            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="live", pods=(new.ref,)),
-            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="everything"),
+            ReleaseRequested(gang_id=state.gang_id, attempt=2, reason="live", pods=(new.ref,)),
+            ReleaseRequested(gang_id=state.gang_id, attempt=2, reason="everything"),
+            ReleaseRequested(gang_id=state.gang_id, attempt=1, reason="earlier", pods=(new.ref,)),
             ReleaseRequested(gang_id=state.gang_id, attempt=9, reason="later", pods=(new.ref,)),
         ):
             await forge(bus, S.placement_subject(forged.gang_id), forged)

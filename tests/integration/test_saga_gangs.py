@@ -69,7 +69,7 @@ async def test_two_gangs_each_over_half_the_cluster_never_hold_halves_of_it(tmp_
             tg.cancel_scope.cancel()
         winner = next(g for g, s in states.items() if s.phase == "scheduled")
         loser = next(g for g in states if g != winner)
-        letter = winner.rsplit("-", 1)[1]
+        letter = winner.rsplit(":", 1)[1]
         assert set(await bound_pods(sim)) == {f"default/{letter}{i}" for i in range(3)}
         assert await audit_ledger(bus) == {f"default/{letter}{i}": 1 for i in range(3)}
         assert partial_seen == []
@@ -187,7 +187,7 @@ async def test_a_large_gang_is_not_starved_by_a_stream_of_small_ones(tmp_path):
         assert await phase_of(bus, "default/JobSet:big") == "scheduled"
         # big needs both nodes, so every node is kept for it: the small gangs behind it are told.
         told = [i for i in range(4, n) for e in await sim.list_events(ref(f"s{i}"))
-                if "kept for a gang ahead in the queue" in e.message and "behind default/jobset-big" in e.message]
+                if "kept for a gang ahead in the queue" in e.message and "behind default/JobSet:big" in e.message]
         assert told, "no small gang was told it waits behind big"
     finally:
         await bus.close()

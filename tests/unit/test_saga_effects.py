@@ -25,7 +25,7 @@ from phalanx_proto.events import (
     ReleaseRequested,
     RollbackStarted,
 )
-from phalanx_proto.state import GangState
+from phalanx_proto.state import GangState, Running
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
@@ -140,3 +140,16 @@ def test_a_deleted_member_gives_back_its_mig_instance_then_its_reservation():
         Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),
         Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason="pod deleted", pods=(P1,))))
     assert effects.member_gone(gang(), P1) == ()
+
+
+def test_a_running_member_deleted_during_a_later_attempt_releases_the_attempt_that_bound_it():
+    state = replace(BINDING, attempt=5, running=(Running(pod=P1, attempt=2),))
+    assert effects.member_gone(state, P1) == (
+        Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason="pod deleted", pods=(P1,))),)
+
+
+def test_an_attempt_for_late_members_asks_placement_for_them_alone():
+    state = replace(gang(), phase="placing", attempt=3, running=(Running(pod=P1, attempt=2),))
+    (placement,) = [e for e in effects.entered(gang(), state, now=0.0, timeout_s=180.0)
+                    if isinstance(e, Publish) and isinstance(e.event, PlacementRequested)]
+    assert placement.event.members == tuple(m for m in state.members if m.pod != P1)
