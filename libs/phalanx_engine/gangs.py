@@ -97,7 +97,7 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
             kind, group = "PodGroup", labels[key]
             break
     else:
-        if said(GROUP_ANNOTATION) and isinstance(annotations.get(GROUP_ANNOTATION), str):
+        if isinstance(annotations.get(GROUP_ANNOTATION), str) and annotations[GROUP_ANNOTATION]:
             kind, group = "PodGroup", annotations[GROUP_ANNOTATION]
         else:
             for key, k in ((JOBSET_NAME, "JobSet"), (MPIJOB_NAME, "MPIJob"), (JOB_NAME, "Job")):

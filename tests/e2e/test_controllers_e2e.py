@@ -176,6 +176,29 @@ def test_a_member_deleted_while_its_gang_runs_is_recreated_and_joins_without_dis
     assert len(used) == len(set(used)) == 4
 
 
+def test_a_jobset_started_in_order_has_its_workers_join_the_running_driver_as_late_members(stack4, kube_api, kube_ns):
+    """``startupPolicy: InOrder`` creates the workers' Job only once the driver runs: the
+    workers arrive late. With ``phalanx.io/gang-min-member: 1`` the driver is placed alone, and
+    the workers join the scheduled gang by an attempt of their own, without a failure."""
+    js = jobset("ordered", kube_ns, [("driver", 1, 1), ("workers", 1, 3)],
+                startupPolicy={"startupPolicyOrder": "InOrder"})
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"][
+        "phalanx.io/gang-min-member"] = "1"
+    kube_api.post(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{kube_ns}/jobsets", js)
+    (driver,) = bound(kube_api, kube_ns, f"{JOBSET}=ordered,jobset.sigs.k8s.io/replicatedjob-name=driver", 1, stack4)
+    everyone = bound(kube_api, kube_ns, f"{JOBSET}=ordered", 4, stack4)
+    driver_bound = condition(driver)["lastTransitionTime"]  # RFC 3339 UTC: compares as text
+    assert all(p["metadata"]["creationTimestamp"] >= driver_bound for p in everyone
+               if p["metadata"]["uid"] != driver["metadata"]["uid"])
+    assert driver["metadata"]["uid"] in {p["metadata"]["uid"] for p in everyone}
+    assert {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in everyone}[driver["metadata"]["uid"]] == \
+        driver["spec"]["nodeName"]
+    used = gpus_used(everyone)
+    assert len(used) == len(set(used)) == 4
+    assert not [e for e in kube_api.get(f"/api/v1/namespaces/{kube_ns}/events")["items"]
+                if e.get("reason") == "GangRollback"]
+
+
 def test_every_service_process_is_still_running(stack4):
     dead = {n: sp.proc.returncode for n, sp in stack4.procs.items() if sp.proc.poll() is not None}
     assert dead == {}, dump(stack4)

@@ -140,6 +140,19 @@ def deny_binds(api: KubeApi, ns: str, prefix: str) -> str:
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}}})
+    # The API server compiles a new policy in the background: wait until it refuses a bind.
+    probe = f"{prefix}probe"
+    api.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": probe, "namespace": ns},
+                    "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.example/x"}]}})
+
+    def refused() -> bool:
+        status, body = api.request("POST", f"/api/v1/namespaces/{ns}/pods/{probe}/binding", {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": probe},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}}, query={"dryRun": "All"},
+            ok=(400, 403, 422))
+        return status != 201 and "the test refuses this bind" in json.dumps(body)
+    wait_for(refused, 30, "the admission policy to refuse binds", interval_s=0.5)
+    api.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{probe}", {"gracePeriodSeconds": 0})
     return name
 
 
@@ -162,7 +175,10 @@ def test_a_rollback_after_some_members_were_bound_is_repaired_by_the_jobset_cont
         wait_for(lambda: [p for p in live(api, kube_ns, f"{JOBSET}=rb") if p["spec"].get("nodeName")], 60,
                  "some members bound while one bind is refused")
         started = time.monotonic()
-        rolled = wait_for(lambda: events(api, kube_ns, "GangRollback"), 90, "Phalanx to roll the attempt back")
+        try:
+            rolled = wait_for(lambda: events(api, kube_ns, "GangRollback"), 90, "Phalanx to roll the attempt back")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{dump(v100)}") from None
     finally:
         allow_binds(api, policy)
     assert all("deleting this bound pod so its controller recreates it" in e["message"] for e in rolled), rolled
