@@ -93,7 +93,7 @@ def _check(where: str, doc: Any, args: argparse.Namespace, out: IO[str], err: IO
         for w in c.warnings:
             print(safe(f"  warning: {w}"), file=out)
     if gang is not None:
-        size = f"{gang.members} pods" if gang.members else "size not declared"
+        size = f"{gang.members} pod{'s' if gang.members != 1 else ''}" if gang.members else "size not declared"
         print(safe(f"  gang {gang.gang_id}: {size} ({gang.how})"), file=out)
         if gang.violations:
             code = 1

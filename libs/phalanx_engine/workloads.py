@@ -206,6 +206,8 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     """The gang of a Job, JobSet or MPIJob (None for other objects or when a template is
     malformed: ``check_object`` says why)."""
     kind = obj.get("kind")
+    if kind == "Pod":
+        return _pod_gang(obj)
     templates = pod_templates(obj) if kind in ("Job", "JobSet", "MPIJob") else None
     if not templates or any(t.violations for t in templates):
         return None
@@ -254,6 +256,29 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     if not size:
         how += "; the gang is the pods present once none arrived for the settle time"
     return GangCheck(gang_id=ident.gang_id, members=size, how=how, violations=tuple(v))
+
+
+def _pod_gang(pod: Mapping[str, Any]) -> GangCheck | None:
+    """A bare Pod's gang: a group it names, or itself alone (then a min-member it says is
+    not used, and validate says so rather than "gang of N")."""
+    meta = _mapping(pod.get("metadata"))
+    labels, annotations = _mapping(meta.get("labels")), _mapping(meta.get("annotations"))
+    try:
+        ident = gangs.identify(_text(meta.get("namespace")) or "default", _text(meta.get("name")), labels, annotations)
+    except RequestError:
+        return None  # check_object names the bad value
+    says = any(k in labels or k in annotations for k in (*gangs.MIN_MEMBER_KEYS, gangs.GANG_MIN_MEMBER))
+    if ident.kind == "Pod":
+        if not says:
+            return None
+        return GangCheck(gang_id=ident.gang_id, members=1, how="no group label or annotation: a gang of one; its "
+                                                               "min-member is not used")
+    size = ident.min_member or 0
+    if not size and ident.part is not None:
+        js = gangs.jobset_size((ident.part,), ident.jobs)
+        size = js.members if js.declared else 0
+    return GangCheck(gang_id=ident.gang_id, members=size, how="min-member said by the pod" if size else
+                     "no pod says min-member; the gang is the pods present once none arrived for the settle time")
 
 
 def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[str, str]:

@@ -655,3 +655,26 @@ def test_validate_refuses_a_gpu_less_launcher_with_phalanx_s_scheduler_as_the_ru
     launcher = checks[0]
     assert (launcher.where, launcher.violations) == ("MPIJob/m spec.mpiReplicaSpecs[Launcher]", (Violation(
         "spec.containers[*].resources.limits", "no GPU resource", NO_GPU_RULE),))
+
+
+@pytest.mark.parametrize(("case", "labels", "expected"), cases(
+    ("a pod alone that says min-member is told it is a gang of one, as the runtime schedules it",
+     {"aliyun.com/min-member": "4"},
+     GangCheck(gang_id="default/p", members=1, how="no group label or annotation: a gang of one; its min-member "
+               "is not used")),
+    ("a pod of a pod group is that group's member", {"scheduling.x-k8s.io/pod-group": "g",
+                                                     "scheduling.x-k8s.io/min-member": "3"},
+     GangCheck(gang_id="default/PodGroup:g", members=3, how="min-member said by the pod")),
+    ("a pod as the JobSet controller labels it counts its JobSet's jobs", {
+        "jobset.sigs.k8s.io/jobset-name": "js", "jobset.sigs.k8s.io/replicatedjob-name": "w",
+        "jobset.sigs.k8s.io/replicatedjob-replicas": "2", "jobset.sigs.k8s.io/global-replicas": "2",
+        "aliyun.com/min-member": "7"},
+     GangCheck(gang_id="default/JobSet:js", members=14, how="min-member said by the pod")),
+    ("a pod alone that says nothing about gangs gets no gang line", {}, None),
+))
+def test_validate_says_the_gang_of_a_bare_pod_as_the_runtime_forms_it(case: str, labels: dict,
+                                                                       expected: GangCheck | None) -> None:
+    obj = {"kind": "Pod", "metadata": {"name": "p", "labels": labels},
+           "spec": {"schedulerName": "phalanx", "containers": [{"name": "c", "image": "x",
+                                                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    assert gang_check(obj) == expected
