@@ -132,7 +132,10 @@ async def e2e(request, plane):
         name = unique("dp-e2e")
         labels = {"kubernetes.io/hostname": name, "lj_runtimekit_enable": "true"}
         api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
-        api.patch(f"/api/v1/nodes/{name}/status", {"status": {"conditions": [
+        # What a kubelet reports besides the device plugin's resources (the harness is only its
+        # device manager): Ready, and the CPU, memory and pod count placement's filters check.
+        base = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        api.patch(f"/api/v1/nodes/{name}/status", {"status": {"capacity": base, "allocatable": base, "conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "dm-harness"}]}})
         with tempfile.TemporaryDirectory(dir="/tmp", prefix="dpe") as tmp:  # unix socket paths stay short
             root = Path(tmp)
