@@ -206,30 +206,34 @@ STANDING = {"small": 1, "ports": 1}
 """Pods of another scheduler that stay bound for the whole run, per node."""
 
 
-def settle(stack: Stack, timeout_s: float = 60) -> None:
-    """Wait until Phalanx sees the cluster as it was before the last phase: every node agent
-    reports only the standing pods and the ledger holds no reservation."""
-    async def settled() -> None:
+def settle(stack: Stack, baseline: dict | None = None, timeout_s: float = 60) -> dict:
+    """Wait until Phalanx sees the cluster as it was before the last phase: the ledger holds no
+    reservation and every node agent reports only the standing pods — with ``baseline`` (what
+    the agents reported before the first case), exactly that state, host ports and requests
+    included (a pod being deleted may leave the count before its ports). Returns the states."""
+    async def settled() -> dict:
         bus = await Bus.connect(stack.url, service="test")
         try:
             states, ledger = await bus.kv(S.KV_NODE_STATE), await bus.kv(S.KV_LEDGER)
             last = ""
             with anyio.move_on_after(timeout_s):
                 while True:
-                    pods = {}
+                    got = {}
                     for short in NODES:
                         e = await states.get(S.token(node_name(short)))
-                        pods[short] = msgspec.json.decode(e.value, type=NodeKubeState).pods if e else None
+                        got[short] = msgspec.json.decode(e.value, type=NodeKubeState) if e else None
+                    pods = {s: st.pods if st else None for s, st in got.items()}
                     held = sum(len(r.value.allocations) for r in (await read_all(ledger))[0])
                     last = f"pods per node {pods}, reservations {held}"
-                    if held == 0 and pods == {s: STANDING.get(s, 0) for s in NODES}:
-                        return
+                    if held == 0 and pods == {s: STANDING.get(s, 0) for s in NODES} and \
+                            (baseline is None or got == baseline):
+                        return got
                     await anyio.sleep(0.2)
             raise AssertionError(f"Phalanx did not settle after {timeout_s}s: {last}")
         finally:
             await bus.close()
 
-    anyio.run(settled)
+    return anyio.run(settled)
 
 
 def what_each_sees(api: KubeApi, stack: Stack) -> str:
@@ -336,11 +340,12 @@ def test_phalanx_and_kube_scheduler_place_and_refuse_the_same_pods_for_the_same_
     api = plane.api
     only = [n for n in os.environ.get("PHALANX_CONFORMANCE_ONLY", "").split(",") if n]
     rows = []
+    baseline = settle(stack)
     for case in [c for c in CASES if not only or c.name in only]:
         kube = run_phase(api, case, "default-scheduler")
-        settle(stack)
+        settle(stack, baseline)
         phalanx = run_phase(api, case, "phalanx")
-        settle(stack)
+        settle(stack, baseline)
         agree, problems = verdict(case, kube, phalanx)
         rows.append((case, agree, problems, kube, phalanx))
         if not agree:
