@@ -204,30 +204,46 @@ def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90) -
 
 STANDING = {"small": 1, "ports": 1}
 """Pods of another scheduler that stay bound for the whole run, per node."""
+STANDING_PODS = ("cpu-user", "port-user")
 
 
-def settle(stack: Stack, baseline: dict | None = None, timeout_s: float = 60) -> dict:
-    """Wait until Phalanx sees the cluster as it was before the last phase: the ledger holds no
-    reservation and every node agent reports only the standing pods — with ``baseline`` (what
-    the agents reported before the first case), exactly that state, host ports and requests
-    included (a pod being deleted may leave the count before its ports). Returns the states."""
+QUIET_S = 2.0
+"""How long the agents' reports must stay at the baseline before a phase starts: several of the
+agent's debounce periods (0.5 s), so a report of the last phase's pods still on its way (the
+pods may have been bound and deleted before the agent wrote anything) lands inside it."""
+
+
+def settle(stack: Stack, api: KubeApi, baseline: dict | None = None, timeout_s: float = 60) -> dict:
+    """Wait until Phalanx sees the cluster as it was before the last phase: the last phase's
+    pods are gone from the API server, the ledger holds no reservation and every node agent
+    reports only the standing pods — with ``baseline`` (what the agents reported before the
+    first case), exactly that state, host ports and requests included, unchanged for
+    ``QUIET_S``. Returns the states."""
     async def settled() -> dict:
         bus = await Bus.connect(stack.url, service="test")
         try:
             states, ledger = await bus.kv(S.KV_NODE_STATE), await bus.kv(S.KV_LEDGER)
-            last = ""
+            last, quiet_since, seen = "", None, None
             with anyio.move_on_after(timeout_s):
                 while True:
-                    got = {}
+                    left = [p["metadata"]["name"] for p in api.get(f"/api/v1/namespaces/{NS}/pods")["items"]
+                            if p["metadata"]["name"] not in STANDING_PODS]
+                    got, revisions = {}, {}
                     for short in NODES:
                         e = await states.get(S.token(node_name(short)))
                         got[short] = msgspec.json.decode(e.value, type=NodeKubeState) if e else None
+                        revisions[short] = e.revision if e else 0
                     pods = {s: st.pods if st else None for s, st in got.items()}
                     held = sum(len(r.value.allocations) for r in (await read_all(ledger))[0])
-                    last = f"pods per node {pods}, reservations {held}"
-                    if held == 0 and pods == {s: STANDING.get(s, 0) for s in NODES} and \
+                    last = f"pods left {left}, pods per node {pods}, reservations {held}"
+                    if not left and held == 0 and pods == {s: STANDING.get(s, 0) for s in NODES} and \
                             (baseline is None or got == baseline):
-                        return got
+                        if revisions != seen:
+                            seen, quiet_since = revisions, time.monotonic()
+                        if time.monotonic() - quiet_since >= QUIET_S:
+                            return got
+                    else:
+                        seen = quiet_since = None
                     await anyio.sleep(0.2)
             raise AssertionError(f"Phalanx did not settle after {timeout_s}s: {last}")
         finally:
@@ -340,12 +356,12 @@ def test_phalanx_and_kube_scheduler_place_and_refuse_the_same_pods_for_the_same_
     api = plane.api
     only = [n for n in os.environ.get("PHALANX_CONFORMANCE_ONLY", "").split(",") if n]
     rows = []
-    baseline = settle(stack)
+    baseline = settle(stack, api)
     for case in [c for c in CASES if not only or c.name in only]:
         kube = run_phase(api, case, "default-scheduler")
-        settle(stack, baseline)
+        settle(stack, api, baseline)
         phalanx = run_phase(api, case, "phalanx")
-        settle(stack, baseline)
+        settle(stack, api, baseline)
         agree, problems = verdict(case, kube, phalanx)
         rows.append((case, agree, problems, kube, phalanx))
         if not agree:
