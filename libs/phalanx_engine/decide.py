@@ -168,6 +168,15 @@ def _neg_name(name: str) -> tuple:
     return tuple(-ord(c) for c in name)
 
 
+def _candidate(profile: Profile, member: Member, st: NodeState) -> tuple[tuple, Assignment] | None:
+    """The member's assignment on ``st`` with its rank (higher is better; ties go to the
+    smaller name), or None when a filter refuses the node."""
+    got = profile.evaluate(member, st)
+    if isinstance(got, Status):
+        return None
+    return (profile.rank(member, st, got), _neg_name(st.name)), got
+
+
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
                order: Iterable[str], avoid: Collection[str]) -> Assignment | None:
     """The best node for one member among ``order`` (tightest first) but ``avoid``; nothing is changed."""
@@ -176,13 +185,11 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
     for name in order:
         if name in avoid:
             continue
-        st = states[name]
-        got = profile.evaluate(member, st)
-        if isinstance(got, Status):
+        cand = _candidate(profile, member, states[name])
+        if cand is None:
             continue
-        key = (profile.rank(member, st, got), _neg_name(name))
-        if best is None or key > best[0]:
-            best = (key, got)
+        if best is None or cand[0] > best[0]:
+            best = cand
         seen += 1
         if seen >= CANDIDATES:
             break
@@ -199,13 +206,11 @@ def _place_share(profile: Profile, cluster: Cluster, member: Member, avoid: Coll
             if name in seen or name in avoid:
                 continue
             seen.add(name)
-            st = cluster.nodes[name]
-            got = profile.evaluate(member, st)
-            if isinstance(got, Status):
+            cand = _candidate(profile, member, cluster.nodes[name])
+            if cand is None:
                 continue
-            key = (profile.rank(member, st, got), _neg_name(name))
-            if best is None or key > best[0]:
-                best = (key, got)
+            if best is None or cand[0] > best[0]:
+                best = cand
             found += 1
             if found >= SHARE_CANDIDATES:
                 return best[1]
