@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,7 +170,9 @@ class Stack:
         """Start every process and wait until each is ready. The default bound is 60 s plus
         50 ms per node (a fleet reports every node before it is ready)."""
         self.spawn_services()
-        self.wait_ready(list(self.procs), timeout_s if timeout_s is not None else self.ready_timeout_s)
+        bound = timeout_s if timeout_s is not None else self.ready_timeout_s
+        self.wait_ready(list(self.procs), bound)
+        self.wait_nodes_placeable(bound)
 
     @property
     def ready_timeout_s(self) -> float:
@@ -214,6 +217,39 @@ class Stack:
                 raise StackError(f"not ready after {timeout_s}s: {sorted(pending)}\n"
                                  + "\n".join(self.tail(n) for n in sorted(pending)))
             time.sleep(0.05)
+
+    def wait_nodes_placeable(self, timeout_s: float) -> None:
+        """Wait until every placement process holds each node of the cluster file fresh in its
+        cache (``phalanx_placement_nodes``): the agents' reports are stored when they are ready,
+        but placement learns them from a watch, and a pod placed before would see a smaller
+        cluster."""
+        want = len(self.cluster.nodes)
+        deadline = time.monotonic() + timeout_s
+        for name, sp in self.procs.items():
+            if sp.args[1] != "placement":
+                continue
+            seen = None
+            while seen != want:
+                seen = self._placement_fresh_nodes(sp)
+                if seen == want:
+                    break
+                if time.monotonic() > deadline:
+                    raise StackError(f"{name} holds {seen} fresh node(s) of {want} after {timeout_s}s:\n"
+                                     + self.tail(name))
+                time.sleep(0.05)
+
+    @staticmethod
+    def _placement_fresh_nodes(sp: ServiceProc) -> int | None:
+        try:
+            port = int(sp.ready_file.read_text().split()[1])
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except (OSError, ValueError, IndexError):
+            return None
+        for line in text.splitlines():
+            if line.startswith('phalanx_placement_nodes{state="fresh"} '):
+                return int(float(line.rsplit(" ", 1)[1]))
+        return None
 
     def tail(self, name: str, lines: int = 15) -> str:
         try:

@@ -333,6 +333,11 @@ GPU_MEMORY_ALLOCATED = Gauge(
 GPUS_CAPACITY = Gauge(
     "phalanx_gpus_capacity", "GPUs reported by topology-discovery on enabled nodes, by node and model.",
     ["node", "model"])
+PLACEMENT_NODES = Gauge(
+    "phalanx_placement_nodes",
+    "Nodes in placement's cache, by state: fresh (topology reported, heartbeat within the staleness "
+    "bound) or stale (no heartbeat, or a late one: not placed on).",
+    ["state"], allowed={"state": ("fresh", "stale")})
 FRAGMENTATION = Gauge(
     "phalanx_cluster_fragmentation_ratio",
     "Share of free GPUs that sit on partially used nodes (cannot serve a whole-node request); "

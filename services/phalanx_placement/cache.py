@@ -125,6 +125,11 @@ class ClusterCache:
         """Ledger keys holding any reservation of the gang (assumed ones included)."""
         return frozenset(self._by_gang.get(gang_id, ()))
 
+    def node_counts(self) -> dict[str, int]:
+        """How many nodes the cache holds, fresh and stale (as of the last ``refresh``)."""
+        fresh = sum(1 for v in self.views.values() if v.fresh)
+        return {"fresh": fresh, "stale": len(self.views) - fresh}
+
     def refresh(self) -> None:
         """Bring ``cluster``/``empty``/``views`` up to date with the mirrors and the clock."""
         now = self.clock()

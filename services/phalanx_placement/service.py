@@ -19,7 +19,8 @@ its node is left out of decisions, the others go on.
 
 Metrics: decision time, ledger conflicts, and (at most every ``metrics_every_s`` after a
 commit) the GPUs, core % and memory allocated by node, model and mode plus fragmentation
-(``phalanx_telemetry.allocation``). Spans ``placement.decide`` and ``placement.commit`` carry
+(``phalanx_telemetry.allocation``), and every ``metrics_every_s`` the fresh and stale nodes
+it holds (``phalanx_placement_nodes``). Spans ``placement.decide`` and ``placement.commit`` carry
 the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 """
 
@@ -378,10 +379,17 @@ class Placement:
                                                     assignments=v.allocations) for v in self.cache.views.values())
 
     async def flush_allocation(self) -> None:
+        """Every ``metrics_every_s``: the allocation gauges if a commit is not yet in them, and
+        how many nodes the cache holds (a node whose heartbeat went late shows without a request)."""
         while True:
+            self.record_nodes()
             await anyio.sleep(self.config.metrics_every_s)
             if self._allocation_stale:
                 self.record_allocation(force=True)
+
+    def record_nodes(self) -> None:
+        self.cache.refresh()
+        metrics.PLACEMENT_NODES.replace(({"state": k}, n) for k, n in self.cache.node_counts().items())
 
 
 def _annotate_decision(span, result) -> None:

@@ -85,3 +85,25 @@ def test_health_endpoints_still_answer_next_to_metrics(stack):
     port = int(stack.procs["binder"].ready_file.read_text().split()[1])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
         assert (resp.status, resp.read()) == (200, b"ok\n")
+
+
+async def test_placement_counts_a_node_whose_agent_stopped_beating_as_stale(tmp_path):
+    s = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"),
+              service_args={"placement": ["--heartbeat-stale-s", "6"]})
+    s.start_nats()
+    try:
+        await anyio.to_thread.run_sync(s.start_services)
+        first = await anyio.to_thread.run_sync(scrape, s, "placement")
+        assert {k: v for k, v in first.items() if k.startswith("phalanx_placement_nodes")} == {
+            'phalanx_placement_nodes{state="fresh"}': 2.0, 'phalanx_placement_nodes{state="stale"}': 0.0}
+        s.kill("topology-discovery@v100-b")
+
+        async def one_stale():
+            m = await anyio.to_thread.run_sync(scrape, s, "placement")
+            counts = {k: v for k, v in m.items() if k.startswith("phalanx_placement_nodes")}
+            return counts if counts.get('phalanx_placement_nodes{state="stale"}') == 1.0 else None
+
+        assert await wait_until(one_stale, 60, what="v100-b counted stale") == {
+            'phalanx_placement_nodes{state="fresh"}': 1.0, 'phalanx_placement_nodes{state="stale"}': 1.0}
+    finally:
+        s.stop()
