@@ -28,8 +28,9 @@ VERSION = "0.1.0"
 in docs/events.md forbid for existing tags."""
 
 PARAMETERS = {
-    "gang": "The gang's key, gang_key(gang_id): '<namespace>.<name>' with every character outside "
-            "[A-Za-z0-9_-] replaced by '_' (two subject tokens; subscribe with '*.*' or '>').",
+    "gang": "The gang's key, gang_key(gang_id): '<namespace>.<name>' with every byte outside "
+            "[A-Za-z0-9-] written as '_' and two hex digits ('.' is '_2e', '_' is '_5f', ':' is '_3a'), so "
+            "no two gangs share it (two subject tokens; subscribe with '*.*' or '>').",
     "node": "The node name as one subject token (token(node): characters outside [A-Za-z0-9_-] become '_').",
     "stream": "The stream the dead message came from (PHX_GANG, PHX_TOPOLOGY, PHX_NODE, PHX_DEADLINE).",
     "consumer": "The durable consumer that gave the message up (placement, binder, gang-coordinator, "

@@ -279,10 +279,21 @@ def token(value: str) -> str:
     return _UNSAFE.sub("_", value) or "_"
 
 
+_ESCAPED = re.compile(r"[^A-Za-z0-9-]+")
+
+
+def _escape(value: str) -> str:
+    """``value`` as one token, reversibly: every byte outside ``[A-Za-z0-9-]`` becomes ``_``
+    and two hex digits (``.`` is ``_2e``, ``_`` is ``_5f``, ``:`` is ``_3a``); ``""`` is ``_``."""
+    return _ESCAPED.sub(lambda m: "".join(f"_{b:02x}" for b in m.group().encode()), value) or "_"
+
+
 def gang_key(gang_id: str) -> str:
-    """KV key of a gang in ``phx-gangs``: ``<namespace>.<name>`` made safe."""
+    """KV key (and subject tokens) of a gang: ``<namespace>.<name>``, each part escaped so that
+    two gang ids never share a key (``ns/a.b`` is ``ns.a_2eb``, ``ns/a_b`` is ``ns.a_5fb``,
+    ``ns/JobSet:train`` is ``ns.JobSet_3atrain``)."""
     ns, _, name = gang_id.partition("/")
-    return f"{token(ns)}.{token(name)}"
+    return f"{_escape(ns)}.{_escape(name)}"
 
 
 def render(template: str, *, gang: str | None = None, node: str | None = None, **tokens: str) -> str:

@@ -143,3 +143,27 @@ def test_the_consumer_refuses_an_event_its_subject_does_not_allow(subject, event
 
 def test_the_permission_table_in_docs_security_md_is_the_generated_one():
     assert main(["bus", "permissions", "--check"]) == 0
+
+
+GANG_IDS_THAT_MUST_NOT_SHARE_A_KEY = [
+    "ml/a.b", "ml/a_b", "ml/a-b", "ml/a:b", "ml/a/b", "ml/a_2eb", "ml/a_5fb", "ml/", "ml/_",
+    "ml/JobSet:train", "ml/JobSet_train", "ml/JobSet.train", "ml/trän", "ml/tr_c3_a4n", "ml.x/y", "ml/x.y",
+]
+
+
+def test_two_gang_ids_never_share_a_key_and_every_key_is_a_valid_kv_key_of_two_tokens():
+    keys = [S.gang_key(g) for g in GANG_IDS_THAT_MUST_NOT_SHARE_A_KEY]
+    assert len(set(keys)) == len(keys), sorted(zip(keys, GANG_IDS_THAT_MUST_NOT_SHARE_A_KEY, strict=True))
+    for key in keys:
+        assert re.fullmatch(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+", key), key
+
+
+@pytest.mark.parametrize(("gang_id", "key"), [
+    ("default/whole-card-demo", "default.whole-card-demo"),
+    ("ml/JobSet:train", "ml.JobSet_3atrain"),
+    ("ml/a.b", "ml.a_2eb"),
+    ("ml/a_b", "ml.a_5fb"),
+    ("ml/", "ml._"),
+])
+def test_a_gang_key_keeps_dns_names_as_they_are_and_escapes_every_other_byte(gang_id, key):
+    assert S.gang_key(gang_id) == key
