@@ -38,12 +38,14 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import yaml
@@ -250,14 +252,42 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         time.sleep(2)
         pid = {name: stack.procs[name].proc.pid for name in (*SERVICES, "node-fleet")}
         groups = {"scheduler": [pid[s] for s in SERVICES] + [stack.nats.proc.pid],
-                  "node agents": [pid["node-fleet"]], **context}
-        r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
+                  "node agents": [pid["node-fleet"]], **context,
+                  **{f"  {s}": [pid[s]] for s in SERVICES}, "  nats-server": [stack.nats.proc.pid]}
+        profilers = start_profiles(args.profile, {s: pid[s] for s in SERVICES}, f"{n}-{kind}")
+        try:
+            r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
+        finally:
+            stop_profiles(profilers)
         r["placement_rss_mib"] = memory_mib(pid["placement"])[1]
         check_phalanx_bindings(api, f"p-{kind}")
     finally:
         stack.stop()
     delete_pods(api, f"p-{kind}")
     return {"nodes": n, "workload": kind, **r}
+
+
+def start_profiles(directory: str | None, pids: dict[str, int], tag: str) -> list:
+    """One ``py-spy record`` per service (collapsed stacks, 20 samples/s) when ``--profile``."""
+    if not directory:
+        return []
+    import subprocess
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return [subprocess.Popen([spy, "record", "--nonblocking", "--rate", "20", "--format", "raw",
+                              "-o", str(Path(directory) / f"{tag}-{name}.txt"), "--pid", str(p)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, p in pids.items()]
+
+
+def stop_profiles(procs: list) -> None:
+    import signal
+
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        p.wait(60)
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -286,7 +316,10 @@ def table(rows: list[dict]) -> str:
     ratios = [f"Phalanx / kube-scheduler pods/s at {n} nodes, {w}: "
               f"{p['phalanx']['pods_per_s'] / p['default-scheduler']['pods_per_s']:.2f}"
               for (n, w), p in pairs.items() if len(p) == 2 and p["default-scheduler"]["pods_per_s"] > 0]
-    return "\n".join(out + [""] + ratios)
+    split = [f"{r['nodes']} nodes {r['workload']}: Phalanx CPU s/pod by process: " + ", ".join(
+        f"{g.strip()} {c / max(1, r['bound']):.4f}" for g, c in r["cpu_s"].items() if g.startswith("  "))
+        for r in rows if r["scheduler"] == "phalanx"]
+    return "\n".join(out + [""] + ratios + split)
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -325,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
     p.add_argument("--burst", type=int, default=1000, help="Phalanx's client burst (default %(default)s)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (the services' logs) instead of a temporary one")
+    p.add_argument("--profile", metavar="DIR", help="py-spy each Phalanx service during its phases into DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--plot", metavar="PNG", help="also draw pending→bound latency against nodes")
     args = p.parse_args(argv)
@@ -332,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args.schedulers = [s for s in args.schedulers.split(",") if s]
     rows: list[dict] = []
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="phalanx-scale-") as tmp:
+    with (nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="phalanx-scale-")) as tmp:
         for n in args.nodes or [100, 1000, 5000]:
             try:
                 rows += run_size(n, args, Path(tmp))

@@ -26,7 +26,11 @@ kube-scheduler binds asynchronously). Each message still walks the ladder above 
 its handler's outcome acks, naks or terminates that message alone. The loop fetches only as
 many messages as there are free slots, so no fetched message waits for a slot while its ack
 wait runs. Messages then finish out of order: handlers must not depend on the order of
-messages (binder's do not: each command names one pod).
+messages (binder's do not: each command names one pod). With ``order_key`` (a function of the
+subject), messages whose subjects give the same key are handled one at a time in delivery
+order (``phalanx_bus.keyed``), while other keys go on in parallel; a message waiting behind
+its key tells the server it is in progress every third of the ack wait, so it is never
+redelivered (and handled twice) while it waits.
 
 Metrics (``phalanx_telemetry.metrics``): handler time per consumer and kind, outcomes
 (ack/nak/term), redeliveries, and the consumer's lag (``num_pending``), sampled every
@@ -39,6 +43,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -49,6 +54,7 @@ from nats.js import api
 from opentelemetry import trace
 
 from phalanx_bus.bus import Bus, BusError, destination_template
+from phalanx_bus.keyed import KeyedWork
 from phalanx_proto import subjects as S
 from phalanx_telemetry import extract_context, log, metrics, tracer, warn
 
@@ -140,10 +146,12 @@ async def consume(
     max_deliver: int = 50,
     batch: int = 16,
     concurrency: int = 1,
+    order_key: Callable[[str], str] | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the consumer until cancelled. Reports started once the durable is bound.
-    ``concurrency``: handlers in flight at once (1: one message after another)."""
+    ``concurrency``: handlers in flight at once (1: one message after another);
+    ``order_key``: subject → key; messages of one key are handled one at a time, in order."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     config = api.ConsumerConfig(
@@ -155,40 +163,48 @@ async def consume(
     log("consumer live", stream=stream, consumer=durable, subject=filter_subject)
     task_status.started()
     lag_sampled = 0.0
-    slots = anyio.Semaphore(concurrency)
 
-    async def run_one(msg) -> None:
-        try:
-            await _handle(bus, stream, durable, decoder, handler, msg, max_deliver)
-        except Exception as e:  # noqa: BLE001 - an ack lost with the connection: redelivered later
-            warn("message outcome not delivered", consumer=durable, error=repr(e)[:300])
-        finally:
-            slots.release()
+    def failed(e: BaseException, msg) -> None:  # an ack lost with the connection: redelivered later
+        warn("message outcome not delivered", consumer=durable, error=repr(e)[:300])
 
     try:
         async with anyio.create_task_group() as in_flight:
+            work = KeyedWork(in_flight, concurrency, on_error=failed) if concurrency > 1 else None
+            if work is not None:
+                in_flight.start_soon(_keep_queued_alive, work, ack_wait_s)
             while True:
                 if time.monotonic() - lag_sampled >= LAG_SAMPLE_S:
                     lag_sampled = time.monotonic()
                     await _sample_lag(bus, stream, durable)
                 room = batch
-                if concurrency > 1:
-                    await slots.acquire()  # fetch only once a slot is free
-                    slots.release()
-                    room = min(batch, slots.value)
+                if work is not None:
+                    await work.wait_room()  # fetch only once a slot is free
+                    room = min(batch, work.room)
                 sub, msgs = await _fetch(bus, sub, stream, durable, filter_subject, config, room)
                 for msg in msgs:
-                    if concurrency == 1:
+                    if work is None:
                         await _handle(bus, stream, durable, decoder, handler, msg, max_deliver)
                     else:
-                        await slots.acquire()
-                        in_flight.start_soon(run_one, msg)
+                        key = order_key(msg.subject) if order_key is not None else f"#{msg.metadata.sequence.stream}"
+                        await work.submit(key, partial(_handle, bus, stream, durable, decoder, handler, msg,
+                                                       max_deliver), msg)
     finally:
         with anyio.move_on_after(1, shield=True):
             try:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - connection already gone at shutdown
                 pass
+
+
+async def _keep_queued_alive(work: KeyedWork, ack_wait_s: float) -> None:
+    """Every third of the ack wait, reset the ack timer of each message waiting behind its key."""
+    while True:
+        await anyio.sleep(ack_wait_s / 3)
+        for msg in list(work.queued()):
+            try:
+                await msg.in_progress()
+            except Exception as e:  # noqa: BLE001 - the connection is away; the handler's ack decides
+                warn("in-progress not delivered", error=repr(e)[:300])
 
 
 async def _fetch(bus: Bus, sub, stream: str, durable: str, filter_subject: str, config, room: int):

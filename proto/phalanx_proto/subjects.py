@@ -296,6 +296,12 @@ def gang_key(gang_id: str) -> str:
     return f"{_escape(ns)}.{_escape(name)}"
 
 
+def gang_key_of_subject(subject: str) -> str:
+    """The ``gang_key`` a subject of a ``…{gang}`` channel names (its last two tokens): one
+    gang's messages share it whichever of its channels they travel on."""
+    return ".".join(subject.split(".")[-2:])
+
+
 def render(template: str, *, gang: str | None = None, node: str | None = None, **tokens: str) -> str:
     """A template with its placeholders filled: ``gang`` is a gang id, ``node`` a node name,
     other placeholders take a value made into one token."""

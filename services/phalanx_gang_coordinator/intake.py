@@ -10,9 +10,11 @@ value and rule — and never admitted; one pod's trouble never stops another's.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import anyio
 
+from phalanx_bus import KeyedWork
 from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
@@ -26,8 +28,9 @@ from phalanx_telemetry import log, warn
 
 class PodIntake:
     def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
-                 settle_s: float) -> None:
+                 settle_s: float, *, parallelism: int = 1) -> None:
         self.cluster = cluster
+        self.parallelism = parallelism
         self.store = store
         self.driver = driver
         self.notifier = notifier
@@ -105,19 +108,30 @@ class PodIntake:
                 gang_id, lambda s: saga.member_deleted(s, new.attempt, ref)))
 
     async def watch(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Follow the cluster's pods; ready once the current ones are listed. A failed event is
-        logged and left to resync."""
+        """Follow the cluster's pods; ready once the current ones are listed and taken in.
+        Events of different gangs are handled up to ``parallelism`` at once, one gang's events
+        one at a time in watch order (``KeyedWork``). A failed event is logged and left to resync."""
         started = False
-        async for ev in self.cluster.watch_pods():
-            if ev is None:
-                if not started:
-                    started = True
-                    task_status.started()
-                continue
-            try:
-                if ev.type == "DELETED":
-                    await self.on_pod_deleted(ev.pod)
-                else:
-                    await self.on_pod(ev.pod)
-            except Exception:  # noqa: BLE001 - resync covers whatever this missed
-                log("pod event failed", level=40, exc_info=True, pod=f"{ev.pod.namespace}/{ev.pod.name}")
+
+        def failed(e: BaseException, pod: Pod) -> None:  # resync covers whatever this missed
+            log("pod event failed", level=40, exc_info=True, pod=f"{pod.namespace}/{pod.name}")
+
+        async with anyio.create_task_group() as tg:
+            work = KeyedWork(tg, self.parallelism, on_error=failed)
+            async for ev in self.cluster.watch_pods():
+                if ev is None:
+                    if not started:
+                        await work.idle()
+                        started = True
+                        task_status.started()
+                    continue
+                job = partial(self.on_pod_deleted, ev.pod) if ev.type == "DELETED" else partial(self.on_pod, ev.pod)
+                await work.submit(_gang_of(ev.pod), job, ev.pod)
+
+
+def _gang_of(pod: Pod) -> str:
+    """The key that keeps one gang's pod events in order (the pod's own for an invalid one)."""
+    try:
+        return identity(pod).gang_id
+    except InvalidMember:
+        return f"{pod.namespace}/{pod.name}"

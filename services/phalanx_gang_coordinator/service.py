@@ -66,6 +66,8 @@ class Config:
     """Seconds between reconciler passes (0: no reconciler in this replica)."""
     tombstone_s: float = 3600.0
     """How long the entry of a gang whose pods are all gone keeps its attempt counter."""
+    parallelism: int = 16
+    """Replies, and pod events, handled at once; one gang's one at a time, in order."""
 
 
 @dataclass
@@ -84,7 +86,7 @@ class Coordinator:
         store = GangStore(gangs_kv, KvMirror.of_bucket(bus, S.KV_GANGS))
         notifier = Notifier(cluster)
         driver = SagaDriver(bus, cluster, store, notifier, config)
-        intake = PodIntake(cluster, store, driver, notifier, config.settle_s)
+        intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism)
         return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config),
                    Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s))
 
@@ -98,7 +100,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
         await tg.start(coord.store.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
-            decoder=gang_decoder, handler=driver.on_reply, task_status=task_status))
+            decoder=gang_decoder, handler=driver.on_reply, concurrency=config.parallelism,
+            order_key=S.gang_key_of_subject, task_status=task_status))
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE_NODE].stream, durable=DURABLE_NODE, filter_subject=S.CONSUMER[DURABLE_NODE].filter,
             decoder=node_decoder, handler=driver.on_node_reply, task_status=task_status))

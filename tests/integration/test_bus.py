@@ -139,6 +139,44 @@ async def test_a_concurrent_consumer_runs_up_to_its_bound_at_once_and_settles_ea
     assert "permanent: never" in dead.headers["Phalanx-Error"]
 
 
+async def test_an_ordered_consumer_handles_one_gang_at_a_time_in_order_and_never_twice_while_it_waits(bus):
+    # Six messages of a slow gang first, then three fast gangs' interleaved: the slow gang's
+    # later messages wait behind its earlier ones far longer than the ack wait (2 s); they
+    # must neither be redelivered while they wait nor overtake each other.
+    order = [("slow", a) for a in range(1, 7)] + [(g, a) for a in range(1, 4) for g in ("f1", "f2", "f3")]
+    for gang, attempt in order:
+        await bus.publish(S.placement_subject(f"default/{gang}"), PlacementRequested(gang_id=f"default/{gang}",
+                                                                                     attempt=attempt))
+    active: set[str] = set()
+    overlapped_gangs, calls = [], []
+
+    async def handler(event, delivery):
+        assert event.gang_id not in active, f"two messages of {event.gang_id} handled at once"
+        if active:
+            overlapped_gangs.append(event.gang_id)
+        active.add(event.gang_id)
+        calls.append((event.gang_id, event.attempt, delivery.num_delivered))
+        try:
+            await anyio.sleep(0.6 if event.gang_id == "default/slow" else 0.01)
+        finally:
+            active.discard(event.gang_id)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consume(bus, stream=S.STREAM_GANG, durable="ordered-test",
+                                          filter_subject="phx.gang.placement.>", decoder=gang_decoder,
+                                          handler=handler, ack_wait_s=2.0, concurrency=8,
+                                          order_key=S.gang_key_of_subject))
+            while len(calls) < len(order) or active:
+                await anyio.sleep(0.05)
+            await anyio.sleep(3)  # long enough for a redelivery of anything left unacknowledged
+            tg.cancel_scope.cancel()
+    assert sorted(calls) == sorted((f"default/{g}", a, 1) for g, a in order)
+    for gang in ("slow", "f1", "f2", "f3"):
+        assert [a for g, a, _ in calls if g == f"default/{gang}"] == sorted(a for g, a in order if g == gang)
+    assert overlapped_gangs, "different gangs were never handled at the same time"
+
+
 async def test_a_message_that_fails_on_every_delivery_is_dead_lettered_with_its_error_not_dropped(bus):
     from phalanx_telemetry import metrics
 
