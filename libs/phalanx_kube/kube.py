@@ -74,6 +74,8 @@ REQUEST_TIMEOUT_S = 30.0
 WATCH_TIMEOUT_S = (240, 300)
 """The server ends each watch after a random time in this range; the loop then resumes it."""
 EVENT_COMPONENT = "phalanx"
+OURS_SEEN_LIMIT = 200_000
+"""Pod uids remembered as ours (``_our_uid``); the oldest is forgotten first."""
 MESSAGE_LIMIT = 1024
 """The apiserver rejects Event messages above 1 KiB when ``eventTime`` is set."""
 
@@ -128,6 +130,8 @@ class KubeCluster:
         self.scheduler_names = tuple(scheduler_names)
         self._instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
         self._limiter = limiter
+        self._ours_seen: dict[str, None] = {}
+        """Uids of pods this client has read with one of our scheduler names (insertion order)."""
 
     @classmethod
     async def open(cls, kubeconfig: str | None = None, *, context: str | None = None,
@@ -213,7 +217,10 @@ class KubeCluster:
             try:
                 if rv is None:
                     items, rv = await self._list_raw()
-                    for ev in self._relist_diff(known, items):
+                    events = self._relist_diff(known, items)
+                    for pod in known.values():
+                        self._seen(pod)
+                    for ev in events:
                         yield ev
                     yield None
                 started, seen = time.monotonic(), 0
@@ -225,7 +232,12 @@ class KubeCluster:
                             raise Gone() if obj.get("code") == 410 else KubeApiError(
                                 int(obj.get("code") or 0), obj, "watch pods")
                         if etype in ("ADDED", "MODIFIED", "DELETED") and self._ours(obj):
-                            for ev in self._apply(known, etype, pod_from_api(obj)):
+                            pod = pod_from_api(obj)
+                            if etype == "DELETED":
+                                self._ours_seen.pop(pod.uid, None)
+                            else:
+                                self._seen(pod)
+                            for ev in self._apply(known, etype, pod):
                                 yield ev
                 if not seen and time.monotonic() - started < 1.0:
                     raise ConnectionError("the watch ended at once")  # back off, do not spin
@@ -304,12 +316,29 @@ class KubeCluster:
     async def get_pod(self, ref: PodRef) -> Pod | None:
         status, body = await self._call(f"get pod {ref}", self._core.read_namespaced_pod, ref.name, ref.namespace,
                                         ok=(404,))
-        return None if status == 404 else pod_from_api(body)
+        if status == 404:
+            return None
+        pod = pod_from_api(body)
+        self._seen(pod)
+        return pod
+
+    def _seen(self, pod: Pod) -> None:
+        """Remember the uid of a pod read with one of our scheduler names (bounded)."""
+        if pod.uid and pod.scheduler_name in self.scheduler_names and pod.uid not in self._ours_seen:
+            if len(self._ours_seen) >= OURS_SEEN_LIMIT:
+                del self._ours_seen[next(iter(self._ours_seen))]
+            self._ours_seen[pod.uid] = None
 
     async def _our_uid(self, ref: PodRef) -> str | None:
         """The uid of the pod ``ref`` names if it has one of our scheduler names; ``None`` when
         it is gone; ``NotOurs`` otherwise. The caller acts with this uid as precondition, so a
-        pod recreated in between (under another scheduler) is not touched either."""
+        pod recreated in between (under another scheduler) is not touched either.
+
+        A uid this client has already read with one of our scheduler names is returned without
+        a read: ``spec.schedulerName`` is immutable, so that uid stays ours, and the request's
+        uid precondition turns a pod deleted or recreated since into ``PodGone`` or a conflict."""
+        if ref.uid and ref.uid in self._ours_seen:
+            return ref.uid
         pod = await self.get_pod(ref)
         if pod is None or (ref.uid and pod.uid != ref.uid):
             return None
