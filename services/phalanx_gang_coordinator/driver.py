@@ -48,6 +48,8 @@ class SagaDriver:
         self.config = config
         self.compensator = Compensator(store, cluster, notifier, self.execute, backoff_base_s=config.backoff_base_s,
                                        backoff_max_s=config.backoff_max_s)
+        self.bound_seen: dict[str, str] = {}
+        """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
         self.gate: Callable[[GangState, float], fairness.Gate] = lambda state, now: fairness.Gate()
         """The fairness gate for ``state`` now (set by resync, which holds the queue)."""
 
@@ -236,14 +238,19 @@ class SagaDriver:
             refused("unstarted_attempt", f"Bound for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt, pod=str(ev.pod))
             return
-        pod = await self.cluster.get_pod(ev.pod)
-        if pod is None or pod.uid != ev.pod.uid or pod.node_name != ev.node:
+        # The pod watch usually showed the binding already (a binding is never undone while
+        # the uid lives); otherwise the API server is asked.
+        seen = bool(ev.pod.uid) and self.bound_seen.get(ev.pod.uid) == ev.node
+        pod = None if seen else await self.cluster.get_pod(ev.pod)
+        if not seen and (pod is None or pod.uid != ev.pod.uid or pod.node_name != ev.node):
             refused("not_bound", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not bound to {ev.node}",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         t = await self.store.transition(ev.gang_id, lambda s: saga.bound(s, ev))
         if t is None:
-            await self.compensator.undo_late_bind(ev, pod)
+            pod = pod or await self.cluster.get_pod(ev.pod)
+            if pod is not None and pod.uid == ev.pod.uid and pod.node_name == ev.node:
+                await self.compensator.undo_late_bind(ev, pod)
             return
         if t.after.phase == "scheduled":
             log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)

@@ -125,8 +125,17 @@ class PodIntake:
                         started = True
                         task_status.started()
                     continue
+                self._note_binding(ev.type, ev.pod)
                 job = partial(self.on_pod_deleted, ev.pod) if ev.type == "DELETED" else partial(self.on_pod, ev.pod)
                 await work.submit(_gang_of(ev.pod), job, ev.pod)
+
+
+    def _note_binding(self, etype: str, pod: Pod) -> None:
+        """Keep the driver's pod uid → bound node map (``SagaDriver.on_bound``) as the watch shows it."""
+        if etype == "DELETED" or pod.deleting:
+            self.driver.bound_seen.pop(pod.uid, None)
+        elif pod.node_name and pod.uid:
+            self.driver.bound_seen[pod.uid] = pod.node_name
 
 
 def _gang_of(pod: Pod) -> str:
