@@ -8,7 +8,14 @@ gang (its pods are told), ``all`` returns it apart, and everything else goes on.
 
 ``all`` (the resync's and the reconciler's view of every gang) comes from a ``KvMirror`` of
 the bucket fed by a KV watch once ``run`` has started it, so a tick costs no read of the
-bucket; a transition still reads its one key and writes by compare-and-set.
+bucket.
+
+A gang's state as this store last wrote or read it is kept with its revision (only
+gang-coordinator writes the bucket, one replica), so ``load`` and ``get`` read no KV entry
+while that is still the newest revision the mirror knows of the key; a change from elsewhere
+(the mirror shows a later revision, a value that does not decode included) makes it read the
+key again. Writes stay compare-and-set on that revision: a conflict reads the key afresh and
+applies the change again, so a stale copy costs one retry and never a lost update.
 """
 
 from __future__ import annotations
@@ -51,20 +58,42 @@ class GangStore:
     def __init__(self, kv: Kv, mirror: KvMirror | None = None) -> None:
         self.kv = kv
         self.mirror = mirror
+        self._known: dict[str, tuple[GangState, int]] = {}
+        """Gang key → (state, revision) as last written or read here."""
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Follow the bucket in ``mirror`` until cancelled (started once it is listed)."""
         assert self.mirror is not None, "a store without a mirror has nothing to run"
         await self.mirror.run(task_status=task_status)
 
-    async def load(self, gang_id: str) -> tuple[GangState | None, int | None]:
-        """The gang's state and revision; ``(None, None)`` when absent. Raises ``UnreadableRecord``."""
-        rec = await read_one(self.kv, S.gang_key(gang_id))
-        if rec is None:
-            return None, None
-        if isinstance(rec, BadEntry):
+    async def load(self, gang_id: str, *, fresh: bool = False) -> tuple[GangState | None, int | None]:
+        """The gang's state and revision; ``(None, None)`` when absent. Raises ``UnreadableRecord``.
+        ``fresh``: read the key even when the kept copy looks current."""
+        key = S.gang_key(gang_id)
+        known = self._known.get(key)
+        if known is not None and not fresh and known[1] >= self._mirrored_revision(key):
+            return known
+        rec = await read_one(self.kv, key)
+        if rec is None or isinstance(rec, BadEntry):
+            self._known.pop(key, None)
+            if rec is None:
+                return None, None
             raise UnreadableRecord(rec)
+        self._keep(key, rec.value, rec.revision)
         return rec.value, rec.revision
+
+    def _keep(self, key: str, state: GangState, revision: int) -> None:
+        """Keep (state, revision) unless a later revision is kept already (tasks interleave)."""
+        known = self._known.get(key)
+        if known is None or known[1] < revision:
+            self._known[key] = (state, revision)
+
+    def _mirrored_revision(self, key: str) -> int:
+        """The latest revision of ``key`` the mirror has seen (0: none, or no mirror running)."""
+        if self.mirror is None or not self.mirror.started:
+            return 0
+        entry, bad = self.mirror.get(key), self.mirror.poisoned.get(key)
+        return max(entry.revision if entry is not None else 0, bad.revision if bad is not None else 0)
 
     async def get(self, gang_id: str) -> GangState | None:
         """The gang's state, or None when absent or unreadable (for read-only checks)."""
@@ -76,8 +105,9 @@ class GangStore:
     async def transition(self, gang_id: str, change: Change) -> Transition | None:
         """Apply ``change(state) -> new state | None`` by compare-and-set, retrying on conflict.
         Returns the stored transition, or None when ``change`` declined."""
-        for _ in range(CAS_RETRIES):
-            state, rev = await self.load(gang_id)
+        key = S.gang_key(gang_id)
+        for attempt in range(CAS_RETRIES):
+            state, rev = await self.load(gang_id, fresh=attempt > 0)
             new = change(state)
             if new is None:
                 return None
@@ -85,26 +115,29 @@ class GangStore:
             data = encoder.encode(new)
             try:
                 if rev is None:
-                    await self.kv.create(S.gang_key(gang_id), data)
+                    written = await self.kv.create(key, data)
                 else:
-                    await self.kv.update(S.gang_key(gang_id), data, last=rev)
-                return Transition(state, new)
+                    written = await self.kv.update(key, data, last=rev)
             except KvConflict:
-                continue
+                continue  # the next round reads the key afresh
+            self._keep(key, new, written)
+            return Transition(state, new)
         raise RuntimeError(f"gang {gang_id}: too many concurrent updates")
 
     async def delete(self, gang_id: str) -> None:
+        self._known.pop(S.gang_key(gang_id), None)
         await self.kv.delete(S.gang_key(gang_id))
 
     async def delete_if(self, gang_id: str, keep: Callable[[GangState], bool]) -> bool:
         """Delete the gang's entry unless ``keep(state)``, by compare-and-set (a member admitted
         meanwhile keeps it); True when deleted."""
         try:
-            state, rev = await self.load(gang_id)
+            state, rev = await self.load(gang_id, fresh=True)
         except UnreadableRecord:
             return False
         if state is None or rev is None or keep(state):
             return False
+        self._known.pop(S.gang_key(gang_id), None)
         try:
             await self.kv.delete(S.gang_key(gang_id), last=rev)
         except KvConflict:

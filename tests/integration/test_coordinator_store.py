@@ -103,3 +103,48 @@ async def test_every_gang_comes_from_the_mirror_and_current_includes_the_latest_
                 await store.all()
             tg.cancel_scope.cancel()
     assert kv.calls == {}, "no key listed or read: the mirror answered"
+
+
+async def test_a_gang_written_here_is_read_back_without_a_kv_read_until_a_change_from_elsewhere_shows(bus):
+    raw = await bus.kv(S.KV_GANGS)
+    kv = CountingKv(raw)
+    store = GangStore(kv, KvMirror.of_bucket(bus, S.KV_GANGS))
+    key = S.gang_key("t/f")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.run)
+            await store.transition("t/f", lambda s: waiting_gang("f"))
+            kv.calls.clear()
+            for reason in ("one", "two", "three"):
+                await store.transition("t/f", lambda s, r=reason: GangState(**{
+                    **{f: getattr(s, f) for f in s.__struct_fields__}, "reason": r}))
+            assert ((await store.get("t/f")).reason, kv.calls) == ("three", {"update": 3})
+            # Another writer (a repair, an attacker) changes the key: once the mirror shows the
+            # later revision, the store reads the key again instead of trusting its copy.
+            rev = await raw.put(key, encoder.encode(GangState(**{
+                **{f: getattr(waiting_gang("f"), f) for f in GangState.__struct_fields__}, "reason": "elsewhere"})))
+            await store.mirror.wait_for(rev)
+            assert (await store.get("t/f")).reason == "elsewhere"
+            await raw.put(key, b"not json")
+            await store.mirror.catch_up()
+            assert await store.get("t/f") is None  # unreadable now: read-only checks see nothing
+            tg.cancel_scope.cancel()
+    assert kv.calls.get("get", 0) == 2, kv.calls
+
+
+async def test_a_stale_copy_costs_one_conflict_and_the_change_is_applied_to_the_newest_state(bus):
+    raw = await bus.kv(S.KV_GANGS)
+    store = GangStore(raw)  # no mirror: the kept copy cannot learn of the other write
+    await store.transition("t/g", lambda s: waiting_gang("g"))
+    state, rev = await store.load("t/g")
+    await raw.update(S.gang_key("t/g"), encoder.encode(GangState(**{
+        **{f: getattr(state, f) for f in state.__struct_fields__}, "reason": "elsewhere"})), last=rev)
+    seen = []
+
+    def change(s):
+        seen.append(s.reason)
+        return GangState(**{**{f: getattr(s, f) for f in s.__struct_fields__}, "min_member": 3})
+
+    t = await store.transition("t/g", change)
+    assert (seen, t.after.reason, t.after.min_member) == (["", "elsewhere"], "elsewhere", 3)
+    assert (await GangStore(raw).load("t/g"))[0].reason == "elsewhere"
