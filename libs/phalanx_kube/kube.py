@@ -42,7 +42,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -366,15 +366,19 @@ class KubeCluster:
     async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
         await self._patch_pod(ref, {"metadata": {"annotations": dict(annotations)}})
 
-    async def bind(self, ref: PodRef, node: str) -> None:
+    async def bind(self, ref: PodRef, node: str, annotations: Mapping[str, str] | None = None) -> None:
+        """The Binding carries ``annotations``: the API server sets them on the pod in the same
+        write as ``spec.nodeName``."""
         uid = await self._our_uid(ref)
         if uid is None:
             pod = await self.get_pod(ref)
             if pod is None:
                 raise PodGone(f"pod {ref} not found")
             raise BindConflict(f"pod {ref} was recreated (uid {pod.uid})")
-        binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": uid},
+        meta: dict[str, Any] = {"name": ref.name, "namespace": ref.namespace, "uid": uid}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         status, body = await self._call(f"bind pod {ref}", self._core.create_namespaced_pod_binding,
                                         ref.name, ref.namespace, binding, ok=(404, 409))
@@ -389,6 +393,8 @@ class KubeCluster:
         if ref.uid and pod.uid != ref.uid:
             raise BindConflict(f"pod {ref} was recreated (uid {pod.uid})")
         if pod.node_name == node:
+            if annotations and any(pod.annotations.get(k) != v for k, v in annotations.items()):
+                await self.annotate_pod(ref, annotations)
             return
         if pod.node_name:
             raise BindConflict(f"pod {ref} is already bound to {pod.node_name}")

@@ -11,7 +11,7 @@ docs/delivery.md: binder writes them, the node agent's device plugin reads them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -145,9 +145,10 @@ class ClusterPort(Protocol):
         another scheduler (as do ``bind``, ``set_scheduled_condition`` and ``delete_pod``)."""
         ...
 
-    async def bind(self, ref: PodRef, node: str) -> None:
-        """Bind the pod to ``node``. Already bound to ``node`` is success; bound elsewhere,
-        or a pod whose uid differs from ``ref.uid``, raises ``BindConflict``; ``PodGone``."""
+    async def bind(self, ref: PodRef, node: str, annotations: Mapping[str, str] | None = None) -> None:
+        """Bind the pod to ``node``, setting ``annotations`` on it in the same write. Already
+        bound to ``node`` is success (its annotations then set as given); bound elsewhere, or a
+        pod whose uid differs from ``ref.uid``, raises ``BindConflict``; ``PodGone``."""
         ...
 
     async def delete_pod(self, ref: PodRef) -> None:

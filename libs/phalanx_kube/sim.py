@@ -17,7 +17,7 @@ import asyncio
 import copy
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -170,11 +170,13 @@ class SimCluster:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
         await self._modify(ref, change)
 
-    async def bind(self, ref: PodRef, node: str) -> None:
+    async def bind(self, ref: PodRef, node: str, annotations: Mapping[str, str] | None = None) -> None:
         def change(obj):
             current = obj.get("spec", {}).get("nodeName")
             if current and current != node:
                 raise BindConflict(f"pod {ref} is already bound to {current}")
+            if annotations:
+                obj["metadata"].setdefault("annotations", {}).update(annotations)
             obj.setdefault("spec", {})["nodeName"] = node
             _set_condition(obj, True, "Scheduled", f"bound to {node}")
             obj["status"]["phase"] = "Running"

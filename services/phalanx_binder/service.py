@@ -1,8 +1,8 @@
 """binder: binds placed pods to their nodes through the Kubernetes port.
 
-For each ``BindRequested``: write the assignment annotation, record the pod in the node's
-fence when the node's agent serves the device plugin, then the Binding, then a ``Scheduled``
-event, and reply ``Bound``. Idempotent: a pod already bound to the same node counts as success
+For each ``BindRequested``: record the pod in the node's fence when the node's agent serves
+the device plugin, then the Binding, which carries the assignment annotation (the API server
+sets both in one write), then a ``Scheduled`` event, and reply ``Bound``. Idempotent: a pod already bound to the same node counts as success
 (a redelivered command after a crash); bound elsewhere or recreated is a ``BindFailed`` with
 the reason.
 
@@ -184,7 +184,7 @@ class Binder:
             already = pod.node_name == a.node
             settled = already and (pod.started or pod.terminal)  # the container has its devices (or never will)
             text = encoder.encode(a).decode()
-            if not settled and pod.annotations.get(ASSIGNMENT_ANNOTATION) != text:
+            if already and not settled and pod.annotations.get(ASSIGNMENT_ANNOTATION) != text:
                 await self.cluster.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: text})
             if not settled and self.fenced(a.node):
                 await self._fence(ev, a, text, ticket)
@@ -193,7 +193,7 @@ class Binder:
                 metrics.BINDS.inc(result="already_bound")
                 span.set_attribute("phalanx.outcome", "already_bound")
             else:
-                await self.cluster.bind(ref, a.node)
+                await self.cluster.bind(ref, a.node, {ASSIGNMENT_ANNOTATION: text})  # the annotation in the same write
                 gpus = ",".join(map(str, a.gpus)) or "-"
                 await self.cluster.record_event(
                     ref, reason="Scheduled",

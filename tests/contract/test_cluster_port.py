@@ -199,6 +199,16 @@ async def test_bind_sets_the_node_and_binding_again_to_the_same_node_is_success(
     assert scheduled_condition(pod)["status"] == "True"
 
 
+async def test_bind_sets_its_annotations_with_the_node_and_again_to_the_same_node_sets_changed_ones(backend):
+    ref = await backend.pod("annotated-bind")
+    await backend.cluster.bind(ref, "node-1", {"phalanx.io/assignment": "first"})
+    pod = await backend.cluster.get_pod(ref)
+    assert (pod.node_name, pod.annotations.get("phalanx.io/assignment")) == ("node-1", "first")
+    await backend.cluster.bind(ref, "node-1", {"phalanx.io/assignment": "second"})
+    pod = await backend.cluster.get_pod(ref)
+    assert (pod.node_name, pod.annotations.get("phalanx.io/assignment")) == ("node-1", "second")
+
+
 async def test_bind_to_another_node_raises_bind_conflict_and_keeps_the_first_binding(backend):
     ref = await backend.pod("taken")
     await backend.cluster.bind(ref, "node-1")

@@ -48,10 +48,10 @@ class Watched(SimCluster):
         self.writes.append(("delete", name))
         return await super().delete_lease(namespace, name, resource_version=resource_version)
 
-    async def bind(self, ref, node):
+    async def bind(self, ref, node, annotations=None):
         lease = await self.get_lease(NS, F.lease_name(node))
         self.fenced_at_bind[ref.name] = lease is not None and F.read(lease, node, 0).entry(ref.uid) is not None
-        return await super().bind(ref, node)
+        return await super().bind(ref, node, annotations)
 
 
 async def report(bus: Bus, node: str, *, device_plugin: bool) -> None:

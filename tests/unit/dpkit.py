@@ -95,7 +95,9 @@ class MemCluster:
     async def annotate_pod(self, ref: PodRef, annotations: dict[str, str]) -> None:
         self.pods[(ref.namespace, ref.name)]["metadata"].setdefault("annotations", {}).update(annotations)
 
-    async def bind(self, ref: PodRef, node: str) -> None:
+    async def bind(self, ref: PodRef, node: str, annotations: dict[str, str] | None = None) -> None:
+        if annotations:
+            await self.annotate_pod(ref, annotations)
         self.pods[(ref.namespace, ref.name)]["spec"]["nodeName"] = node
 
     async def record_event(self, ref: PodRef, *, reason: str, message: str, type: str = "Normal") -> None:
