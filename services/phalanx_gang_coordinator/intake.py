@@ -31,6 +31,10 @@ class PodIntake:
                  settle_s: float, *, parallelism: int = 1) -> None:
         self.cluster = cluster
         self.parallelism = parallelism
+        self.watched: dict[tuple[str, str], Pod] = {}
+        """The pods as the watch last showed them, by (namespace, name)."""
+        self.listed = False
+        """The watch has listed the cluster's pods once (``watched`` is complete since)."""
         self.store = store
         self.driver = driver
         self.notifier = notifier
@@ -120,6 +124,7 @@ class PodIntake:
             work = KeyedWork(tg, self.parallelism, on_error=failed)
             async for ev in self.cluster.watch_pods():
                 if ev is None:
+                    self.listed = True
                     if not started:
                         await work.idle()
                         started = True
@@ -131,7 +136,12 @@ class PodIntake:
 
 
     def _note_binding(self, etype: str, pod: Pod) -> None:
-        """Keep the driver's pod uid → bound node map (``SagaDriver.on_bound``) as the watch shows it."""
+        """Keep ``watched`` and the driver's pod uid → bound node map (``SagaDriver.on_bound``)
+        as the watch shows them."""
+        if etype == "DELETED":
+            self.watched.pop((pod.namespace, pod.name), None)
+        else:
+            self.watched[(pod.namespace, pod.name)] = pod
         if etype == "DELETED" or pod.deleting:
             self.driver.bound_seen.pop(pod.uid, None)
         elif pod.node_name and pod.uid:

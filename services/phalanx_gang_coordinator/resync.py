@@ -2,7 +2,13 @@
 
 Every ``resync_s``: admit the pods the watch may have missed, forget members that are gone,
 start gangs whose backoff is over (in queue order, through the fairness gate), re-publish the
-commands of a gang stalled in a running phase and continue an unfinished rollback. One pod's
+commands of a gang stalled in a running phase and continue an unfinished rollback.
+
+The pods come from the pod watch's own view (``PodIntake.watched``), as an informer's resync
+replays its cache: a pod whose event failed is admitted on the next tick without asking the
+API server. Every ``full_resync_s`` (and on the first tick) the pods are listed from the API
+server instead, and only a listing decides that a member is gone (a pod a listing admitted
+may not have reached a lagging watch yet, so the watch's view never says "gone"). One pod's
 or one gang's trouble (an odd pod, an unreadable record) is logged and counted and never
 holds the others up.
 """
@@ -33,6 +39,7 @@ class Resync:
         self.queue: list[GangState] = []
         """Gang states as of the last resync: the view the fairness gate decides on."""
         self._failed_pods: set[tuple[str, str, str]] = set()
+        self._listed_at = float("-inf")
         driver.gate = self.gate
 
     def gate(self, state: GangState, now: float) -> fairness.Gate:
@@ -52,11 +59,17 @@ class Resync:
         # began, so a listing without it means it is gone. A pod the watch admits while the
         # listing runs is in neither and is never taken for gone.
         states, _ = await self.store.all()
-        pods = await self.cluster.list_pods()
+        full = not self.intake.listed or time.monotonic() - self._listed_at >= self.config.full_resync_s
+        if full:
+            self._listed_at = time.monotonic()
+            pods = await self.cluster.list_pods()
+        else:
+            pods = list(self.intake.watched.values())
         live = {(p.namespace, p.name, p.uid) for p in pods}
         # Pods already members of a gang need no re-admission (that is two KV reads a pod a
         # tick); their gang is re-driven below. Only pods the watch may have missed go through.
         members = {(m.pod.namespace, m.pod.name, m.pod.uid) for st in states for m in st.members}
+        listed = members if full else set()  # only a listing says a member is gone
         unknown = [p for p in pods if (p.namespace, p.name, p.uid) not in members and not p.node_name]
         for pod in unknown:
             await self._admit(pod)
@@ -67,7 +80,7 @@ class Resync:
         now = time.time()
         for state in sorted(states, key=saga.queue_key):
             try:
-                await self._gang(state, live, members, now)
+                await self._gang(state, live, listed, now)
             except Exception:  # noqa: BLE001 - one gang's trouble must not stall the others
                 log("resync of gang failed", level=40, exc_info=True, gang=state.gang_id)
 

@@ -52,6 +52,8 @@ DURABLE_DEADLINE = "gang-coordinator-deadline"
 @dataclass(frozen=True)
 class Config:
     resync_s: float = 2.0
+    full_resync_s: float = 30.0
+    """How often resync lists the pods from the API server rather than the watch's view."""
     redrive_after_s: float = 5.0
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0

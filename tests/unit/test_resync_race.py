@@ -43,11 +43,14 @@ class Cluster:
 
 
 class Intake:
-    def __init__(self) -> None:
+    def __init__(self, watched: list[Pod] | None = None) -> None:
         self.deleted: list[str] = []
+        self.admitted: list[str] = []
+        self.listed = watched is not None
+        self.watched = {(p.namespace, p.name): p for p in watched or []}
 
     async def on_pod(self, pod: Pod) -> None:
-        pass
+        self.admitted.append(f"{pod.namespace}/{pod.name}")
 
     async def on_pod_deleted(self, pod: Pod, gang_id: str) -> None:
         self.deleted.append(f"{pod.namespace}/{pod.name}")
@@ -65,6 +68,7 @@ class Driver:
 
 class Config:
     resync_s = 2.0
+    full_resync_s = 30.0
     redrive_after_s = 5.0
     starve_after_s = 0.0
     fairness = "backfill"
@@ -76,3 +80,18 @@ async def test_a_pod_admitted_while_the_resync_lists_is_not_taken_for_gone_and_a
     intake = Intake()
     await Resync(cluster, store, intake, Driver(), Config()).once()
     assert intake.deleted == ["ns/old"]
+
+
+async def test_between_listings_a_tick_takes_the_watchs_view_admits_what_it_missed_and_takes_nobody_for_gone():
+    missed = Pod(namespace="ns", name="missed", uid="u-missed")
+    store = Store([gang(OLD)])  # "old" is absent from the watch's view: only a listing may say it is gone
+    listings = []
+    cluster = Cluster([], during=lambda: listings.append("listed"))
+    intake = Intake(watched=[missed])
+    resync = Resync(cluster, store, intake, Driver(), Config())
+    resync._listed_at = float("inf")  # a listing just happened
+    await resync.once()
+    assert (intake.admitted, intake.deleted, listings) == (["ns/missed"], [], [])
+    resync._listed_at = float("-inf")  # full_resync_s has passed since
+    await resync.once()
+    assert (intake.deleted, listings) == (["ns/old"], ["listed"])
