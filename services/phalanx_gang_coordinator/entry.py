@@ -26,6 +26,12 @@ def add_arguments(p) -> None:
     p.add_argument("--reconcile-s", type=float, default=5.0,
                    help="seconds between reconciler passes (ledger vs gang records vs bound pods; one replica at a "
                         "time holds its lease); 0 runs no reconciler here (default %(default)s)")
+    p.add_argument("--full-resync-s", type=float, default=30.0,
+                   help="seconds between resync passes that list the pods from the API server; the passes in "
+                        "between replay the pod watch's view (default %(default)s)")
+    p.add_argument("--parallelism", type=int, default=16,
+                   help="replies and pod events handled at once; one gang's one at a time, in order "
+                        "(default %(default)s)")
     p.add_argument("--tombstone-s", type=float, default=3600.0,
                    help="keep the entry of a gang whose pods are all gone this long, so a gang recreated under "
                         "its id never reuses an attempt number (default %(default)s)")
@@ -38,5 +44,5 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
                     default_timeout_s=args.default_timeout_s, backoff_base_s=args.backoff_base_s,
                     backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s,
                     fairness=args.fairness, reconcile_s=args.reconcile_s,
-                    tombstone_s=args.tombstone_s)
+                    tombstone_s=args.tombstone_s, full_resync_s=args.full_resync_s, parallelism=args.parallelism)
     await run(bus, cluster, config, task_status=task_status)
