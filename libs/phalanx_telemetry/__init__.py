@@ -89,8 +89,17 @@ def setup_tracing(service: str) -> TracerProvider:
     return provider
 
 
+_tracer: tuple[object, trace.Tracer] | None = None
+
+
 def tracer() -> trace.Tracer:
-    return trace.get_tracer("phalanx")
+    """Phalanx's tracer from the current tracer provider, made once per provider (getting a
+    tracer builds a new one each time, which shows on every message's path)."""
+    global _tracer
+    provider = trace.get_tracer_provider()
+    if _tracer is None or _tracer[0] is not provider:
+        _tracer = (provider, trace.get_tracer("phalanx", tracer_provider=provider))
+    return _tracer[1]
 
 
 def inject_headers(headers: dict[str, str]) -> dict[str, str]:
