@@ -42,6 +42,8 @@ import os
 import random
 import socket
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any, Literal
@@ -148,7 +150,8 @@ class KubeCluster:
         else:
             await config.load_kube_config(config_file=path or None, context=context, client_configuration=cfg,
                                           persist_config=False)
-        return cls(client.ApiClient(configuration=cfg), scheduler_names, limiter=settings.limiter())
+        return cls(_without_env_lookups(client.ApiClient(configuration=cfg), cfg), scheduler_names,
+                   limiter=settings.limiter())
 
     async def close(self) -> None:
         await self._client.close()
@@ -565,6 +568,22 @@ class KubeCluster:
                                      name, namespace, body=opts, ok=(404, 409))
         if status == 409:
             raise LeaseConflict(f"lease {namespace}/{name} changed since {resource_version}")
+
+
+def _without_env_lookups(api_client: client.ApiClient, cfg: client.Configuration) -> client.ApiClient:
+    """kubernetes-asyncio opens its HTTP session with ``trust_env``, so aiohttp looks up the
+    proxy variables and ``~/.netrc`` (in a thread) on every request. The API server's proxy is
+    resolved from the environment once, here, and the per-request lookups are turned off; the
+    client authenticates with its kubeconfig or ServiceAccount, never with ``.netrc``."""
+    host = urllib.parse.urlsplit(cfg.host).hostname or ""
+    if not cfg.proxy and host and not urllib.request.proxy_bypass(host):
+        proxy = urllib.request.getproxies().get(urllib.parse.urlsplit(cfg.host).scheme or "https")
+        if proxy:
+            cfg.proxy = api_client.rest_client.proxy = proxy
+    session = api_client.rest_client.pool_manager
+    if hasattr(session, "_trust_env"):
+        session._trust_env = False
+    return api_client
 
 
 class Gone(Exception):
