@@ -78,10 +78,20 @@ class PodIntake:
         elif len(s.members) > s.min_member:
             msg = (f"gang {s.gang_id}: {len(s.members)} pods present but min-member is {s.min_member}; every "
                    "present pod is placed, all or nothing")
-        elif len(s.members) < s.min_member:
-            await self.notifier.condition(pod.ref, saga.pending_reason(s, time.time()))
+        # Fewer members than min-member: the pods are told once the gang has waited --settle-s
+        # (resync, ``tell_incomplete``); a gang whose pods arrive together writes nothing to them.
         if msg:
             await self.notifier.event(pod.ref, "GangMembership", msg)
+
+    async def tell_incomplete(self, s: GangState, now: float) -> None:
+        """``PodScheduled=False`` on each member of a gang that waits for more members, unless
+        the pod (as the watch shows it) says so already."""
+        message = saga.pending_reason(s, now)
+        for m in s.members:
+            pod = self.watched.get((m.pod.namespace, m.pod.name))
+            if pod is None or pod.uid != m.pod.uid or pod.node_name or _condition_message(pod) == message:
+                continue
+            await self.notifier.condition(m.pod, message)
 
     async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None) -> None:
         """Forget a deleted member, then give back what it held (its MIG instance, its
@@ -146,6 +156,14 @@ class PodIntake:
             self.driver.bound_seen.pop(pod.uid, None)
         elif pod.node_name and pod.uid:
             self.driver.bound_seen[pod.uid] = pod.node_name
+
+
+def _condition_message(pod: Pod) -> str | None:
+    """The message of the pod's ``PodScheduled`` condition (None without one)."""
+    for c in ((pod.raw.get("status") or {}).get("conditions") or []):
+        if c.get("type") == "PodScheduled":
+            return c.get("message")
+    return None
 
 
 def _gang_of(pod: Pod) -> str:

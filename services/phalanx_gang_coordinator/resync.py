@@ -1,7 +1,7 @@
 """Resync: the informer-resync safety net, and the queue the fairness gate decides on.
 
 Every ``resync_s``: admit the pods the watch may have missed, forget members that are gone,
-start gangs whose backoff is over (in queue order, through the fairness gate), re-publish the
+tell the pods of a gang that has waited ``settle_s`` for more members why they wait, start gangs whose backoff is over (in queue order, through the fairness gate), re-publish the
 commands of a gang stalled in a running phase and continue an unfinished rollback.
 
 The pods come from the pod watch's own view (``PodIntake.watched``), as an informer's resync
@@ -110,6 +110,9 @@ class Resync:
                     state.gang_id, lambda s: bool(s.members)):
                 log("tombstone removed", gang=state.gang_id, attempt=state.attempt)
             return
+        if state.phase == "waiting" and len(state.members) < state.min_member and \
+                now - state.created_at >= self.config.settle_s:
+            await self.intake.tell_incomplete(state, now)
         stalled = now - state.updated_at > self.config.redrive_after_s
         if state.phase in ("waiting", "backoff") or saga.late_members(state):
             await self.driver.start(state.gang_id)

@@ -236,3 +236,35 @@ async def test_behind_a_starving_gang_others_still_run_where_they_cannot_delay_i
     finally:
         await bus.close()
         stack.stop()
+
+
+def _said(pod) -> str | None:
+    return next((c.get("message") for c in (pod.raw.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "PodScheduled"), None) if pod is not None else None
+
+
+async def test_an_incomplete_gang_tells_its_pods_why_they_wait_and_a_complete_one_writes_nothing_before_binding(
+        tmp_path):
+    stack, bus, sim = await start(tmp_path)
+    try:
+        for i in range(2):  # "short" has 2 of its 3 members; "whole" arrives complete
+            await sim.apply_pod(gang_pod(f"short{i}", 1, "short", 3))
+        for i in range(2):
+            await sim.apply_pod(gang_pod(f"whole{i}", 1, "whole", 2))
+
+        async def told():
+            said = [_said(await sim.get_pod(ref(f"short{i}"))) for i in range(2)]
+            return said if all(said) else None
+
+        assert await wait_until(told, 60) == ["gang incomplete: 2/3 members present"] * 2
+        async def whole_bound():
+            return {"default/whole0", "default/whole1"} <= (await bound_pods(sim)).keys()
+
+        await wait_until(whole_bound, 60)
+        assert [(_said(await sim.get_pod(ref(f"whole{i}"))) or "").startswith("gang incomplete")
+                for i in range(2)] == [False, False]
+        events = [e.reason for i in range(2) for e in await sim.list_events(ref(f"short{i}"))]
+        assert "Scheduled" not in events
+    finally:
+        await bus.close()
+        stack.stop()

@@ -69,6 +69,7 @@ class Driver:
 class Config:
     resync_s = 2.0
     full_resync_s = 30.0
+    settle_s = 2.0
     redrive_after_s = 5.0
     starve_after_s = 0.0
     fairness = "backfill"
