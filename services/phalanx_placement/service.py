@@ -77,8 +77,9 @@ class Config:
     node_state_grace_s: float = GRACE_S
     cycle_max: int = 64
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
-    metrics_every_s: float = 1.0
-    """Allocation gauges are recomputed (a pass over every node) at most this often."""
+    metrics_every_s: float = 5.0
+    """Allocation gauges are recomputed (a pass over every node) at most this often: half the
+    10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
 
 
 @dataclass(frozen=True, slots=True)
