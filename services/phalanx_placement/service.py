@@ -281,7 +281,12 @@ class Placement:
             if w.tries >= self.config.max_commit_retries:
                 w.finish(TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5))
             else:
-                await self.cache.ledger.catch_up()
+                try:
+                    await self.cache.ledger.catch_up()
+                except Exception as err:  # noqa: BLE001 - the bus is away (a leader election): retried later
+                    w.finish(TemporaryError(f"gang {ev.gang_id}: cannot catch up with the ledger: {err!r}",
+                                            delay=0.5))
+                    return
                 self.queue.put(w)
             return
         except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
