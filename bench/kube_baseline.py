@@ -59,31 +59,46 @@ class BindWatch:
         self.bound: dict[str, tuple[float, str]] = {}
         self.done = threading.Event()
         self.error: BaseException | None = None
-        rv = plane.api.get(f"/api/v1/namespaces/{namespace}/pods")["metadata"]["resourceVersion"]
-        api = plane.api
+        self.rv = plane.api.get(f"/api/v1/namespaces/{namespace}/pods")["metadata"]["resourceVersion"]
+        self.resumed = 0
+        """How often the server ended the watch and it was resumed from the last resourceVersion."""
+        self._open()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self) -> None:
+        api = self.plane.api
         self.conn = http.client.HTTPSConnection(api.host, api.port, context=api.ctx, timeout=600)
-        self.conn.request("GET", f"/api/v1/namespaces/{namespace}/pods?watch=1&resourceVersion={rv}"
+        self.conn.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?watch=1&resourceVersion={self.rv}"
                                  "&allowWatchBookmarks=true&timeoutSeconds=900",
                           headers={"Authorization": f"Bearer {api.token}"})
         self.resp = self.conn.getresponse()
         if self.resp.status != 200:
             raise RuntimeError(f"watch failed: HTTP {self.resp.status} {self.resp.read()[:200]!r}")
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
     def _run(self) -> None:
         try:
             while not self.done.is_set():
                 line = self.resp.readline()
                 if not line:
-                    return
+                    if self.done.is_set():
+                        return
+                    # The API server ends a watch that falls behind (or at its timeout); going on
+                    # from the last resourceVersion seen misses nothing.
+                    self.conn.close()
+                    self.resumed += 1
+                    self._open()
+                    continue
                 ev = json.loads(line)
                 pod = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    raise RuntimeError(f"watch error: {pod.get('message') or pod}")
+                self.rv = (pod.get("metadata") or {}).get("resourceVersion") or self.rv
                 node = (pod.get("spec") or {}).get("nodeName")
                 name = (pod.get("metadata") or {}).get("name")
                 if ev.get("type") in ("ADDED", "MODIFIED") and node and name not in self.bound:
                     self.bound[name] = (time.perf_counter(), node)
-        except (OSError, ValueError, AttributeError, http.client.HTTPException) as e:  # closed under us
+        except (OSError, ValueError, AttributeError, RuntimeError, http.client.HTTPException) as e:  # closed under us
             if not self.done.is_set():
                 self.error = e
 

@@ -161,7 +161,8 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
               "pods_per_s": len(bound) / span if span > 0 else 0.0, "p50_s": pct(lat, 0.5), "p99_s": pct(lat, 0.99),
               "gang_p50_s": {size: pct(times, 0.5) for size, times in sorted(gang_done.items())},
               "cpu_s": used, "cap_s": cap_s}
-    say(f"  [{label}] done: {len(bound)}/{len(pods)} bound in {span:.1f} s")
+    say(f"  [{label}] done: {len(bound)}/{len(pods)} bound in {span:.1f} s"
+        + (f" (the API server ended the bench's pod watch {watch.resumed} time(s); resumed)" if watch.resumed else ""))
     return result
 
 
