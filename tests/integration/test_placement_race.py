@@ -46,6 +46,12 @@ async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(t
                 return states if len(done) == len(sizes) else None
 
             states = await wait_until(settled, 90)
+            during = len(audits)  # audits while the replicas raced (how many depends on their speed)
+
+            async def settled_audited():
+                return len(audits) > during
+
+            await wait_until(settled_audited, 30)  # and one of the settled state
             tg.cancel_scope.cancel()
         bound = await bound_pods(sim)
         used = [(node, g) for node, gpus in bound.values() for g in gpus]
@@ -56,7 +62,7 @@ async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(t
         assert {f"default/r{i}" for i in range(len(sizes))} - scheduled == {
             gid for gid, s in states.items() if s.phase == "backoff"}
         assert sum(n for i, n in enumerate(sizes) if f"default/r{i}" in scheduled) == len(used)
-        assert len(audits) > 10
+        assert during > 0
         logs = {p: stack.procs[p].log_path.read_text() for p in ("placement", "placement#2")}
         assert any("ledger conflict, deciding again" in text for text in logs.values())
         # Both replicas decided (which one wins a race is timing; a loser may lose them all).
