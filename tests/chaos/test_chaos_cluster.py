@@ -110,13 +110,13 @@ async def test_killing_the_stream_leaders_of_a_three_server_cluster_loses_and_do
                 while (states := await _retry(settled)) is None:
                     await anyio.sleep(0.5)
             phases = {p: sum(1 for s in states.values() if s.phase == p) for p in {s.phase for s in states.values()}}
-            bound = await bound_pods(sim)
+            bound = await _retry(lambda: bound_pods(sim))
             await audited_since(counts["polls"] + 2)  # audits of the settled state too
             print(f"cluster chaos seed={seed} killed={killed} polls={counts['polls']} phases={phases} bound={len(bound)}")
-            for p in await sim.list_pods():
-                await sim.delete_pod(p.ref)
+            for p in await _retry(sim.list_pods):
+                await _retry(lambda p=p: sim.delete_pod(p.ref))
             with anyio.fail_after(60):
-                while await _retry(lambda: audit_ledger(bus)) or await sim.list_pods():
+                while await _retry(lambda: audit_ledger(bus)) or await _retry(sim.list_pods):
                     await anyio.sleep(0.5)
             tg.cancel_scope.cancel()
         assert [s for s, _ in killed] == [s for _, s in KILLS]
