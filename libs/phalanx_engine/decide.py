@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.explain import no_fit
-from phalanx_engine.framework import ALL_KINDS, Member, Profile
+from phalanx_engine.framework import ALL_KINDS, Member, Profile, node_error
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
@@ -121,12 +121,13 @@ class Cluster:
         others move to ``excluded`` with their status (``total`` counts each node once)."""
         known = view.name in self.nodes or view.name in self.excluded
         why = gpu.node_usable(view)
-        if why is None:
+        state = _state_or_status(view) if why is None else why
+        if isinstance(state, NodeState):
             self.excluded.pop(view.name, None)
-            self.put(NodeState(view))
+            self.put(state)
         else:
             self._drop_state(view.name)
-            self.excluded[view.name] = why
+            self.excluded[view.name] = state
         if not known:
             self.total += 1
 
@@ -157,11 +158,21 @@ class Cluster:
         nodes, excluded = {}, {}
         for view in snapshot.nodes:
             why = gpu.node_usable(view)
-            if why is None:
-                nodes[view.name] = NodeState(view)
+            state = _state_or_status(view) if why is None else why
+            if isinstance(state, NodeState):
+                nodes[view.name] = state
             else:
-                excluded[view.name] = why
+                excluded[view.name] = state
         return cls(nodes=nodes, total=len(snapshot.nodes), excluded=excluded)
+
+
+def _state_or_status(view: NodeView) -> NodeState | Status:
+    """The node's scratch state, or its ``node_error`` status when its view cannot be built
+    into one (a report that passed the wire rules but holds what the engine did not expect)."""
+    try:
+        return NodeState(view)
+    except Exception as e:  # noqa: BLE001 - isolated to the node
+        return node_error(view.name, e)
 
 
 def _neg_name(name: str) -> tuple:
@@ -174,7 +185,8 @@ def _candidate(profile: Profile, member: Member, st: NodeState) -> tuple[tuple, 
     got = profile.evaluate(member, st)
     if isinstance(got, Status):
         return None
-    return (profile.rank(member, st, got), _neg_name(st.name)), got
+    rank = profile.rank(member, st, got)
+    return None if rank is None else ((rank, _neg_name(st.name)), got)
 
 
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,

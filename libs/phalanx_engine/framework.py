@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from phalanx_engine.status import Status
+from phalanx_engine.status import Code, Status, refuse
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, RequestKind
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ class DomainFilter(Protocol):
 
 
 ALL_KINDS = frozenset(RequestKind)
+R_NODE_ERROR = "node could not be evaluated"
 _SHAPES = 4096
 
 
@@ -121,13 +122,37 @@ class Profile:
 
     def evaluate(self, member: Member, node: NodeState) -> Assignment | Status:
         """Filters in order, then the member kind's allocator: where ``member`` would go on
-        ``node``, or the first status that refuses it."""
-        for f in self.filters_for(member):
-            status = f.filter(member, node)
-            if status is not None:
-                return status
-        return self.allocators[member.kind].allocate(member, node)
+        ``node``, or the first status that refuses it. A plugin that raises on this node (its
+        agent's report passed the wire rules but holds something no plugin expected) refuses
+        this node alone (``node_error``): one node's data never stops a decision."""
+        try:
+            for f in self.filters_for(member):
+                status = f.filter(member, node)
+                if status is not None:
+                    return status
+            return self.allocators[member.kind].allocate(member, node)
+        except Exception as e:  # noqa: BLE001 - isolated to the node, reported as its status
+            return node_error(node.name, e)
 
-    def rank(self, member: Member, node: NodeState, assignment: Assignment) -> tuple:
-        """The scores of one feasible placement, in profile order (compare as a tuple)."""
-        return tuple(s.score(member, node, assignment) for s in self.scores)
+    def rank(self, member: Member, node: NodeState, assignment: Assignment) -> tuple | None:
+        """The scores of one feasible placement, in profile order (compare as a tuple); None
+        when a score raises on this node (the node is then passed over, as ``evaluate`` does)."""
+        try:
+            return tuple(s.score(member, node, assignment) for s in self.scores)
+        except Exception as e:  # noqa: BLE001 - isolated to the node
+            node_error(node.name, e)
+            return None
+
+
+def node_error(node: str, error: Exception) -> Status:
+    """The status of a node a plugin raised on: logged and counted (``phalanx_engine_node_errors_total``),
+    never resolvable by waiting."""
+    NODE_ERRORS.append((node, f"{type(error).__name__}: {error}"[:300]))
+    del NODE_ERRORS[:-100]
+    return refuse("NodeEvaluation", Code.NODE_ERROR, R_NODE_ERROR, resolvable=False,
+                  detail=f"{type(error).__name__}: {error}"[:300])
+
+
+NODE_ERRORS: list[tuple[str, str]] = []
+"""The last node errors (node, error), newest last: the placement service logs and counts
+them after each decision (the engine has no I/O)."""

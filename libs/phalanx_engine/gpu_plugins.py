@@ -23,6 +23,8 @@ from phalanx_proto.events import Assignment, RequestKind
 from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
 
 R_NOT_ENABLED = "not enabled for Phalanx"
+R_INVALID = "node report invalid"
+R_NODE_ERROR = "node could not be evaluated"
 R_STALE = "topology heartbeat stale"
 R_NO_GPUS = "no GPUs reported"
 R_GPUS = "insufficient free GPUs"
@@ -38,9 +40,12 @@ R_VENDOR = "GPU vendor does not match"
 
 
 def node_usable(view: NodeView) -> Status | None:
-    """The pod-independent check, done once when the cluster is built: the node's labels
-    enable Phalanx and its topology heartbeat is fresh. Neither is resolvable by waiting for
-    other pods (a stale node is like kube-scheduler's not-ready taint: unresolvable)."""
+    """The pod-independent check, done once when the cluster is built: the node's records
+    can be believed, its labels enable Phalanx and its topology heartbeat is fresh. None is
+    resolvable by waiting for other pods (a stale node is like kube-scheduler's not-ready
+    taint: unresolvable)."""
+    if view.invalid:
+        return refuse("NodeUsable", Code.REPORT_INVALID, R_INVALID, resolvable=False, detail=view.invalid)
     if not view.enabled:
         return refuse("NodeUsable", Code.NOT_ENABLED, R_NOT_ENABLED, resolvable=False)
     if not view.fresh:

@@ -32,9 +32,11 @@ _STATUSES = ("True", "False", "Unknown")
 TERMINAL = ("Succeeded", "Failed")
 
 
-def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> NodeKubeState | Violation:
+def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
+                    placed: tuple[str, ...] = ()) -> NodeKubeState | Violation:
     """The state of ``node`` (a Node object) with ``pods`` (the pods bound to it that Phalanx
-    did not place, as objects) counted as requested there."""
+    did not place, as objects) counted as requested there, and ``placed`` (the pod keys of
+    those Phalanx placed) listed as running there."""
     meta, spec, status = _map(node.get("metadata")), _map(node.get("spec")), _map(node.get("status"))
     allocatable = _allocatable(status)
     if isinstance(allocatable, Violation):
@@ -59,13 +61,15 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) 
                           ("spec.taints", len(taints), K.MAX_NODE_TAINTS),
                           ("status.allocatable", len(allocatable), K.MAX_NODE_RESOURCES),
                           ("requests of the node's pods", len(requested), K.MAX_NODE_RESOURCES),
-                          ("host ports of the node's pods", len(ports), K.MAX_NODE_HOST_PORTS)):
+                          ("host ports of the node's pods", len(ports), K.MAX_NODE_HOST_PORTS),
+                          ("Phalanx's pods on the node", len(placed), K.MAX_NODE_PODS)):
         if n > most:
             return Violation(what, f"{n} entries", f"Phalanx reports at most {most} per node")
     return NodeKubeState(allocatable=allocatable, labels=labels, taints=taints,
                          unschedulable=spec.get("unschedulable") is True, ready=_ready(status),
                          requested=dict(sorted(requested.items())), pods=count,
-                         host_ports=tuple(sorted(set(ports), key=lambda p: (p.port, p.protocol, p.host_ip))))
+                         host_ports=tuple(sorted(set(ports), key=lambda p: (p.port, p.protocol, p.host_ip))),
+                         phalanx_pods=placed)
 
 
 def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:

@@ -1,9 +1,11 @@
 """The placement engine's input: an immutable snapshot of the cluster, and its output.
 
-The placement service builds a ``Snapshot`` from KV ``phx-topology``, ``phx-heartbeat`` and
-``phx-ledger``, with each node's ``NodeKubeState`` from ``phx-node-state``; ``phalanx place`` and
-the benchmarks build one by hand. A decision works on
-its own scratch copy of free capacity, never on the snapshot (style rule 4).
+``NodeView`` is one node as a decision sees it; the placement service keeps one per node in
+its watch-fed cache (``services/phalanx_placement/cache.py``, which builds the views from KV
+``phx-topology``, ``phx-heartbeat``, ``phx-ledger`` and ``phx-node-state`` and hands them to a
+long-lived ``Cluster`` node by node). A ``Snapshot`` is a tuple of views, for a one-shot
+decision (``phalanx place``, the simulator, the benchmarks). A decision works on its own
+scratch copy of free capacity, never on the views (style rule 4).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class NodeView:
     kube: NodeKubeState | None = None
     """The node's Kubernetes state (allocatable, taints, labels, cordon, Ready, what pods
     Phalanx did not place use); ``None`` while its node agent has not reported it."""
+    invalid: str = ""
+    """Why a record the node's agent wrote (its topology report, heartbeat or Kubernetes
+    state) cannot be believed (``bucket: rule``); such a node takes nothing ("node report
+    invalid") until its agent writes a good one."""
 
 
 @dataclass(frozen=True, slots=True)

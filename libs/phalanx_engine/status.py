@@ -28,6 +28,8 @@ class Code(enum.StrEnum):
     """Stable reason codes (for metrics, tests and other programs; the texts are for people)."""
 
     NOT_ENABLED = "not-enabled"
+    REPORT_INVALID = "node-report-invalid"
+    NODE_ERROR = "node-evaluation-error"
     HEARTBEAT_STALE = "heartbeat-stale"
     NODE_STATE_NOT_REPORTED = "node-state-not-reported"
     NO_GPUS = "no-gpus"

@@ -12,32 +12,32 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from phalanx_proto.topology import Gpu, Nic, NodeTopology
+from phalanx_proto.topology import (
+    MAX_DIRECT_NVLINKS,
+    MAX_GPU_MEMORY_MIB,
+    MAX_GPUS,
+    MAX_NICS,
+    MAX_NUMA,
+    MAX_SOCKETS,
+    PCIE_RELATIONS,
+    Gpu,
+    Nic,
+    NodeTopology,
+    topology_problem,
+)
 from phalanx_topology.links import nvlink_count
 
-PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
-"""PCIe relations, nearest first (nvidia-smi's legend)."""
+__all__ = ["MAX_DIRECT_NVLINKS", "MAX_GPUS", "MAX_GPU_MEMORY_MIB", "MAX_NICS", "MAX_NUMA", "MAX_SOCKETS",
+           "PCIE_RELATIONS"]
+# The bounds and relation names are the wire contract's (``phalanx_proto.topology``); a
+# per-pair bundle of ``k`` links to each of ``n - 1`` peers needs ``k * (n - 1)`` links per GPU,
+# so more than ``MAX_DIRECT_NVLINKS`` can only be a switch.
 
 LEGACY_RELATIONS = {"SOC": "SYS"}
 """Names older nvidia-smi releases printed, mapped to today's."""
 
-MAX_DIRECT_NVLINKS = 18
-"""The most NVLinks one GPU has (H100, B200). A per-pair bundle of ``k`` links to each of
-``n - 1`` peers needs ``k * (n - 1)`` links per GPU; more than this many can only be a switch.
-It is also the largest ``NV<k>`` a matrix may show: no GPU pair has more links than a GPU."""
-
-MAX_GPUS = 64
-"""The most GPUs one node has (GPU servers hold 16 at most today); GPU indices are below it."""
-MAX_NICS = 64
-"""The most network devices one node's topology lists."""
-MAX_GPU_MEMORY_MIB = 1024 * 1024
-"""No GPU has more than 1 TiB of memory (the largest hold 288 GB)."""
 MAX_CPUS = 8192
 """Linux's largest NR_CPUS: CPU ids in an affinity list are below it."""
-MAX_NUMA = 1024
-"""Linux's largest MAX_NUMNODES: NUMA ids are below it (-1 means unknown)."""
-MAX_SOCKETS = 1024
-"""CPU package ids are below it (-1 means unknown)."""
 
 # ASCII digits only: a Unicode digit such as '٣' is not an index, count or CPU id.
 _NV = re.compile(r"NV([1-9][0-9]*)")
@@ -243,7 +243,8 @@ def finish(node: str, gpus: Sequence[Gpu], nics: Sequence[Nic], relations: dict[
     """Build the model with the derived facts every reader fills in the same way: NUMA from
     CPU affinity when no id is known, NIC NUMA from nearby GPUs, NVSwitch from the matrix
     (unless the reader knows it, as NVML does). Raises ``TopologyParseError`` for devices
-    beyond any node's (``device_problem``)."""
+    beyond any node's (``device_problem``) or a model the wire rules refuse
+    (``phalanx_proto.topology.topology_problem``)."""
     problem = device_problem(gpus, nics)
     if problem:
         raise TopologyParseError(problem)
@@ -251,5 +252,9 @@ def finish(node: str, gpus: Sequence[Gpu], nics: Sequence[Nic], relations: dict[
     nics = infer_nic_numa(gpus, nics, relations)
     if nvswitch is None:
         nvswitch = detect_nvswitch([g.name for g in gpus], relations)
-    return NodeTopology(node=node, gpus=tuple(gpus), nics=tuple(nics), relations=relations,
+    topo = NodeTopology(node=node, gpus=tuple(gpus), nics=tuple(nics), relations=relations,
                         nvswitch=nvswitch, source=source)
+    problem = topology_problem(topo)
+    if problem:
+        raise TopologyParseError(problem)
+    return topo

@@ -20,8 +20,16 @@ Contract:
   ``KvConflict``). ``settle(commit, seq)`` records the committed revisions; the assumption
   is dropped when the watch echoes them. ``forget(commit)`` drops a failed assumption.
 * **Unreadable values leave nodes out.** A node whose ledger entry does not decode is taken
-  out of both clusters (its reservations are unknown: deciding on it could book a GPU twice);
-  a node without a readable topology report is not a node.
+  out of both clusters (its reservations are unknown: deciding on it could book a GPU twice).
+  A node whose agent wrote a value that breaks its bucket's rule (a topology report with a
+  GPU link missing, a heartbeat from the future, a Kubernetes state beyond a bound) stays in
+  the cluster as *invalid*: it takes nothing, every pod's reason counts it as "node report
+  invalid" (the rule in the status's detail), and it is back as soon as its agent writes a good
+  value. Nothing one node writes reaches a plugin unchecked, so it cannot stop decisions for
+  the others.
+* **Bounded memory.** Staleness deadlines are kept one per node (a heap entry per key, moved
+  forward when it comes due), so a node beating often, or with a time far ahead, costs one
+  entry, not one per beat.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from phalanx_placement.nodestate import NodeStates
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.topology import NodeTopology
 
 
 @dataclass(eq=False)
@@ -90,7 +99,9 @@ class ClusterCache:
         self._by_gang: dict[str, set[str]] = {}
         self._gangs_at: dict[str, frozenset[str]] = {}
         self._deadlines: list[tuple[float, str]] = []
-        self._poisoned_seen: frozenset[str] = frozenset()
+        self._deadline_of: dict[str, float] = {}
+        """Each key's staleness deadline; the heap holds at most one entry per key."""
+        self._poisoned_seen: dict[str, frozenset[str]] = {}
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
@@ -126,22 +137,40 @@ class ClusterCache:
         return frozenset(self._by_gang.get(gang_id, ()))
 
     def node_counts(self) -> dict[str, int]:
-        """How many nodes the cache holds, fresh and stale (as of the last ``refresh``)."""
-        fresh = sum(1 for v in self.views.values() if v.fresh)
-        return {"fresh": fresh, "stale": len(self.views) - fresh}
+        """How many nodes the cache holds, fresh, stale and invalid (as of the last ``refresh``)."""
+        invalid = sum(1 for v in self.views.values() if v.invalid)
+        fresh = sum(1 for v in self.views.values() if v.fresh and not v.invalid)
+        return {"fresh": fresh, "stale": len(self.views) - fresh - invalid, "invalid": invalid}
+
+    def invalid_nodes(self) -> dict[str, str]:
+        """Node → why its agent's record cannot be believed (as of the last ``refresh``)."""
+        return {v.name: v.invalid for v in self.views.values() if v.invalid}
 
     def refresh(self) -> None:
         """Bring ``cluster``/``empty``/``views`` up to date with the mirrors and the clock."""
         now = self.clock()
         while self._deadlines and self._deadlines[0][0] < now:
-            self._dirty.add(heapq.heappop(self._deadlines)[1])
-        poisoned = frozenset(self.ledger.poisoned)
-        if poisoned != self._poisoned_seen:
-            self._dirty |= poisoned ^ self._poisoned_seen
-            self._poisoned_seen = poisoned
+            due, key = heapq.heappop(self._deadlines)
+            later = self._deadline_of.get(key)
+            if later is not None and later > due:  # beaten since: wait for the new deadline
+                heapq.heappush(self._deadlines, (later, key))
+                continue
+            self._deadline_of.pop(key, None)
+            self._dirty.add(key)
+        for mirror in self._node_mirrors:
+            poisoned, seen = frozenset(mirror.poisoned), self._poisoned_seen.get(mirror.bucket, frozenset())
+            if poisoned != seen:
+                self._dirty |= poisoned ^ seen
+                self._poisoned_seen[mirror.bucket] = poisoned
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
             self._rebuild(key, now)
+
+    @property
+    def _node_mirrors(self) -> tuple[KvMirror, ...]:
+        """The mirrors whose poisoned keys make a node invalid or leave it out."""
+        own = (self.ledger, self.topology, self.beats)
+        return own if self.node_states is None else (*own, self.node_states.mirror)
 
     @contextlib.contextmanager
     def excluding(self, gang_id: str, running: frozenset[str] = frozenset()) -> Iterator[None]:
@@ -229,7 +258,10 @@ class ClusterCache:
 
     def _beat(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
         self._dirty.add(entry.key)
-        heapq.heappush(self._deadlines, (entry.value.at + self.stale_s, entry.key))
+        deadline = entry.value.at + self.stale_s
+        if entry.key not in self._deadline_of:
+            heapq.heappush(self._deadlines, (deadline, entry.key))
+        self._deadline_of[entry.key] = deadline
 
     def _ledger_put(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
         self._normalize(entry.key)
@@ -272,32 +304,48 @@ class ClusterCache:
         else:
             self._gangs_at.pop(key, None)
 
+    def _invalid(self, key: str) -> str:
+        """Why a record of the node's agent under ``key`` cannot be believed ("" when none)."""
+        mirrors = (self.topology, self.beats) + ((self.node_states.mirror,) if self.node_states is not None else ())
+        for mirror in mirrors:
+            bad = mirror.poisoned.get(key)
+            if bad is not None:
+                return f"{mirror.bucket} (revision {bad.revision}): {bad.error}"
+        return ""
+
     def _rebuild(self, key: str, now: float) -> None:
         report = self.topology.get(key)
         old = self._names.get(key)
-        if report is None or key in self.ledger.poisoned:
+        invalid = self._invalid(key)
+        if (report is None and not invalid) or key in self.ledger.poisoned:
             if old is not None:
                 self.cluster.remove(old)
                 self.empty.remove(old)
                 del self._names[key]
                 self.views.pop(key, None)
             return
-        rep = report.value
-        if old is not None and old != rep.node:
+        name = report.value.node if report is not None else (old or key)
+        if old is not None and old != name:
             self.cluster.remove(old)
             self.empty.remove(old)
+        if invalid:
+            view = NodeView(name=name, topology=NodeTopology(node=name), enabled=False, fresh=False, invalid=invalid)
+        else:
+            view = self._view(key, report.value, now)
+        self._names[key] = name
+        self.views[key] = view
+        self.cluster.upsert(view)
+        self.empty.upsert(dataclasses.replace(view, allocations=()))
+
+    def _view(self, key: str, rep, now: float) -> NodeView:
         beat = self.beats.get(key)
         ledger = self.ledger_of(key)
         entry = self.ledger.get(key)
-        view = NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled,
+        return NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled,
                         fresh=beat is not None and now - beat.value.at <= self.stale_s, tiers=rep.tiers,
                         allocations=tuple(a.assignment for a in ledger.allocations.values()) if ledger else (),
                         revision=entry.revision if entry is not None else 0,
                         kube=self.node_states.of(rep.node) if self.node_states is not None else None)
-        self._names[key] = rep.node
-        self.views[key] = view
-        self.cluster.upsert(view)
-        self.empty.upsert(dataclasses.replace(view, allocations=()))
 
 
 def _base_of(top: Assumed | None, commit: Commit, key: str) -> int | Assumed:
