@@ -83,8 +83,10 @@ async def scenario(plane, url: str, args, *, parallelism: int, fenced: bool, tag
     topo_kv, ledger_kv = await bus.kv(S.KV_TOPOLOGY), await bus.kv(S.KV_LEDGER)
     per_node = -(-args.gangs // args.nodes)  # gangs per node, each on GPUs of its own
     for n in nodes:
-        topo = NodeTopology(node=n, gpus=tuple(Gpu(index=i, name=f"GPU{i}", model="A100", memory_mib=40960)
-                                               for i in range(args.gang_size * per_node)))
+        names = [f"GPU{i}" for i in range(args.gang_size * per_node)]
+        topo = NodeTopology(node=n, gpus=tuple(Gpu(index=i, name=name, model="A100", memory_mib=40960)
+                                               for i, name in enumerate(names)),
+                            relations={a: {b: "SYS" for b in names if b != a} for a in names})
         await topo_kv.put(S.token(n), encoder.encode(NodeTopologyReported(node=n, topology=topo, device_plugin=fenced)))
     commands: list[BindRequested] = []
     ledgers: dict[str, dict] = {n: {} for n in nodes}

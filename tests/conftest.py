@@ -28,7 +28,7 @@ from phalanx_runtime.natsserver import NatsServer
 @pytest.fixture(scope="session", autouse=True)
 def bus_secrets(tmp_path_factory):
     """The session's keys, CA and credentials; exports the admin identity (see above)."""
-    security = LocalSecurity.create(tmp_path_factory.mktemp("bus-secrets"))
+    security = LocalSecurity.create(tmp_path_factory.mktemp("bus-secrets"), keep_keys=True)
     exported = {ENV_DIR: str(security.directory), **security.env("admin")}
     saved = {k: os.environ.get(k) for k in (ENV_DIR, ENV_CREDS, ENV_CA)}
     os.environ.update(exported)

@@ -9,44 +9,25 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-import anyio
 import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-from nats.js import api
 from opentelemetry import trace
 
+from phalanx_bus import declare as D
+from phalanx_bus import msgid
+from phalanx_bus.errors import BusError
+from phalanx_bus.kv import Kv
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_telemetry import inject_headers, log, tracer, warn
 
-
-class BusError(RuntimeError):
-    """The bus could not do what was asked (server unreachable past the retry budget, …)."""
-
-
-class KvConflict(BusError):
-    """A compare-and-set lost: the key changed since the revision that was read."""
-
-
-@dataclass(frozen=True, slots=True)
-class KvEntry:
-    key: str
-    value: bytes
-    revision: int
-    deleted: bool = False
-
-
-StreamSpec = S.Stream
-STREAMS = S.STREAMS
 KV_BUCKETS = {b.name: b.history for b in S.BUCKETS}
 """Bucket → history depth (from the bus table)."""
-
-DUPLICATE_WINDOW_S = 120.0
 
 
 def destination_template(subject: str) -> str:
@@ -90,6 +71,14 @@ class BusAuth:
             ctx.load_cert_chain(self.cert, self.key)
         return ctx
 
+    def seed(self) -> str | None:
+        """The credential's user seed (what this identity's message ids are keyed with), or None."""
+        if not self.creds:
+            return None
+        from phalanx_bus.credentials import read_creds_seed
+
+        return read_creds_seed(self.creds)
+
     def inbox_prefix(self) -> str:
         """``_INBOX.<user public key>`` with credentials (each identity may subscribe to its own
         inbox only, see ``phalanx_bus.permissions``), the NATS default without."""
@@ -98,136 +87,6 @@ class BusAuth:
         from phalanx_bus.credentials import decode_jwt_claims, read_creds_jwt
 
         return f"_INBOX.{decode_jwt_claims(read_creds_jwt(self.creds))['sub']}"
-
-
-async def _cas(write, conflict: str) -> int:
-    """Await a KV write, mapping "wrong last sequence" (err_code 10071) to ``KvConflict``."""
-    try:
-        return await write
-    except nats.js.errors.KeyWrongLastSequenceError as e:
-        raise KvConflict(conflict) from e
-    except nats.js.errors.APIError as e:
-        if e.err_code == 10071:
-            raise KvConflict(conflict) from e
-        raise
-
-
-class Kv:
-    """Compare-and-set access to one KV bucket (style rule 7)."""
-
-    def __init__(self, bus: Bus, bucket: str, handle) -> None:
-        self._bus = bus
-        self.bucket = bucket
-        self._kv = handle
-
-    async def get(self, key: str) -> KvEntry | None:
-        try:
-            e = await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if getattr(e, "operation", None) in ("DEL", "PURGE"):
-            return None
-        return KvEntry(key, e.value or b"", e.revision)  # nats-py reads an empty value as None
-
-    async def tombstone(self, key: str) -> int:
-        """The revision of the key's delete marker when its last value was deleted, else 0: what
-        an atomic batch must expect as the key's last sequence to create it anew."""
-        try:
-            await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError as e:
-            entry = getattr(e, "entry", None)
-            return entry.revision if entry is not None and getattr(e, "op", None) in ("DEL", "PURGE") else 0
-        return 0
-
-    async def create(self, key: str, value: bytes) -> int:
-        """Create ``key``; raise ``KvConflict`` when it exists."""
-        return await _cas(self._kv.create(key, value), f"{self.bucket}/{key} exists")
-
-    async def update(self, key: str, value: bytes, *, last: int) -> int:
-        """Write ``key`` only if its revision is still ``last``; raise ``KvConflict`` otherwise."""
-        return await _cas(self._kv.update(key, value, last=last), f"{self.bucket}/{key} changed since revision {last}")
-
-    async def put(self, key: str, value: bytes) -> int:
-        return await self._kv.put(key, value)
-
-    async def delete(self, key: str, *, last: int | None = None) -> None:
-        try:
-            await self._kv.delete(key, last=last)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
-        except nats.js.errors.KeyNotFoundError:
-            return
-
-    async def keys(self, pattern: str = ">") -> list[str]:
-        """Every key matching ``pattern`` (a subject pattern over keys, e.g. ``node-a.>``) with a
-        message in the bucket (deleted keys included; ``get`` skips them).
-
-        Read from the server's stream state (``subjects_filter``), not from a watcher: nats-py's
-        watcher-based ``keys()`` can end early while keys are being written, and a snapshot
-        that silently misses keys would make placement think nodes are gone.
-        """
-        import json
-
-        prefix = f"$KV.{self.bucket}."
-        out: list[str] = []
-        offset = 0
-        while True:
-            req = json.dumps({"subjects_filter": f"{prefix}{pattern}", "offset": offset}).encode()
-            msg = await self._bus.nc.request(f"$JS.API.STREAM.INFO.KV_{self.bucket}", req, timeout=5.0)
-            resp = json.loads(msg.data)
-            if "error" in resp:
-                raise BusError(f"stream info for KV {self.bucket}: {resp['error']}")
-            subjects = (resp.get("state") or {}).get("subjects") or {}
-            out.extend(subj[len(prefix):] for subj in subjects)
-            offset += len(subjects)
-            total = resp.get("total", offset)
-            if not subjects or offset >= total:
-                return sorted(out)
-
-    async def items(self, pattern: str = ">") -> list[KvEntry]:
-        """Every live entry (of keys matching ``pattern``). Keys deleted between listing and
-        reading are skipped."""
-        out = []
-        for k in await self.keys(pattern):
-            e = await self.get(k)
-            if e is not None:
-                out.append(e)
-        return out
-
-    async def watch(self, keys: str = ">") -> AsyncIterator[KvEntry | None]:
-        """Current values, then ``None`` once they are all delivered, then every change
-        (deletions as entries with ``deleted=True``). Ends when the watcher is stopped."""
-        watcher = await self._kv.watch(keys)
-        try:
-            async for e in watcher:
-                if e is None:
-                    yield None
-                    continue
-                deleted = getattr(e, "operation", None) in ("DEL", "PURGE")
-                yield KvEntry(e.key, e.value or b"", e.revision, deleted)
-        finally:
-            with anyio.move_on_after(2, shield=True):  # a cancelled reader still unsubscribes
-                try:
-                    await watcher.stop()
-                except Exception:  # noqa: BLE001 - the connection may already be gone
-                    pass
-
-
-async def _settle(what: str, attempt, timeout_s: float = 60.0) -> None:
-    """Run a declaration until it succeeds: a JetStream cluster that has just started (or lost
-    its meta leader) answers "no suitable peers" or 503 for a while, and two declarers racing
-    see "already in use" once. ``BusError`` with the last answer after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            await attempt()
-            return
-        except (nats.js.errors.BadRequestError, nats.js.errors.ServiceUnavailableError,
-                nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
-            if loop.time() > deadline:
-                raise BusError(f"cannot {what}: {e!r}") from e
-            await asyncio.sleep(0.5)
 
 
 class _SslEofNoise(logging.Filter):
@@ -256,10 +115,12 @@ def _is_refusal(e: BaseException) -> bool:
 class Bus:
     """One NATS connection with JetStream; the process's handle on the bus."""
 
-    def __init__(self, nc, service: str) -> None:
+    def __init__(self, nc, service: str, msg_ids: msgid.MsgIds | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=5.0)
         self.service = service
+        self.msg_id = msg_ids or msgid.MsgIds(None)
+        """Idempotency key → this identity's ``Nats-Msg-Id`` (``phalanx_bus.msgid``)."""
         self._kv: dict[str, Kv] = {}
         self.refusals: list[str] = []
         """The server's recent "Permissions Violation" errors on this connection, oldest first."""
@@ -355,7 +216,7 @@ class Bus:
                     raise BusError(f"cannot connect to NATS at {url}: {e}") from e
                 await asyncio.sleep(0.5)
                 continue
-            bus = cls(nc, service)
+            bus = cls(nc, service, msgid.MsgIds.from_seed(auth.seed()))
             bus._closing = closing
             bus.refusals = refusals
             made["bus"] = bus
@@ -368,67 +229,27 @@ class Bus:
         except Exception:  # noqa: BLE001 - closing a broken connection
             await self.nc.close()
 
-    async def declare(self, streams: Iterable[StreamSpec] = STREAMS, buckets: dict[str, int] | None = None,
-                      *, replicas: int = 1) -> None:
-        """Create or update the streams and KV buckets of the bus table (default) with
-        ``replicas`` copies each. Needs the admin identity (``phalanx bus init``, the bootstrap
-        Job, ``phalanx up``, the test fixtures); services only open what exists. Idempotent."""
-        for spec in streams:
-            await self.declare_stream(spec, replicas=replicas)
-        if buckets is None:
-            for b in S.BUCKETS:
-                await self.declare_bucket(b.name, history=b.history, replicas=replicas, atomic=b.atomic)
-        else:
-            for name, history in buckets.items():
-                await self.declare_bucket(name, history=history, replicas=replicas)
+    async def declare(self, *, replicas: int = 1, simulator: bool = True) -> None:
+        """Declare every stream, bucket and durable of the bus table (``phalanx_bus.declare``;
+        admin identity only). Idempotent."""
+        await D.declare(self, replicas=replicas, simulator=simulator)
 
-    async def declare_stream(self, spec: StreamSpec, *, replicas: int = 1) -> None:
-        cfg = api.StreamConfig(
-            name=spec.name, subjects=list(spec.subjects), storage=api.StorageType.FILE,
-            retention=api.RetentionPolicy.LIMITS, max_age=spec.max_age_s,
-            max_msgs_per_subject=spec.max_msgs_per_subject, duplicate_window=DUPLICATE_WINDOW_S,
-            allow_msg_schedules=True if spec.allow_schedules else None, num_replicas=replicas,
-        )
-        await _settle(f"declare stream {spec.name}", lambda: self._put_stream(cfg))
-
-    async def _put_stream(self, cfg: api.StreamConfig) -> None:
-        try:
-            await self.js.stream_info(cfg.name)
-            await self.js.update_stream(cfg)
-        except nats.js.errors.NotFoundError:
-            await self.js.add_stream(cfg)
-
-    async def declare_bucket(self, bucket: str, *, history: int = 1, replicas: int = 1, atomic: bool = False) -> Kv:
-        """Create the KV bucket (direct gets on, so per-key read permissions work), or bring
-        an existing one to ``replicas``, direct gets and, with ``atomic``, atomic batches."""
-        async def create() -> None:
-            try:
-                await self.js.stream_info(f"KV_{bucket}")
-            except nats.js.errors.NotFoundError:
-                await self.js.create_key_value(bucket=bucket, history=history, replicas=replicas, direct=True)
-
-        await _settle(f"declare KV bucket {bucket}", create)
-        info = await self.js.stream_info(f"KV_{bucket}")
-        cfg = info.config
-        if (cfg.num_replicas or 1) != replicas or not cfg.allow_direct or (atomic and not cfg.allow_atomic):
-            cfg.num_replicas, cfg.allow_direct = replicas, True
-            cfg.allow_atomic = True if atomic or cfg.allow_atomic else None
-            await self.js.update_stream(cfg)
+    def forget_kv(self, bucket: str) -> None:
+        """Drop the cached handle of ``bucket`` (its stream was just changed)."""
         self._kv.pop(bucket, None)
-        return await self.kv(bucket)
 
     async def kv(self, bucket: str, *, history: int | None = None) -> Kv:
         """The KV bucket. One missing from the server is created when this identity may (the
-        admin, e.g. in tests); otherwise ``BusError`` says to declare it first."""
+        admin, e.g. in tests; a bucket outside the bus table with ``history``); otherwise
+        ``BusError`` says to declare it first."""
         if bucket in self._kv:
             return self._kv[bucket]
         try:
             handle = await self.js.key_value(bucket)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            known = S.BUCKET.get(bucket)
-            depth = history if history is not None else (known.history if known else 1)
+            spec = S.BUCKET.get(bucket) or S.Bucket(bucket, history or 1, "outside the bus table", (), rollups=True)
             try:
-                await self.declare_bucket(bucket, history=depth, atomic=bool(known and known.atomic))
+                await D.declare_bucket(self, spec)
                 handle = await self.js.key_value(bucket)
             except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
                 raise BusError(f"KV bucket {bucket} is not declared and {self.service} may not create it: run "
@@ -443,11 +264,12 @@ class Bus:
                       headers: dict[str, str] | None = None, retry_s: float = 20.0) -> int:
         """Publish ``event`` durably and return its stream sequence.
 
-        ``msg_id`` defaults to the event's idempotency key, so publishing the same command twice
-        inside the duplicate window stores it once. Retries while the server is unreachable,
+        The message id is ``msg_id`` (default: the event's idempotency key) as this identity
+        signs it (``phalanx_bus.msgid``), so publishing the same command twice inside the
+        duplicate window stores it once, and no other identity can pre-empt the id. Retries while the server is unreachable,
         up to ``retry_s``; then raises ``BusError``.
         """
-        key = msg_id if msg_id is not None else event.key()  # type: ignore[attr-defined]
+        key = self.msg_id(msg_id if msg_id is not None else event.key())  # type: ignore[attr-defined]
         payload = encoder.encode(event)
         kind = event.__struct_config__.tag
         template = destination_template(subject)
@@ -537,59 +359,3 @@ class DecodeFailure:
     data: bytes
 
 
-async def enable_atomic(bus: Bus, bucket: str) -> None:
-    """Check that a KV bucket's stream allows JetStream atomic batch publish (nats-server
-    2.12+), turning it on when this identity may (``Bus.declare`` does it for the table's
-    atomic buckets); ``BusError`` when it is off and cannot be turned on."""
-    await bus.kv(bucket)
-    info = await bus.js.stream_info(f"KV_{bucket}")
-    if getattr(info.config, "allow_atomic", False):
-        return
-    try:
-        await bus.declare_bucket(bucket, history=info.config.max_msgs_per_subject or 1,
-                                 replicas=info.config.num_replicas or 1, atomic=True)
-    except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
-        raise BusError(f"KV bucket {bucket} does not allow atomic batches: run `phalanx bus init`") from e
-
-
-async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], *,
-                          timeout_s: float = 5.0) -> int:
-    """Write several KV keys in one JetStream atomic batch: all or none.
-
-    Each write is ``(key, value, expected_revision)`` (0: the key must have no value — never
-    written, or deleted: a deleted key's delete marker is looked up and expected). Any stale
-    revision fails the whole batch with ``KvConflict`` and changes nothing. Returns the stream
-    sequence of the last write. The server refuses batches over 1,000 messages.
-    """
-    import json
-    import uuid
-
-    if not writes:
-        return 0
-    if len(writes) > 1000:
-        raise BusError(f"atomic batch of {len(writes)} writes exceeds the server limit of 1000")
-    if any(expected == 0 for _, _, expected in writes):
-        kv = await bus.kv(bucket)
-        writes = [(key, value, expected or await kv.tombstone(key)) for key, value, expected in writes]
-    batch_id = uuid.uuid4().hex
-    last = len(writes)
-    for n, (key, value, expected) in enumerate(writes, start=1):
-        headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(n),
-                   "Nats-Expected-Last-Subject-Sequence": str(expected)}
-        subject = f"$KV.{bucket}.{key}"
-        if n < last:
-            await bus.nc.publish(subject, value, headers=headers)
-            continue
-        headers["Nats-Batch-Commit"] = "1"
-        try:
-            reply = await bus.nc.request(subject, value, headers=headers, timeout=timeout_s)
-        except nats.errors.TimeoutError as e:
-            raise BusError(f"atomic batch {batch_id} on {bucket}: no reply to commit") from e
-        ack = json.loads(reply.data or b"{}")
-        err = ack.get("error")
-        if err:
-            if err.get("err_code") == 10071:
-                raise KvConflict(f"{bucket}: {err.get('description', 'wrong last sequence')}")
-            raise BusError(f"atomic batch on {bucket} refused: {err}")
-        return int(ack.get("seq", 0))
-    return 0

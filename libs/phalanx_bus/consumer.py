@@ -13,7 +13,9 @@ handler inside one OpenTelemetry span whose parent is the publisher's ``tracepar
 Every dead letter carries the error and its origin in headers (``Phalanx-Error``,
 ``Phalanx-Original-Subject``, ``Phalanx-Original-Stream``, ``Phalanx-Cause``) and counts in
 ``phalanx_bus_dead_letters_total{consumer, cause}``, which ``deploy/prometheus/rules`` alerts
-on. The consumer handles the last delivery itself rather than listening to the server's
+on. Copies are rate-limited per consumer (``DLQ_RATE``/``DLQ_BURST``): a flood of junk on a
+consumer's subjects is counted in full (``phalanx_bus_dead_letters_dropped_total``) but stored
+only up to the rate, so it cannot fill the dead-letter stream with copies of itself. The consumer handles the last delivery itself rather than listening to the server's
 ``MAX_DELIVERIES`` advisory: the advisory is a core-NATS message nobody stores, so it is lost
 whenever no subscriber is up, whereas the last delivery reaches a consumer like any other. A
 process that dies *during* a message's last delivery still loses it; what such a message would
@@ -50,10 +52,11 @@ import anyio
 import msgspec
 import nats.errors
 import nats.js.errors
-from nats.js import api
 from opentelemetry import trace
 
-from phalanx_bus.bus import Bus, BusError, destination_template
+from phalanx_bus.bus import Bus, destination_template
+from phalanx_bus.declare import durable_config
+from phalanx_bus.errors import BusError
 from phalanx_bus.keyed import KeyedWork
 from phalanx_proto import subjects as S
 from phalanx_telemetry import extract_context, log, metrics, tracer, warn
@@ -90,6 +93,32 @@ Handler = Callable[[Any, Delivery], Awaitable[None]]
 
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 LAG_SAMPLE_S = 5.0
+DURABLE_POLL_S = 1.0
+"""How often a consumer whose durable another identity creates looks for it."""
+DLQ_RATE = 10.0
+"""Dead letters stored per second per consumer, on average."""
+DLQ_BURST = 100
+"""Dead letters a consumer may store at once before the rate applies."""
+
+
+class _TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+_dead_letter_budget: dict[str, _TokenBucket] = {}
 
 
 async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
@@ -123,15 +152,19 @@ def misaddressed(subject: str, event: Any) -> str:
 
 
 async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str, cause: str) -> None:
+    metrics.BUS_DEAD_LETTERS.inc(consumer=durable, cause=cause)
+    budget = _dead_letter_budget.setdefault(durable, _TokenBucket(DLQ_RATE, DLQ_BURST))
+    if not budget.take():
+        metrics.BUS_DEAD_LETTERS_DROPPED.inc(consumer=durable, cause=cause)
+        return
     headers = {
         "Phalanx-Error": error[:1000],
         "Phalanx-Cause": cause,
-        "Phalanx-Original-Subject": msg.subject,
+        "Phalanx-Original-Subject": msg.subject[:1000],
         "Phalanx-Original-Stream": stream,
-        "Nats-Msg-Id": f"dlq:{stream}:{durable}:{msg.metadata.sequence.stream}",
+        "Nats-Msg-Id": bus.msg_id(f"dlq:{stream}:{durable}:{msg.metadata.sequence.stream}"),
     }
     await bus.publish_raw(S.dead_letter_subject(stream, durable), msg.data, headers)
-    metrics.BUS_DEAD_LETTERS.inc(consumer=durable, cause=cause)
 
 
 async def consume(
@@ -147,18 +180,21 @@ async def consume(
     batch: int = 16,
     concurrency: int = 1,
     order_key: Callable[[str], str] | None = None,
+    create: bool = True,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the consumer until cancelled. Reports started once the durable is bound.
     ``concurrency``: handlers in flight at once (1: one message after another);
-    ``order_key``: subject → key; messages of one key are handled one at a time, in order."""
+    ``order_key``: subject → key; messages of one key are handled one at a time, in order;
+    ``create``: create the durable when it is missing (an identity that may: the admin in
+    tests; a service binds to the durable ``phalanx bus init`` declared), else wait for its
+    creator to make it (a node's MIG consumer, made by gang-coordinator)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-    config = api.ConsumerConfig(
-        name=durable, durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
-        max_deliver=max_deliver, filter_subject=filter_subject,
-        deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=1000,
-    )
+    config = durable_config(S.Consumer(durable, stream, filter_subject, "", (), ack_wait_s=ack_wait_s,
+                                       max_deliver=max_deliver))
+    if not create:
+        await _wait_for_durable(bus, stream, durable)
     sub = await _subscribe(bus, stream, durable, filter_subject, config)
     log("consumer live", stream=stream, consumer=durable, subject=filter_subject)
     task_status.started()
@@ -226,16 +262,37 @@ async def _fetch(bus: Bus, sub, stream: str, durable: str, filter_subject: str, 
         return sub, []
 
 
-async def _subscribe(bus: Bus, stream: str, durable: str, filter_subject: str, config):
-    """Bind to the durable, creating it (with its name and filter in the request subject, which
-    is all a service's permissions allow: ``phalanx_bus.permissions``) when missing."""
+async def _wait_for_durable(bus: Bus, stream: str, durable: str) -> None:
+    """Return once durable ``durable`` exists (its creator makes it; told once in the log)."""
+    told = False
     while True:
+        try:
+            await bus.js.consumer_info(stream, durable)
+            return
+        except nats.js.errors.NotFoundError:
+            if not told:
+                log("waiting for the durable consumer to be created", stream=stream, consumer=durable)
+                told = True
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
+                nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError) as e:
+            warn("consumer lookup failed, retrying", consumer=durable, error=repr(e)[:200])
+        await asyncio.sleep(DURABLE_POLL_S)
+
+
+async def _subscribe(bus: Bus, stream: str, durable: str, filter_subject: str, config):
+    """Bind to the durable; create it (through the subject that names it and its filter) when
+    it is missing and this identity may. An identity that may not is told to declare it."""
+    while True:
+        seen = len(bus.refusals)
         try:
             return await bus.js.pull_subscribe(filter_subject, durable=durable, stream=stream, config=config)
         except nats.js.errors.NotFoundError as e:
             raise BusError(f"stream {stream} is not declared: run `phalanx bus init` with the admin identity") from e
         except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.errors.NoRespondersError, nats.errors.ConnectionReconnectingError) as e:
+            if any("consumer.create" in r.lower() for r in bus.refusals[seen:]):
+                raise BusError(f"durable consumer {durable} on {stream} is not declared and {bus.service} may not "
+                               "create it: run `phalanx bus init` with the admin identity") from e
             warn("subscribe failed, retrying", consumer=durable, error=repr(e))
             await asyncio.sleep(0.5)
 

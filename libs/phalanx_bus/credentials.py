@@ -99,6 +99,15 @@ def read_creds_jwt(path: str | os.PathLike) -> str:
     raise CredentialsError(f"{path}: no NATS user JWT in it")
 
 
+def read_creds_seed(path: str | os.PathLike) -> str:
+    """The user NKey seed of a ``.creds`` file (never logged or printed)."""
+    lines = Path(path).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "BEGIN USER NKEY SEED" in line and i + 1 < len(lines):
+            return lines[i + 1].strip()
+    raise CredentialsError(f"{path}: no user NKey seed in it")
+
+
 @dataclass(frozen=True)
 class KeySet:
     """Every seed Phalanx's auth needs. The operator and account seeds are the root of trust:
@@ -151,17 +160,22 @@ class KeySet:
                                     "type": "account", "version": 2}}, self.operator)
 
     def account_jwt(self) -> str:
-        """The PHALANX account: JetStream enabled, one scoped signing key per identity whose
-        template is that identity's permissions from the bus table."""
+        """The PHALANX account: JetStream enabled within the table's storage limit, one scoped
+        signing key per identity whose template is that identity's permissions from the bus
+        table (a node agent's messages also capped at ``NODE_AGENT_PAYLOAD_MAX``)."""
         scopes = []
         for name, seed in sorted(self.signing.items()):
             perms = permissions(name)
+            limits = {**_UNLIMITED, "payload": S.NODE_AGENT_PAYLOAD_MAX} if S.IDENTITIES[name].per_node else _UNLIMITED
             scopes.append({"kind": "user_scope", "key": public_key(seed), "role": name,
                            "description": S.IDENTITIES[name].description,
                            "template": {"pub": _allow(perms.publish), "sub": _allow(perms.subscribe),
-                                        **_UNLIMITED}})
+                                        **limits}})
+        # JetStream storage is bounded for the whole account (docs/security.md, "Storage limits"):
+        # every stream must declare its size, and the sizes the table declares fit in the limit.
         limits = {**_UNLIMITED, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1,
-                  "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
+                  "mem_storage": 256 * S.MIB, "disk_storage": S.ACCOUNT_DISK_BYTES, "streams": 64, "consumer": -1,
+                  "max_bytes_required": True}
         return encode_jwt({"sub": public_key(self.account), "name": ACCOUNT_NAME,
                            "nats": {"limits": limits, "signing_keys": scopes,
                                     "default_permissions": {"pub": {}, "sub": {}},

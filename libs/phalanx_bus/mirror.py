@@ -49,7 +49,9 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from phalanx_bus.bus import Bus, BusError, Kv, KvEntry
+from phalanx_bus.bus import Bus
+from phalanx_bus.errors import BusError
+from phalanx_bus.kv import Kv, KvEntry
 from phalanx_proto.state import BUCKETS
 from phalanx_telemetry import log, metrics, warn
 

@@ -5,9 +5,12 @@ What a JetStream client needs, and therefore what a grant becomes:
 
 * publish on a channel: the subject (a JetStream publish is a request; its ack comes back to
   the identity's own inbox);
-* a durable pull consumer: create *that* durable with *that* filter only (the create subject
-  carries name and filter, and the server checks both against the body), read its info, pull
-  from it, ack its messages, and dead-letter to its own ``phx.dlq.<stream>.<durable>``;
+* a durable pull consumer: read its info, pull from it, ack its messages, and dead-letter to
+  its own ``phx.dlq.<stream>.<durable>``. Only its *creator* (``Consumer.creator``: the admin,
+  or gang-coordinator for a node's MIG consumer) may create it, through the subject that names
+  the durable and the filter (the server checks both against the body): the server does not
+  check a consumer's deliver subject, so whoever may create a consumer may make a push consumer
+  publish stored messages on any subject, which no node agent may do;
 * read a KV bucket: the stream info of ``KV_<bucket>`` and direct gets; a per-key grant allows
   only the subject form of a direct get (``$JS.API.DIRECT.GET.KV_b.$KV.b.<key>``), never the
   form whose body names the key;
@@ -67,10 +70,20 @@ def _bucket_subjects(bucket: S.Bucket, grant: S.Grant, per_node: bool) -> set[st
 
 
 def _consumer_subjects(c: S.Consumer, per_node: bool) -> set[str]:
-    name, filt = _fill(c.durable, per_node), _fill(c.filter, per_node)
-    return {f"$JS.API.CONSUMER.CREATE.{c.stream}.{name}.{filt}", f"$JS.API.CONSUMER.INFO.{c.stream}.{name}",
-            f"$JS.API.CONSUMER.MSG.NEXT.{c.stream}.{name}", f"$JS.ACK.{c.stream}.{name}.>",
+    """What the consuming identity needs: bind (info), pull, ack, dead-letter."""
+    name = _fill(c.durable, per_node)
+    return {f"$JS.API.CONSUMER.INFO.{c.stream}.{name}", f"$JS.API.CONSUMER.MSG.NEXT.{c.stream}.{name}",
+            f"$JS.ACK.{c.stream}.{name}.>",
             S.CHANNEL["deadLetter"].template.replace("{stream}", c.stream).replace("{consumer}", name)}
+
+
+def _creator_subjects(c: S.Consumer) -> set[str]:
+    """What the creator needs: look the durable up and create it with its filter. A per-node
+    durable's name is one token (``mig-manager-<node>``), so the creator's grant names any
+    durable of that stream, with the filter's node left open the same way."""
+    name = "*" if "{node}" in c.durable else c.durable
+    filt = c.filter.replace("{node}", "*")
+    return {f"$JS.API.CONSUMER.INFO.{c.stream}.{name}", f"$JS.API.CONSUMER.CREATE.{c.stream}.{name}.{filt}"}
 
 
 def permissions(identity: str) -> Permissions:
@@ -89,6 +102,8 @@ def permissions(identity: str) -> Permissions:
     for c in S.CONSUMERS:
         if c.identity in names:
             pub |= _consumer_subjects(c, ident.per_node)
+        if c.creator in names:
+            pub |= _creator_subjects(c)
     for b in S.BUCKETS:
         for g in b.grants:
             if g.identity in names:
@@ -106,13 +121,15 @@ def table_markdown() -> str:
     rows = ["| identity | publishes | consumes (durable: filter) | subscribes | KV access |", "|---|---|---|---|---|"]
     for name, ident in S.IDENTITIES.items():
         if name == S.ADMIN:
-            rows.append(f"| `{name}` | everything | everything | everything | everything, and the JetStream "
-                        "admin API (streams, buckets, purge, delete) |")
+            rows.append(f"| `{name}` | everything | everything, and creates every durable but the nodes' MIG "
+                        "consumers | everything | everything, and the JetStream admin API (streams, buckets, purge, "
+                        "delete) |")
             continue
         own = (lambda t: t.replace("{node}", "<own node>")) if ident.per_node else (lambda t: t)
         pubs = [f"`{own(c.template)}`" for c in S.CHANNELS if name in c.publishers]
         subs = [f"`{own(c.template)}`" for c in S.CHANNELS if name in c.subscribers]
         cons = [f"`{own(c.durable)}`: `{own(c.filter)}`" for c in S.CONSUMERS if c.identity == name]
+        cons += [f"creates `{c.durable}`" for c in S.CONSUMERS if c.creator == name]
         kv = [f"{b.name}: {g.level} ({_keys(g)})" for b in S.BUCKETS for g in b.grants if g.identity == name]
         extra = [f"`$JS.API.{a}`" for a in S.EXTRA_API.get(name, ())]
         rows.append(f"| `{name}`{' (per node)' if ident.per_node else ''} | {', '.join(pubs + extra) or '-'} | "

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from phalanx_bus.bus import Kv, KvEntry
+from phalanx_bus.kv import Kv, KvEntry
 from phalanx_proto.state import BUCKETS, BucketRule
 from phalanx_telemetry import metrics, warn
 

@@ -108,7 +108,7 @@ def _messages() -> dict[str, dict[str, Any]]:
     for name, ref in (("GangState", "kv.GangState.json"), ("NodeLedger", "kv.NodeLedger.json"),
                       ("NodeTopologyReported", f"{E.tag_of(E.NodeTopologyReported)}.json"),
                       ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
-                      ("NodeKubeState", "kv.NodeKubeState.json")):
+                      ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",

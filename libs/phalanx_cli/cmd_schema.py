@@ -23,7 +23,7 @@ def documents() -> dict[str, str]:
     out: dict[str, str] = {}
     for t in events.ALL_EVENTS:
         out[f"{events.tag_of(t)}.json"] = _dump(msgspec.json.schema(t), f"Phalanx event '{events.tag_of(t)}'")
-    for t in (state.GangState, state.NodeLedger, scheduling.NodeKubeState):
+    for t in (state.GangState, state.NodeLedger, state.NodeMig, scheduling.NodeKubeState):
         out[f"kv.{t.__name__}.json"] = _dump(msgspec.json.schema(t), f"Phalanx KV value {t.__name__}")
     return out
 

@@ -239,6 +239,12 @@ class SimCluster:
     async def list_node_pods(self, name: str) -> list[Pod]:
         return [p for p in await self.list_bound_pods() if p.node_name == name]
 
+    async def revision(self) -> int:
+        """A number that changes whenever a pod or node changes (the sum of both buckets' last
+        stream sequences): the simulator's node agents list again only when it moved."""
+        seqs = [int((await self._bus.js.stream_info(f"KV_{b}")).state.last_seq or 0) for b in (KV_PODS, KV_NODES)]
+        return sum(seqs)
+
     async def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
         """Polls every ``NODE_POLL_S`` (the simulator's pods are one bucket of every node's):
         yields when the node or its pods changed. The pods are listed again only when the pods

@@ -6,8 +6,11 @@ session makes one and exports ``PHALANX_BUS_SECRETS_DIR`` plus the admin identit
 session trusts the same operator and every ``Bus.connect`` without explicit credentials is the
 admin. ``Stack`` gives each service process its own identity with ``env()``.
 
-Layout: ``keys.json`` (seeds, mode 0600), ``ca.pem``/``server.pem``/``server-key.pem``, and
-``creds/<identity>[@node,...].creds`` minted on first use.
+Layout: ``ca.pem``/``server.pem``/``server-key.pem``, ``creds/<identity>[@node,...].creds``
+minted on first use, and — only for a bundle other processes load (the test session's) —
+``keys.json`` with the seeds (mode 0600). ``phalanx up`` keeps the operator, account and
+signing seeds in its own memory: nothing on disk mints a credential, so a process of the same
+user that reads the stack's directory finds user credentials, never the keys behind them.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ class LocalSecurity:
     tls: TlsFiles
 
     @classmethod
-    def create(cls, directory: str | os.PathLike) -> LocalSecurity:
-        """Fresh keys and a throwaway CA in ``directory`` (created)."""
+    def create(cls, directory: str | os.PathLike, *, keep_keys: bool = False) -> LocalSecurity:
+        """Fresh keys and a throwaway CA in ``directory`` (created). The seeds stay in memory
+        unless ``keep_keys`` (then ``keys.json``, for other processes to ``load``)."""
         d = Path(directory)
         (d / "creds").mkdir(parents=True, exist_ok=True)
         keys = KeySet.generate()
-        key_file = d / "keys.json"
-        key_file.touch(mode=0o600)
-        key_file.write_text(keys.to_json())
+        if keep_keys:
+            key_file = d / "keys.json"
+            key_file.touch(mode=0o600)
+            key_file.write_text(keys.to_json())
         return cls(d, keys, make_ca_and_server_cert(d))
 
     @classmethod

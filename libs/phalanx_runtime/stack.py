@@ -42,6 +42,36 @@ class StackError(RuntimeError):
 
 FLEET_ABOVE = 16
 """Clusters with more nodes than this run their node agents as one ``node-fleet`` process."""
+WORKDIR_PREFIX = "phalanx-stack-"
+OWNER_FILE = "owner.pid"
+
+
+def remove_stale_workdirs(tmp: str | None = None) -> list[Path]:
+    """Remove the temp dirs of stacks whose process is gone (killed with SIGKILL, so it could
+    not clean up): their credentials and TLS key must not outlive them. Returns what went."""
+    import shutil
+
+    gone = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            pid = int((d / OWNER_FILE).read_text())
+            if d.stat().st_uid != os.getuid() or _alive(pid):
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def fake_mig_spec(node: ClusterNode) -> str | None:
@@ -100,8 +130,10 @@ class Stack:
     def __post_init__(self) -> None:
         self._tmp = None
         if self.workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="phalanx-stack-")
+            remove_stale_workdirs()
+            self._tmp = tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX)
             self.workdir = self._tmp.name
+            Path(self.workdir, OWNER_FILE).write_text(str(os.getpid()))
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
         if self.security is None:
             self.security = LocalSecurity.from_env()

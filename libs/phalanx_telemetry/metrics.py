@@ -282,6 +282,11 @@ BUS_DEAD_LETTERS = Counter(
     "Messages a consumer gave up on and recorded on the dead-letter stream PHX_DLQ, by consumer and cause "
     "(undecodable; permanent = the handler refused it; exhausted = it failed on its last delivery). Alerted on.",
     ["consumer", "cause"], allowed={"cause": DEAD_LETTER_CAUSES})
+BUS_DEAD_LETTERS_DROPPED = Counter(
+    "phalanx_bus_dead_letters_dropped_total",
+    "Dead letters counted but not stored: the consumer's copies to PHX_DLQ are rate-limited (a flood of junk "
+    "on its subjects stores at most its burst and rate), by consumer and cause.",
+    ["consumer", "cause"], allowed={"cause": DEAD_LETTER_CAUSES})
 BUS_CONSUMER_PENDING = Gauge(
     "phalanx_bus_consumer_pending_messages",
     "JetStream consumer lag: messages in the stream not yet delivered to the consumer (num_pending).",
@@ -302,7 +307,7 @@ KV_INVALID_ENTRIES = Gauge(
 REFUSAL_RULES = (
     "unknown_gang", "stale_attempt", "unstarted_attempt", "not_members", "not_placing", "live_release",
     "unnamed_release", "not_in_ledger", "foreign_scheduler", "unknown_node", "node_disabled", "not_bound",
-    "not_member", "not_recorded", "unreadable_record",
+    "not_member", "not_recorded", "unreadable_record", "live_pod", "not_running_there", "adopted_reservation",
 )
 REFUSED = Counter(
     "phalanx_refused_messages_total",
@@ -315,6 +320,10 @@ PLACEMENT_DECISION_SECONDS = Histogram(
     "phalanx_placement_decision_duration_seconds",
     "Time the engine took to decide one placement request (snapshot excluded), by outcome.",
     ["outcome"], allowed={"outcome": ("placed", "no_fit")})
+ENGINE_NODE_ERRORS = Counter(
+    "phalanx_engine_node_errors_total",
+    "Nodes a placement plugin raised on while deciding (each refused for that decision alone, with the "
+    "status 'node could not be evaluated'); 0 is healthy.")
 LEDGER_COMMIT_CONFLICTS = Counter(
     "phalanx_ledger_commit_conflicts_total",
     "Ledger commits that lost a compare-and-set race (another writer changed a node) and were decided again.")
@@ -336,8 +345,9 @@ GPUS_CAPACITY = Gauge(
 PLACEMENT_NODES = Gauge(
     "phalanx_placement_nodes",
     "Nodes in placement's cache, by state: fresh (topology reported, heartbeat within the staleness "
-    "bound) or stale (no heartbeat, or a late one: not placed on).",
-    ["state"], allowed={"state": ("fresh", "stale")})
+    "bound), stale (no heartbeat, or a late one: not placed on) or invalid (a record its agent wrote breaks "
+    "its bucket's rule: not placed on; `phalanx doctor` names the rule).",
+    ["state"], allowed={"state": ("fresh", "stale", "invalid")})
 FRAGMENTATION = Gauge(
     "phalanx_cluster_fragmentation_ratio",
     "Share of free GPUs that sit on partially used nodes (cannot serve a whole-node request); "
@@ -386,8 +396,9 @@ RECONCILER_FINDINGS = Gauge(
 RECONCILER_REPAIRS = Counter(
     "phalanx_reconciler_repairs_total",
     "Repairs the reconciler asked for: release (a reservation nobody uses), adopt (record one for a pod bound "
-    "without it), forget (a member whose pod is gone), report (a pod on GPUs booked by another: told, not fixed).",
-    ["action"], allowed={"action": ("release", "adopt", "forget", "report")})
+    "without it), forget (a member whose pod is gone), evict (of two pods sharing a GPU, the one bound later is "
+    "deleted), report (a pod bound without a readable assignment, or on GPUs whose holder is gone: told).",
+    ["action"], allowed={"action": ("release", "adopt", "forget", "evict", "report")})
 RECONCILER_LEADER = Gauge(
     "phalanx_reconciler_leader", "1 while this gang-coordinator replica holds the reconciler lease, else 0.")
 RECONCILER_PASSES = Counter("phalanx_reconciler_passes_total", "Reconciler passes completed (lease holder only).")

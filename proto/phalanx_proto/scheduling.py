@@ -40,13 +40,22 @@ MAX_NODE_RESOURCES = 256
 MAX_NODE_LABELS = 1024
 MAX_NODE_TAINTS = 256
 MAX_NODE_HOST_PORTS = 4096
+MAX_NODE_PODS = 4096
+"""Pods one node reports at most (the kubelet's default limit is 110)."""
+
+# Bounds on the strings a node reports (the API server's own: a qualified name's prefix is a
+# DNS subdomain of at most 253 characters, its name part 63; a label value 63).
+QualifiedName = Annotated[str, msgspec.Meta(max_length=317)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=63)]
+PodKey = Annotated[str, msgspec.Meta(max_length=400)]
+"""``<namespace>/<name>/<uid>``: 63 + 253 + a uid, with separators."""
 
 
 class Taint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A node taint (``spec.taints[*]``)."""
 
-    key: str
-    value: str = ""
+    key: QualifiedName
+    value: LabelValue = ""
     effect: TaintEffect
 
 
@@ -95,9 +104,9 @@ class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     book them twice.
     """
 
-    allocatable: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
+    allocatable: Annotated[dict[QualifiedName, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
     """``status.allocatable`` in the units above; a resource that is absent is 0."""
-    labels: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_NODE_LABELS)] = {}
+    labels: Annotated[dict[QualifiedName, LabelValue], msgspec.Meta(max_length=MAX_NODE_LABELS)] = {}
     taints: Annotated[tuple[Taint, ...], msgspec.Meta(max_length=MAX_NODE_TAINTS)] = ()
     unschedulable: bool = False
     """``spec.unschedulable`` (cordoned)."""
@@ -105,9 +114,14 @@ class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     """The ``Ready`` condition's status. Not ``True``: placement treats the node as tainted
     ``node.kubernetes.io/not-ready`` (``False``) or ``node.kubernetes.io/unreachable``
     (``Unknown``) with ``NoSchedule``, as the node lifecycle controller would."""
-    requested: Annotated[dict[str, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
+    requested: Annotated[dict[QualifiedName, Amount], msgspec.Meta(max_length=MAX_NODE_RESOURCES)] = {}
     """Resources requested by the running pods Phalanx did not place."""
     pods: Amount = 0
     """How many such pods there are (for allocatable ``pods``)."""
     host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_NODE_HOST_PORTS)] = ()
     """Host ports those pods bind."""
+    phalanx_pods: Annotated[tuple[PodKey, ...], msgspec.Meta(max_length=MAX_NODE_PODS)] = ()
+    """The pods Phalanx placed (or a Phalanx scheduler name names) that are bound to the node
+    and not terminal, as ``<namespace>/<name>/<uid>``, sorted: what runs there. Placement
+    never frees a reservation of a pod listed here, and adopts a reservation only for one
+    (docs/security.md, "A stolen coordinator credential")."""

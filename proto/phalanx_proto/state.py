@@ -10,10 +10,12 @@ counts it and names it (``phalanx_bus.records``), and ``phalanx doctor`` lists i
 
 from __future__ import annotations
 
+import math
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -30,11 +32,16 @@ from phalanx_proto.events import (
     pod_key,
 )
 from phalanx_proto.scheduling import NodeKubeState
+from phalanx_proto.topology import MAX_GPUS, topology_problem
 
 MAX_GANG_TIMEOUT_S = 7 * 24 * 3600.0
 """The largest per-gang attempt deadline (``phalanx.io/gang-timeout-seconds``): a week."""
 MAX_GANG_MEMBERS = 10_000
 """The largest gang (min-member): a decision commits at most 1,000 nodes at once anyway."""
+MAX_CLOCK_SKEW_S = 60.0
+"""How far ahead of this process's clock a node's timestamp may be (nodes keep NTP time)."""
+MIG_STARTS = 8
+"""MIG start slots per GPU (0..7)."""
 
 
 class Allocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -134,20 +141,20 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class MigRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Who owns the MIG instance at one GPU start slot of a node (KV ``phx-mig``, key
-    ``mig_record_key``). Written only by that node's mig-manager; gang-coordinator's
+    """Who owns the MIG instance at one GPU start slot of a node (in ``NodeMig.instances``
+    under ``mig_slot``). Written only by that node's mig-manager; gang-coordinator's
     reconciler and ``phalanx doctor`` read it."""
 
     node: str
-    gpu: int
-    start: int
-    profile: str
-    gang_id: str
+    gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+    start: Annotated[int, msgspec.Meta(ge=0, lt=MIG_STARTS)]
+    profile: Annotated[str, msgspec.Meta(max_length=64)]
+    gang_id: Annotated[str, msgspec.Meta(max_length=512)]
     attempt: int
     pod: PodRef
-    state: str = "creating"
+    state: Literal["creating", "ready"] = "creating"
     """``creating`` (intent, written before the create) or ``ready`` (verified)."""
-    uuid: str = ""
+    uuid: Annotated[str, msgspec.Meta(max_length=128)] = ""
     gi_id: int = -1
     updated_at: float = 0.0
 
@@ -155,8 +162,18 @@ class MigRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return (self.gang_id, self.attempt, str(self.pod)) == (gang_id, attempt, str(pod))
 
 
-def mig_record_key(node: str, gpu: int, start: int) -> str:
-    return f"{S.token(node)}.{gpu}.{start}"
+class NodeMig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Every MIG ownership record of one node (KV ``phx-mig``, key the node's token), by slot
+    (``mig_slot``). One key per node, written by compare-and-set by that node's mig-manager
+    alone: a node can neither write another's records nor grow the bucket past one value."""
+
+    node: str
+    instances: Annotated[dict[str, MigRecord], msgspec.Meta(max_length=MAX_GPUS * MIG_STARTS)] = {}
+
+
+def mig_slot(gpu: int, start: int) -> str:
+    """The key of a slot in ``NodeMig.instances``: ``<gpu>.<start>``."""
+    return f"{gpu}.{start}"
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -188,7 +205,7 @@ gang_state_decoder = Decoder(GangState)
 ledger_decoder = Decoder(NodeLedger)
 report_decoder = Decoder(NodeTopologyReported)
 heartbeat_decoder = Decoder(NodeHeartbeat)
-mig_record_decoder = Decoder(MigRecord)
+node_mig_decoder = Decoder(NodeMig)
 lease_decoder = Decoder(Lease)
 reconciler_report_decoder = Decoder(ReconcilerReport)
 node_kube_state_decoder = Decoder(NodeKubeState)
@@ -261,21 +278,36 @@ def gang_problem(key: str, state: GangState) -> str:
 
 
 def report_problem(key: str, report: NodeTopologyReported) -> str:
+    """Why a node's topology report cannot be believed (the field bounds are checked when it
+    decodes; ``topology_problem`` has the rules across fields)."""
     if key != S.token(report.node):
         return f"key {key!r} does not match node {report.node!r}"
-    indices = [g.index for g in report.topology.gpus]
-    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-        return f"GPU indices {indices}: each must be >= 0 and listed once"
+    if report.topology.node != report.node:
+        return f"the report of node {report.node!r} holds the topology of {report.topology.node!r}"
+    problem = topology_problem(report.topology)
+    return f"topology: {problem}" if problem else ""
+
+
+def heartbeat_problem(key: str, beat: NodeHeartbeat, now: float | None = None) -> str:
+    """A beat names its node and a time no later than ``MAX_CLOCK_SKEW_S`` after now."""
+    if key != S.token(beat.node):
+        return f"key {key!r} does not match node {beat.node!r}"
+    now = time.time() if now is None else now
+    if not math.isfinite(beat.at) or beat.at > now + MAX_CLOCK_SKEW_S:
+        return (f"at {beat.at:.0f} is {beat.at - now:.0f} s ahead of now: a beat is at most "
+                f"{MAX_CLOCK_SKEW_S:.0f} s ahead (clock skew)")
     return ""
 
 
-def heartbeat_problem(key: str, beat: NodeHeartbeat) -> str:
-    return "" if key == S.token(beat.node) else f"key {key!r} does not match node {beat.node!r}"
-
-
-def mig_record_problem(key: str, record: MigRecord) -> str:
-    expected = mig_record_key(record.node, record.gpu, record.start)
-    return "" if key == expected else f"key {key!r} does not match the record's slot {expected!r}"
+def mig_problem(key: str, book: NodeMig) -> str:
+    """Each record sits under its own slot and names the book's node."""
+    if key != S.token(book.node):
+        return f"key {key!r} does not match node {book.node!r}"
+    for slot, record in book.instances.items():
+        if slot != mig_slot(record.gpu, record.start) or record.node != book.node:
+            return (f"instances[{slot[:16]!r}] is the record of {record.node!r} slot "
+                    f"{mig_slot(record.gpu, record.start)}: each record sits under its own slot of its own node")
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +323,7 @@ BUCKETS: dict[str, BucketRule] = {
     S.KV_GANGS: BucketRule(gang_state_decoder, gang_problem),
     S.KV_TOPOLOGY: BucketRule(report_decoder, report_problem),
     S.KV_HEARTBEAT: BucketRule(heartbeat_decoder, heartbeat_problem),
-    S.KV_MIG: BucketRule(mig_record_decoder, mig_record_problem),
+    S.KV_MIG: BucketRule(node_mig_decoder, mig_problem),
     S.KV_NODE_STATE: BucketRule(node_kube_state_decoder, lambda key, value: ""),
 }
 """Every shared bucket whose values Phalanx believes, with its rule (``phx-leases`` holds

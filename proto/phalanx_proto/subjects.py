@@ -20,7 +20,7 @@ of the identity's credential. Whoever adds a subject, bucket or consumer adds it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from phalanx_proto import events as E
 
@@ -69,10 +69,20 @@ SERVICE_IDENTITIES = (TOPOLOGY_DISCOVERY, GANG_COORDINATOR, PLACEMENT, MIG_MANAG
 # -- streams ------------------------------------------------------------------------------
 
 
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+
+
 @dataclass(frozen=True)
 class Stream:
+    """A stream and its limits. Every stream is bounded in bytes (``max_bytes``, old messages
+    discarded first), in message size (``max_msg_size``: the server refuses a larger one) and,
+    where one publisher owns a subject, per subject (``max_msgs_per_subject``): no identity can
+    grow a stream past its share (docs/security.md, "Storage limits", has the arithmetic)."""
+
     name: str
     subjects: tuple[str, ...]
+    max_bytes: int
+    max_msg_size: int
     max_age_s: float = 7 * 24 * 3600
     max_msgs_per_subject: int = -1
     allow_schedules: bool = False
@@ -84,12 +94,25 @@ STREAM_NODE = "PHX_NODE"
 STREAM_DEADLINE = "PHX_DEADLINE"
 STREAM_DEAD_LETTER = "PHX_DLQ"
 
+NODE_MESSAGE_MAX = 8 * KIB
+"""A MIG command or reply is a few hundred bytes."""
+TOPOLOGY_REPORT_MAX = 256 * KIB
+"""A 64-GPU, 64-NIC node's report (128 × 127 relations) is about 200 KiB; an 8-GPU one 5 KiB."""
+NODE_STATE_MAX = 512 * KIB
+"""A node's Kubernetes state at its bounds (1,024 labels, 4,096 host ports, 4,096 pods)."""
+GANG_MESSAGE_MAX = 1 * MIB
+"""nats-server's default max_payload."""
+
 STREAMS = (
-    Stream(STREAM_GANG, ("phx.gang.>",)),
-    Stream(STREAM_TOPOLOGY, ("phx.topology.>",), max_msgs_per_subject=16),
-    Stream(STREAM_NODE, ("phx.node.>",)),
-    Stream(STREAM_DEADLINE, ("phx.deadline.>",), allow_schedules=True),
-    Stream(STREAM_DEAD_LETTER, ("phx.dlq.>",), max_age_s=30 * 24 * 3600),
+    Stream(STREAM_GANG, ("phx.gang.>",), max_bytes=1 * GIB, max_msg_size=GANG_MESSAGE_MAX),
+    Stream(STREAM_TOPOLOGY, ("phx.topology.>",), max_bytes=512 * MIB, max_msg_size=TOPOLOGY_REPORT_MAX,
+           max_msgs_per_subject=4),
+    Stream(STREAM_NODE, ("phx.node.>",), max_bytes=256 * MIB, max_msg_size=NODE_MESSAGE_MAX,
+           max_msgs_per_subject=1024),
+    Stream(STREAM_DEADLINE, ("phx.deadline.>",), max_bytes=64 * MIB, max_msg_size=NODE_MESSAGE_MAX,
+           allow_schedules=True),
+    Stream(STREAM_DEAD_LETTER, ("phx.dlq.>",), max_bytes=512 * MIB, max_msg_size=GANG_MESSAGE_MAX + 64 * KIB,
+           max_age_s=30 * 24 * 3600, max_msgs_per_subject=64),
 )
 
 # -- channels (subjects) ------------------------------------------------------------------
@@ -164,12 +187,21 @@ CHANNEL = {c.id: c for c in CHANNELS}
 
 @dataclass(frozen=True)
 class Consumer:
+    """A durable pull consumer. ``creator`` declares it (the admin's ``phalanx bus init``, or
+    gang-coordinator for a node's MIG commands, ``node_consumer``); ``identity`` only binds,
+    pulls and acks. No other identity may create a consumer: the server does not check a
+    consumer's deliver subject against its creator's rights, so a push consumer would let its
+    creator publish stored messages anywhere (docs/security.md)."""
+
     durable: str
     stream: str
     filter: str
     identity: str
     channels: tuple[str, ...]
     """The channel ids the filter selects (checked by tests: all of them and nothing else)."""
+    creator: str = ADMIN
+    ack_wait_s: float = 10.0
+    max_deliver: int = 50
 
 
 CONSUMERS = (
@@ -180,7 +212,8 @@ CONSUMERS = (
     Consumer("gang-coordinator-node", STREAM_NODE, "phx.node.*.reply", GANG_COORDINATOR, ("nodeReply",)),
     Consumer("gang-coordinator-deadline", STREAM_DEADLINE, "phx.deadline.fired.>", GANG_COORDINATOR,
              ("deadlineFired",)),
-    Consumer("mig-manager-{node}", STREAM_NODE, "phx.node.{node}.mig", MIG_MANAGER, ("nodeMig",)),
+    Consumer("mig-manager-{node}", STREAM_NODE, "phx.node.{node}.mig", MIG_MANAGER, ("nodeMig",),
+             creator=GANG_COORDINATOR),
     Consumer("mig-manager-fleet", STREAM_NODE, "phx.node.*.mig", NODE_FLEET, ("nodeMig",)),
 )
 CONSUMER = {c.durable: c for c in CONSUMERS}
@@ -202,11 +235,19 @@ class Grant:
 
 @dataclass(frozen=True)
 class Bucket:
+    """A KV bucket: its history, limits (``max_value_size`` refused above, ``max_bytes`` in
+    all) and who may do what with it. No bucket allows rollup headers (``Nats-Rollup``): a
+    writer of one key could otherwise erase every other key of the bucket."""
+
     name: str
     history: int
     description: str
     grants: tuple[Grant, ...]
+    max_value_size: int = 64 * KIB
+    max_bytes: int = 64 * MIB
     atomic: bool = False
+    rollups: bool = False
+    """Allow rollup headers (KV purge): only for a bucket outside this table (tests)."""
     """Allow JetStream atomic batch publish on the bucket's stream."""
     simulator_only: bool = False
     value: str = ""
@@ -230,40 +271,61 @@ KV_SIM_LEASES = "phx-sim-leases"
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH),
-            Grant(READER, READ)), value="kv.NodeTopologyReported", key="{node}"),
+            Grant(READER, READ)), max_value_size=TOPOLOGY_REPORT_MAX, max_bytes=512 * MIB,
+           value="kv.NodeTopologyReported", key="{node}"),
     Bucket(KV_HEARTBEAT, 1, "The last heartbeat of each node's topology-discovery.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
-           value="kv.NodeHeartbeat", key="{node}"),
+           max_value_size=1 * KIB, max_bytes=16 * MIB, value="kv.NodeHeartbeat", key="{node}"),
     Bucket(KV_NODE_STATE, 1, "Each node's Kubernetes state for the non-GPU filters (allocatable, taints, labels, "
-           "cordon, Ready, and the requests and host ports of the pods Phalanx did not place there).",
+           "cordon, Ready, the requests and host ports of the pods Phalanx did not place there) and the pods "
+           "Phalanx placed that run there.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
-           value="kv.NodeKubeState", key="{node}"),
+           max_value_size=NODE_STATE_MAX, max_bytes=512 * MIB, value="kv.NodeKubeState", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node; all nodes of a decision commit in one atomic batch.",
            (Grant(PLACEMENT, WRITE), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, READ),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
-           atomic=True, value="kv.NodeLedger", key="{node}"),
+           max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, atomic=True, value="kv.NodeLedger", key="{node}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH), Grant(PLACEMENT, WATCH),
-            Grant(READER, READ)), value="kv.GangState", key="{gang}"),
+            Grant(READER, READ)), max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, value="kv.GangState",
+           key="{gang}"),
     Bucket(KV_LEASES, 1, "Leases that elect one active replica of a singleton loop (the reconciler).",
            (Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ))),
-    Bucket(KV_MIG, 1, "Who owns each MIG instance of a node (written before the create, verified after).",
-           (Grant(MIG_MANAGER, WRITE, "{node}.>"), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
-           key="{node}.{gpu}.{start}"),
+    Bucket(KV_MIG, 1, "Who owns each MIG instance of a node, by slot (written before the create, verified after).",
+           (Grant(MIG_MANAGER, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
+           max_value_size=256 * KIB, max_bytes=256 * MIB, value="kv.NodeMig", key="{node}"),
     Bucket(KV_SIM_PODS, 4, "Simulated cluster: pods.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH),
-            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, READ)), simulator_only=True),
+            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, READ)),
+           max_value_size=1 * MIB, max_bytes=1 * GIB, simulator_only=True),
     Bucket(KV_SIM_NODES, 4, "Simulated cluster: nodes.",
            (Grant(SIMULATOR, WRITE), Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ),
-            Grant(BINDER, READ), Grant(READER, READ)), simulator_only=True),
+            Grant(BINDER, READ), Grant(READER, READ)), max_value_size=NODE_STATE_MAX, max_bytes=256 * MIB,
+           simulator_only=True),
     Bucket(KV_SIM_LEASES, 2, "Simulated cluster: coordination Leases (the device plugin's fences).",
            (Grant(SIMULATOR, WRITE), Grant(BINDER, WRITE), Grant(TOPOLOGY_DISCOVERY, READ), Grant(READER, READ),
-            Grant(GANG_COORDINATOR, INFO)), simulator_only=True),
+            Grant(GANG_COORDINATOR, INFO)), max_value_size=256 * KIB, max_bytes=64 * MIB, simulator_only=True),
     Bucket(KV_SIM_EVENTS, 2, "Simulated cluster: events of each pod.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(BINDER, WRITE), Grant(READER, READ),
-            Grant(TOPOLOGY_DISCOVERY, INFO)), simulator_only=True),
+            Grant(TOPOLOGY_DISCOVERY, INFO)), max_value_size=256 * KIB, max_bytes=256 * MIB, simulator_only=True),
 )
 BUCKET = {b.name: b for b in BUCKETS}
+
+
+def declared_bytes(*, simulator: bool = True) -> int:
+    """Bytes every stream and bucket of the table may hold at most (each copy of a replicated
+    one): what the account's JetStream storage limit is sized from."""
+    return (sum(s.max_bytes for s in STREAMS)
+            + sum(b.max_bytes for b in BUCKETS if simulator or not b.simulator_only))
+
+
+ACCOUNT_DISK_BYTES = 3 * declared_bytes() + 1 * GIB
+"""The PHALANX account's JetStream disk limit (account JWT): three copies of everything the
+table declares (a 3-server cluster with R3 streams), plus room for the ephemeral state of KV
+watchers. A stream the table does not declare cannot push the account past it."""
+NODE_AGENT_PAYLOAD_MAX = NODE_STATE_MAX + 16 * KIB
+"""The largest message a node agent's connection may publish (user JWT ``payload``): its
+largest record plus headers."""
 
 EXTRA_API: dict[str, tuple[str, ...]] = {}
 """JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry); none
@@ -403,5 +465,11 @@ def durable(name: str, node: str | None = None) -> Consumer:
     c = CONSUMER[name]
     if node is None:
         return c
-    return Consumer(render(c.durable, node=node), c.stream, render(c.filter, node=node), c.identity, c.channels)
+    return replace(c, durable=render(c.durable, node=node), filter=render(c.filter, node=node))
+
+
+def node_consumer(node: str) -> Consumer:
+    """The durable through which ``node``'s mig-manager receives its MIG commands (created by
+    gang-coordinator before it sends the node its first command)."""
+    return durable("mig-manager-{node}", node)
 

@@ -126,6 +126,10 @@ class Binder:
             held = f"gang {alloc.gang_id} attempt {alloc.attempt}" if alloc is not None else "nothing"
             return "not_in_ledger", (f"the ledger holds {held} for {a.pod} (uid {a.pod.uid or '-'}) on {a.node}, "
                                      f"not gang {ev.gang_id} attempt {ev.attempt}")
+        if alloc.adopted:
+            return "adopted_reservation", (f"the ledger's reservation of {a.pod} on {a.node} was recorded for a pod "
+                                           "found bound there (an adoption), not by a placement decision: binder binds "
+                                           "only what placement decided")
         recorded = msgspec.structs.replace(alloc.assignment, mig_instance_uuid=a.mig_instance_uuid)
         if recorded != a:
             return "not_in_ledger", f"the command's assignment for {a.pod} differs from the ledger's"

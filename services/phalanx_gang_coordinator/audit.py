@@ -13,10 +13,12 @@ for. Rules (docs/saga.md, "The reconciler"):
    flight (the record is at that attempt, ``placing``…``binding``, and names the pod) or is
    being rolled back (the rollback releases it); otherwise it is released.
 4. A pod with a Phalanx schedulerName bound to a node without a reservation there gets one
-   recorded (``Adopt``, from its assignment annotation) if its GPUs are free there; if they
-   are booked by another pod, or it has no readable assignment, it is reported loudly
-   (``Report``: a Warning event on the pod, the metric, ``phalanx doctor``) and never booked
-   twice.
+   recorded (``Adopt``, from its assignment annotation) if its GPUs are free there; without a
+   readable assignment it is reported loudly (``Report``: a Warning event on the pod, the
+   metric, ``phalanx doctor``) and never booked twice. If its GPUs are booked by another pod
+   that runs there too, two pods share a GPU: the one bound later is rolled back (``Evict``:
+   deleted, so its controller recreates it, with a Warning event saying why), and the one
+   that stays is then recorded by rule 1 or 4.
 5. A MIG instance recorded ready in ``phx-mig`` without a reservation while a pod still runs
    on it is a finding; the pod's adoption (rule 4) gives the slot its owner back, so
    mig-manager does not destroy it.
@@ -25,6 +27,7 @@ for. Rules (docs/saga.md, "The reconciler"):
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import msgspec
@@ -65,7 +68,15 @@ class Report:
     message: str
 
 
-Repair = Release | Forget | Adopt | Report
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Delete ``pod`` (the later of two pods sharing a GPU), telling it ``message``."""
+
+    pod: PodRef
+    message: str
+
+
+Repair = Release | Forget | Adopt | Report | Evict
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,13 +174,48 @@ def _bound_pod(r: Reading, pod: Pod) -> Finding | None:
     if conflicts:
         message = (f"bound to {node} on GPU(s) {','.join(map(str, a.gpus))} without a Phalanx reservation, and "
                    f"those GPUs are booked by another pod: {'; '.join(conflicts)}")
-        return Finding("pod_on_booked_gpus", f"{pod.ref}: {message}", Report(pod.ref, message))
+        return Finding("pod_on_booked_gpus", f"{pod.ref}: {message}", _double_booked(r, pod, a, held, message))
     state = next((s for s in r.gangs.values() if _member_of(s, pod.ref)), None)
     gang = state.gang_id if state is not None else r.gang_of.get(pod.uid, f"{pod.namespace}/{pod.name}")
     attempt = max(1, state.attempt) if state is not None else 1
     return Finding("pod_without_reservation", f"{pod.ref} is bound to {node} on GPU(s) "
                                               f"{','.join(map(str, a.gpus))} without a reservation; recording one",
                    Adopt(gang, attempt, a))
+
+
+def _double_booked(r: Reading, pod: Pod, a: Assignment, held: dict[str, Allocation], message: str) -> Repair:
+    """Two pods share a GPU: roll back the one bound later, if the other runs there too;
+    else (its holder is gone) only report: rule 1 frees the holder's reservation first."""
+    by_uid = {p.uid: p for p in r.pods if p.uid}
+    holders = [by_uid.get(v.assignment.pod.uid) for v in held.values()
+               if gpu_conflicts([v.assignment, a])]
+    running = [h for h in holders if h is not None and h.node_name == pod.node_name and not h.deleting]
+    if not running:
+        return Report(pod.ref, message)
+    later = max([pod, *running], key=lambda p: (bound_at(p), p.namespace, p.name))
+    others = ", ".join(str(p.ref) for p in [pod, *running] if p is not later)
+    return Evict(later.ref, f"shares GPU(s) on {pod.node_name} with {others}, which was bound to them first: "
+                            "deleted so that its controller creates it again and Phalanx places it anew")
+
+
+def bound_at(pod: Pod) -> float:
+    """When the pod was bound: its ``PodScheduled=True`` condition's transition time, else its
+    creation time."""
+    for c in ((pod.raw.get("status") or {}).get("conditions") or []):
+        if c.get("type") == "PodScheduled" and c.get("status") == "True":
+            at = _rfc3339(c.get("lastTransitionTime"))
+            if at is not None:
+                return at
+    return pod.created
+
+
+def _rfc3339(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _annotation(pod: Pod) -> Assignment | None:

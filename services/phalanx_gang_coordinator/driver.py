@@ -17,6 +17,7 @@ import msgspec
 from opentelemetry import context as otel_context
 
 from phalanx_bus import Bus, Delivery, Record, read_one
+from phalanx_bus.declare import declare_consumer
 from phalanx_gang_coordinator import effects, fairness, saga
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.notify import Notifier
@@ -28,14 +29,16 @@ from phalanx_proto.events import (
     Bound,
     GangDeadline,
     MigDestroyed,
+    MigDestroyRequested,
     MigFailed,
+    MigPrepareRequested,
     MigReady,
     Placed,
     PlacementFailed,
     Released,
     ReleaseRequested,
 )
-from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, mig_record_key
+from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, mig_slot
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 
@@ -52,16 +55,20 @@ class SagaDriver:
         """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
         self.gate: Callable[[GangState, float], fairness.Gate] = lambda state, now: fairness.Gate()
         """The fairness gate for ``state`` now (set by resync, which holds the queue)."""
+        self._node_consumers: set[str] = set()
 
     # -- effects -----------------------------------------------------------------------------
     def timeout_of(self, state: GangState) -> float:
         return min(state.timeout_s or self.config.default_timeout_s, MAX_GANG_TIMEOUT_S)
 
     async def execute(self, todo: tuple[effects.Effect, ...]) -> None:
-        """Carry out effects in order (each may be carried out more than once: same message ids)."""
+        """Carry out effects in order (each may be carried out more than once: same message ids).
+        A node's first MIG command creates the node's durable consumer first (``node_consumer``)."""
         for e in todo:
             match e:
                 case effects.Publish(subject=subject, event=event, msg_id=msg_id):
+                    if isinstance(event, MigPrepareRequested | MigDestroyRequested):
+                        await self.node_consumer(event.node)
                     await self.bus.publish(subject, event, msg_id=msg_id)
                 case effects.ScheduleDeadline(event=event, at=at):
                     await self.bus.publish_scheduled(S.deadline_schedule_subject(event.gang_id), event, at=at,
@@ -70,6 +77,13 @@ class SagaDriver:
                     await self.notifier.tell(pods, reason, message, condition=condition)
                 case effects.Compensate(gang_id=gang_id, attempt=attempt):
                     await self.roll_back(gang_id, attempt)
+
+    async def node_consumer(self, node: str) -> None:
+        """Create ``node``'s MIG durable once per process: a pull consumer with the table's
+        filter, which node agents may bind to but never create (docs/security.md)."""
+        if node not in self._node_consumers:
+            await declare_consumer(self.bus, S.node_consumer(node))
+            self._node_consumers.add(node)
 
     async def apply(self, t: Transition | None) -> GangState | None:
         """Carry out the effects of a stored transition; returns its new state."""
@@ -219,9 +233,9 @@ class SagaDriver:
         a = next((a for a in (state.assignments if state else ()) if a.pod == ev.pod and a.node == ev.node), None)
         if a is None or not a.mig_profile:
             return False  # the transition ignores it anyway
-        rec = await read_one(await self.bus.kv(S.KV_MIG), mig_record_key(a.node, a.gpus[0] if a.gpus else 0,
-                                                                          max(0, a.mig_start)))
-        record = rec.value if isinstance(rec, Record) else None
+        rec = await read_one(await self.bus.kv(S.KV_MIG), S.token(a.node))
+        book = rec.value if isinstance(rec, Record) else None
+        record = book.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) if book else None
         if record is None or record.state != "ready" or record.uuid != ev.instance_uuid or \
                 not record.owned_by(ev.gang_id, ev.attempt, ev.pod):
             refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "

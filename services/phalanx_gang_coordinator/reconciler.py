@@ -6,7 +6,7 @@ reads the ledger, the gang records, MIG ownership and the cluster's pods every
 it through the owners' own channels — only placement writes the ledger, so a reservation is
 released with a ``ReleaseRequested`` and recorded with an ``AdoptRequested``; a member whose
 pod is gone is forgotten by pod intake; a pod on GPUs booked by another is reported on the
-pod (Warning event) and never booked twice. A destructive repair (release, forget) is made
+pod (Warning event) and never booked twice. A destructive repair (release, forget, evict) is made
 only for a finding seen in two passes running, so a reading taken in the middle of an
 ordinary step does not undo it.
 
@@ -90,7 +90,8 @@ class Reconciler:
         pods = await self.cluster.list_pods()
         return audit.Reading(
             ledgers={r.value.node: r.value for r in ledgers}, gangs={g.gang_id: g for g in gangs}, pods=pods,
-            gang_of={p.uid: _gang_of(p) for p in pods if p.node_name}, mig=[r.value for r in mig],
+            gang_of={p.uid: _gang_of(p) for p in pods if p.node_name},
+            mig=[rec for r in mig for rec in r.value.instances.values()],
             unreadable=tuple(str(b) for b in (*bad_ledgers, *bad_gangs, *bad_mig)),
             unreadable_nodes=frozenset(b.key for b in bad_ledgers), unreadable_gangs=frozenset(b.key for b in bad_gangs))
 
@@ -143,6 +144,15 @@ class Reconciler:
                 ev = AdoptRequested(gang_id=gang, attempt=attempt, assignment=a, reason=f.detail)
                 await self.bus.publish(S.placement_subject(gang), ev, msg_id=f"{ev.key()}:reconcile:{time.time():.0f}")
                 return "adopt"
+            case audit.Evict(pod=pod, message=message):
+                key = ("evict", pod)
+                suspects.add(key)
+                if key not in self._suspects:
+                    return ""
+                warn("reconciler rolls back a pod that shares a GPU", pod=str(pod), why=message)
+                await self.notifier.event(pod, "PhalanxDoubleBooked", message)
+                await self.cluster.delete_pod(pod)
+                return "evict"
             case audit.Report(pod=pod, message=message):
                 warn("reconciler found a pod it cannot repair", pod=str(pod), why=message)
                 await self.notifier.event(pod, "PhalanxUnreserved", message)

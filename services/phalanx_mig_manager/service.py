@@ -10,10 +10,11 @@ It consumes its node's commands on ``phx.node.<node>.mig`` and replies on
 * ``MigDestroyRequested`` → destroy the pod's instance (idempotent: nothing there is success)
   and reply ``MigDestroyed``.
 
-Idempotency: ownership lives in KV ``phx-mig`` under ``<node>.<gpu>.<start>``. The record is
-written *before* the create (state ``creating``, the intent) and updated after the verify
-(``ready`` + UUID). A redelivered prepare (the process died between create and reply) finds the
-record and the instance and replies ready without a second create.
+Idempotency: ownership lives in KV ``phx-mig`` under the node's own key, one ``NodeMig``
+holding a record per slot ``<gpu>.<start>`` (``MigBook``, changed by compare-and-set). The
+record is written *before* the create (state ``creating``, the intent) and updated after the
+verify (``ready`` + UUID). A redelivered prepare (the process died between create and reply)
+finds the record and the instance and replies ready without a second create.
 
 Reconciliation (at start and every ``reconcile_s``): an instance owned neither by a live ledger
 reservation (``phx-ledger``: an allocation on this node with ``mig_start``) nor by a record
@@ -38,13 +39,10 @@ from phalanx_bus import (
     Delivery,
     Kv,
     KvConflict,
-    KvEntry,
     TemporaryError,
     consume,
-    read_all,
     read_one,
 )
-from phalanx_bus.records import check
 from phalanx_nvml import MigDevices, MigError, MigInstanceInfo
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -55,19 +53,73 @@ from phalanx_proto.events import (
     MigReady,
     node_decoder,
 )
-from phalanx_proto.state import MigRecord, mig_record_key
+from phalanx_proto.state import MigRecord, NodeMig, mig_slot
 from phalanx_telemetry import log, warn
 
 KV_MIG = S.KV_MIG
-"""Ownership records of MIG instances (keys ``<node>.<gpu>.<start>``; a node's agent may
-write its own node's keys only)."""
-record_key = mig_record_key
+"""Ownership records of MIG instances: one ``NodeMig`` per node, under the node's token (a
+node's agent may write its own node's key only)."""
+CAS_RETRIES = 20
 
 
-def _slot_of(key: str) -> tuple[int, int] | None:
-    """(gpu, start) from a record key ``<node>.<gpu>.<start>``."""
-    parts = key.rsplit(".", 2)
-    return (int(parts[1]), int(parts[2])) if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() else None
+@dataclass
+class MigBook:
+    """One node's ``NodeMig`` in ``phx-mig``: read it, change it by compare-and-set."""
+
+    kv: Kv
+    node: str
+
+    @property
+    def key(self) -> str:
+        return S.token(self.node)
+
+    async def read(self) -> tuple[NodeMig, int] | BadEntry:
+        """The node's records and their revision (an empty book at revision 0 when absent), or
+        the bad entry when the value cannot be believed."""
+        rec = await read_one(self.kv, self.key)
+        if rec is None:
+            return NodeMig(node=self.node), 0
+        if isinstance(rec, BadEntry):
+            return rec
+        return rec.value, rec.revision
+
+    async def records(self) -> dict[str, MigRecord] | BadEntry:
+        got = await self.read()
+        return got if isinstance(got, BadEntry) else dict(got[0].instances)
+
+    async def change(self, fn) -> NodeMig | BadEntry | None:
+        """Apply ``fn(records) -> records | None`` (None: no change) by compare-and-set,
+        retrying on conflict; returns the stored book, None when ``fn`` declined."""
+        for _ in range(CAS_RETRIES):
+            got = await self.read()
+            if isinstance(got, BadEntry):
+                return got
+            book, revision = got
+            new = fn(dict(book.instances))
+            if new is None:
+                return None
+            stored = NodeMig(node=self.node, instances=dict(sorted(new.items())))
+            data = msgspec.json.encode(stored)
+            try:
+                if revision:
+                    await self.kv.update(self.key, data, last=revision)
+                else:
+                    await self.kv.create(self.key, data)
+            except KvConflict:
+                continue
+            return stored
+        raise TemporaryError(f"{KV_MIG}/{self.key} kept changing", delay=0.5)
+
+    async def put(self, record: MigRecord, *, only_if: MigRecord | None = None) -> bool:
+        """Store ``record`` at its slot when the slot holds ``only_if`` (None: is empty)."""
+        slot = mig_slot(record.gpu, record.start)
+        done = await self.change(lambda rs: {**rs, slot: record} if rs.get(slot) == only_if else None)
+        return isinstance(done, NodeMig)
+
+    async def drop(self, record: MigRecord) -> None:
+        """Remove ``record`` from its slot, unless another record took the slot meanwhile."""
+        slot = mig_slot(record.gpu, record.start)
+        await self.change(lambda rs: {k: v for k, v in rs.items() if k != slot} if rs.get(slot) == record else None)
 
 
 def not_mig_mode(gpu: int) -> str:
@@ -88,13 +140,17 @@ class MigManager:
     node: str
     devices: MigDevices
     records: Kv
-    """The ``phx-mig`` bucket."""
+    """The ``phx-mig`` bucket (this node's key of it: ``book``)."""
     ledger: Kv | None = None
     orphan_grace_s: float = 60.0
     clock: Callable[[], float] = time.monotonic
     counters: Counters = field(default_factory=Counters)
     _orphans_seen: dict[tuple[int, int], float] = field(default_factory=dict)
     _nvml_warned: bool = False
+
+    @property
+    def book(self) -> MigBook:
+        return MigBook(self.records, self.node)
 
     # --- NVML in a worker thread --------------------------------------------------------
 
@@ -149,12 +205,12 @@ class MigManager:
         problem = await self._mig_mode_problem(ev.gpu)
         if problem:
             return self._failed(ev, problem)
-        key = record_key(self.node, ev.gpu, ev.start)
-        entry = await self.records.get(key)
-        checked = check(S.KV_MIG, entry) if entry else None
-        if isinstance(checked, BadEntry):
-            return self._failed(ev, f"GPU {ev.gpu} slot {ev.start}: its ownership record cannot be read ({checked.error})")
-        record = checked.value if checked else None
+        book = self.book
+        records = await book.records()
+        if isinstance(records, BadEntry):
+            return self._failed(ev, f"GPU {ev.gpu} slot {ev.start}: the node's ownership records cannot be read "
+                                    f"({records.error})")
+        record = records.get(mig_slot(ev.gpu, ev.start))
         if record is not None and not record.owned_by(ev.gang_id, ev.attempt, ev.pod):
             return self._failed(ev, f"GPU {ev.gpu} slot {ev.start} is held by {record.pod} "
                                     f"(gang {record.gang_id} attempt {record.attempt})")
@@ -163,33 +219,29 @@ class MigManager:
         if record is None:
             record = MigRecord(node=self.node, gpu=ev.gpu, start=ev.start, profile=ev.profile, gang_id=ev.gang_id,
                                attempt=ev.attempt, pod=ev.pod, updated_at=time.time())
-            try:
-                revision = await self.records.create(key, msgspec.json.encode(record))
-            except KvConflict as e:
-                raise TemporaryError("mig record written concurrently", delay=0.5) from e
+            if not await book.put(record):
+                raise TemporaryError("mig record written concurrently", delay=0.5)
             if existing is not None:  # not ours by record, and no record: someone else's instance
-                await self.records.delete(key, last=revision)
+                await book.drop(record)
                 return self._failed(ev, f"GPU {ev.gpu} slot {ev.start} already has a {existing.profile} instance "
                                         "not made for this pod")
-        else:
-            revision = entry.revision
         if existing is None:
             try:
                 await self._nvml(self.devices.create, ev.gpu, ev.profile, ev.start)
             except MigError as e:
-                await self.records.delete(key, last=revision)
+                await book.drop(record)
                 return self._failed(ev, f"NVML refused {ev.profile} at slot {ev.start} on GPU {ev.gpu}: {e}")
             self.counters.created += 1
             await delivery.in_progress()
             existing = await self._find(ev.gpu, ev.start, ev.profile)
             if existing is None or not existing.uuid:
-                await self.records.delete(key, last=revision)
+                await book.drop(record)
                 return self._failed(ev, f"NVML reported {ev.profile} at slot {ev.start} on GPU {ev.gpu} created, "
                                         "but the instance is not listed")
         ready = msgspec.structs.replace(record, state="ready", uuid=existing.uuid, gi_id=existing.gi_id,
                                         updated_at=time.time())
-        if record != ready:
-            await self.records.update(key, msgspec.json.encode(ready), last=revision)
+        if record != ready and not await book.put(ready, only_if=record):
+            raise TemporaryError("mig record changed while the instance was made", delay=0.5)
         log("mig instance ready", node=self.node, gang=ev.gang_id, attempt=ev.attempt, pod=str(ev.pod), gpu=ev.gpu,
             profile=ev.profile, start=ev.start, uuid=existing.uuid)
         return MigReady(node=self.node, gang_id=ev.gang_id, attempt=ev.attempt, pod=ev.pod,
@@ -198,9 +250,10 @@ class MigManager:
     async def destroy(self, ev: MigDestroyRequested, delivery: Delivery) -> MigDestroyed:
         """Destroy every instance recorded for this pod on ``gpu`` (by UUID when given, else for
         this gang and attempt). Nothing to destroy is success: the take may never have happened."""
-        good, _ = await read_all(self.records, pattern=f"{S.token(self.node)}.>")
-        for rec in good:
-            record, entry = rec.value, rec
+        records = await self.book.records()
+        if isinstance(records, BadEntry):
+            raise TemporaryError(f"the node's MIG records cannot be read: {records.error}", delay=2.0)
+        for record in records.values():
             if record.node != self.node or record.gpu != ev.gpu or str(record.pod) != str(ev.pod):
                 continue
             if ev.instance_uuid and record.uuid and record.uuid != ev.instance_uuid:
@@ -213,10 +266,7 @@ class MigManager:
                 self.counters.destroyed += 1
                 log("mig instance destroyed", node=self.node, gang=ev.gang_id, pod=str(ev.pod), gpu=inst.gpu,
                     start=inst.start, uuid=inst.uuid)
-            try:
-                await self.records.delete(entry.key, last=entry.revision)
-            except KvConflict:
-                pass  # rewritten meanwhile (a new owner): leave it
+            await self.book.drop(record)  # a new owner's record written meanwhile stays
         return MigDestroyed(node=self.node, gang_id=ev.gang_id, attempt=ev.attempt, pod=ev.pod)
 
     # --- reconciliation -----------------------------------------------------------------
@@ -249,25 +299,21 @@ class MigManager:
         and the record removed: R3's "destroyed when the pod goes away" even when no destroy
         command comes. Without a ledger bucket every record owns its slot.
 
-        A value that cannot be read never leads to a destroy: a slot whose record is unreadable
-        counts as owned, and while this node's ledger value is unreadable nothing is destroyed.
+        A value that cannot be read never leads to a destroy: while this node's records or its
+        ledger value are unreadable nothing is destroyed.
         """
-        records: dict[tuple[int, int], tuple[MigRecord, KvEntry]] = {}
-        good, bad = await read_all(self.records, pattern=f"{S.token(self.node)}.>")
-        for rec in good:
-            r = rec.value
-            if r.node == self.node:
-                records[(r.gpu, r.start)] = (r, KvEntry(rec.key, b"", rec.revision))
-        unreadable = {_slot_of(b.key) for b in bad if b.key.startswith(f"{S.token(self.node)}.")} - {None}
+        book = await self.book.records()
+        if isinstance(book, BadEntry):
+            return  # who owns what is unknown: destroying anything could hit a running pod
+        records = {(r.gpu, r.start): r for r in book.values() if r.node == self.node}
         ledger = await self._ledger_slots()
         if isinstance(ledger, BadEntry):
             return  # the reservations are unknown: destroying anything could hit a running pod
         if ledger is None:
             owned = set(records)
         else:
-            owned = set(ledger) | {slot for slot, (r, _) in records.items()
+            owned = set(ledger) | {slot for slot, r in records.items()
                                    if r.state != "ready" or ledger.get(slot) == str(r.pod)}
-        owned |= unreadable
         now, present = self.clock(), set()
         try:
             count = await self._nvml(self.devices.gpu_count)
@@ -294,17 +340,14 @@ class MigManager:
                 await self._nvml(self.devices.destroy, gpu, inst.gi_id)
                 self._orphans_seen.pop(slot, None)
                 if slot in records:
-                    try:
-                        await self.records.delete(records[slot][1].key, last=records[slot][1].revision)
-                    except KvConflict:
-                        pass  # a new owner wrote it meanwhile
+                    await self.book.drop(records[slot])  # a new owner's record written meanwhile stays
                 self.counters.orphans_destroyed += 1
                 warn("orphan mig instance destroyed", node=self.node, gpu=gpu, start=inst.start,
                      profile=inst.profile, uuid=inst.uuid, orphans_destroyed=self.counters.orphans_destroyed)
         for slot in list(self._orphans_seen):
             if slot not in present:
                 del self._orphans_seen[slot]
-        for slot, (r, _) in records.items():
+        for slot, r in records.items():
             if slot not in present and r.state == "ready":
                 self.counters.missing_instances += 1
                 warn("mig record without instance", node=self.node, gpu=r.gpu, start=r.start, pod=str(r.pod),
@@ -323,8 +366,10 @@ async def _reconcile_loop(manager: MigManager, every_s: float, *, task_status=an
 
 async def run(bus: Bus, node: str, devices: MigDevices, *, reconcile_s: float = 30.0, orphan_grace_s: float = 60.0,
               clock: Callable[[], float] = time.monotonic, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run mig-manager for ``node`` until cancelled; ready once it has reconciled once and its
-    consumer is live."""
+    """Run mig-manager for ``node`` until cancelled; ready once it has reconciled once. Its
+    durable consumer is made by gang-coordinator before the node's first MIG command (a node
+    agent may create no consumer: docs/security.md); until then it waits for it, and the
+    commands wait in the stream."""
     own = S.durable("mig-manager-{node}", node)
     records = await bus.kv(S.KV_MIG)
     ledger = await bus.kv(S.KV_LEDGER)
@@ -332,7 +377,7 @@ async def run(bus: Bus, node: str, devices: MigDevices, *, reconcile_s: float = 
     await manager.reconcile()
     async with anyio.create_task_group() as tg:
         await tg.start(_reconcile_loop, manager, reconcile_s)
-        await tg.start(lambda task_status: consume(
+        tg.start_soon(lambda: consume(
             bus, stream=own.stream, durable=own.durable, filter_subject=own.filter,
-            decoder=node_decoder, handler=manager.on_command, task_status=task_status))
+            decoder=node_decoder, handler=manager.on_command, create=False))
         task_status.started(manager)

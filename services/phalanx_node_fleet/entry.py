@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
     p.add_argument("--heartbeat-s", type=float, default=3.0, help="seconds between heartbeats (default %(default)s)")
     p.add_argument("--label-refresh-s", type=float, default=30.0,
                    help="seconds between node listings; a label change is reported within this (default %(default)s)")
+    p.add_argument("--state-refresh-s", type=float, default=2.0,
+                   help="seconds between checks for pod and node changes; the nodes' Kubernetes states are "
+                        "reported again after one (default %(default)s)")
     p.add_argument("--reconcile-s", type=float, default=30.0,
                    help="seconds between MIG reconciliation passes of the MIG nodes (default %(default)s)")
     p.add_argument("--orphan-grace-s", type=float, default=60.0,
@@ -33,6 +36,7 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
 
     nodes = ClusterFile.load(args.cluster_file).nodes
     config = FleetConfig(heartbeat_s=args.heartbeat_s, label_refresh_s=args.label_refresh_s,
-                         reconcile_s=args.reconcile_s, orphan_grace_s=args.orphan_grace_s,
+                         state_refresh_s=args.state_refresh_s, reconcile_s=args.reconcile_s,
+                         orphan_grace_s=args.orphan_grace_s,
                          concurrency=args.concurrency)
     await run(bus, cluster, nodes, config, task_status=task_status)

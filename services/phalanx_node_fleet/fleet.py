@@ -9,9 +9,11 @@ NVML — sharing one bus connection and one ``ClusterPort``:
 * **topology**: at start one node listing and one ``Discovery.report`` per node; then every
   ``label_refresh_s`` a listing and a report for each node whose labels changed (a DaemonSet
   agent reads its Node every beat; the fleet trades that for one listing per period);
-* **Kubernetes state**: at start and every ``label_refresh_s``, one node listing and one listing
-  of the bound pods give every node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a
-  node's key of ``phx-node-state`` is written only when its state changed);
+* **Kubernetes state**: at start and every ``state_refresh_s`` when a pod or node changed
+  (``SimCluster.revision``), one node listing and one listing of the bound pods give every
+  node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a node's key of
+  ``phx-node-state`` is written only when its state changed), and every ``label_refresh_s``
+  each node's stored state is read back and written again if it is not the node's;
 * **heartbeats**: every ``heartbeat_s`` one beat per node, each under the node's own key of
   ``phx-heartbeat``, written ``concurrency`` at a time (pipelined, one connection);
 * **MIG**: one durable consumer on every node's MIG subject (``phx.node.*.mig``) hands each
@@ -59,6 +61,7 @@ DURABLE = "mig-manager-fleet"
 class FleetConfig:
     heartbeat_s: float = 3.0
     label_refresh_s: float = 30.0
+    state_refresh_s: float = 2.0
     reconcile_s: float = 30.0
     orphan_grace_s: float = 60.0
     concurrency: int = 64
@@ -123,6 +126,31 @@ class Fleet:
         await self._each(list(self.states), one, "node state")
         return len(changed)
 
+    async def reassert_states(self) -> int:
+        """Each node's stored state read back, written again where it is not the node's."""
+        written: list[str] = []
+
+        async def one(name: str) -> None:
+            if await self.states[name].reassert():
+                written.append(name)
+
+        await self._each(list(self.states), one, "node state re-assert")
+        return len(written)
+
+    async def state_loop(self) -> None:
+        """Report the nodes' states again whenever the simulated cluster changed."""
+        seen = None
+        while True:
+            await anyio.sleep(self.config.state_refresh_s)
+            try:
+                revision = await self.cluster.revision() if hasattr(self.cluster, "revision") else None
+                if revision is None or revision != seen:
+                    seen = revision
+                    await self.report_states()
+            except Exception as e:  # noqa: BLE001 - the listing failed: next period retries
+                metrics.HEARTBEAT_FAILURES.inc()
+                warn("fleet node state listing failed", error=repr(e)[:300])
+
     async def beat(self) -> int:
         """One heartbeat per node, each under its own key; returns how many were stored."""
         kv = await self.bus.kv(S.KV_HEARTBEAT)
@@ -164,8 +192,8 @@ class Fleet:
             try:
                 if (reported := await self.report(changed_only=True)):
                     log("fleet reported label changes", nodes=reported)
-                if (states := await self.report_states()):
-                    log("fleet reported node state changes", nodes=states)
+                if (states := await self.reassert_states()):
+                    log("fleet wrote node states again", nodes=states)
             except Exception as e:  # noqa: BLE001 - the listing failed: next period retries
                 metrics.HEARTBEAT_FAILURES.inc()
                 warn("fleet node listing failed", error=repr(e)[:300])
@@ -215,6 +243,7 @@ async def run(bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], conf
     async with anyio.create_task_group() as tg:
         tg.start_soon(fleet.beat_loop)
         tg.start_soon(fleet.label_loop)
+        tg.start_soon(fleet.state_loop)
         if fleet.mig:
             tg.start_soon(fleet.reconcile_loop)
         await tg.start(lambda task_status: consume(

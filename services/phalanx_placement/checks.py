@@ -66,30 +66,58 @@ def check_release(record: GangState | None, ev: ReleaseRequested) -> Refusal | N
     return None
 
 
-def release(ledger: NodeLedger, ev: ReleaseRequested) -> NodeLedger | None:
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a release does to one node's ledger: the new ledger (None: nothing to free there)
+    and the pods it holds back because the node's agent reports them running there."""
+
+    ledger: NodeLedger | None
+    held: tuple[str, ...] = ()
+
+
+def release(ledger: NodeLedger, ev: ReleaseRequested, running: frozenset[str] = frozenset()) -> Released:
     """The ledger without exactly the allocations of (gang, attempt, pod uid) the release
-    names; None when it holds none of them."""
+    names, except those of pods in ``running`` (the node agent's ``phalanx_pods``): a
+    reservation is never freed under a pod that runs on its GPUs, whatever a command says; it
+    is freed once the node's report no longer lists the pod (the command is retried)."""
     keys = {alloc_key(p) for p in ev.pods}
-    keep = {k: v for k, v in ledger.allocations.items()
-            if not (k in keys and v.gang_id == ev.gang_id and v.attempt == ev.attempt)}
-    if len(keep) == len(ledger.allocations):
-        return None
-    return NodeLedger(node=ledger.node, allocations=keep)
+    named = {k for k, v in ledger.allocations.items()
+             if k in keys and v.gang_id == ev.gang_id and v.attempt == ev.attempt}
+    held = tuple(sorted(named & running))
+    freed = named - running
+    if not freed:
+        return Released(None, held)
+    keep = {k: v for k, v in ledger.allocations.items() if k not in freed}
+    return Released(NodeLedger(node=ledger.node, allocations=keep), held)
 
 
-def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested) -> NodeLedger | Refusal | None:
-    """The ledger with a reservation recorded for a pod found bound without one, if its GPUs
-    are free: never a GPU booked twice. None when the pod already holds one there."""
+def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
+          running: frozenset[str] | None) -> NodeLedger | Refusal | None:
+    """The ledger with a reservation recorded for a pod found bound without one: only for a
+    pod the node's agent reports running there (``running``: its ``phalanx_pods``; None when the
+    node reports no state, so nothing can be confirmed), on GPUs that exist, suit the kind of
+    work (MIG only on a GPU in MIG mode, whole GPUs and shares only on one that is not), and
+    are free: never a GPU booked twice, never a reservation for a pod that is not there. None
+    when the pod already holds one there."""
     a = ev.assignment
     key = alloc_key(a.pod)
     if key in ledger.allocations:
         return None
     if topology is None:
         return Refusal("unknown_node", f"node {a.node} has no topology report")
-    known = {g.index for g in topology.gpus}
-    unknown = sorted(set(a.gpus) - known)
+    if running is None or key not in running:
+        why = "reports no Kubernetes state" if running is None else "does not report it running there"
+        return Refusal("not_running_there", f"{a.pod} (uid {a.pod.uid or '-'}): node {a.node}'s agent {why}; "
+                                            "a reservation is recorded only for a pod bound and running on the node")
+    gpus = {g.index: g for g in topology.gpus}
+    unknown = sorted(set(a.gpus) - set(gpus))
     if unknown or not a.gpus:
         return Refusal("not_recorded", f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
+    wrong = sorted(i for i in a.gpus if gpus[i].mig_enabled != bool(a.mig_profile))
+    if wrong:
+        mode = "not in MIG mode" if a.mig_profile else "in MIG mode"
+        return Refusal("not_recorded", f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
+                                       f"{a.kind} assignment")
     new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True)
     conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
     if conflicts:

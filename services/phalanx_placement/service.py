@@ -43,6 +43,7 @@ from phalanx_bus import (
     kv_atomic_write,
 )
 from phalanx_engine.decide import decide, default_profile
+from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks
 from phalanx_placement.cache import ClusterCache, Commit
@@ -62,6 +63,8 @@ from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
+RELEASE_RETRY_S = 2.0
+"""How soon a release held back under running pods is tried again."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class Placement:
             elapsed = time.perf_counter() - started
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
+        _report_node_errors()
         if isinstance(result, NoFit):
             log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed * 1000, 3))
             # Could it fit were the whole cluster empty (the statuses say: only busy nodes kept it
@@ -324,13 +328,16 @@ class Placement:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
         for _ in range(self.config.max_commit_retries):
-            released, writes = 0, {}
+            released, writes, held = 0, {}, []
             for key in self.cache.gang_keys(ev.gang_id):
                 ledger = self.cache.ledger_of(key)
-                kept = checks.release(ledger, ev) if ledger is not None else None
-                if kept is not None:
-                    released += len(ledger.allocations) - len(kept.allocations)
-                    writes[key] = kept
+                if ledger is None:
+                    continue
+                out = checks.release(ledger, ev, self._running(ledger.node))
+                held += out.held
+                if out.ledger is not None:
+                    released += len(ledger.allocations) - len(out.ledger.allocations)
+                    writes[key] = out.ledger
             try:
                 if writes:
                     await self._write(self.cache.assume(writes))
@@ -340,6 +347,12 @@ class Placement:
         else:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
+        if held:
+            refused("live_pod", f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
+                                "reservation is kept; the release is retried", gang=ev.gang_id, attempt=ev.attempt,
+                    command="release")
+            raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
+                                 delay=RELEASE_RETRY_S)
         await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
 
     async def on_adopt(self, ev: AdoptRequested) -> None:
@@ -356,7 +369,7 @@ class Placement:
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
             topo = self.cache.topology.get(key)
             report = topo.value if topo is not None and topo.value.node == node else None
-            out = checks.adopt(ledger, report.topology if report is not None else None, ev)
+            out = checks.adopt(ledger, report.topology if report is not None else None, ev, self._running(node, None))
             if out is None:
                 return
             if isinstance(out, checks.Refusal):
@@ -372,6 +385,12 @@ class Placement:
             return
         raise TemporaryError(f"node {node}: ledger kept changing during adoption", delay=0.5)
 
+    def _running(self, node: str, unknown=frozenset()) -> frozenset[str] | None:
+        """The pods ``node``'s agent reports running there (``NodeKubeState.phalanx_pods``);
+        ``unknown`` when it reports no state."""
+        state = self.cache.node_states.of(node) if self.cache.node_states is not None else None
+        return frozenset(state.phalanx_pods) if state is not None else unknown
+
     # -- allocation gauges ---------------------------------------------------------------------
     def record_allocation(self, *, force: bool) -> None:
         """Allocation gauges from the cache (a pass over every node): after a commit at most
@@ -381,8 +400,12 @@ class Placement:
             return
         self._recorded_at, self._allocation_stale = now, False
         self.cache.refresh()
-        allocation.record(allocation.NodeAllocation(node=v.name, topology=v.topology, enabled=v.enabled,
-                                                    assignments=v.allocations) for v in self.cache.views.values())
+        try:
+            allocation.record(allocation.NodeAllocation(node=v.name, topology=v.topology, enabled=v.enabled,
+                                                        assignments=v.allocations)
+                              for v in self.cache.views.values() if not v.invalid)
+        except Exception as e:  # noqa: BLE001 - metrics never stop a commit or a decision
+            warn("allocation metrics not computed", error=repr(e)[:300])
 
     async def flush_allocation(self) -> None:
         """Every ``metrics_every_s``: the allocation gauges if a commit is not yet in them, and
@@ -396,6 +419,14 @@ class Placement:
     def record_nodes(self) -> None:
         self.cache.refresh()
         metrics.PLACEMENT_NODES.replace(({"state": k}, n) for k, n in self.cache.node_counts().items())
+
+
+def _report_node_errors() -> None:
+    """Log and count the nodes a plugin raised on in the last decision (each was refused alone)."""
+    while NODE_ERRORS:
+        node, error = NODE_ERRORS.pop(0)
+        metrics.ENGINE_NODE_ERRORS.inc()
+        warn("node could not be evaluated; refused for this decision", node=node, error=error)
 
 
 def _annotate_decision(span, result) -> None:

@@ -3,8 +3,12 @@ KV ``phx-node-state`` under the node's token, for placement's non-GPU filters.
 
 ``NodeStateReporter.observe`` takes the node and the pods bound to it (``NodeObjects``),
 leaves out the pods Phalanx placed (they carry the assignment annotation and are in the
-ledger with their requests), builds the state (``phalanx_engine.nodekube``) and writes it when
-it differs from what this reporter last wrote. A Node that is gone, or one whose state breaks
+ledger with their requests) from what the filters count, lists them apart as what runs there
+(``NodeKubeState.phalanx_pods``: placement frees no reservation of a pod listed there), builds
+the state (``phalanx_engine.nodekube``) and writes it when it differs from what this reporter
+last wrote. Every ``REASSERT_S`` it also reads its key back and writes the state again when
+the stored value is not its own (deleted, lost with a server's disk): a node's record never
+stays gone because nothing on the node changed. A Node that is gone, or one whose state breaks
 a wire bound, has its key deleted: placement then treats the node as unreported (it takes no
 pod once reports flow) instead of believing a stale state.
 
@@ -23,12 +27,19 @@ import anyio
 from phalanx_bus import Bus
 from phalanx_engine.nodekube import node_kube_state
 from phalanx_engine.quantity import Violation
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort, NodeObjects
+from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort, NodeObjects, Pod
 from phalanx_proto import subjects as S
-from phalanx_proto.events import encoder
+from phalanx_proto.events import encoder, pod_key
 from phalanx_telemetry import log, warn
 
 DEBOUNCE_S = 0.5
+REASSERT_S = 30.0
+
+
+def placed_pods(pods: tuple[Pod, ...]) -> tuple[str, ...]:
+    """``<namespace>/<name>/<uid>`` of every pod Phalanx placed (it carries the assignment
+    annotation) that is bound here and not terminal (one being deleted still runs), sorted."""
+    return tuple(sorted({pod_key(p.ref) for p in pods if ASSIGNMENT_ANNOTATION in p.annotations and not p.terminal}))
 
 
 class NodeStateReporter:
@@ -47,7 +58,7 @@ class NodeStateReporter:
         if objs.node is None:
             return await self._drop(kv, key, "the Node object does not exist")
         foreign = [p.raw for p in objs.pods if ASSIGNMENT_ANNOTATION not in p.annotations]
-        state = node_kube_state(objs.node.raw, foreign)
+        state = node_kube_state(objs.node.raw, foreign, placed=placed_pods(objs.pods))
         if isinstance(state, Violation):
             return await self._drop(kv, key, str(state))
         raw = encoder.encode(state)
@@ -59,6 +70,20 @@ class NodeStateReporter:
             ready=state.ready, taints=len(state.taints))
         return True
 
+    async def reassert(self) -> bool:
+        """Write the last state again when the stored value is not it (True when written)."""
+        if not self._written:
+            return False
+        kv = await self.bus.kv(S.KV_NODE_STATE)
+        current = await kv.get(S.token(self.node))
+        if current is not None and current.value == self._written:
+            return False
+        await kv.put(S.token(self.node), self._written)
+        self.writes += 1
+        warn("node state written again: the stored value was not this node's", node=self.node,
+             stored="missing" if current is None else f"revision {current.revision}")
+        return True
+
     async def _drop(self, kv, key: str, why: str) -> bool:
         if self._written == b"":
             return False
@@ -67,7 +92,7 @@ class NodeStateReporter:
         warn("node state not reported", node=self.node, why=why)
         return True
 
-    async def follow(self, cluster: ClusterPort, *, debounce_s: float = DEBOUNCE_S,
+    async def follow(self, cluster: ClusterPort, *, debounce_s: float = DEBOUNCE_S, reassert_s: float = REASSERT_S,
                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Report from ``cluster.watch_node`` until cancelled, at most one write per
         ``debounce_s``; a failed write is retried with the next change or after ``debounce_s``.
@@ -82,8 +107,17 @@ class NodeStateReporter:
                     latest[:] = [objs]
                     changed.set()
 
+        async def reassert() -> None:
+            while True:
+                await anyio.sleep(reassert_s)
+                try:
+                    await self.reassert()
+                except Exception as e:  # noqa: BLE001 - bus away: the next period retries
+                    warn("node state re-assert failed", node=self.node, error=repr(e)[:300])
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
+            tg.start_soon(reassert)
             first = True
             while True:
                 await changed.wait()

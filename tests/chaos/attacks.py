@@ -33,7 +33,7 @@ from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
 from stackutil import gang_states, ledger
 
 GHOSTS = {S.KV_LEDGER: "ghost-node-{n}", S.KV_TOPOLOGY: "ghost-node-{n}", S.KV_HEARTBEAT: "ghost-node-{n}",
-          S.KV_GANGS: "default.ghost-gang-{n}", S.KV_MIG: "ghost-node-{n}.0.0"}
+          S.KV_GANGS: "default.ghost-gang-{n}", S.KV_MIG: "ghost-node-{n}"}
 GARBAGE = (b"{", b"\xff\xfe", b"[]", b'{"node": 7}', b"null", b'{"gang_id": "x", "attempt": -3}')
 KINDS = ("poison", "poison", "poison-node", "placed", "bound", "release", "bind", "request")
 

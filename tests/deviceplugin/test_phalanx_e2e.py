@@ -31,7 +31,7 @@ from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort
 from phalanx_nvml.fake import gpu_uuid
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
-from phalanx_proto.state import mig_record_decoder, mig_record_key
+from phalanx_proto.state import mig_slot, node_mig_decoder
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_topology import yamlfmt
@@ -206,8 +206,8 @@ async def mig_record(e2e: E2E, a: dict[str, Any]):
     """The record mig-manager keeps of the instance it made for ``a`` (from its NVML's listing)."""
     bus = await Bus.connect(e2e.stack.url, service="test")
     try:
-        entry = await (await bus.kv(S.KV_MIG)).get(mig_record_key(a["node"], a["gpus"][0], a["mig_start"]))
-        return mig_record_decoder.decode(entry.value)
+        entry = await (await bus.kv(S.KV_MIG)).get(S.token(a["node"]))
+        return node_mig_decoder.decode(entry.value).instances[mig_slot(a["gpus"][0], a["mig_start"])]
     finally:
         await bus.close()
 

@@ -15,7 +15,7 @@ import pytest
 from phalanx_binder.service import Settings
 from phalanx_binder.service import run as run_binder
 from phalanx_bus import Bus
-from phalanx_bus.bus import Kv
+from phalanx_bus.kv import Kv
 from phalanx_kube import fence as F
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import KV_PODS, SimCluster, pod_key
@@ -55,8 +55,10 @@ class Watched(SimCluster):
 
 
 async def report(bus: Bus, node: str, *, device_plugin: bool) -> None:
+    names = [f"GPU{i}" for i in range(8)]
     topo = NodeTopology(node=node, gpus=tuple(Gpu(index=i, name=f"GPU{i}", model="A100", memory_mib=40960)
-                                              for i in range(8)))
+                                              for i in range(8)),
+                        relations={a: {b: "NV12" for b in names if b != a} for a in names})
     kv = await bus.kv(S.KV_TOPOLOGY)
     await kv.put(S.token(node), encoder.encode(NodeTopologyReported(node=node, topology=topo,
                                                                    device_plugin=device_plugin)))

@@ -95,7 +95,8 @@ async def test_placement_counts_a_node_whose_agent_stopped_beating_as_stale(tmp_
         await anyio.to_thread.run_sync(s.start_services)
         first = await anyio.to_thread.run_sync(scrape, s, "placement")
         assert {k: v for k, v in first.items() if k.startswith("phalanx_placement_nodes")} == {
-            'phalanx_placement_nodes{state="fresh"}': 2.0, 'phalanx_placement_nodes{state="stale"}': 0.0}
+            'phalanx_placement_nodes{state="fresh"}': 2.0, 'phalanx_placement_nodes{state="stale"}': 0.0,
+            'phalanx_placement_nodes{state="invalid"}': 0.0}
         s.kill("topology-discovery@v100-b")
 
         async def one_stale():
@@ -104,6 +105,7 @@ async def test_placement_counts_a_node_whose_agent_stopped_beating_as_stale(tmp_
             return counts if counts.get('phalanx_placement_nodes{state="stale"}') == 1.0 else None
 
         assert await wait_until(one_stale, 60, what="v100-b counted stale") == {
-            'phalanx_placement_nodes{state="fresh"}': 1.0, 'phalanx_placement_nodes{state="stale"}': 1.0}
+            'phalanx_placement_nodes{state="fresh"}': 1.0, 'phalanx_placement_nodes{state="stale"}': 1.0,
+            'phalanx_placement_nodes{state="invalid"}': 0.0}
     finally:
         s.stop()

@@ -55,13 +55,16 @@ async def test_mig_demo_gets_a_verified_instance_that_is_destroyed_with_the_pod(
         assert (pod.node_name, a["mig_profile"], a["mig_start"] in (0, 4)) == ("a100-mig", "3g.20gb", True)
         assert a["mig_instance_uuid"].startswith("MIG-")
         records = await bus.kv("phx-mig")
-        owned = [msgspec.json.decode(e.value) for e in await records.items()]
-        assert [(o["pod"]["name"], o["uuid"]) for o in owned] == [("mig-demo", a["mig_instance_uuid"])]
+
+        async def owned() -> list[dict]:
+            return [o for e in await records.items() for o in msgspec.json.decode(e.value).get("instances", {}).values()]
+
+        assert [(o["pod"]["name"], o["uuid"]) for o in await owned()] == [("mig-demo", a["mig_instance_uuid"])]
 
         await sim.delete_pod(pod.ref)
 
         async def destroyed():
-            return not await records.items() or None
+            return not await owned() or None
 
         await wait_until(destroyed, 60)
         log = stack.procs["mig-manager@a100-mig"].log_path.read_text()

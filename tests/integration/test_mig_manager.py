@@ -11,6 +11,7 @@ import pynvml
 import pytest
 
 from phalanx_bus import Bus
+from phalanx_bus.declare import declare_consumer
 from phalanx_nvml import NvmlMig
 from phalanx_nvml.fake_mig import FakeMigNvml, from_spec
 from phalanx_proto import subjects as S
@@ -24,7 +25,15 @@ from phalanx_proto.events import (
     PodRef,
     node_decoder,
 )
-from phalanx_proto.state import Allocation, NodeLedger, alloc_key
+from phalanx_proto.state import (
+    Allocation,
+    MigRecord,
+    NodeLedger,
+    NodeMig,
+    alloc_key,
+    mig_slot,
+    node_mig_decoder,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -36,8 +45,15 @@ POD = PodRef(namespace="default", name="p0", uid="u0")
 async def bus(nats_private):
     b = await Bus.connect(nats_private.url, service="test")
     await b.declare()
+    await declare_consumer(b, S.node_consumer(NODE))  # what gang-coordinator does before a node's first command
     yield b
     await b.close()
+
+
+async def records(bus) -> dict:
+    """The node's MIG ownership records, by slot (``{}`` when it has none)."""
+    entry = await (await bus.kv(S.KV_MIG)).get(S.token(NODE))
+    return {} if entry is None else node_mig_decoder.decode(entry.value).instances
 
 
 class NoDelivery:
@@ -95,9 +111,8 @@ async def test_a_prepare_replies_ready_with_the_uuid_the_driver_lists(bus):
         [inst] = NvmlMig(fake).list_instances(0)
         assert reply == MigReady(node=NODE, gang_id="default/g", attempt=1, pod=POD, instance_uuid=inst.uuid)
         assert (inst.profile, inst.start) == ("3g.20gb", 4)
-        entry = await (await bus.kv("phx-mig")).get(f"{NODE}.0.4")
-        record = msgspec.json.decode(entry.value)
-        assert (record["state"], record["uuid"], record["gang_id"]) == ("ready", inst.uuid, "default/g")
+        record = (await records(bus))["0.4"]
+        assert (record.state, record.uuid, record.gang_id) == ("ready", inst.uuid, "default/g")
 
     await with_manager(bus, fake, body)
 
@@ -119,7 +134,7 @@ async def test_a_prepare_that_cannot_succeed_replies_failed_with_the_reason(bus,
         assert isinstance(reply, MigFailed), case
         assert reply.reason.startswith(reason), reply.reason
         assert fake.creates == 0
-        assert await (await bus.kv("phx-mig")).items() == []
+        assert await records(bus) == {}
 
     await with_manager(bus, fake, body)
 
@@ -141,14 +156,13 @@ async def test_a_create_that_is_not_listed_afterwards_fails_closed(bus):
 async def test_a_redelivery_after_a_crash_between_create_and_reply_finds_the_instance(bus, state):
     """The previous process wrote its intent and created the instance, then died before the
     reply: the redelivered command must answer ready for that instance, with no second create."""
-    from phalanx_mig_manager.service import KV_MIG, MigRecord, record_key
-
     fake = FakeMigNvml.of("A100-40GB")
     gi = NvmlMig(fake).create(0, "3g.20gb", 4)
     [before] = NvmlMig(fake).list_instances(0)
     intent = MigRecord(node=NODE, gpu=0, start=4, profile="3g.20gb", gang_id="default/g", attempt=1, pod=POD,
                        state=state, uuid=before.uuid if state == "ready" else "", gi_id=gi if state == "ready" else -1)
-    await (await bus.kv(KV_MIG)).create(record_key(NODE, 0, 4), msgspec.json.encode(intent))
+    await (await bus.kv(S.KV_MIG)).create(S.token(NODE), msgspec.json.encode(
+        NodeMig(node=NODE, instances={mig_slot(0, 4): intent})))
 
     async def body(manager):
         await bus.publish(S.mig_subject(NODE), prepare())
@@ -168,7 +182,7 @@ async def test_an_nvml_error_on_create_fails_the_prepare_and_frees_the_slot(bus)
         await bus.publish(S.mig_subject(NODE), prepare())
         [failed] = await replies(bus, 1)
         assert isinstance(failed, MigFailed) and "ERROR_UNKNOWN" in failed.reason
-        assert await (await bus.kv("phx-mig")).items() == []
+        assert await records(bus) == {}
         await bus.publish(S.mig_subject(NODE), prepare(attempt=2))  # the next attempt gets the slot
         _, ready = await replies(bus, 2)
         assert isinstance(ready, MigReady)
@@ -205,7 +219,7 @@ async def test_destroy_removes_the_instance_and_is_idempotent(bus):
         # A redelivered destroy (its reply would be de-duplicated on the stream): same answer.
         assert await manager.destroy(destroy, NoDelivery()) == first
         assert NvmlMig(fake).list_instances(0) == ()
-        assert await (await bus.kv("phx-mig")).items() == []
+        assert await records(bus) == {}
 
     await with_manager(bus, fake, body)
 
@@ -274,26 +288,33 @@ async def test_an_instance_whose_pod_gave_its_reservation_back_is_destroyed_afte
         clock.now += 61
         await manager.reconcile()
         assert NvmlMig(fake).list_instances(0) == ()
-        assert await (await bus.kv("phx-mig")).items() == []
+        assert await records(bus) == {}
 
     await with_manager(bus, fake, body, clock=clock)
 
 
-async def test_an_unreadable_record_or_ledger_value_never_leads_to_a_destroy(bus):
+async def test_an_unreadable_records_or_ledger_value_never_leads_to_a_destroy(bus):
     fake = FakeMigNvml.of("A100-40GB", 2)
     m = NvmlMig(fake)
-    m.create(0, "3g.20gb", 4)  # its record cannot be read
-    m.create(1, "3g.20gb", 4)  # no record, no reservation: an orphan once the ledger can be read
-    await (await bus.kv(S.KV_MIG)).put(f"{S.token(NODE)}.0.4", b"{not a record")
+    m.create(0, "3g.20gb", 4)  # owned by a record, once the records can be read
+    m.create(1, "3g.20gb", 4)  # no record, no reservation: an orphan once both values can be read
+    mig = await bus.kv(S.KV_MIG)
+    mig_rev = await mig.put(S.token(NODE), b"{not a record")
     ledger = await bus.kv(S.KV_LEDGER)
     rev = await ledger.put(S.token(NODE), b"[not a ledger")
     clock = Clock()
+    owner = MigRecord(node=NODE, gpu=0, start=4, profile="3g.20gb", gang_id="default/g", attempt=1, pod=POD)
 
     async def body(manager):
         clock.now += 120
         await manager.reconcile()
         assert [(i.gpu, i.start) for g in (0, 1) for i in m.list_instances(g)] == [(0, 4), (1, 4)]
         await ledger.update(S.token(NODE), msgspec.json.encode(NodeLedger(node=NODE)), last=rev)
+        clock.now += 120
+        await manager.reconcile()
+        assert [(i.gpu, i.start) for g in (0, 1) for i in m.list_instances(g)] == [(0, 4), (1, 4)]
+        await mig.update(S.token(NODE), msgspec.json.encode(NodeMig(node=NODE, instances={"0.4": owner})),
+                         last=mig_rev)
         await manager.reconcile()
         clock.now += 61
         await manager.reconcile()

@@ -217,7 +217,7 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
     for r in reps:
         await (await admin.kv(S.KV_TOPOLOGY)).put(S.token(r.node), encoder.encode(r))
         await (await admin.kv(S.KV_HEARTBEAT)).put(S.token(r.node), encoder.encode(
-            NodeHeartbeat(node=r.node, at=time.time() + 600)))
+            NodeHeartbeat(node=r.node, at=time.time())))
     me = await Bus.connect(nats_private.url, service="placement",
                            auth=BusAuth.from_env(bus_secrets.env(S.PLACEMENT)))
     counted: Counter = Counter()
@@ -249,7 +249,8 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
                     requests.append(PlacementRequested(gang_id=f"t/p{k}", attempt=1, members=members))
                 for ev in requests:  # all waiting before placement starts: its first cycle takes them together
                     await admin.publish(S.placement_subject(ev.gang_id), ev)
-                await tg.start(lambda task_status: run_placement(me, Config(), task_status=task_status))
+                await tg.start(lambda task_status: run_placement(me, Config(heartbeat_stale_s=600),
+                                                                 task_status=task_status))
                 counting = True
                 while sum(isinstance(r, Placed) for r in replies) < len(requests):
                     await anyio.sleep(0.05)
@@ -286,14 +287,14 @@ async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_p
     for r in reports(3):
         await (await bus.kv(S.KV_TOPOLOGY)).put(S.token(r.node), encoder.encode(r))
         await (await bus.kv(S.KV_HEARTBEAT)).put(S.token(r.node), encoder.encode(
-            NodeHeartbeat(node=r.node, at=time.time() + 600)))
+            NodeHeartbeat(node=r.node, at=time.time())))
     replies = []
 
     async def on_reply(msg):
         replies.append(gang_decoder.decode(msg.data))
 
     sub = await bus.nc.subscribe("phx.gang.coord.placement.>", cb=on_reply)
-    cache = ClusterCache(bus, stale_s=STALE_S)
+    cache = ClusterCache(bus, stale_s=600)
     try:
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:

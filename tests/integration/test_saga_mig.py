@@ -13,7 +13,7 @@ from phalanx_gang_coordinator.service import Config, run
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, encoder, gang_decoder, node_decoder
-from phalanx_proto.state import Allocation, MigRecord, NodeLedger, alloc_key, mig_record_key
+from phalanx_proto.state import Allocation, MigRecord, NodeLedger, NodeMig, alloc_key, mig_slot
 from stackutil import gang_states, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -47,7 +47,7 @@ async def mig_ready(bus: Bus, attempt: int, pod, gpu: int, uuid: str, msg_id: st
     coordinator checks)."""
     record = MigRecord(node="a100", gpu=gpu, start=4, profile="3g.20gb", gang_id=GANG, attempt=attempt, pod=pod,
                        state="ready", uuid=uuid)
-    await (await bus.kv(S.KV_MIG)).put(mig_record_key("a100", gpu, 4), encoder.encode(record))
+    await (await bus.kv(S.KV_MIG)).put("a100", encoder.encode(NodeMig(node="a100", instances={mig_slot(gpu, 4): record})))
     await bus.publish(S.node_reply_subject("a100"), MigReady(
         node="a100", gang_id=GANG, attempt=attempt, pod=pod, instance_uuid=uuid), msg_id=msg_id)
 

@@ -62,7 +62,7 @@ async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus
                     span.attributes["messaging.destination.name"], span.attributes["messaging.destination.template"],
                     span.attributes["messaging.message.id"]) == (
                 op, op_type, "phx.gang.placement.default.g", "phx.gang.placement.{gang}",
-                PlacementRequested(gang_id="default/g", attempt=3).key())
+                bus.msg_id(PlacementRequested(gang_id="default/g", attempt=3).key()))
         assert process.attributes["messaging.consumer.group.name"] == "trace-test"
         assert process.attributes["messaging.nats.message.delivery_count"] == 1
     finally:

@@ -64,17 +64,25 @@ def test_only_placement_writes_the_ledger_and_only_the_coordinator_sends_command
         assert S.CHANNEL[cid].publishers == (S.GANG_COORDINATOR,), cid
 
 
-def test_a_node_agents_permissions_name_only_its_own_node():
+def test_a_node_agents_permissions_name_only_its_own_node_and_create_no_consumer():
     assert permissions(S.MIG_MANAGER) == Permissions(
         ("$JS.ACK.PHX_NODE.mig-manager-{{tag(node)}}.>",
-         "$JS.API.CONSUMER.CREATE.PHX_NODE.mig-manager-{{tag(node)}}.phx.node.{{tag(node)}}.mig",
          "$JS.API.CONSUMER.INFO.PHX_NODE.mig-manager-{{tag(node)}}",
          "$JS.API.CONSUMER.MSG.NEXT.PHX_NODE.mig-manager-{{tag(node)}}",
          "$JS.API.DIRECT.GET.KV_phx-ledger.$KV.phx-ledger.{{tag(node)}}",
-         "$JS.API.DIRECT.GET.KV_phx-mig.$KV.phx-mig.{{tag(node)}}.>",
+         "$JS.API.DIRECT.GET.KV_phx-mig.$KV.phx-mig.{{tag(node)}}",
          "$JS.API.STREAM.INFO.KV_phx-ledger", "$JS.API.STREAM.INFO.KV_phx-mig",
-         "$KV.phx-mig.{{tag(node)}}.>", "phx.dlq.PHX_NODE.mig-manager-{{tag(node)}}", "phx.node.{{tag(node)}}.reply"),
+         "$KV.phx-mig.{{tag(node)}}", "phx.dlq.PHX_NODE.mig-manager-{{tag(node)}}", "phx.node.{{tag(node)}}.reply"),
         ("_INBOX.{{subject()}}.>",))
+
+
+def test_only_a_durables_creator_may_create_it():
+    """A consumer's deliver subject is not checked against its creator's rights: creating a
+    durable is the admin's (``phalanx bus init``), and gang-coordinator's for nodes' MIG durables."""
+    creators = {i: sorted(s for s in permissions(i).publish if re.match(r"^\$JS\.API\.CONSUMER\.CREATE\.PHX_", s))
+                for i in S.IDENTITIES if i != S.ADMIN}
+    assert {i: s for i, s in creators.items() if s} == {
+        S.GANG_COORDINATOR: ["$JS.API.CONSUMER.CREATE.PHX_NODE.*.phx.node.*.mig"]}
 
 
 def test_a_subscriber_may_only_listen_to_status_and_topology():

@@ -96,46 +96,69 @@ LEDGER = NodeLedger(node="n1", allocations=dict([
     alloc(P1, attempt=2), alloc(P2, attempt=1, gpus=(1,)),
     alloc(PodRef(namespace="default", name="other", uid="o"), gang="default/other", gpus=(2,))]))
 
+WITHOUT_P1 = NodeLedger(node="n1", allocations={k: v for k, v in LEDGER.allocations.items() if k != alloc_key(P1)})
 EXACT = [
-    ("exactly the named pod of the named attempt is freed", release(pods=(P1,)),
-     NodeLedger(node="n1", allocations={k: v for k, v in LEDGER.allocations.items() if k != alloc_key(P1)})),
-    ("a later attempt's release does not free an earlier attempt's reservation", release(attempt=3, pods=(P2,)), None),
-    ("an earlier attempt's release does not free a later attempt's reservation", release(attempt=1, pods=(P1,)), None),
-    ("a release naming the pod's old uid frees nothing", release(pods=(OLD_P1,)), None),
+    ("exactly the named pod of the named attempt is freed", release(pods=(P1,)), frozenset(),
+     checks.Released(WITHOUT_P1)),
+    ("a later attempt's release does not free an earlier attempt's reservation", release(attempt=3, pods=(P2,)),
+     frozenset(), checks.Released(None)),
+    ("an earlier attempt's release does not free a later attempt's reservation", release(attempt=1, pods=(P1,)),
+     frozenset(), checks.Released(None)),
+    ("a release naming the pod's old uid frees nothing", release(pods=(OLD_P1,)), frozenset(), checks.Released(None)),
     ("another gang's reservation is never freed", ReleaseRequested(gang_id="default/x", attempt=2,
                                                                    pods=(PodRef(namespace="default", name="other",
-                                                                                uid="o"),)), None),
+                                                                                uid="o"),)),
+     frozenset(), checks.Released(None)),
+    ("a reservation is kept while the node reports its pod running there", release(pods=(P1,)),
+     frozenset({alloc_key(P1)}), checks.Released(None, held=(alloc_key(P1),))),
+    ("a pod running on the node keeps its reservation while another named one is freed",
+     release(pods=(P1, P2), attempt=2), frozenset({alloc_key(P2)}), checks.Released(WITHOUT_P1)),
+    ("the old pod under a recreated name running there does not hold the new pod's reservation", release(pods=(P1,)),
+     frozenset({alloc_key(OLD_P1)}), checks.Released(WITHOUT_P1)),
 ]
 
 
-@pytest.mark.parametrize(("name", "ev", "expected"), EXACT, ids=[c[0] for c in EXACT])
-def test_release_is_exact(name, ev, expected):
-    assert checks.release(LEDGER, ev) == expected
+@pytest.mark.parametrize(("name", "ev", "running", "expected"), EXACT, ids=[c[0] for c in EXACT])
+def test_release_is_exact_and_never_frees_a_running_pods_gpus(name, ev, running, expected):
+    assert checks.release(LEDGER, ev, running) == expected
 
 
-TOPO = NodeTopology(node="n1", gpus=tuple(Gpu(index=i, name=f"GPU{i}") for i in range(4)))
+TOPO = NodeTopology(node="n1", gpus=tuple(Gpu(index=i, name=f"GPU{i}", mig_enabled=i == 2) for i in range(4)))
 STRAY = PodRef(namespace="default", name="stray", uid="s")
+RUNNING = frozenset({alloc_key(STRAY)})
 
 
-def adopt(gpus=(3,), pod=STRAY) -> AdoptRequested:
-    return AdoptRequested(gang_id="default/stray", attempt=1, assignment=Assignment(pod=pod, node="n1", gpus=gpus))
+def adopt(gpus=(3,), pod=STRAY, **fields) -> AdoptRequested:
+    return AdoptRequested(gang_id="default/stray", attempt=1,
+                          assignment=Assignment(pod=pod, node="n1", gpus=gpus, **fields))
 
 
-def test_a_bound_pod_on_free_gpus_is_recorded_as_adopted():
-    got = checks.adopt(LEDGER, TOPO, adopt())
+def test_a_pod_running_on_free_gpus_is_recorded_as_adopted():
+    got = checks.adopt(LEDGER, TOPO, adopt(), RUNNING)
     assert got == NodeLedger(node="n1", allocations={**LEDGER.allocations, alloc_key(STRAY): Allocation(
         gang_id="default/stray", attempt=1, assignment=adopt().assignment, adopted=True)})
 
 
 ADOPTIONS = [
-    ("a pod on a GPU another pod holds is never recorded", adopt(gpus=(0,)),
+    ("a pod on a GPU another pod holds is never recorded", adopt(gpus=(0,)), RUNNING,
      Refusal("not_recorded", "cannot record default/stray on n1: GPU 0 is booked by default/stray, default/w-0")),
-    ("a pod on a GPU the node does not have is refused", adopt(gpus=(9,)),
+    ("a pod on a GPU the node does not have is refused", adopt(gpus=(9,)), RUNNING,
      Refusal("not_recorded", "GPU(s) [9] do not exist on n1")),
-    ("a pod that already holds its reservation changes nothing", adopt(pod=P1, gpus=(0,)), None),
+    ("a pod that already holds its reservation changes nothing", adopt(pod=P1, gpus=(0,)), RUNNING, None),
+    ("a pod the node does not report running there is refused (a pending pod, say)", adopt(), frozenset(),
+     Refusal("not_running_there", "default/stray (uid s): node n1's agent does not report it running there; a "
+                                  "reservation is recorded only for a pod bound and running on the node")),
+    ("a pod on a node that reports no state is refused: nothing confirms it runs there", adopt(), None,
+     Refusal("not_running_there", "default/stray (uid s): node n1's agent reports no Kubernetes state; a "
+                                  "reservation is recorded only for a pod bound and running on the node")),
+    ("a whole GPU in MIG mode is refused", adopt(gpus=(2,)), RUNNING,
+     Refusal("not_recorded", "GPU(s) [2] of n1 are in MIG mode: they cannot hold default/stray's whole assignment")),
+    ("a MIG instance on a GPU not in MIG mode is refused", adopt(gpus=(3,), mig_profile="1g.5gb", mig_start=0),
+     RUNNING, Refusal("not_recorded", "GPU(s) [3] of n1 are not in MIG mode: they cannot hold default/stray's mig "
+                                      "assignment")),
 ]
 
 
-@pytest.mark.parametrize(("name", "ev", "expected"), ADOPTIONS, ids=[c[0] for c in ADOPTIONS])
-def test_adopt(name, ev, expected):
-    assert checks.adopt(LEDGER, TOPO, ev) == expected
+@pytest.mark.parametrize(("name", "ev", "running", "expected"), ADOPTIONS, ids=[c[0] for c in ADOPTIONS])
+def test_adopt(name, ev, running, expected):
+    assert checks.adopt(LEDGER, TOPO, ev, running) == expected

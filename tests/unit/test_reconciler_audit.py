@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from phalanx_gang_coordinator.audit import Adopt, Finding, Forget, Reading, Release, Report, audit
+from phalanx_gang_coordinator.audit import Adopt, Evict, Finding, Forget, Reading, Release, Report, audit
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, encoder
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key
@@ -21,10 +21,12 @@ A2 = Assignment(pod=P2, node="n1", gpus=(1,))
 replace = msgspec.structs.replace
 
 
-def pod(ref: PodRef, node: str = "", annotation: Assignment | None = None) -> Pod:
+def pod(ref: PodRef, node: str = "", annotation: Assignment | None = None, bound_at: str = "") -> Pod:
     ann = {ASSIGNMENT_ANNOTATION: encoder.encode(annotation).decode()} if annotation else {}
+    raw = {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": bound_at}]}} \
+        if bound_at else {}
     return Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid, scheduler_name="phalanx", node_name=node,
-               annotations=ann)
+               annotations=ann, raw=raw)
 
 
 def ledger(*allocs: tuple[Assignment, int], gang: str = G) -> dict[str, NodeLedger]:
@@ -74,9 +76,25 @@ CASES = [
      reading(ledger((A2, 2)), gang("scheduled"), [pod(P1, "n1", A1), pod(P2, "n1", A2)]),
      [Finding("pod_without_reservation", "default/w-0 is bound to n1 on GPU(s) 0 without a reservation; recording one",
               Adopt(G, 2, A1))]),
-    ("a bound pod on GPUs another pod holds is reported, never booked twice",
-     reading(ledger((replace(A2, gpus=(0,)), 2)), gang("scheduled"), [pod(P1, "n1", A1), pod(P2, "n1", replace(A2, gpus=(0,)))]),
+    ("two pods sharing a GPU: the one bound later is rolled back, even when it holds the reservation",
+     reading(ledger((replace(A2, gpus=(0,)), 2)), gang("scheduled"),
+             [pod(P1, "n1", A1, "2026-12-04T10:00:00Z"), pod(P2, "n1", replace(A2, gpus=(0,)), "2026-12-04T10:05:00Z")]),
      [Finding("pod_on_booked_gpus", "default/w-0: bound to n1 on GPU(s) 0 without a Phalanx reservation, and those "
+              "GPUs are booked by another pod: GPU 0 is booked by default/w-0, default/w-1",
+              Evict(P2, "shares GPU(s) on n1 with default/w-0, which was bound to them first: deleted so that its "
+                        "controller creates it again and Phalanx places it anew"))]),
+    ("two pods sharing a GPU: the later one without a reservation is rolled back",
+     reading(ledger((replace(A2, gpus=(0,)), 2)), gang("scheduled"),
+             [pod(P1, "n1", A1, "2026-12-04T10:09:00Z"), pod(P2, "n1", replace(A2, gpus=(0,)), "2026-12-04T10:05:00Z")]),
+     [Finding("pod_on_booked_gpus", "default/w-0: bound to n1 on GPU(s) 0 without a Phalanx reservation, and those "
+              "GPUs are booked by another pod: GPU 0 is booked by default/w-0, default/w-1",
+              Evict(P1, "shares GPU(s) on n1 with default/w-1, which was bound to them first: deleted so that its "
+                        "controller creates it again and Phalanx places it anew"))]),
+    ("a bound pod on GPUs whose holder is gone is reported: the holder's reservation goes first",
+     reading(ledger((replace(A2, gpus=(0,)), 2)), gang("scheduled", members=(P1,)), [pod(P1, "n1", A1)]),
+     [Finding("reservation_without_pod", "default/w-1 (uid u1) holds a reservation on n1 (gang default/train "
+              "attempt 2) but is gone", Release(G, 2, P2, "n1")),
+      Finding("pod_on_booked_gpus", "default/w-0: bound to n1 on GPU(s) 0 without a Phalanx reservation, and those "
               "GPUs are booked by another pod: GPU 0 is booked by default/w-0, default/w-1",
               Report(P1, "bound to n1 on GPU(s) 0 without a Phalanx reservation, and those GPUs are booked by another "
                          "pod: GPU 0 is booked by default/w-0, default/w-1"))]),
