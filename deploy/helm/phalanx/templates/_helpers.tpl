@@ -146,3 +146,13 @@ cluster {
 }
 include "auth/auth.conf"
 {{- end -}}
+
+{{/* nodeSelector and tolerations of the cluster-wide pods (Deployments, nats, bus-init). */}}
+{{- define "phalanx.clusterPodPlacement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations: {{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end -}}
