@@ -40,9 +40,10 @@ test-unit: install
 test-integration: install
 	$(BIN)/pytest -q tests/integration
 
-## The long fuzz run: 200000 generated inputs per target, from a fresh seed (printed on failure).
+## The long fuzz run: the Hypothesis profile "fuzz" (200000 inputs per target, a fresh seed, the
+## failure database in .hypothesis/ replayed first; tests/unit/conftest.py).
 fuzz: install
-	PHALANX_FUZZ_EXAMPLES=200000 PHALANX_FUZZ_SEED=$$(date +%s) $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
+	PHALANX_FUZZ_PROFILE=fuzz $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
 
 lint: install
 	$(BIN)/ruff check proto libs services tests bench

@@ -113,7 +113,7 @@ class _HookFiles:
     def server_config(self) -> str:
         d = self.d
         return (f'tls {{\n  cert_file: "{d / "tls.crt"}"\n  key_file: "{d / "tls.key"}"\n  ca_file: "{d / "ca.crt"}"\n}}\n'
-                f'include "{d / "auth.conf"}"\n')
+                'include "auth.conf"\n')  # nats-server resolves includes next to its config file
 
     def route_tls(self) -> str:
         return ""
@@ -135,7 +135,7 @@ async def nats_accepts(workdir: Path, secrets: dict[str, dict[str, bytes]], name
              "placement.creds": secrets["phalanx-nats-placement"]["creds"]}
     for name, data in files.items():
         (d / name).write_bytes(data)
-    server = NatsServer(store_dir=str(d / "store"), security=_HookFiles(d))
+    server = NatsServer(store_dir=str(d), security=_HookFiles(d))
     server.start()
     try:
         ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))

@@ -54,7 +54,7 @@ class Cluster:
 
     def create(self) -> None:
         for name in self.gpu_nodes:
-            node = fake_gpu_node(name, labels={TEST_TAINT: self.id})
+            node = fake_gpu_node(name, labels={TEST_TAINT: self.id, "lj_runtimekit_enable": self.id})
             node["spec"] = {"taints": [{"key": TEST_TAINT, "value": self.id, "effect": "NoSchedule"}]}
             self.api.create_node(node)
         self.api.create_node(runner_node(self.runner, f"{TEST_TAINT}-hooks"))
@@ -66,9 +66,10 @@ class Cluster:
                          "claimRef": {"namespace": self.ns, "name": f"data-nats-{i}"}}})
 
     def values(self) -> dict:
-        """Every pod on this test's nodes only: its own label and taint, not lj_runtimekit_enable."""
+        """Every pod on this test's nodes only (its own label and taint): other tests' GPU nodes carry
+        lj_runtimekit_enable=true, these carry this test's id as the value."""
         on_gpu = [{"key": TEST_TAINT, "operator": "Equal", "value": self.id, "effect": "NoSchedule"}]
-        return {"nodeAgents": {"nodeSelector": {"lj_runtimekit_enable": None, TEST_TAINT: self.id},
+        return {"nodeAgents": {"nodeSelector": {"lj_runtimekit_enable": self.id},
                                "tolerations": on_gpu},
                 "nodeSelector": {TEST_TAINT: self.id}, "tolerations": on_gpu,
                 "credentials": {"job": {"nodeSelector": {f"{TEST_TAINT}-hooks": self.runner},
@@ -208,6 +209,8 @@ def test_install_upgrade_rotate_and_uninstall_leave_only_the_volumes_the_chart_k
             # uninstall: the post-delete hook removes the Secrets; only the nats volumes stay
             out4 = helm.run("uninstall", release, "-n", ns, *wait)
             check_nothing_printed(runner, [out.stdout, out2.stdout, out3.stdout, out4.stdout])
+            did = [sorted({line.rsplit(" ", 1)[1] for line in printed.splitlines()}) for _, _, printed in runner.outputs]
+            assert did == [["created"], ["kept"], ["replaced"], ["deleted"]], runner.outputs
 
         def left() -> list[str]:
             names = []
@@ -218,14 +221,17 @@ def test_install_upgrade_rotate_and_uninstall_leave_only_the_volumes_the_chart_k
                 for item in kube_api.get(f"/api/v1/namespaces/{ns}/{plural}")["items"]:
                     if item["metadata"]["name"] not in ("kube-root-ca.crt",):
                         names.append(f"{plural}/{item['metadata']['name']}")
-            for plural in ("jobs",):
-                names += [f"jobs/{j['metadata']['name']}" for j in kube_api.get(
-                    f"/apis/batch/v1/namespaces/{ns}/{plural}")["items"]]
+            for api in ("batch/v1/namespaces/{ns}/jobs", "rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+                        "rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", "apps/v1/namespaces/{ns}/replicasets",
+                        "apps/v1/namespaces/{ns}/controllerrevisions"):
+                names += [f"{api.rsplit('/', 1)[1]}/{o['metadata']['name']}"
+                          for o in kube_api.get("/apis/" + api.format(ns=ns))["items"]]
             return names
 
         wait_for(lambda: not left(), 90, "nothing of the release left")
         pvcs = kube_api.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims")["items"]
         assert sorted(p["metadata"]["name"] for p in pvcs) == ["data-nats-0", "data-nats-1", "data-nats-2"]
-        assert helm.run("list", "-n", ns, "--all", "-q").stdout.strip() == ""
+        gone = helm.run("status", release, "-n", ns, check=False)
+        assert gone.returncode == 1 and "release: not found" in gone.stderr, gone.stderr
     finally:
         cluster.remove()
