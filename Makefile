@@ -23,13 +23,15 @@ test: install kube
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 ## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with
-## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver and
-## the kubelet device-manager harness (cached outside the work tree; seconds when cached; cold times in tools/*/README.md).
+## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver,
+## the kubelet device-manager harness and helm (cached outside the work tree; seconds when
+## cached; cold times in tools/*/README.md).
 kube:
 	bash tools/kube/build.sh >/dev/null
 	bash tools/controllers/build.sh >/dev/null
 	bash tools/traces/build.sh >/dev/null
 	bash tools/devicemanager/build.sh >/dev/null
+	bash tools/helm/build.sh >/dev/null
 
 test-e2e: install kube
 	$(BIN)/pytest -q tests/e2e tests/contract tests/kube tests/deviceplugin
