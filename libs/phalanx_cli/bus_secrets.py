@@ -7,7 +7,8 @@ What it writes (the names deploy/k8s and the chart mount):
 * ``phalanx-nats-auth`` (``auth.conf``): the nats-server's operator/resolver block;
 * ``phalanx-nats-<identity>`` (``creds``) for admin, gang-coordinator, placement and binder;
 * ``phalanx-nats-keys`` (``keys.json``): the seeds, to mint node agents' credentials
-  (``phalanx bus creds topology-discovery --node N --keys keys.json``) and nothing else;
+  (``phalanx bus creds topology-discovery --node N --keys keys.json``) and nothing else; the
+  admin may move them offline and delete this Secret, which does not count as missing;
 * ``phalanx-nats-tls`` (``tls.crt``, ``tls.key``, ``ca.crt``, type ``kubernetes.io/tls``) unless
   ``--no-tls`` (cert-manager or the admin's own CA writes it then).
 
@@ -28,6 +29,7 @@ import anyio
 SECRET_PREFIX = "phalanx-nats-"
 CLUSTER_IDENTITIES = ("admin", "gang-coordinator", "placement", "binder")
 TLS_SECRET = "phalanx-nats-tls"
+KEYS_SECRET = "phalanx-nats-keys"
 ROTATION = "phalanx.io/rotation"
 MANAGED_BY = "phalanx-bus-kube-secrets"
 
@@ -83,7 +85,7 @@ async def sync(store, args: argparse.Namespace) -> list[tuple[str, str]]:
     """Make the Secrets current; (name, what was done) for each."""
     from phalanx_kube.secrets import Secret
 
-    names = secret_names(args.tls)
+    names = [n for n in secret_names(args.tls) if n != KEYS_SECRET]  # the seeds may have been moved offline
     current = {n: await store.get(n) for n in names}
     if all(s is not None and s.annotations.get(ROTATION) == args.rotation for s in current.values()):
         return [(n, "kept") for n in names]
