@@ -7,7 +7,7 @@ Profiles (chosen with ``PHALANX_FUZZ_PROFILE``):
   derandomized: every run tries the same inputs, so the suite does not flake on a new one; a
   failure is shrunk and printed with the ``@reproduce_failure`` blob that replays it;
 * ``fuzz`` (``make fuzz``): 200000 inputs per target (or ``PHALANX_FUZZ_EXAMPLES``) from a fresh
-  seed each run, with the example database in ``.hypothesis/``: a failure found once is replayed
+  seed each run, with the example database in ``.hypothesis/examples``: a failure found once is replayed
   first on every later run until it is fixed.
 """
 
@@ -27,7 +27,7 @@ _examples = os.environ.get("PHALANX_FUZZ_EXAMPLES")
 settings.register_profile("phalanx", max_examples=int(_examples or 10000), derandomize=True, deadline=None,
                           print_blob=True, suppress_health_check=_SLOW_IS_FINE)
 settings.register_profile("fuzz", max_examples=int(_examples or 200000), deadline=None, print_blob=True,
-                          database=DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis"),
+                          database=DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis" / "examples"),
                           suppress_health_check=_SLOW_IS_FINE)
 settings.load_profile(os.environ.get("PHALANX_FUZZ_PROFILE", "phalanx"))
 
