@@ -134,7 +134,7 @@ VARIANTS = {  # name -> --set flags
 def test_everything_the_chart_renders_passes_a_server_side_dry_run(helm, kube_api, variant):
     ns = unique("helm-dry")
     kube_api.create_namespace(ns)
-    objs = helm.template(f"phalanx-{ns}", ns, *(a for s in VARIANTS[variant] for a in ("--set", s)))
+    objs = helm.template(f"phalanx-{ns}", ns, "--include-crds", *(a for s in VARIANTS[variant] for a in ("--set", s)))
     checked = [o for o in objs if o["kind"] not in NO_CRD_HERE]
     for obj in checked:
         result = kube_api.apply(obj, dry_run=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 from helmtool import (
     CHART,
     SECRET_MATERIAL,
@@ -154,8 +155,6 @@ def check_nothing_printed(runner: HookRunner, helm_outputs: list[str]) -> None:
 
 
 def release_objects(helm: Helm, release: str, ns: str) -> list[dict]:
-    import yaml
-
     out = helm.run("get", "manifest", release, "-n", ns).stdout
     assert not SECRET_MATERIAL.search(out), "the release manifest must hold no key material"
     return [d for d in yaml.safe_load_all(out) if d]
@@ -232,6 +231,8 @@ def test_install_upgrade_rotate_and_uninstall_leave_only_the_volumes_the_chart_k
             return names
 
         wait_for(lambda: not left(), 90, "nothing of the release left")
+        for crd in (d for f in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d):
+            assert kube_api.get(kube_api.resource_path(crd))["metadata"]["name"] == crd["metadata"]["name"]
         pvcs = kube_api.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims")["items"]
         assert sorted(p["metadata"]["name"] for p in pvcs) == ["data-nats-0", "data-nats-1", "data-nats-2"]
         gone = helm.run("status", release, "-n", ns, check=False)

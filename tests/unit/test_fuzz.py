@@ -6,7 +6,7 @@ nesting - and must answer with a result: never a traceback, a hang or unbounded 
 The generators (``Gen``) make each choice - a branch, a length, a character, a hostile leaf - as
 one Hypothesis draw (``DrawnRandom``), so Hypothesis records the choices of every input: a
 failure is shrunk to a small input, printed with the blob that replays it, and (profile
-``fuzz``) saved in the example database (``.hypothesis/``), which replays it first on the next
+``fuzz``) saved in the example database (``.hypothesis/examples``), which replays it first on the next
 run. Each choice is a draw of a prebuilt strategy, so 10^4 inputs per target fit in ``make
 test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
 test``: ``PHALANX_FUZZ_EXAMPLES`` inputs per target, default 10000, derandomized so every run
