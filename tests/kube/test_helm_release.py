@@ -182,8 +182,10 @@ def test_install_upgrade_rotate_and_uninstall_leave_only_the_volumes_the_chart_k
             agents = sorted(p["spec"]["nodeName"] for p in pods
                             if p["metadata"]["labels"]["app.kubernetes.io/name"] == "phalanx-topology-discovery")
             assert agents == sorted(cluster.gpu_nodes), "one node agent per labelled GPU node"
-            assert all(p["status"]["phase"] == "Running" for p in pods if not p["metadata"]["name"].startswith(
-                "phalanx-bus-init")), [(p["metadata"]["name"], p["status"].get("phase")) for p in pods]
+            running = [p for p in pods if p["spec"].get("nodeName") in cluster.gpu_nodes]  # not the hooks' node
+            assert all(p["status"]["phase"] == "Running" for p in running), [
+                (p["metadata"]["name"], p["status"].get("phase")) for p in pods]
+            assert len(running) == 1 + 2 + 2 + 3 + 3 + 3 + 1, "the services, nats and bus-init, all on the GPU nodes"
             first = check_generated_secrets(kube_api, ns, kube, rotation="")
             assert not [o for o in kube_api.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
                         if o["metadata"]["name"].startswith("phalanx-credentials")], "hook Jobs are removed on success"
