@@ -44,7 +44,7 @@ class Helm:
     def __init__(self, binary: Path, plane: ControlPlane | None = None) -> None:
         self.binary = binary
         self.plane = plane
-        home = Path(tempfile.mkdtemp(prefix="helm-", dir=plane.workdir if plane else None))
+        self.home = home = Path(tempfile.mkdtemp(prefix="helm-", dir=plane.workdir if plane else None))
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("HELM_")},
                     "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
                     "HELM_DATA_HOME": str(home / "data")}

@@ -1,21 +1,17 @@
-"""deploy/helm/phalanx with a real helm (tools/helm) on the real kube-apiserver: lint, the same
-objects as the kustomize base, a server-side dry run of everything it renders, bad values
-refused by the schema with the field named, the services' least-privilege RBAC, and one
-release's life: install (kwok nodes run the pods, the credentials hook really runs), upgrade,
-credentials rotation and uninstall, leaving only the nats volumes the chart says it keeps."""
+"""deploy/helm/phalanx with a real helm (tools/helm) and the real kube-apiserver: lint, the same
+objects as the kustomize base, copies of the CRDs, alert rules and dashboard, bad values refused
+by the schema with the field named, a server-side dry run of everything it renders, and the
+services' least-privilege RBAC. One release's life is test_helm_release.py."""
 
 from __future__ import annotations
 
 import difflib
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from helmtool import (
-    CHART,
-    Helm,
-    helm_binary,
-)
+from helmtool import CHART, Helm, helm_binary
 from kubeharness import HarnessError, KubeApi, unique
 from rbactable import ACCESS, CLUSTER_SCOPED, FENCE_ACCESS
 
@@ -28,8 +24,6 @@ NO_CRD_HERE = {"ServiceMonitor", "PrometheusRule", "Certificate"}
 """Kinds of the optional integrations whose CRDs (Prometheus Operator, cert-manager) the test
 control plane does not serve; the dry run covers every other kind the chart renders."""
 CLUSTER_KINDS = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-GENERATED_SECRETS = {"phalanx-nats-auth", "phalanx-nats-keys", "phalanx-nats-admin", "phalanx-nats-gang-coordinator",
-                     "phalanx-nats-placement", "phalanx-nats-binder", "phalanx-nats-tls"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +36,9 @@ def helm_bin() -> Path:
 
 @pytest.fixture(scope="module")
 def helm(helm_bin) -> Helm:
-    return Helm(helm_bin)
+    helm = Helm(helm_bin)
+    yield helm
+    shutil.rmtree(helm.home, ignore_errors=True)
 
 
 # -- the chart on its own ----------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import secrets
-from pathlib import Path
 
 import anyio
 import pytest
@@ -165,7 +164,7 @@ def test_install_upgrade_rotate_and_uninstall_leave_only_the_volumes_the_chart_k
     cluster = Cluster(kube_api, ns)
     release = f"phalanx-{cluster.id}"
     cluster.create()
-    values = values_file(Path(helm.env["HELM_CONFIG_HOME"]).parent, cluster.values())
+    values = values_file(helm.home, cluster.values())
     wait = ("--wait=watcher", "--timeout", "180s")
     try:
         with HookRunner(kube, ns, cluster.runner) as runner:
