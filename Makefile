@@ -23,13 +23,15 @@ test: install kube
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 ## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with
-## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver and
-## the kubelet device-manager harness (cached outside the work tree; seconds when cached; cold times in tools/*/README.md).
+## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver,
+## the kubelet device-manager harness and helm (cached outside the work tree; seconds when
+## cached; cold times in tools/*/README.md).
 kube:
 	bash tools/kube/build.sh >/dev/null
 	bash tools/controllers/build.sh >/dev/null
 	bash tools/traces/build.sh >/dev/null
 	bash tools/devicemanager/build.sh >/dev/null
+	bash tools/helm/build.sh >/dev/null
 
 test-e2e: install kube
 	$(BIN)/pytest -q tests/e2e tests/contract tests/kube tests/deviceplugin
@@ -40,9 +42,10 @@ test-unit: install
 test-integration: install
 	$(BIN)/pytest -q tests/integration
 
-## The long fuzz run: 200000 generated inputs per target, from a fresh seed (printed on failure).
+## The long fuzz run: the Hypothesis profile "fuzz" (200000 inputs per target, a fresh seed, the
+## failure database in .hypothesis/ replayed first; tests/unit/conftest.py).
 fuzz: install
-	PHALANX_FUZZ_EXAMPLES=200000 PHALANX_FUZZ_SEED=$$(date +%s) $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
+	PHALANX_FUZZ_PROFILE=fuzz $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
 
 lint: install
 	$(BIN)/ruff check proto libs services tests bench

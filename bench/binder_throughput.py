@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "kube"))
 
 import kubeharness  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from phalanx_bus import Bus  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
@@ -50,20 +50,18 @@ from phalanx_proto.state import Allocation, NodeLedger, alloc_key  # noqa: E402
 from phalanx_proto.topology import Gpu, NodeTopology  # noqa: E402
 from phalanx_runtime.natsserver import NatsServer  # noqa: E402
 
-_SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
-
 
 def requests_by_kind(api) -> Counter:
     """``apiserver_request_total`` summed by (verb, resource, subresource)."""
     _, text = api.request("GET", "/metrics")  # text, not JSON: the client hands it back as a string
     out: Counter = Counter()
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
-            kind = f"{labels.get('verb')} {labels.get('resource')}" + (
-                f"/{labels['subresource']}" if labels.get("subresource") else "")
-            out[kind] += int(float(m["value"]))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "apiserver_request_total":
+                labels = s.labels
+                kind = f"{labels.get('verb')} {labels.get('resource')}" + (
+                    f"/{labels['subresource']}" if labels.get("subresource") else "")
+                out[kind] += int(s.value)
     return out
 
 

@@ -6,7 +6,9 @@
   file of seeds: the root of trust, keep it offline);
 * ``bus server-config`` — the nats-server ``operator``/``resolver`` block that trusts them;
 * ``bus creds`` — a credentials file for one identity (and node, for a node agent);
-* ``bus permissions`` — the permission table of docs/security.md, from the bus table.
+* ``bus permissions`` — the permission table of docs/security.md, from the bus table;
+* ``bus kube-secrets`` — all of the above as Kubernetes Secrets (the Helm chart's hook Job;
+  ``phalanx_cli.bus_secrets``).
 
 docs/security.md describes the whole flow, rotation included.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import anyio
 
+from phalanx_cli import bus_secrets
 from phalanx_cli.cmd_run import add_nats, bus_auth
 
 SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
@@ -60,6 +63,8 @@ def register(sub) -> None:
     mode.add_argument("--check", action="store_true", help="exit 1 if docs/security.md has another table")
     mode.add_argument("--write", action="store_true", help="replace the table in docs/security.md")
     perms.set_defaults(func=_permissions)
+
+    bus_secrets.register(cmds)
 
 
 def _load_keys(path: str):

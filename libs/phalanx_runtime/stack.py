@@ -31,6 +31,7 @@ from phalanx_runtime.children import popen_options
 from phalanx_runtime.inputs import ClusterFile, ClusterNode, load_workload
 from phalanx_runtime.localauth import LocalSecurity
 from phalanx_runtime.natsserver import NatsServer
+from phalanx_telemetry import exposition
 
 __all__ = ["FLEET_ABOVE", "ClusterFile", "ClusterNode", "ServiceProc", "Stack", "StackError", "fake_mig_spec",
            "load_workload"]
@@ -278,10 +279,11 @@ class Stack:
                 text = r.read().decode()
         except (OSError, ValueError, IndexError):
             return None
-        for line in text.splitlines():
-            if line.startswith('phalanx_placement_nodes{state="fresh"} '):
-                return int(float(line.rsplit(" ", 1)[1]))
-        return None
+        try:
+            fresh = exposition.value(text, "phalanx_placement_nodes", state="fresh")
+        except ValueError:  # a page cut short: ask again
+            return None
+        return None if fresh is None else int(fresh)
 
     def tail(self, name: str, lines: int = 15) -> str:
         try:

@@ -30,6 +30,7 @@ from phalanx_proto.events import (
     ReleaseRequested,
 )
 from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
+from phalanx_telemetry import exposition
 from stackutil import gang_states, ledger
 
 GHOSTS = {S.KV_LEDGER: "ghost-node-{n}", S.KV_TOPOLOGY: "ghost-node-{n}", S.KV_HEARTBEAT: "ghost-node-{n}",
@@ -137,7 +138,6 @@ def _scrape(stack, name: str) -> dict[str, float]:
     port = int(stack.procs[name].ready_file.read_text().split()[1])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
-            if line and not line.startswith("#")}
+    return exposition.samples(text)
 
 

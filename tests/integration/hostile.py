@@ -13,6 +13,7 @@ from phalanx_bus import Bus
 from phalanx_kube.sim import KV_PODS, SimCluster
 from phalanx_proto import subjects as S
 from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_telemetry import exposition
 from stackutil import CLUSTER, audit_ledger, connect, gang_states, gpu_pod, ledger, seed_nodes, wait_until
 
 
@@ -120,12 +121,7 @@ def scrape(stack: Stack, name: str) -> dict[str, float]:
     port = int(stack.procs[name].ready_file.read_text().split()[1])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            sample, _, value = line.rpartition(" ")
-            out[sample] = float(value)
-    return out
+    return exposition.samples(text)
 
 
 def phalanx(*args: str, timeout: float = 60):

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_telemetry import exposition
 from stackutil import CLUSTER, connect, gpu_pod, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -20,12 +21,7 @@ def scrape(stack: Stack, name: str) -> dict[str, float]:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            sample, _, value = line.rpartition(" ")
-            out[sample] = float(value)
-    return out
+    return exposition.samples(text)
 
 
 @pytest.fixture

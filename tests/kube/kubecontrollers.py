@@ -29,9 +29,13 @@ import yaml
 from kubeharness import REPO, ControlPlane, HarnessError, KubeApi, _insecure_ctx, free_port
 
 BUILD_SH = REPO / "tools" / "controllers" / "build.sh"
-KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller")
+KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller", "deployment-controller",
+                   "replicaset-controller", "daemonset-controller", "statefulset-controller",
+                   "persistentvolume-binder-controller")
 """What kube-controller-manager runs: Jobs make pods (JobSet's Jobs, the MPIJob launcher), and
-the garbage collector deletes what a deleted owner (JobSet, Job, MPIJob) leaves behind."""
+the garbage collector deletes what a deleted owner (JobSet, Job, MPIJob) leaves behind; the
+workload controllers and the volume binder run what the Helm chart installs (test_helm_chart.py:
+Deployments, DaemonSets, the nats StatefulSet and its volumes). No other test makes those kinds."""
 PROBE_NS = "phalanx-harness-probe"
 PROBE_SCHEDULER = "phalanx-harness-probe"  # no scheduler serves it: probe pods are never bound
 

@@ -10,6 +10,7 @@ import anyio
 import pytest
 import yaml
 from kubeharness import KubeApiError, fake_gpu_node, gpu_pod, unique
+from rbactable import ACCESS, CLUSTER_SCOPED, FENCE_ACCESS
 
 from phalanx_kube.kube import KubeApiError as AdapterApiError
 from phalanx_kube.kube import KubeCluster
@@ -20,27 +21,6 @@ pytestmark = pytest.mark.e2e
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "rbac.yaml"
 NAMESPACE = "phalanx-system"
 
-# (verb, resource, subresource, allowed); namespaced checks run in the test's namespace.
-ACCESS = {
-    "gang-coordinator": [("list", "pods", "", True), ("watch", "pods", "", True), ("get", "pods", "", True),
-                         ("delete", "pods", "", True), ("patch", "pods", "status", True),
-                         ("create", "events", "", True), ("patch", "events", "", True),
-                         ("create", "pods", "binding", False), ("patch", "pods", "", False),
-                         ("create", "pods", "", False), ("list", "nodes", "", False)],
-    "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
-               ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
-               ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", False),
-               ("get", "nodes", "", False), ("get", "secrets", "", False)],
-    "topology-discovery": [("get", "nodes", "", True), ("list", "nodes", "", True), ("watch", "nodes", "", True),
-                           ("patch", "nodes", "status", True), ("patch", "nodes", "", False),
-                           ("delete", "nodes", "", False), ("get", "pods", "", True), ("patch", "pods", "", True),
-                           ("create", "events", "", True), ("list", "pods", "", True), ("watch", "pods", "", True),
-                           ("delete", "pods", "", False),
-                           ("create", "pods", "binding", False)],
-    "placement": [("get", "pods", "", False), ("list", "nodes", "", False), ("create", "events", "", False)],
-    "mig-manager": [("get", "pods", "", False), ("get", "nodes", "", False), ("create", "events", "", False)],
-}
-CLUSTER_SCOPED = {"nodes"}
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +125,6 @@ async def test_topology_discovery_advertises_resources_with_its_own_account_and_
     assert not kube_api.get_pod(kube_ns, "unbound")["spec"].get("nodeName")
 
 
-# (service, verb, allowed in phalanx-system, allowed in another namespace)
-FENCE_ACCESS = [("binder", verb, True, False) for verb in ("get", "create", "update", "patch", "delete")] + [
-    ("topology-discovery", "get", True, False), ("topology-discovery", "create", False, False),
-    ("topology-discovery", "update", False, False), ("topology-discovery", "delete", False, False),
-    ("gang-coordinator", "get", False, False), ("placement", "get", False, False)]
 
 
 def test_only_binder_writes_the_fence_leases_and_the_node_agent_only_reads_them(rbac, kube_ns):

@@ -3,22 +3,23 @@
 with hostile leaves, mutated YAML, matrices with hostile cells, schema-guided events with deep
 nesting - and must answer with a result: never a traceback, a hang or unbounded memory.
 
-A seeded generator (``random.Random``, tens of microseconds an input) rather than a
-property-testing library, so 10^4 inputs per target fit in ``make test``. Each target gets
-``PHALANX_FUZZ_EXAMPLES`` inputs (default 10000) from seed ``PHALANX_FUZZ_SEED`` (default 17,
-so every run tries the same ones); a failure names the seed, the input number and the input.
-The counts are printed at the end of the run. The long run, with a fresh seed each time::
-
-    make fuzz            # 200000 inputs per target
+The generators (``Gen``) make each choice - a branch, a length, a character, a hostile leaf - as
+one Hypothesis draw (``DrawnRandom``), so Hypothesis records the choices of every input: a
+failure is shrunk to a small input, printed with the blob that replays it, and (profile
+``fuzz``) saved in the example database (``.hypothesis/examples``), which replays it first on the next
+run. Each choice is a draw of a prebuilt strategy, so 10^4 inputs per target fit in ``make
+test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
+test``: ``PHALANX_FUZZ_EXAMPLES`` inputs per target, default 10000, derandomized so every run
+tries the same inputs) and ``fuzz`` (``make fuzz``: 200000 inputs per target from a fresh seed,
+with the database). The counts are printed at the end of the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
-import os
-import random
 import resource
 import time
 import types
@@ -29,6 +30,8 @@ from pathlib import Path
 import msgspec
 import pytest
 import yaml
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
 
 import phalanx_proto.events
 import phalanx_proto.state
@@ -37,9 +40,7 @@ from phalanx_proto.codec import Decoder
 
 pytestmark = pytest.mark.fuzz
 
-EXAMPLES = int(os.environ.get("PHALANX_FUZZ_EXAMPLES", "10000"))
-SEED = int(os.environ.get("PHALANX_FUZZ_SEED", "17"))
-MAX_GROWTH_KIB = 256 * 1024  # peak RSS may grow at most this much over a whole target
+MAX_GROWTH_KIB = 256 * 1024  # the checks may grow peak RSS at most this much over a whole target
 MAX_SECONDS = 10.0  # one input taking longer is a hang, whatever the machine's load
 CONTROL = {chr(c) for c in (*range(0x20), 0x7F)} - {"\n"}
 
@@ -59,24 +60,80 @@ PIECES = ["&a ", "*a", "*b", "<<: ", "[", "]", "{", "}", ": ", "- ", "!!binary "
           "'", '"', "\t", "\n  ", "---\n", "\x00", "\x1b", "%YAML 1.1\n", "? ", "|\n", "&a [*a]"]
 
 
-class Gen:
-    """Hostile inputs from one ``random.Random``."""
+@functools.cache
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
 
-    def __init__(self, seed: int) -> None:
-        self.r = random.Random(seed)
+
+@functools.cache
+def _floats(lo: float, hi: float) -> st.SearchStrategy[float]:
+    return st.floats(lo, hi)
+
+
+@functools.cache
+def _bytes(n: int) -> st.SearchStrategy[bytes]:
+    return st.binary(min_size=n, max_size=n)
+
+
+@functools.cache
+def _sample(population: tuple, k: int) -> st.SearchStrategy[list]:
+    return st.lists(st.sampled_from(population), min_size=k, max_size=k, unique=True)
+
+
+@functools.cache
+def _text(most: int) -> st.SearchStrategy[str]:
+    return st.text(alphabet=ALPHABET, max_size=most)
+
+
+class DrawnRandom:
+    """The part of ``random.Random`` the generators use, each call one Hypothesis draw of a
+    prebuilt strategy: Hypothesis records the calls, shrinks them (towards 0: the first branch,
+    the shortest length) and replays them."""
+
+    def __init__(self, draw: Callable) -> None:
+        self.draw = draw
+
+    def random(self) -> float:
+        return self.draw(_ints(0, 999)) / 1000
+
+    def randrange(self, a: int, b: int | None = None) -> int:
+        lo, hi = (0, a) if b is None else (a, b)
+        return self.draw(_ints(lo, hi - 1))
+
+    def uniform(self, a: float, b: float) -> float:
+        return self.draw(_floats(a, b))
+
+    def randbytes(self, n: int) -> bytes:
+        return self.draw(_bytes(n))
+
+    def sample(self, population: typing.Sequence, k: int) -> list:
+        return self.draw(_sample(tuple(population), k))
+
+    def text(self, most: int) -> str:
+        """Up to ``most`` characters of ``ALPHABET``, one draw."""
+        return self.draw(_text(most))
+
+
+class Gen:
+    """Hostile inputs, every choice a Hypothesis draw."""
+
+    def __init__(self, draw: Callable) -> None:
+        self.r = DrawnRandom(draw)
 
     def pick(self, items: typing.Sequence) -> typing.Any:
         return items[self.r.randrange(len(items))]
 
     def text(self, most: int = 12) -> str:
-        return "".join(self.pick(ALPHABET) for _ in range(self.r.randrange(most + 1)))
+        return self.r.text(most)
 
     def scalar(self) -> object:
         r = self.r.random()
         if r < 0.3:
             return self.pick(TRICKY)
-        return self.pick([None, True, False, self.r.randrange(-5, 100), self.r.randrange(-10**25, 10**25),
-                          self.r.uniform(-1e6, 1e6), float("nan"), float("inf"), self.text()])
+        make = self.pick([lambda: None, lambda: True, lambda: False, lambda: self.r.randrange(-5, 100),
+                          lambda: self.r.randrange(-10**25, 10**25), lambda: self.r.uniform(-1e6, 1e6),
+                          lambda: float("nan"), lambda: float("inf"), self.text])
+        return make()  # only the chosen kind is drawn
 
     def tree(self, depth: int = 0) -> object:
         r = self.r.random()
@@ -137,31 +194,43 @@ def dump(tree: object) -> str:
     return yaml.safe_dump(tree, allow_unicode=True)
 
 
+ROUND = 10000
+"""Inputs per Hypothesis run: a longer target runs several rounds, each a fresh run, since a run
+keeps every input's choices in memory (about 40 KiB each for the largest wire structs)."""
+
+
 class Budget:
-    """Counts the inputs of one target and checks time per input and memory over the target."""
+    """Counts the inputs of one target and checks time and peak memory per input."""
 
     def __init__(self, name: str, counts: dict[str, int]) -> None:
         self.name, self.counts = name, counts
         counts[name] = 0
-        self.rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.slowest = 0.0
+        self.grew_kib = 0
+        """Peak RSS growth during the checks themselves (not Hypothesis's own bookkeeping)."""
 
     def run(self, make: Callable[[Gen], object], check: Callable[[object], None]) -> None:
-        """``EXAMPLES`` inputs from ``make``, each given to ``check``; a failure names the input."""
-        gen = Gen(SEED)
-        for n in range(EXAMPLES):
-            case = make(gen)
-            started = time.monotonic()
-            try:
-                check(case)
-            except Exception as e:
-                raise AssertionError(f"{self.name}: seed {SEED} input {n}: {case!r:.2000}") from e
-            self.counts[self.name] += 1
+        """``check`` every input ``make`` generates, the profile's ``max_examples`` in all; a
+        failure is shrunk and reported by Hypothesis."""
+        total = settings.default.max_examples
+
+        def target(case: object) -> None:
+            peak, started = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+            check(case)
             self.slowest = max(self.slowest, time.monotonic() - started)
-        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - self.rss_kib
-        assert self.counts[self.name] == EXAMPLES
+            self.grew_kib += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+            self.counts[self.name] += 1
+
+        inputs = st.composite(lambda draw: make(Gen(draw)))()
+        for done in range(0, total, ROUND):
+            if settings.default.derandomize and done:  # a derandomized profile: another fixed seed a round
+                seed(done)(settings(max_examples=min(ROUND, total - done), derandomize=False, database=None)(
+                    given(inputs)(target)))()
+            else:
+                settings(max_examples=min(ROUND, total - done))(given(inputs)(target))()
+        assert self.counts[self.name] >= total, self.counts[self.name]
         assert self.slowest < MAX_SECONDS, f"{self.name}: one input took {self.slowest:.1f}s"
-        assert grew < MAX_GROWTH_KIB, f"{self.name}: peak memory grew by {grew} KiB"
+        assert self.grew_kib < MAX_GROWTH_KIB, f"{self.name}: the checks grew peak memory by {self.grew_kib} KiB"
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import pytest
 
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.topology import Gpu, NodeTopology
-from phalanx_telemetry import allocation, metrics
+from phalanx_telemetry import allocation, exposition, metrics
 from phalanx_telemetry.metrics import Counter, Gauge, Histogram, MetricError, Registry
 
 
@@ -155,3 +155,19 @@ def test_allocation_counts_gpus_core_and_memory_by_node_model_and_mode_and_fragm
 def test_fragmentation_is_zero_when_nothing_is_free():
     full = allocation.NodeAllocation("a", NodeTopology(node="a", gpus=_gpus(2)), True, (_a("a", (0, 1)),))
     assert allocation.compute([full])["phalanx_cluster_fragmentation_ratio"] == [({"model": "V100"}, 0.0)]
+
+
+def test_prometheus_clients_parser_reads_every_line_the_registry_writes():
+    """The page is valid exposition, and ``exposition.samples`` keys read exactly like its lines
+    (tests and the stack look samples up by that text), escaped label values included."""
+    reg = fresh()
+    Counter("x_events_total", "Events.", ["consumer"], registry=reg).inc(3, consumer='say "hi"\\back')
+    Gauge("x_nodes", "Nodes.", ["state"], registry=reg).replace([({"state": "fresh"}, 7)])
+    Histogram("x_duration_seconds", "D.", ["outcome"], buckets=(0.1, 1.0), registry=reg).observe(0.5, outcome="ok")
+    text = reg.render()
+    lines = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+             if line and not line.startswith("#")}
+    assert exposition.samples(text) == lines
+    assert exposition.value(text, "x_nodes", state="fresh") == 7
+    assert exposition.value(text, "x_duration_seconds_count", outcome="ok") == 1
+    assert exposition.value(text, "x_nodes", state="stale") is None
