@@ -37,6 +37,8 @@ def register(sub) -> None:
     init = cmds.add_parser("init", help="declare every stream and KV bucket (admin identity)")
     add_nats(init)
     init.add_argument("--replicas", type=int, default=1, help="copies of each stream and bucket (3 on a cluster)")
+    init.add_argument("--simulator", action="store_true",
+                      help="also the simulated cluster's buckets and the node fleet's durable (phalanx up, tests)")
     init.set_defaults(func=_init)
 
     keys = cmds.add_parser("keys", help="write a fresh operator, account and signing keys (JSON seeds)")
@@ -86,7 +88,7 @@ def _init(args: argparse.Namespace) -> int:
         bus = await Bus.connect(args.nats, service="bus-init", auth=bus_auth(args), connect_timeout_s=30.0)
         try:
             with anyio.fail_after(120):
-                await bus.declare(replicas=args.replicas)
+                await bus.declare(replicas=args.replicas, simulator=args.simulator)
         finally:
             await bus.close()
 

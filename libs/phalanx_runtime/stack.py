@@ -172,7 +172,7 @@ class Stack:
         env = {**os.environ, **self.env, **self.identity_env("admin")}
         try:
             out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "bus", "init", "--nats", self.url,
-                                  "--replicas", str(self.bus_replicas)],
+                                  "--replicas", str(self.bus_replicas), "--simulator"],
                                  env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise StackError(f"phalanx bus init did not finish in {timeout_s}s") from e
