@@ -172,10 +172,10 @@ class KeySet:
                            "template": {"pub": _allow(perms.publish), "sub": _allow(perms.subscribe),
                                         **limits}})
         # JetStream storage is bounded for the whole account (docs/security.md, "Storage limits"):
-        # every stream must declare its size, and the sizes the table declares fit in the limit.
+        # at most ACCOUNT_MAX_STREAMS streams, each required to declare its size.
         limits = {**_UNLIMITED, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1,
-                  "mem_storage": 256 * S.MIB, "disk_storage": S.ACCOUNT_DISK_BYTES, "streams": 64, "consumer": -1,
-                  "max_bytes_required": True}
+                  "mem_storage": 256 * S.MIB, "disk_storage": -1, "streams": S.ACCOUNT_MAX_STREAMS,
+                  "consumer": -1, "max_bytes_required": True}
         return encode_jwt({"sub": public_key(self.account), "name": ACCOUNT_NAME,
                            "nats": {"limits": limits, "signing_keys": scopes,
                                     "default_permissions": {"pub": {}, "sub": {}},

@@ -319,10 +319,13 @@ def declared_bytes(*, simulator: bool = True) -> int:
             + sum(b.max_bytes for b in BUCKETS if simulator or not b.simulator_only))
 
 
-ACCOUNT_DISK_BYTES = 3 * declared_bytes() + 1 * GIB
-"""The PHALANX account's JetStream disk limit (account JWT): three copies of everything the
-table declares (a 3-server cluster with R3 streams), plus room for the ephemeral state of KV
-watchers. A stream the table does not declare cannot push the account past it."""
+ACCOUNT_MAX_STREAMS = 64
+"""Streams the PHALANX account may have (the table declares 5 and 11 buckets). With every
+stream required to declare its size (the account JWT's ``max_bytes_required``), the account's
+storage is at most the sum the table declares (``declared_bytes``), times the replicas. The
+account JWT carries no total in bytes: nats-server counts a stream's replicas against it and
+refuses to serve the account on a server whose disk is smaller than it, so one number cannot
+fit both a single server and a 3-server cluster (docs/security.md, "Storage limits")."""
 NODE_AGENT_PAYLOAD_MAX = NODE_STATE_MAX + 16 * KIB
 """The largest message a node agent's connection may publish (user JWT ``payload``): its
 largest record plus headers."""

@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--heartbeat-s", type=float, default=3.0, help="seconds between heartbeats (default %(default)s)")
     p.add_argument("--node-state-debounce-s", type=float, default=0.5,
                    help="at most one report of the node's Kubernetes state per this many seconds (default %(default)s)")
+    p.add_argument("--node-state-reassert-s", type=float, default=30.0,
+                   help="read the stored Kubernetes state back this often and write it again if it is not this "
+                        "node's (deleted, lost) (default %(default)s)")
     g = p.add_argument_group("device plugin (docs/delivery.md)")
     g.add_argument("--advertise", choices=("auto", "device-plugin", "node-status"),
                    default=os.environ.get("PHALANX_ADVERTISE", "auto"),
@@ -92,5 +95,6 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
     from phalanx_topology_discovery.service import Config, run
 
     await run(bus, cluster, Config(node=args.node, heartbeat_s=args.heartbeat_s,
-                                  node_state_debounce_s=args.node_state_debounce_s), _reader(args),
+                                  node_state_debounce_s=args.node_state_debounce_s,
+                                  node_state_reassert_s=args.node_state_reassert_s), _reader(args),
               agent=_agent(args, cluster), task_status=task_status)

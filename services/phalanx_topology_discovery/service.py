@@ -35,7 +35,7 @@ from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology.tiers import tiers_from_labels
-from phalanx_topology_discovery.kubestate import DEBOUNCE_S, NodeStateReporter
+from phalanx_topology_discovery.kubestate import DEBOUNCE_S, REASSERT_S, NodeStateReporter
 
 ENABLE_LABEL = "lj_runtimekit_enable"
 ACK_LABEL = "ack.node.gpu.schedule"
@@ -48,6 +48,7 @@ class Config:
     node_state: bool = True
     """Report the node's Kubernetes state to ``phx-node-state`` (``kubestate``)."""
     node_state_debounce_s: float = DEBOUNCE_S
+    node_state_reassert_s: float = REASSERT_S
 
 
 def enabled_by_labels(labels: dict[str, str]) -> bool:
@@ -174,5 +175,6 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[],
         tg.start_soon(discovery.loop)
         if config.node_state:
             await tg.start(functools.partial(NodeStateReporter(bus, config.node).follow, cluster,
-                                             debounce_s=config.node_state_debounce_s))
+                                             debounce_s=config.node_state_debounce_s,
+                                             reassert_s=config.node_state_reassert_s))
         task_status.started()

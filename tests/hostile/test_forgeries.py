@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -23,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from hostile import Forgery, as_identity, attempt  # noqa: E402
 from phalanx_bus import Bus, BusAuth, BusError  # noqa: E402
 from phalanx_proto import events as E  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
@@ -40,13 +40,6 @@ ATTACKERS = {  # name -> (identity, nodes)
     "topology-discovery of v100-a": (S.TOPOLOGY_DISCOVERY, (NODE,)),
     "mig-manager of v100-a": (S.MIG_MANAGER, (NODE,)),
 }
-
-
-@dataclass(frozen=True)
-class Forgery:
-    subject: str
-    payload: bytes = b""
-    subscribe: bool = False
 
 
 def _ev(event) -> bytes:
@@ -131,40 +124,6 @@ async def snapshot(bus: Bus) -> dict:
     out["consumers"] = {s: sorted(c.name for c in await bus.js.consumers_info(s))
                         for s in (S.STREAM_GANG, S.STREAM_NODE, f"KV_{S.KV_LEDGER}")}
     return out
-
-
-async def attempt(bus: Bus, forgery: Forgery) -> str:
-    """``refused`` when the server rejects the publish or subscription, else what happened."""
-    seen = len(bus.refusals)
-    if forgery.subscribe:
-        sub = await bus.nc.subscribe(forgery.subject)
-        await bus.nc.flush()
-    else:
-        sub = await bus.nc.subscribe(bus.nc.new_inbox(), max_msgs=1)
-        await bus.nc.publish(forgery.subject, forgery.payload, reply=sub.subject)
-        await bus.nc.flush()
-    def refused() -> bool:
-        return any(f'"{forgery.subject.lower()}"' in r.lower() for r in bus.refusals[seen:])
-
-    try:
-        with anyio.move_on_after(3):  # the refusal usually arrives before the flush returns, not always
-            while not refused():
-                try:
-                    msg = await sub.next_msg(timeout=0.05)
-                    return f"accepted: {msg.data[:200]!r}"
-                except TimeoutError:
-                    continue
-            return "refused"
-        return "accepted without an answer"
-    except Exception as e:  # noqa: BLE001 - reported as the outcome
-        return f"accepted, then {e!r}"
-    finally:
-        await sub.unsubscribe()
-
-
-async def as_identity(stack: Stack, identity: str, nodes: tuple[str, ...]) -> Bus:
-    return await Bus.connect(stack.url, service=f"attacker-{identity}",
-                             auth=BusAuth.from_env(stack.identity_env(identity, nodes)), connect_timeout_s=15)
 
 
 @pytest.mark.parametrize("attacker", ATTACKERS)

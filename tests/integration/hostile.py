@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 
-from phalanx_bus import Bus
+from phalanx_bus import Bus, BusAuth
 from phalanx_kube.sim import KV_PODS, SimCluster
 from phalanx_proto import subjects as S
 from phalanx_runtime.stack import ClusterFile, Stack
@@ -131,3 +132,48 @@ def phalanx(*args: str, timeout: float = 60):
 
     return subprocess.run([sys.executable, "-m", "phalanx_cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Forgery:
+    """A message an attacker publishes on ``subject`` (or, with ``subscribe``, a subscription)."""
+
+    subject: str
+    payload: bytes = b""
+    subscribe: bool = False
+    headers: dict[str, str] | None = None
+
+
+async def as_identity(stack: Stack, identity: str, nodes: tuple[str, ...] = ()) -> Bus:
+    """A connection with ``identity``'s real credential (a node agent's names its node)."""
+    return await Bus.connect(stack.url, service=f"attacker-{identity}",
+                             auth=BusAuth.from_env(stack.identity_env(identity, nodes)), connect_timeout_s=15)
+
+
+async def attempt(bus: Bus, forgery: Forgery) -> str:
+    """``refused`` when the server rejects the publish or subscription, else what happened."""
+    seen = len(bus.refusals)
+    if forgery.subscribe:
+        sub = await bus.nc.subscribe(forgery.subject)
+        await bus.nc.flush()
+    else:
+        sub = await bus.nc.subscribe(bus.nc.new_inbox(), max_msgs=1)
+        await bus.nc.publish(forgery.subject, forgery.payload, reply=sub.subject, headers=forgery.headers)
+        await bus.nc.flush()
+    def refused() -> bool:
+        return any(f'"{forgery.subject.lower()}"' in r.lower() for r in bus.refusals[seen:])
+
+    try:
+        with anyio.move_on_after(3):  # the refusal usually arrives before the flush returns, not always
+            while not refused():
+                try:
+                    msg = await sub.next_msg(timeout=0.05)
+                    return f"accepted: {msg.data[:200]!r}"
+                except TimeoutError:
+                    continue
+            return "refused"
+        return "accepted without an answer"
+    except Exception as e:  # noqa: BLE001 - reported as the outcome
+        return f"accepted, then {e!r}"
+    finally:
+        await sub.unsubscribe()
