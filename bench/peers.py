@@ -155,7 +155,7 @@ def start_plane(peers_bin: Path, work: Path, layout: Layout) -> ControlPlane:
     version = api.get("/version")["gitVersion"]
 
     def node(i: int) -> None:
-        obj = fake_gpu_node(layout.name(i), labels=layout.labels(i))
+        obj = fake_gpu_node(layout.name(i), labels={"lj_runtimekit_enable": "true", **layout.labels(i)})
         for k in ("capacity", "allocatable"):
             obj["status"][k]["aliyun.com/rdma"] = str(layout.gpus_per_node)
         api.create_node(obj)
@@ -296,7 +296,7 @@ def _row(first: str, cells: list[str], spec) -> str:
 
 
 def table(results: list[dict], skipped: list[tuple[str, str, str]], layout: Layout) -> str:
-    """Per scenario: speed, then placement and holding, one row per scheduler."""
+    """Per scenario: a speed table, then a placement-and-holding table, one row per scheduler."""
     out = [f"{layout.nodes} kwok nodes x {layout.gpus_per_node} GPUs ({layout.gpus} GPUs); HyperNode = "
            f"{layout.hypernode} nodes, leaf switch = {layout.leaf}, network-pod = {layout.netpod}"]
     for name, sc in SCENARIOS.items():
@@ -304,18 +304,20 @@ def table(results: list[dict], skipped: list[tuple[str, str, str]], layout: Layo
         skips = [s for s in skipped if s[0] == name]
         if not rows and not skips:
             continue
-        out += ["", f"{name}: {sc.what}", _row("scheduler", [c for c, _ in SPEED], SPEED),
-                _row("", [c for c, _ in PLACEMENT], PLACEMENT).replace("  " + " " * 20, "  " + " " * 20, 1)]
+        out += ["", f"{name}: {sc.what}", _row("scheduler", [c for c, _ in SPEED], SPEED)]
         for r in rows:
             out.append(_row(r["label"], [f"{r['bound']}/{r['pods']}", f"{r['whole']}/{r['gangs']}",
                                          secs(r["gang_p50_s"]), secs(r["gang_p99_s"]), f"{r['pods_per_s']:.1f}",
-                                         f"{r['cpu_s']:.0f}"], SPEED))
-            out.append(_row("", ["-" if math.isnan(r["tightest_pct"]) else f"{r['tightest_pct']:.0f} %",
-                                 str(r["split_netpods"]), str(r["partial_at_end"]), f"{r['held_partial_gpu_s']:.0f}",
-                                 str(r["held_partial_peak_gpus"]), secs(r["longest_partial_s"]),
-                                 str(r["idle_gpus_while_waiting"])], PLACEMENT))
+                                         f"{r['cpu_s']:.1f}"], SPEED))
         for _, sched, why in skips:
             out.append(f"  {BACKENDS[sched].label:<20}  {why}")
+        if rows:
+            out.append(_row("scheduler", [c for c, _ in PLACEMENT], PLACEMENT))
+        for r in rows:
+            out.append(_row(r["label"], ["-" if math.isnan(r["tightest_pct"]) else f"{r['tightest_pct']:.0f} %",
+                                         str(r["split_netpods"]), str(r["partial_at_end"]),
+                                         f"{r['held_partial_gpu_s']:.0f}", str(r["held_partial_peak_gpus"]),
+                                         secs(r["longest_partial_s"]), str(r["idle_gpus_while_waiting"])], PLACEMENT))
         for r in rows:
             if "teams" in r:
                 out += [f"  {r['label']}, team {t}: quota {100 * v['quota_share']:.0f} % of the GPUs, holds "
