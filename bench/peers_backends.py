@@ -42,6 +42,10 @@ REQUIRED_LEVEL = LABELS["netpod"]
 """The one hard topology level Kueue and kube-scheduler are given: a gang stays inside one
 network-pod, as the seed asks of Phalanx."""
 KUEUE_NS_LABEL = "peers.phalanx.io/kueue"
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+"""Kueue v0.17.0 reads its metrics server's certificate from this fixed path whenever its
+internal certificate management is off (cmd/kueue/main.go), even with metrics disabled, and
+exits when the files are missing."""
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -251,6 +255,14 @@ class KubeGang(KubePlain):
 
 
 # -- Kueue --------------------------------------------------------------------------------------
+def self_signed(directory: Path, cn: str) -> None:
+    """``tls.crt``/``tls.key`` for 127.0.0.1 in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", f"/CN={cn}",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(directory / "tls.key"),
+                    "-out", str(directory / "tls.crt")], check=True, capture_output=True, timeout=30)
+
+
 @dataclass
 class KueueSetup:
     """What is installed once per control plane: CRDs, certificates, cluster objects."""
@@ -294,10 +306,14 @@ class Kueue(Backend):
         api.create_namespace("kueue-system")
         self.setup.cert_dir = self.work / "kueue-certs"
         self.setup.cert_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=kueue-webhook.phalanx-peers", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(self.setup.cert_dir / "tls.key"), "-out", str(self.setup.cert_dir / "tls.crt")],
-                       check=True, capture_output=True, timeout=30)
+        self_signed(self.setup.cert_dir, "kueue-webhook.phalanx-peers")
+        if not (KUEUE_METRICS_CERTS / "tls.crt").is_file():
+            try:
+                self_signed(KUEUE_METRICS_CERTS, "kueue-metrics.phalanx-peers")
+            except OSError as e:
+                raise HarnessError(f"Kueue needs a certificate in {KUEUE_METRICS_CERTS} (a fixed path in its "
+                                   f"cmd/kueue/main.go) and it cannot be written here: {e}") from e
+            say(f"  wrote a self-signed certificate to {KUEUE_METRICS_CERTS} (Kueue's fixed metrics cert path)")
         self.setup.installed = True
 
     def start(self, namespace: str) -> None:
@@ -407,8 +423,18 @@ class Kueue(Backend):
         return out
 
     def cleanup(self, namespace: str) -> None:
-        super().cleanup(namespace)  # Kueue removes its finalizers from the deleted pods
-        self.api.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads", {})
+        """Workloads first, then the pods; the bench takes Kueue's ``kueue.x-k8s.io/managed``
+        finalizer off the deleted pods itself (Kueue keeps it on a group whose pods are deleted
+        while its Workload is still admitted, and the phase does not wait for that)."""
+        api = self.api
+        api.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads", {})
+        api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+        for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+            if pod["metadata"].get("finalizers"):
+                api.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                            {"metadata": {"finalizers": None}}, content_type="application/merge-patch+json",
+                            ok=(404, 409))
+        super().cleanup(namespace)
 
     def stop(self) -> None:
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
