@@ -10,7 +10,7 @@ One control plane: etcd and kwok from ``tools/kube``, kube-apiserver v1.37.2 fro
 ``tools/peers`` with both gates and ``scheduling.k8s.io/v1beta1`` on. ``--nodes`` kwok nodes of
 8 GPUs (and 8 RDMA NICs' worth of ``aliyun.com/rdma``), labelled into HyperNodes, leaf switches
 and network-pods (``phalanx.io/hypernode``, ``…/leaf-switch``, ``…/network-pod``; by default 2,
-8 and 16 nodes, so 32 nodes make 2 network-pods); the same labels are Kueue's Topology levels
+8 and 16 nodes, so the default 128 nodes make 8 network-pods); the same labels are Kueue's Topology levels
 and kube-scheduler's topology key. One scheduler at a time owns the nodes (kwok has no kubelet
 to refuse an overcommit): for every scenario × scheduler the scheduler is started, the pods are
 created by 8 threads, a pod watch records each binding, and the phase ends when every pod is
@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import kubeharness  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
 from kubeharness import ControlPlane, fake_gpu_node  # noqa: E402
-from peers_backends import BACKENDS, Backend, Gang, base_pod, say  # noqa: E402
+from peers_backends import BACKENDS, Backend, Gang, Terminator, base_pod, say  # noqa: E402
 from procstat import cpu_seconds  # noqa: E402
 
 from phalanx_bench.peers import Layout, Member, gang_metrics, pct  # noqa: E402
@@ -182,6 +182,7 @@ def run_phase(plane: ControlPlane, backend: Backend, scenario: Scenario, layout:
     try:
         backend.prepare(ns, list(gangs.values()), dict(scenario.quotas))
         watch = BindWatch(plane, ns)
+        terminator = Terminator(plane, ns)
         pids = backend.pids()
         cpu0 = sum(map(cpu_seconds, pids))
 
@@ -198,6 +199,7 @@ def run_phase(plane: ControlPlane, backend: Backend, scenario: Scenario, layout:
         end = time.perf_counter()
         cpu = sum(map(cpu_seconds, pids)) - cpu0
         watch.close()
+        terminator.close()
         if watch.error is not None:
             raise RuntimeError(f"{label}: the pod watch broke: {watch.error!r}")
         bound = dict(watch.bound)
@@ -366,7 +368,7 @@ def plot(results: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="scenarios: " + "; ".join(
         f"{s.name}: {s.what}" for s in SCENARIOS.values()), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=32, help="kwok nodes of 8 GPUs (default %(default)s)")
+    p.add_argument("--nodes", type=int, default=128, help="kwok nodes of 8 GPUs (default %(default)s)")
     p.add_argument("--tiers", default="2,8,16", help="nodes per HyperNode, leaf switch, network-pod (default %(default)s)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list (default: all)")
     p.add_argument("--schedulers", default=",".join(BACKENDS), help="comma list (default: all)")

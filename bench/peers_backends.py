@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,49 @@ class Backend:
     def _scheduler_pids(self) -> list[int]:
         p = self.plane.procs.get("kube-scheduler")
         return [p.pid] if p else []
+
+
+class Terminator:
+    """The part of a kubelet kwok leaves out: a running pod that is deleted while a finalizer
+    holds it gets its containers killed and a terminal phase (``Failed``), so that the
+    controller holding the finalizer (Kueue's ``kueue.x-k8s.io/managed`` on a preempted pod
+    group) can let it go and the scheduler stops counting its GPUs. kwok's stages leave such a
+    pod ``Running`` (a Stage doing this was tried and missed some pods). Polls ``namespace``
+    every 0.5 s in its own thread until ``close``."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        self.api, self.namespace = plane.api_as(plane.admin_token), namespace
+        self.done = threading.Event()
+        self.terminated = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            try:
+                pods = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+                for pod in pods:
+                    meta = pod["metadata"]
+                    if meta.get("deletionTimestamp") and meta.get("finalizers") and \
+                            (pod.get("status") or {}).get("phase") == "Running":
+                        self._terminate(pod)
+            except Exception as e:  # noqa: BLE001 - a missed round is retried
+                say(f"  (terminator: {e!r})")
+
+    def _terminate(self, pod: dict) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+                     "started": False, "state": {"terminated": {"exitCode": 137, "reason": "Error",
+                                                                "startedAt": now, "finishedAt": now}}}
+                    for c in pod["spec"]["containers"]]
+        self.api.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}/status",
+                         {"status": {"phase": "Failed", "containerStatuses": statuses}},
+                         content_type="application/merge-patch+json", ok=(404, 409, 422))
+        self.terminated += 1
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(5)
 
 
 def base_pod(name: str, namespace: str, rdma: bool) -> dict:
