@@ -351,10 +351,11 @@ def plot(results: list[dict], path: str) -> None:
         by = {r["scenario"]: r for r in results if r["scheduler"] == sched}
         xs = [i + k * width for i in range(len(scen))]
         p50 = [by[s]["gang_p50_s"] if s in by and math.isfinite(by[s]["gang_p50_s"]) else 0 for s in scen]
-        whole = [100 * by[s]["whole"] / by[s]["gangs"] if s in by and by[s]["gangs"] else 0 for s in scen]
+        tight = [by[s]["tightest_pct"] if s in by and math.isfinite(by[s]["tightest_pct"]) else 0 for s in scen]
         axes[0].bar(xs, p50, width, label=BACKENDS[sched].label)
-        axes[1].bar(xs, whole, width, label=BACKENDS[sched].label)
-    for ax, ylabel in ((axes[0], "time to the whole gang bound, p50 (s)"), (axes[1], "gangs whole at the end (%)")):
+        axes[1].bar(xs, tight, width, label=BACKENDS[sched].label)
+    for ax, ylabel in ((axes[0], "time to the whole gang bound, p50 (s)"),
+                       (axes[1], "gangs within their tightest possible tier (%)")):
         ax.set_xticks([i + width * (len(scheds) - 1) / 2 for i in range(len(scen))], scen)
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
@@ -362,6 +363,12 @@ def plot(results: list[dict], path: str) -> None:
     fig.suptitle("Same pods, same kwok cluster, one scheduler at a time (bench/peers.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _revive(r: dict) -> dict:
+    """A result read back from JSON: its gang sizes are ints again (JSON keys are strings)."""
+    r["gang_p50_by_size"] = {int(k): v for k, v in r["gang_p50_by_size"].items()}
+    return r
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -379,8 +386,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (every process's log)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--plot", metavar="PNG", help="also draw the gang p50 and whole-gang share per scenario")
+    p.add_argument("--plot", metavar="PNG", help="also draw the gang p50 and the tightest-tier share per scenario")
+    p.add_argument("--from-json", metavar="FILE", help="print (and --plot) a run saved with --json instead of running")
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text(), parse_constant=float)
+        results = [_revive(r) for r in saved["results"]]
+        print(table(results, [tuple(s) for s in saved["skipped"]], Layout(**saved["meta"]["layout"])))
+        m = saved["meta"]
+        print(f"\n{m['date']}, {m['cpus']} CPUs, {m['minutes']} min, load average at the end "
+              f"{', '.join(f'{x:.1f}' for x in m['load_average_end'])}")
+        if args.plot:
+            plot(results, args.plot)
+        return 0
     hn, leaf, netpod = (int(x) for x in args.tiers.split(","))
     layout = Layout(args.nodes, hypernode=hn, leaf=leaf, netpod=netpod)
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",") if s]
