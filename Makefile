@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-unit test-integration test-e2e kube lint schema bench fuzz clean
+.PHONY: install demo test test-unit test-integration test-e2e kube peers lint schema bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ kube:
 	bash tools/traces/build.sh >/dev/null
 	bash tools/devicemanager/build.sh >/dev/null
 	bash tools/helm/build.sh >/dev/null
+
+## Build (or reuse) what bench/peers.py runs beside Phalanx: kube-apiserver, kube-scheduler and
+## kube-controller-manager v1.37.2 and Kueue v0.17.0 (tools/peers), with etcd and kwok from
+## tools/kube. Cached outside the work tree; not part of `make test`; cold times in tools/peers/README.md.
+peers: install
+	bash tools/kube/build.sh >/dev/null
+	bash tools/peers/build.sh >/dev/null
 
 test-e2e: install kube
 	$(BIN)/pytest -q tests/e2e tests/contract tests/kube tests/deviceplugin

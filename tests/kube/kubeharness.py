@@ -227,6 +227,11 @@ class ControlPlane:
     kwok_lease_s: int = 40
     kwok_cidr: str = "10.0.0.0/24"
     """Pod IPs kwok hands out: a /24 holds 254 running pods."""
+    bin_overrides: dict[str, Path] = field(default_factory=dict)
+    """Binary name → path used instead of ``bins/<name>`` (bench/peers.py runs a newer
+    kube-apiserver from tools/peers with etcd and kwok from tools/kube)."""
+    apiserver_args: tuple[str, ...] = ()
+    """Extra kube-apiserver flags (feature gates, ``--runtime-config``)."""
 
     @property
     def ca_file(self) -> Path:
@@ -244,6 +249,9 @@ class ControlPlane:
         return KubeApi(self.server, token, self.ca_file)
 
     # -- processes ---------------------------------------------------------------------------
+    def binary(self, name: str) -> Path:
+        return self.bin_overrides.get(name) or self.bins / name
+
     def _run(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         p = subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -301,7 +309,7 @@ class ControlPlane:
         for attempt in range(3):  # a free port can be taken between probing and binding
             ep, pp, ap = free_port(), free_port(), free_port()
             self._run("etcd", [
-                self.bins / "etcd", "--name", "default", "--data-dir", self.workdir / "etcd",
+                self.binary("etcd"), "--name", "default", "--data-dir", self.workdir / "etcd",
                 f"--listen-client-urls=http://127.0.0.1:{ep}", f"--advertise-client-urls=http://127.0.0.1:{ep}",
                 f"--listen-peer-urls=http://127.0.0.1:{pp}", f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
                 f"--initial-cluster=default=http://127.0.0.1:{pp}", "--unsafe-no-fsync",
@@ -322,14 +330,14 @@ class ControlPlane:
         (self.workdir / "tokens.csv").write_text("\n".join(lines) + "\n")
         for attempt in range(3):
             self._run("kube-apiserver", [
-                self.bins / "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{ep}",
+                self.binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{ep}",
                 f"--cert-dir={self.workdir / 'pki'}", "--bind-address=127.0.0.1", f"--secure-port={ap}",
                 "--advertise-address=127.0.0.1", "--service-cluster-ip-range=10.0.0.0/24",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
                 f"--token-auth-file={self.workdir / 'tokens.csv'}", "--authorization-mode=RBAC",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                "--allow-privileged=true", "--endpoint-reconciler-type=none"])
+                "--allow-privileged=true", "--endpoint-reconciler-type=none", *self.apiserver_args])
             try:
                 self._wait("kube-apiserver", lambda ap=ap: self._http_ok(
                     f"https://127.0.0.1:{ap}/readyz", self.admin_token, _insecure_ctx()), 90)
@@ -358,7 +366,7 @@ class ControlPlane:
 
     def _start_kwok(self) -> None:
         self._run("kwok", [
-            self.bins / "kwok", f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            self.binary("kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", f"--config={self.kwok_config}",
             f"--cidr={self.kwok_cidr}", f"--node-lease-duration-seconds={self.kwok_lease_s}"])
         # Prove kwok works before any test relies on it: a fake node must turn Ready.
@@ -390,7 +398,7 @@ class ControlPlane:
         for attempt in range(3):
             sp = free_port()
             self._run("kube-scheduler", [
-                self.bins / "kube-scheduler", *how,
+                self.binary("kube-scheduler"), *how,
                 "--bind-address=127.0.0.1", f"--secure-port={sp}",
                 f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}"])
             try:
@@ -444,7 +452,8 @@ class ControlPlane:
 
 def start_control_plane(*, with_kwok: bool = True, with_scheduler: bool = False, **tuning: Any) -> ControlPlane:
     """Start a control plane in a fresh temp dir. Raises ``HarnessError`` (binaries, start-up).
-    ``tuning``: ``kwok_config``, ``kwok_lease_s``, ``kwok_cidr`` (see ``ControlPlane``)."""
+    ``tuning``: ``kwok_config``, ``kwok_lease_s``, ``kwok_cidr``, ``bin_overrides``, ``apiserver_args``
+    (see ``ControlPlane``)."""
     bins = bin_dir()
     workdir = Path(tempfile.mkdtemp(prefix="phalanx-kube-", dir=_scratch_root()))
     plane = ControlPlane(bins=bins, workdir=workdir, with_kwok=with_kwok, **tuning).start()

@@ -1,0 +1,496 @@
+"""The schedulers ``bench/peers.py`` compares, each behind one small interface.
+
+A ``Backend`` starts its scheduler on the shared control plane, dresses the bench's plain pods
+the way its users would write them (scheduler name, gang labels, PodGroup reference, queue
+labels), says what a pending pod of a gang is told (verbatim), and stops. One backend runs at
+a time, so the kwok nodes (which have no kubelet to refuse an overcommit) are never shared.
+
+* ``phalanx``: the Phalanx services as in ``bench/scale.py`` (nats-server, placement,
+  gang-coordinator, binder, one node-fleet), restarted for every scenario.
+* ``kueue``: Kueue v0.17.0 (the real manager, ``cmd/kueue``, with its webhooks on loopback)
+  with Topology Aware Scheduling and waitForPodsReady, admitting plain-pod groups that
+  kube-scheduler v1.37.2 then binds to the nodes Kueue's topology assignment chose.
+* ``kube-gang``: kube-scheduler v1.37.2 with the ``GenericWorkload`` (gang scheduling, beta)
+  and ``TopologyAwareWorkloadScheduling`` (alpha) gates: one PodGroup per gang with
+  ``gang.minCount`` and one required topology level.
+* ``kube``: the same kube-scheduler without PodGroups (no gangs): the baseline.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubeharness import ControlPlane, HarnessError, KubeApi, _insecure_ctx, free_port
+
+from phalanx_bench.peers import LABELS, Layout
+from phalanx_runtime.inputs import ClusterFile, ClusterNode
+from phalanx_runtime.stack import Stack
+
+REPO = Path(__file__).resolve().parents[1]
+TOPOLOGY = REPO / "examples" / "clusters" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"
+GANG_TIMEOUT_S = 180
+"""The seed's all-or-nothing deadline, given to Phalanx (annotation) and Kueue (waitForPodsReady).
+kube-scheduler's gang Permit timeout is fixed at 5 minutes upstream."""
+REQUIRED_LEVEL = LABELS["netpod"]
+"""The one hard topology level Kueue and kube-scheduler are given: a gang stays inside one
+network-pod, as the seed asks of Phalanx."""
+KUEUE_NS_LABEL = "peers.phalanx.io/kueue"
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+"""Kueue v0.17.0 reads its metrics server's certificate from this fixed path whenever its
+internal certificate management is off (cmd/kueue/main.go), even with metrics disabled, and
+exits when the files are missing."""
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def say(*a: object) -> None:
+    import sys
+
+    print(*a, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Gang:
+    name: str
+    size: int
+
+
+class Backend:
+    """The interface (and shared helpers). ``start``/``stop`` bracket one scenario's phase."""
+
+    name = ""
+    label = ""
+    queues = ""
+    """Empty when the backend runs the queue scenario; else why it cannot (printed as n/a)."""
+
+    def __init__(self, plane: ControlPlane, layout: Layout, peers_bin: Path, work: Path, qps: int) -> None:
+        self.plane, self.layout, self.peers_bin, self.work, self.qps = plane, layout, peers_bin, work, qps
+        self.api: KubeApi = plane.api
+
+    def start(self, namespace: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def pids(self) -> list[int]:
+        return []
+
+    def prepare(self, namespace: str, gangs: list[Gang], teams: dict[str, float]) -> None:
+        """Objects the scenario's pods need before they are created (PodGroups, queues)."""
+
+    def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
+        raise NotImplementedError
+
+    def reason(self, namespace: str, pod: dict, gang: str) -> list[str]:
+        """What a pending member is told: its PodScheduled condition, its scheduling gates and
+        its latest event, verbatim."""
+        out = []
+        st = pod.get("status") or {}
+        for c in st.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") != "True":
+                out.append(f"pod condition PodScheduled={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}")
+        gates = [g["name"] for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+        if gates:
+            out.append(f"pod schedulingGates: {', '.join(gates)}")
+        events = sorted(self.api.events(namespace, pod["metadata"]["name"]),
+                        key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        if events:
+            e = events[-1]
+            out.append(f"pod event {e.get('type')} {e.get('reason')}: {e.get('message')}")
+        return out or ["(nothing: no condition, gate or event on the pod)"]
+
+    def cleanup(self, namespace: str) -> None:
+        """Delete the phase's pods (and what the backend made) and wait until they are gone."""
+        self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+        deadline = time.monotonic() + 180
+        while self.api.get(f"/api/v1/namespaces/{namespace}/pods", query={"limit": 1})["items"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pods of {namespace} not gone after 180 s")
+            time.sleep(0.5)
+
+    # -- kube-scheduler, shared by three backends --------------------------------------------
+    def start_kube_scheduler(self, gates: str) -> None:
+        """kube-scheduler v1.37.2 with its client raised to ``qps`` and NodeResourcesFit scoring
+        GPUs MostAllocated (bin packing, the Kubernetes docs' "Resource Bin Packing"), so that
+        it packs gangs the way a GPU cluster would configure it."""
+        cfg = self.work / f"kube-scheduler-{self.name}.yaml"
+        cfg.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.plane.kubeconfig), "qps": self.qps, "burst": self.qps},
+            "leaderElection": {"leaderElect": False},
+            "profiles": [{"schedulerName": "default-scheduler", "pluginConfig": [{
+                "name": "NodeResourcesFit", "args": {"scoringStrategy": {
+                    "type": "MostAllocated", "resources": [{"name": "nvidia.com/gpu", "weight": 1}]}}}]}]}))
+        args = [f"--config={cfg}"] + ([f"--feature-gates={gates}"] if gates else [])
+        plane = self.plane
+        for attempt in range(3):
+            sp = free_port()
+            plane._run("kube-scheduler", [
+                self.peers_bin / "kube-scheduler", *args, "--bind-address=127.0.0.1", f"--secure-port={sp}",
+                f"--authentication-kubeconfig={plane.kubeconfig}", f"--authorization-kubeconfig={plane.kubeconfig}"])
+            try:
+                plane._wait("kube-scheduler", lambda sp=sp: plane._http_ok(
+                    f"https://127.0.0.1:{sp}/healthz", None, _insecure_ctx()), 60)
+                return
+            except HarnessError:
+                plane._terminate("kube-scheduler")
+                if attempt == 2:
+                    raise
+
+    def _scheduler_pids(self) -> list[int]:
+        p = self.plane.procs.get("kube-scheduler")
+        return [p.pid] if p else []
+
+
+class Terminator:
+    """The part of a kubelet kwok leaves out: a running pod that is deleted while a finalizer
+    holds it gets its containers killed and a terminal phase (``Failed``), so that the
+    controller holding the finalizer (Kueue's ``kueue.x-k8s.io/managed`` on a preempted pod
+    group) can let it go and the scheduler stops counting its GPUs. kwok's stages leave such a
+    pod ``Running`` (a Stage doing this was tried and missed some pods). Polls ``namespace``
+    every 0.5 s in its own thread until ``close``."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        self.api, self.namespace = plane.api_as(plane.admin_token), namespace
+        self.done = threading.Event()
+        self.terminated = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            try:
+                pods = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+                for pod in pods:
+                    meta = pod["metadata"]
+                    if meta.get("deletionTimestamp") and meta.get("finalizers") and \
+                            (pod.get("status") or {}).get("phase") == "Running":
+                        self._terminate(pod)
+            except Exception as e:  # noqa: BLE001 - a missed round is retried
+                say(f"  (terminator: {e!r})")
+
+    def _terminate(self, pod: dict) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+                     "started": False, "state": {"terminated": {"exitCode": 137, "reason": "Error",
+                                                                "startedAt": now, "finishedAt": now}}}
+                    for c in pod["spec"]["containers"]]
+        self.api.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}/status",
+                         {"status": {"phase": "Failed", "containerStatuses": statuses}},
+                         content_type="application/merge-patch+json", ok=(404, 409, 422))
+        self.terminated += 1
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+
+def base_pod(name: str, namespace: str, rdma: bool) -> dict:
+    """One worker: 1 GPU (+ an RDMA NIC, host network, IPC_LOCK: the seed's JobSet worker)."""
+    limits = {"nvidia.com/gpu": "1"}
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [
+        {"name": "worker", "image": "registry.example/trainer:1", "resources": {"limits": limits}}]}
+    if rdma:
+        limits["aliyun.com/rdma"] = "1"
+        spec["hostNetwork"] = True
+        spec["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {},
+                                                             "annotations": {}}, "spec": spec}
+
+
+# -- Phalanx ------------------------------------------------------------------------------------
+class Phalanx(Backend):
+    name, label = "phalanx", "Phalanx"
+    queues = "n/a: Phalanx queues not on this branch"
+
+    def start(self, namespace: str) -> None:
+        cluster = ClusterFile(tuple(
+            ClusterNode(self.layout.name(i), {"lj_runtimekit_enable": "true", **self.layout.labels(i)}, str(TOPOLOGY),
+                        "Tesla V100-SXM2-16GB", 16384) for i in range(self.layout.nodes)))
+        kube = ["--cluster", "kube", "--kubeconfig", str(self.plane.kubeconfig),
+                "--kube-api-qps", str(self.qps), "--kube-api-burst", str(self.qps)]
+        self.stack = Stack(cluster, workdir=str(self.work / f"phalanx-{namespace}"), fleet=True, service_args={
+            "placement": kube, "gang-coordinator": kube, "binder": kube,
+            "node-fleet": [*kube, "--heartbeat-s", "10", "--label-refresh-s", "3600"]})
+        self.stack.start_nats()
+        self.stack.start_services(timeout_s=240)
+        deadline = time.monotonic() + 120
+        while True:
+            items = self.api.get("/api/v1/nodes", query={"labelSelector": "type=kwok"})["items"]
+            if sum(1 for i in items if i["status"].get("capacity", {}).get("aliyun.com/gpu-core")) >= self.layout.nodes:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the node fleet did not advertise every node within 120 s")
+            time.sleep(1)
+        time.sleep(2)
+
+    def stop(self) -> None:
+        self.stack.stop()
+
+    def pids(self) -> list[int]:
+        return [self.stack.procs[s].proc.pid for s in ("placement", "gang-coordinator", "binder")] + \
+            [self.stack.nats.proc.pid]
+
+    def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
+        pod["spec"]["schedulerName"] = "phalanx"
+        if gang:
+            pod["metadata"]["labels"] |= {"jobset.sigs.k8s.io/jobset-name": gang.name,
+                                          "aliyun.com/min-member": str(gang.size)}
+            pod["metadata"]["annotations"]["phalanx.io/gang-timeout-seconds"] = str(GANG_TIMEOUT_S)
+        return pod
+
+
+# -- kube-scheduler -----------------------------------------------------------------------------
+class KubePlain(Backend):
+    name, label = "kube", "kube-scheduler"
+    queues = "n/a: kube-scheduler has no queues or quota"
+
+    def start(self, namespace: str) -> None:
+        self.start_kube_scheduler("")
+
+    def stop(self) -> None:
+        self.plane._terminate("kube-scheduler")
+
+    def pids(self) -> list[int]:
+        return self._scheduler_pids()
+
+    def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        return pod
+
+
+class KubeGang(KubePlain):
+    name, label = "kube-gang", "kube-sched gang+TAS"
+
+    def start(self, namespace: str) -> None:
+        self.start_kube_scheduler("GenericWorkload=true,TopologyAwareWorkloadScheduling=true")
+
+    def prepare(self, namespace: str, gangs: list[Gang], teams: dict[str, float]) -> None:
+        for g in gangs:
+            self.api.post(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{namespace}/podgroups", {
+                "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                "metadata": {"name": g.name, "namespace": namespace},
+                "spec": {"schedulingPolicy": {"gang": {"minCount": g.size}},
+                         "schedulingConstraints": {"topology": [{"key": REQUIRED_LEVEL}]}}})
+
+    def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
+        super().dress(pod, gang, team)
+        if gang:
+            pod["spec"]["schedulingGroup"] = {"podGroupName": gang.name}
+        return pod
+
+    def reason(self, namespace: str, pod: dict, gang: str) -> list[str]:
+        out = super().reason(namespace, pod, gang)
+        _, pg = self.api.request("GET", f"/apis/scheduling.k8s.io/v1beta1/namespaces/{namespace}/podgroups/{gang}",
+                                 ok=(404,))
+        for c in (pg.get("status") or {}).get("conditions") or []:
+            out.append(f"PodGroup condition {c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}")
+        return out
+
+    def cleanup(self, namespace: str) -> None:
+        super().cleanup(namespace)
+        self.api.request("DELETE", f"/apis/scheduling.k8s.io/v1beta1/namespaces/{namespace}/podgroups", {})
+
+
+# -- Kueue --------------------------------------------------------------------------------------
+def self_signed(directory: Path, cn: str) -> None:
+    """``tls.crt``/``tls.key`` for 127.0.0.1 in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", f"/CN={cn}",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(directory / "tls.key"),
+                    "-out", str(directory / "tls.crt")], check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class KueueSetup:
+    """What is installed once per control plane: CRDs, certificates, cluster objects."""
+
+    installed: bool = False
+    cert_dir: Path | None = None
+    queues: dict[str, str] = field(default_factory=dict)
+
+
+class Kueue(Backend):
+    """Kueue's manager with only the ``pod`` integration; pods carry the queue label, the
+    pod-group labels and ``podset-required-topology``; kube-scheduler binds them after Kueue's
+    TopologyUngater removed the topology gate and set each pod's node selector."""
+
+    name, label = "kueue", "Kueue TAS"
+    setup = KueueSetup()
+
+    def manifests(self) -> Path:
+        return self.peers_bin / "manifests" / "kueue"
+
+    def install(self) -> None:
+        if self.setup.installed:
+            return
+        api = self.api
+        names = []
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        for f in sorted(self.manifests().glob("kueue.x-k8s.io_*.yaml")):
+            for doc in yaml.load_all(f.read_text(), Loader=loader):
+                if doc:
+                    api.apply(doc)
+                    names.append(doc["metadata"]["name"])
+        deadline = time.monotonic() + 90
+        for n in names:
+            while not any(c["type"] == "Established" and c["status"] == "True" for c in (api.get(
+                    f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}").get("status") or {}).get(
+                    "conditions") or []):
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"Kueue CRD {n} not Established after 90 s")
+                time.sleep(0.3)
+        api.__dict__.pop("_discovery", None)
+        api.create_namespace("kueue-system")
+        self.setup.cert_dir = self.work / "kueue-certs"
+        self.setup.cert_dir.mkdir(parents=True, exist_ok=True)
+        self_signed(self.setup.cert_dir, "kueue-webhook.phalanx-peers")
+        if not (KUEUE_METRICS_CERTS / "tls.crt").is_file():
+            try:
+                self_signed(KUEUE_METRICS_CERTS, "kueue-metrics.phalanx-peers")
+            except OSError as e:
+                raise HarnessError(f"Kueue needs a certificate in {KUEUE_METRICS_CERTS} (a fixed path in its "
+                                   f"cmd/kueue/main.go) and it cannot be written here: {e}") from e
+            say(f"  wrote a self-signed certificate to {KUEUE_METRICS_CERTS} (Kueue's fixed metrics cert path)")
+        self.setup.installed = True
+
+    def start(self, namespace: str) -> None:
+        self.install()
+        self.start_kube_scheduler("")
+        plane, work = self.plane, self.work
+        for attempt in range(3):
+            webhook_port, probe_port = free_port(), free_port()
+            config = {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": "kueue-system",
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"}, "metrics": {"bindAddress": "0"},
+                "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(self.setup.cert_dir)},
+                "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False},
+                "clientConnection": {"qps": self.qps, "burst": self.qps},
+                "waitForPodsReady": {"timeout": f"{GANG_TIMEOUT_S}s", "blockAdmission": False,
+                                     "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 10}},
+                "managedJobsNamespaceSelector": {"matchLabels": {KUEUE_NS_LABEL: "true"}},
+                "integrations": {"frameworks": ["pod"]}}
+            (work / "kueue.yaml").write_text(json.dumps(config, indent=1))
+            plane._run("kueue", [self.peers_bin / "kueue", f"--config={work / 'kueue.yaml'}",
+                                 f"--kubeconfig={plane.kubeconfig}", "--feature-gates=VisibilityOnDemand=false",
+                                 "--zap-log-level=info"])
+            try:
+                plane._wait("kueue", lambda p=probe_port: plane._http_ok(f"http://127.0.0.1:{p}/readyz"), 120)
+                break
+            except HarnessError:
+                plane._terminate("kueue")
+                if attempt == 2:
+                    raise
+        self._register_webhooks(webhook_port)
+        self._cluster_objects()
+
+    def _register_webhooks(self, port: int) -> None:
+        """Kueue's own objects' webhooks and the pod webhook of the release, pointed at the
+        loopback server by URL; the pod webhook only for the bench's Kueue namespaces."""
+        ca = base64.b64encode((self.setup.cert_dir / "tls.crt").read_bytes()).decode()
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        for doc in yaml.load_all((self.manifests() / "manifests.yaml").read_text(), Loader=loader):
+            if not doc:
+                continue
+            hooks = []
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                if "kueue-x-k8s-io" not in path and not path.endswith("--v1-pod"):
+                    continue
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+                hook["timeoutSeconds"] = 30
+                if path.endswith("--v1-pod"):
+                    hook["namespaceSelector"] = {"matchLabels": {KUEUE_NS_LABEL: "true"}}
+                hooks.append(hook)
+            doc["metadata"]["name"] = "peers-kueue-" + doc["metadata"]["name"]
+            doc["webhooks"] = hooks
+            self.api.apply(doc)
+
+    def _cluster_objects(self) -> None:
+        """The Topology (the tiers as Kueue levels, hostname last so pods get a node), the
+        ResourceFlavor that uses it, and the ClusterQueue holding every GPU."""
+        api, gpus = self.api, self.layout.gpus
+        api.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "metadata": {"name": "peers"},
+                   "spec": {"levels": [{"nodeLabel": LABELS["netpod"]}, {"nodeLabel": LABELS["leaf"]},
+                                       {"nodeLabel": LABELS["hypernode"]}, {"nodeLabel": "kubernetes.io/hostname"}]}})
+        api.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "tas-gpu"},
+                   "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": "peers"}})
+        self._cluster_queue("all", gpus, None)
+
+    def _cluster_queue(self, name: str, quota: int, cohort: str | None) -> None:
+        rs = [{"name": r, "nominalQuota": str(quota)} for r in ("nvidia.com/gpu", "aliyun.com/rdma")]
+        spec: dict[str, Any] = {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu", "aliyun.com/rdma"], "flavors": [{"name": "tas-gpu", "resources": rs}]}]}
+        if cohort:
+            spec |= {"cohortName": cohort, "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}}
+        self.api.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                        "metadata": {"name": f"peers-{name}"}, "spec": spec})
+
+    def prepare(self, namespace: str, gangs: list[Gang], teams: dict[str, float]) -> None:
+        self.api.request("PATCH", f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {KUEUE_NS_LABEL: "true"}}},
+                         content_type="application/merge-patch+json")
+        for team, share in (teams or {"": 1.0}).items():
+            cq = "all"
+            if team:
+                cq = f"team-{team}"
+                self._cluster_queue(cq, int(share * self.layout.gpus), "peers-org")
+            self.api.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                            "metadata": {"name": cq, "namespace": namespace},
+                            "spec": {"clusterQueue": f"peers-{cq}"}})
+            self.setup.queues[team] = cq
+
+    def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        meta = pod["metadata"]
+        meta["labels"][QUEUE_LABEL] = self.setup.queues.get(team, "all")
+        meta["annotations"]["kueue.x-k8s.io/podset-required-topology"] = REQUIRED_LEVEL
+        if gang:
+            meta["labels"]["kueue.x-k8s.io/pod-group-name"] = gang.name
+            meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] = str(gang.size)
+        return pod
+
+    def reason(self, namespace: str, pod: dict, gang: str) -> list[str]:
+        out = super().reason(namespace, pod, gang)
+        for wl in self.api.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads")["items"]:
+            owners = {o.get("name") for o in wl["metadata"].get("ownerReferences") or []}
+            if pod["metadata"]["name"] in owners or wl["metadata"]["name"] == gang:
+                for c in (wl.get("status") or {}).get("conditions") or []:
+                    out.append(f"Workload condition {c.get('type')}={c.get('status')} {c.get('reason', '')}: "
+                               f"{c.get('message', '')}")
+                break
+        return out
+
+    def cleanup(self, namespace: str) -> None:
+        """Workloads first, then the pods; the bench takes Kueue's ``kueue.x-k8s.io/managed``
+        finalizer off the deleted pods itself (Kueue keeps it on a group whose pods are deleted
+        while its Workload is still admitted, and the phase does not wait for that)."""
+        api = self.api
+        api.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads", {})
+        api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+        for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+            if pod["metadata"].get("finalizers"):
+                api.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                            {"metadata": {"finalizers": None}}, content_type="application/merge-patch+json",
+                            ok=(404, 409))
+        super().cleanup(namespace)
+
+    def stop(self) -> None:
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            for item in self.api.get(f"/apis/admissionregistration.k8s.io/v1/{kind}")["items"]:
+                if item["metadata"]["name"].startswith("peers-kueue-"):
+                    self.api.delete(f"/apis/admissionregistration.k8s.io/v1/{kind}/{item['metadata']['name']}")
+        self.plane._terminate("kueue")
+        self.plane._terminate("kube-scheduler")
+
+    def pids(self) -> list[int]:
+        p = self.plane.procs.get("kueue")
+        return self._scheduler_pids() + ([p.pid] if p else [])
+
+
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (Phalanx, Kueue, KubeGang, KubePlain)}
