@@ -141,3 +141,83 @@ def _scrape(stack, name: str) -> dict[str, float]:
     return exposition.samples(text)
 
 
+
+
+# --- a node's own credential (rows 1-5 of the inside-attacks issue) -----------------------------
+
+NODE_ATTACKS = ("broken report", "rollup", "pre-empted ids", "flood", "future beat")
+
+
+async def node_attack(stack, rng, node: str = "v100-a") -> str:
+    """One attack with ``node``'s own agent credentials, using only what they allow: its own
+    keys, its own reply and dead-letter subjects. Its real agent rewrites what it owns on its
+    next beat, so a broken report or a future beat makes the node invalid for a moment, never
+    unschedulable for good. Returns the attack's name."""
+    from hostile import as_identity
+    from phalanx_proto.events import (
+        MemberSpec,
+        MigPrepareRequested,
+        NodeHeartbeat,
+        NodeTopologyReported,
+        encoder,
+    )
+    from phalanx_topology_discovery.service import topology_from_file
+
+    kind = rng.choice(NODE_ATTACKS)
+    agent = await as_identity(stack, S.TOPOLOGY_DISCOVERY, (node,))
+    mig = await as_identity(stack, S.MIG_MANAGER, (node,))
+    try:
+        match kind:
+            case "broken report":
+                spec = next(n for n in stack.cluster.nodes if n.name == node)
+                topo = topology_from_file(spec.topology_file, node, gpu_model=spec.gpu_model,
+                                          gpu_memory_mib=spec.gpu_memory_mib)
+                links = {a: {b: r for b, r in row.items() if {a, b} != {"GPU0", "GPU1"}}
+                         for a, row in topo.relations.items()}
+                broken = msgspec.structs.replace(topo, relations=links)
+                await agent.js.publish(f"$KV.{S.KV_TOPOLOGY}.{S.token(node)}",
+                                       encoder.encode(NodeTopologyReported(node=node, topology=broken)))
+            case "rollup":
+                try:
+                    await agent.js.publish(f"$KV.{S.KV_NODE_STATE}.{S.token(node)}", b"{}",
+                                           headers={"Nats-Rollup": "all"}, timeout=5)
+                    raise AssertionError("a rollup header was accepted")
+                except Exception as e:  # noqa: BLE001 - the refusal is the point
+                    if "rollup not permitted" not in str(e):
+                        raise
+            case "pre-empted ids":
+                for _ in range(5):
+                    pod = PodRef(namespace="default", name=f"g{rng.randrange(50)}-0", uid=uuid.uuid4().hex)
+                    for msg_id in (PlacementRequested(gang_id=f"default/g{rng.randrange(50)}", attempt=1,
+                                                      members=(MemberSpec(pod=pod),)).key(),
+                                   MigPrepareRequested(node="v100-b", gang_id="default/g0", pod=pod).key()):
+                        await mig.js.publish(S.node_reply_subject(node), b"junk", headers={"Nats-Msg-Id": msg_id})
+            case "flood":
+                chunk = b"x" * (S.NODE_MESSAGE_MAX - 512)
+                for i in range(1500):
+                    await mig.nc.publish(S.node_reply_subject(node), chunk)
+                    await mig.nc.publish(S.dead_letter_subject(S.STREAM_NODE, f"mig-manager-{node}"), chunk)
+                    if i % 200 == 0:
+                        await mig.nc.flush()
+                await mig.nc.flush()
+            case "future beat":
+                await agent.js.publish(f"$KV.{S.KV_HEARTBEAT}.{S.token(node)}",
+                                       encoder.encode(NodeHeartbeat(node=node, at=time.time() + 1e9)))
+    finally:
+        await agent.close()
+        await mig.close()
+    return kind
+
+
+async def streams_over_their_limits(bus) -> list[str]:
+    """Every stream (and each subject of one with a per-subject limit) holding more than the bus
+    table allows: must be empty."""
+    over = []
+    for spec in S.STREAMS:
+        info = await bus.js.stream_info(spec.name, subjects_filter=">" if spec.max_msgs_per_subject > 0 else None)
+        if info.state.bytes > spec.max_bytes:
+            over.append(f"{spec.name}: {info.state.bytes} bytes > {spec.max_bytes}")
+        for subject, n in (info.state.subjects or {}).items():
+            if spec.max_msgs_per_subject > 0 and n > spec.max_msgs_per_subject:
+                over.append(f"{spec.name} {subject}: {n} messages > {spec.max_msgs_per_subject}")
+    return over

@@ -21,10 +21,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attacks import attack, cure, wait_for_zero_findings  # noqa: E402
+from attacks import attack, cure, node_attack, streams_over_their_limits, wait_for_zero_findings  # noqa: E402
 
+from hostile import scrape  # noqa: E402
 from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
-from stackutil import CLUSTER, audit_ledger, bound_pods, connect, gang_pod, gang_states, seed_nodes  # noqa: E402
+from stackutil import (  # noqa: E402
+    CLUSTER,
+    audit_ledger,
+    bound_pods,
+    connect,
+    gang_pod,
+    gang_states,
+    seed_nodes,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -49,7 +59,8 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
     stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"), service_args={"gang-coordinator": COORD})
     stack.start_nats()
     bus, sim = await connect(stack)
-    counts = {"kills": 0, "nats_restarts": 0, "polls": 0, "finished": 0, "recreated": 0, "poisoned": 0, "forged": 0}
+    counts = {"kills": 0, "nats_restarts": 0, "polls": 0, "finished": 0, "recreated": 0, "poisoned": 0, "forged": 0,
+              "node attacks": 0}
     poisoned: list[tuple[str, str]] = []
     finished: set[str] = set()
     try:
@@ -129,10 +140,23 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                 except Exception:  # noqa: BLE001 - nats restarting; try again
                     pass
 
+        async def hostile_node():
+            """One node's own credentials (v100-a's agents) attacking all along: rows 1-5."""
+            while time.monotonic() - started < CHAOS_S:
+                await anyio.sleep(rng.uniform(1.0, 3.0))
+                try:
+                    await node_attack(stack, rng)
+                    counts["node attacks"] += 1
+                except AssertionError:
+                    raise
+                except Exception:  # noqa: BLE001 - nats restarting; try again
+                    pass
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(poll_ledger)
             tg.start_soon(chaos)
             tg.start_soon(hostile)
+            tg.start_soon(hostile_node)
             await workload()
 
             async def settled():
@@ -168,11 +192,22 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                 while await audit_ledger(bus) or await sim.list_pods():
                     await anyio.sleep(0.5)
             findings = await wait_for_zero_findings(stack, bus)
+            over = await streams_over_their_limits(bus)
+
+            async def every_node_placeable():
+                m = await anyio.to_thread.run_sync(scrape, stack, "placement")
+                nodes = {k.split('"')[1]: v for k, v in m.items() if k.startswith("phalanx_placement_nodes{")}
+                return nodes if nodes == {"fresh": 2, "stale": 0, "invalid": 0} else None
+
+            placeable = await wait_until(every_node_placeable, 30, what="every node placeable again")
             tg.cancel_scope.cancel()
         assert counts["kills"] >= MIN_KILLS and counts["nats_restarts"] >= 2 and counts["polls"] > 100
         assert counts["finished"] >= 10, counts
         assert counts["poisoned"] >= 3 and counts["forged"] >= 3, counts
         assert set(findings.values()) == {0}, findings
+        assert counts["node attacks"] >= 3, counts
+        assert over == [], over
+        assert placeable == {"fresh": 2, "stale": 0, "invalid": 0}
     finally:
         await bus.close()
         stack.stop()
