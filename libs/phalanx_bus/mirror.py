@@ -115,11 +115,13 @@ class KvMirror(Generic[T]):
         self._changed: anyio.Event | None = None
 
     @classmethod
-    def of_bucket(cls, bus: Bus, bucket: str, **kw) -> KvMirror:
-        """A mirror of one of Phalanx's shared buckets, decoded and checked by the bucket's rule
-        (``phalanx_proto.state.BUCKETS``): a value breaking it is poisoned like an undecodable one."""
-        rule = BUCKETS[bucket]
-        return cls(bus, bucket, rule.decoder.decode, check=rule.problem, **kw)
+    def of_bucket(cls, bus: Bus, bucket: str, *, keys: str = ">", **kw) -> KvMirror:
+        """A mirror of one of Phalanx's shared buckets (of the keys matching ``keys``), decoded
+        and checked by the bucket's rule for those keys (``phalanx_proto.state.BUCKETS``: the
+        ledger's ``queue.*`` keys hold queue usage): a value breaking it is poisoned like an
+        undecodable one."""
+        rule = BUCKETS[bucket].for_key(keys)
+        return cls(bus, bucket, rule.decoder.decode, check=rule.problem, keys=keys, **kw)
 
     # -- reading --------------------------------------------------------------------------
     @property

@@ -48,7 +48,7 @@ _seen: set[tuple[str, str, int]] = set()
 
 def check(bucket: str, entry: KvEntry, rule: BucketRule | None = None) -> Record | BadEntry:
     """Decode ``entry`` and check it against ``rule`` (default: the bucket's own)."""
-    rule = rule or BUCKETS[bucket]
+    rule = (rule or BUCKETS[bucket]).for_key(entry.key)
     try:
         value = rule.decoder.decode(entry.value)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

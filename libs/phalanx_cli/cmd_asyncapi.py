@@ -35,8 +35,7 @@ PARAMETERS = {
     "stream": "The stream the dead message came from (PHX_GANG, PHX_TOPOLOGY, PHX_NODE, PHX_DEADLINE).",
     "consumer": "The durable consumer that gave the message up (placement, binder, gang-coordinator, "
                 "mig-manager-<node>, ...).",
-    "gpu": "The GPU index on the node.",
-    "start": "The MIG placement start slot on the GPU.",
+    "queue": "The queue's name as one subject token (token(name): characters outside [A-Za-z0-9_-] become '_').",
 }
 
 
@@ -108,7 +107,8 @@ def _messages() -> dict[str, dict[str, Any]]:
     for name, ref in (("GangState", "kv.GangState.json"), ("NodeLedger", "kv.NodeLedger.json"),
                       ("NodeTopologyReported", f"{E.tag_of(E.NodeTopologyReported)}.json"),
                       ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
-                      ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json")):
+                      ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json"),
+                      ("QueueSpec", "kv.QueueSpec.json"), ("QueueUsage", "kv.QueueUsage.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from phalanx_proto import events, scheduling, state
+from phalanx_proto import events, queues, scheduling, state
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "proto" / "schema"
 
@@ -23,7 +23,8 @@ def documents() -> dict[str, str]:
     out: dict[str, str] = {}
     for t in events.ALL_EVENTS:
         out[f"{events.tag_of(t)}.json"] = _dump(msgspec.json.schema(t), f"Phalanx event '{events.tag_of(t)}'")
-    for t in (state.GangState, state.NodeLedger, state.NodeMig, scheduling.NodeKubeState):
+    for t in (state.GangState, state.NodeLedger, state.NodeMig, scheduling.NodeKubeState, queues.QueueSpec,
+              queues.QueueUsage):
         out[f"kv.{t.__name__}.json"] = _dump(msgspec.json.schema(t), f"Phalanx KV value {t.__name__}")
     return out
 

@@ -53,6 +53,7 @@ import msgspec
 from kubernetes_asyncio import client, config
 
 from phalanx_kube import nodewatch
+from phalanx_kube.kubequeues import KubeQueues
 from phalanx_kube.port import (
     SCHEDULER_NAMES,
     BindConflict,
@@ -120,7 +121,7 @@ def _uid_mismatch(e: KubeApiError) -> bool:
     return e.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
 
 
-class KubeCluster:
+class KubeCluster(KubeQueues):
     """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
     ``await close()`` (or ``async with``) releases the HTTP session."""
 

@@ -187,6 +187,19 @@ class ClusterPort(Protocol):
         """Set extended resources in the node's status capacity and allocatable."""
         ...
 
+    async def list_queues(self) -> list[dict[str, Any]]:
+        """Every ``Queue`` object (``scheduling.phalanx.io/v1alpha1``) as it is stored; none when
+        the CRD is not installed."""
+        ...
+
+    async def list_namespaces(self) -> dict[str, dict[str, str]]:
+        """Every namespace's labels, by name."""
+        ...
+
+    async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
+        """Set the Queue's ``status`` (a Queue that is gone is no error)."""
+        ...
+
     async def get_lease(self, namespace: str, name: str) -> Lease | None: ...
 
     async def create_lease(self, lease: Lease) -> Lease:

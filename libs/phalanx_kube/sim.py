@@ -38,6 +38,7 @@ from phalanx_kube.port import (
     not_ours,
     pod_from_dict,
 )
+from phalanx_kube.simqueues import SimQueues
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.subjects import token
@@ -59,7 +60,7 @@ def pod_key(namespace: str, name: str) -> str:
     return f"{token(namespace)}.{token(name)}"
 
 
-class SimCluster:
+class SimCluster(SimQueues):
     """``ClusterPort`` over NATS KV. Create with ``await SimCluster.open(bus)``."""
 
     def __init__(self, bus: Bus, pods, nodes, events, leases=None, scheduler_names=SCHEDULER_NAMES) -> None:

@@ -320,6 +320,31 @@ PLACEMENT_DECISION_SECONDS = Histogram(
     "phalanx_placement_decision_duration_seconds",
     "Time the engine took to decide one placement request (snapshot excluded), by outcome.",
     ["outcome"], allowed={"outcome": ("placed", "no_fit")})
+QUEUE_ALLOCATED = Gauge("phalanx_queue_allocated_gpus",
+                        "GPUs (whole-GPU equivalents) a queue's gangs hold, its subtree's included, by queue.",
+                        ["queue"], max_series=1024)
+QUEUE_QUOTA = Gauge("phalanx_queue_quota_gpus", "A queue's quota (deserved share), by queue.", ["queue"],
+                    max_series=1024)
+QUEUE_BORROWED = Gauge("phalanx_queue_borrowed_gpus", "GPUs a queue holds beyond its quota, by queue.", ["queue"],
+                       max_series=1024)
+QUEUE_PENDING_GPUS = Gauge("phalanx_queue_pending_gpus", "GPUs a queue's waiting gangs ask for, by queue.", ["queue"],
+                           max_series=1024)
+QUEUE_FAIR_SHARE = Gauge("phalanx_queue_fair_share_gpus",
+                         "A queue's fair share of the cluster's GPUs (docs/queues.md), by queue.", ["queue"],
+                         max_series=1024)
+QUEUE_ADMISSIONS_REFUSED = Counter(
+    "phalanx_queue_admissions_refused_total",
+    "Pods gang-coordinator did not admit for their queue, by reason: missing (no such queue), invalid (the queue "
+    "has a problem), namespace (its namespaceSelector does not select the pod's namespace), mixed (a gang's "
+    "members name different queues).", ["reason"], allowed={"reason": ("missing", "invalid", "namespace", "mixed")})
+QUEUE_REFUSALS = Counter(
+    "phalanx_queue_refusals_total",
+    "Placement requests refused for their queue (at its limit, or a queue that does not exist or is invalid), "
+    "by queue.", ["queue"], max_series=1024)
+QUEUE_USAGE_REPAIRS = Counter(
+    "phalanx_queue_usage_repairs_total",
+    "Queue usage records placement rewrote because they differed from what the ledger says (seen twice running), "
+    "by queue; 0 is healthy.", ["queue"], max_series=1024)
 ENGINE_NODE_ERRORS = Counter(
     "phalanx_engine_node_errors_total",
     "Nodes a placement plugin raised on while deciding (each refused for that decision alone, with the "
@@ -386,7 +411,7 @@ RESYNC_POD_FAILURES = Counter(
 # --- gang-coordinator's reconciler -------------------------------------------------------------
 RECONCILER_FINDING_KINDS = (
     "reservation_without_pod", "stale_reservation", "pod_without_reservation", "pod_on_booked_gpus",
-    "mig_without_reservation", "unreadable_record",
+    "mig_without_reservation", "unreadable_record", "queue_usage_mismatch",
 )
 RECONCILER_FINDINGS = Gauge(
     "phalanx_reconciler_findings",

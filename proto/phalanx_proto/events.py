@@ -122,6 +122,9 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Scheduling terms the pod has that Phalanx does not evaluate (``podAffinity``,
     ``podAntiAffinity``, ``topologySpreadConstraints``): such a member fits no node, with
     that reason, rather than having them ignored."""
+    queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    """The queue the pod is in (its label, else its namespace's, else ``default``:
+    docs/queues.md); "" before queues, read as ``default``."""
 
     @property
     def kind(self) -> RequestKind:

@@ -31,6 +31,7 @@ from phalanx_proto.events import (
     RequestKind,
     pod_key,
 )
+from phalanx_proto.queues import USAGE_PREFIX, QueueSpec, QueueUsage, queue_key, usage_key
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import MAX_GPUS, topology_problem
 
@@ -55,6 +56,10 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     adopted: bool = False
     """Recorded for a pod found bound without a reservation (the reconciler's repair), not by
     a placement decision."""
+    queues: tuple[str, ...] = ()
+    """The gang's queue and its ancestors when the reservation was made, nearest first: the
+    queues whose usage (``QueueUsage``) it is charged to, and from which its release takes it
+    back, whatever the tree looks like by then."""
 
 
 class NodeLedger(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -312,14 +317,39 @@ def mig_problem(key: str, book: NodeMig) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BucketRule:
-    """How to read one bucket's values: the decoder and the rule a decoded value must keep."""
+    """How to read one bucket's values: the decoder and the rule a decoded value must keep;
+    ``keyed``: keys with one of these prefixes hold another kind of value (``phx-ledger``'s
+    ``queue.*`` keys hold queue usage) and are read by that prefix's rule."""
 
     decoder: Decoder
     problem: Callable[[str, Any], str]
+    keyed: tuple[tuple[str, BucketRule], ...] = ()
+
+    def for_key(self, key: str) -> BucketRule:
+        for prefix, rule in self.keyed:
+            if key.startswith(prefix):
+                return rule
+        return self
+
+
+def usage_problem(key: str, usage: QueueUsage) -> str:
+    """A queue's usage sits under its own key."""
+    expected = usage_key(usage.queue)
+    return "" if key == expected else f"key {key!r} does not match queue {usage.queue!r} (expected {expected!r})"
+
+
+usage_decoder = Decoder(QueueUsage)
+queue_spec_decoder = Decoder(QueueSpec)
+USAGE_RULE = BucketRule(usage_decoder, usage_problem)
+
+
+def queue_spec_problem(key: str, spec: QueueSpec) -> str:
+    return "" if key == queue_key(spec.name) else f"key {key!r} does not match queue {spec.name!r}"
 
 
 BUCKETS: dict[str, BucketRule] = {
-    S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem),
+    S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem, keyed=((USAGE_PREFIX, USAGE_RULE),)),
+    S.KV_QUEUES: BucketRule(queue_spec_decoder, queue_spec_problem),
     S.KV_GANGS: BucketRule(gang_state_decoder, gang_problem),
     S.KV_TOPOLOGY: BucketRule(report_decoder, report_problem),
     S.KV_HEARTBEAT: BucketRule(heartbeat_decoder, heartbeat_problem),

@@ -263,6 +263,9 @@ KV_GANGS = "phx-gangs"
 KV_LEASES = "phx-leases"
 KV_MIG = "phx-mig"
 KV_NODE_STATE = "phx-node-state"
+KV_QUEUES = "phx-queues"
+KV_SIM_QUEUES = "phx-sim-queues"
+KV_SIM_NAMESPACES = "phx-sim-namespaces"
 KV_SIM_PODS = "phx-sim-pods"
 KV_SIM_NODES = "phx-sim-nodes"
 KV_SIM_EVENTS = "phx-sim-events"
@@ -271,7 +274,7 @@ KV_SIM_LEASES = "phx-sim-leases"
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH),
-            Grant(READER, READ)), max_value_size=TOPOLOGY_REPORT_MAX, max_bytes=512 * MIB,
+            Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)), max_value_size=TOPOLOGY_REPORT_MAX, max_bytes=512 * MIB,
            value="kv.NodeTopologyReported", key="{node}"),
     Bucket(KV_HEARTBEAT, 1, "The last heartbeat of each node's topology-discovery.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
@@ -281,10 +284,15 @@ BUCKETS = (
            "Phalanx placed that run there.",
            (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
            max_value_size=NODE_STATE_MAX, max_bytes=512 * MIB, value="kv.NodeKubeState", key="{node}"),
-    Bucket(KV_LEDGER, 8, "Every reservation on one node; all nodes of a decision commit in one atomic batch.",
-           (Grant(PLACEMENT, WRITE), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, READ),
+    Bucket(KV_LEDGER, 8, "Every reservation on one node (key: the node), and what each queue holds (key: "
+           "queue.<queue>); all nodes and queues of a decision commit in one atomic batch.",
+           (Grant(PLACEMENT, WRITE), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, WATCH),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
            max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, atomic=True, value="kv.NodeLedger", key="{node}"),
+    Bucket(KV_QUEUES, 1, "Each queue as its Queue object says (quota, limit, weight, parent, who may use it), "
+           "in queue units, with the problem that makes it unusable if any. Written by gang-coordinator.",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           max_value_size=64 * KIB, max_bytes=64 * MIB, value="kv.QueueSpec", key="{queue}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH), Grant(PLACEMENT, WATCH),
             Grant(READER, READ)), max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, value="kv.GangState",
@@ -294,9 +302,15 @@ BUCKETS = (
     Bucket(KV_MIG, 1, "Who owns each MIG instance of a node, by slot (written before the create, verified after).",
            (Grant(MIG_MANAGER, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
            max_value_size=256 * KIB, max_bytes=256 * MIB, value="kv.NodeMig", key="{node}"),
+    Bucket(KV_SIM_QUEUES, 2, "Simulated cluster: Queue objects (scheduling.phalanx.io/v1alpha1).",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ)),
+           max_value_size=64 * KIB, max_bytes=64 * MIB, simulator_only=True),
+    Bucket(KV_SIM_NAMESPACES, 2, "Simulated cluster: Namespace objects (their labels).",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
+           max_value_size=64 * KIB, max_bytes=64 * MIB, simulator_only=True),
     Bucket(KV_SIM_PODS, 4, "Simulated cluster: pods.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH),
-            Grant(BINDER, WRITE), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, READ)),
+            Grant(BINDER, WRITE), Grant(BINDER, WATCH), Grant(READER, READ), Grant(TOPOLOGY_DISCOVERY, READ)),
            max_value_size=1 * MIB, max_bytes=1 * GIB, simulator_only=True),
     Bucket(KV_SIM_NODES, 4, "Simulated cluster: nodes.",
            (Grant(SIMULATOR, WRITE), Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ),

@@ -242,7 +242,7 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
     own = S.CONSUMER[DURABLE]
     async with anyio.create_task_group() as tg:
         topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
-        ledger = KvMirror.of_bucket(bus, S.KV_LEDGER)
+        ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*")
         await tg.start(topology.run)
         await tg.start(ledger.run)
         fences = NodeFences(tg, cluster, namespace=settings.fence_namespace,

@@ -23,17 +23,21 @@ for. Rules (docs/saga.md, "The reconciler"):
    on it is a finding; the pod's adoption (rule 4) gives the slot its owner back, so
    mig-manager does not destroy it.
 6. Values that cannot be read are findings; nothing is concluded from them (no repair).
+7. A queue's usage that is not what the ledger says (``phalanx_engine.queues.usage_drift``) is a
+   finding; placement, which writes both, repairs it from the ledger (its own audit).
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
+from phalanx_engine.queues import usage_drift
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.queues import QueueUsage, shown
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.subjects import gang_key
 
@@ -105,6 +109,8 @@ class Reading:
     """Nodes whose ledger entry is bad: nothing is concluded about them."""
     unreadable_gangs: frozenset[str] = frozenset()
     """KV keys of gang records that are bad: nothing is concluded about their gangs."""
+    usage: dict[str, QueueUsage] = field(default_factory=dict)
+    """Queue → its usage record (``phx-ledger`` ``queue.*``)."""
 
 
 def audit(r: Reading) -> list[Finding]:
@@ -122,6 +128,11 @@ def audit(r: Reading) -> list[Finding]:
             if finding is not None:
                 out.append(finding)
     out += _mig(r, by_uid)
+    if not r.unreadable_nodes:
+        for q, want in sorted(usage_drift(r.ledgers.values(), r.usage).items()):
+            have = r.usage[q].allocated if q in r.usage else 0
+            out.append(Finding("queue_usage_mismatch", f"queue {q}: its usage says {shown(have)} GPUs, the ledger "
+                                                       f"{shown(want.allocated)}"))
     return out
 
 

@@ -21,6 +21,7 @@ from phalanx_bus.declare import declare_consumer
 from phalanx_gang_coordinator import effects, fairness, saga
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore, Transition
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
@@ -41,14 +42,19 @@ from phalanx_proto.events import (
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, mig_slot
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
+WAKE = 8
+"""Gangs retried at once when GPUs are released (``SagaDriver.wake``)."""
+
 
 class SagaDriver:
-    def __init__(self, bus: Bus, cluster: ClusterPort, store: GangStore, notifier: Notifier, config) -> None:
+    def __init__(self, bus: Bus, cluster: ClusterPort, store: GangStore, notifier: Notifier, config,
+                 queues: QueueBook | None = None) -> None:
         self.bus = bus
         self.cluster = cluster
         self.store = store
         self.notifier = notifier
         self.config = config
+        self.queues = queues
         self.compensator = Compensator(store, cluster, notifier, self.execute, backoff_base_s=config.backoff_base_s,
                                        backoff_max_s=config.backoff_max_s)
         self.bound_seen: dict[str, str] = {}
@@ -114,7 +120,7 @@ class SagaDriver:
         if current is None or not (current.phase in ("waiting", "backoff") or saga.late_members(current)):
             return
         gate = self.gate(current, now)
-        reason = gate.hold
+        reason = saga.queue_conflict(current) or gate.hold
         if reason:
             t = await self.store.transition(gang_id, lambda s: None if s is None or s.reason == reason or s.phase not in (
                 "waiting", "backoff") else msgspec.structs.replace(s, reason=reason))
@@ -160,9 +166,31 @@ class SagaDriver:
             case BindFailed():
                 await self.apply(await self.store.transition(event.gang_id, lambda s: saga.bind_failed(s, event)))
             case Released():
-                pass  # release is fire-and-forget on a durable stream (docs/saga.md)
+                await self.wake()  # GPUs came free: gangs that did not fit may now
             case _:
                 warn("unexpected event on coordinator subject", kind=type(event).__name__)
+
+    async def wake(self, now: float | None = None) -> list[str]:
+        """GPUs were released: the first ``WAKE`` gangs waiting in backoff after a failed
+        placement try again now instead of at the end of their backoff — those of queues below
+        their quota first, then by priority and arrival (as kube-scheduler moves unschedulable
+        pods back to its active queue on a cluster event). Returns the gangs woken."""
+        now = time.time() if now is None else now
+        states, _ = await self.store.all()
+        waiting = [s for s in states if s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now]
+        owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
+        waiting.sort(key=lambda s: (not owed(saga.queue_of(s)), saga.queue_key(s)))
+        woken = []
+        for s in waiting[:WAKE]:
+            t = await self.store.transition(s.gang_id, lambda cur: msgspec.structs.replace(cur, backoff_until=now)
+                                            if cur is not None and cur.phase == "backoff" and cur.backoff_until > now
+                                            else None)
+            if t is not None:
+                woken.append(s.gang_id)
+                await self.start(s.gang_id)
+        if woken:
+            log("gangs woken: GPUs were released", gangs=",".join(woken))
+        return woken
 
     async def on_node_reply(self, event, delivery: Delivery) -> None:
         match event:

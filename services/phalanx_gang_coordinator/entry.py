@@ -29,6 +29,8 @@ def add_arguments(p) -> None:
     p.add_argument("--full-resync-s", type=float, default=30.0,
                    help="seconds between resync passes that list the pods from the API server; the passes in "
                         "between replay the pod watch's view (default %(default)s)")
+    p.add_argument("--queue-sync-s", type=float, default=2.0,
+                   help="seconds between readings of the Queue objects and namespaces (default %(default)s)")
     p.add_argument("--parallelism", type=int, default=16,
                    help="replies and pod events handled at once; one gang's one at a time, in order "
                         "(default %(default)s)")
@@ -44,5 +46,6 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
                     default_timeout_s=args.default_timeout_s, backoff_base_s=args.backoff_base_s,
                     backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s,
                     fairness=args.fairness, reconcile_s=args.reconcile_s,
-                    tombstone_s=args.tombstone_s, full_resync_s=args.full_resync_s, parallelism=args.parallelism)
+                    tombstone_s=args.tombstone_s, full_resync_s=args.full_resync_s, parallelism=args.parallelism,
+                    queue_sync_s=args.queue_sync_s)
     await run(bus, cluster, config, task_status=task_status)

@@ -13,22 +13,24 @@ import time
 from functools import partial
 
 import anyio
+import msgspec
 
 from phalanx_bus import KeyedWork
 from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import GangState
-from phalanx_telemetry import log, warn
+from phalanx_telemetry import log, metrics, warn
 
 
 class PodIntake:
     def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
-                 settle_s: float, *, parallelism: int = 1) -> None:
+                 settle_s: float, *, parallelism: int = 1, queues: QueueBook | None = None) -> None:
         self.cluster = cluster
         self.parallelism = parallelism
         self.watched: dict[tuple[str, str], Pod] = {}
@@ -39,6 +41,7 @@ class PodIntake:
         self.driver = driver
         self.notifier = notifier
         self.settle_s = settle_s
+        self.queues = queues
 
     async def on_pod(self, pod: Pod) -> None:
         """Admit an unbound pod into its gang and start the gang if it is complete."""
@@ -51,6 +54,14 @@ class PodIntake:
             warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
             await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
             return
+        if self.queues is not None:
+            queue, problem = self.queues.resolve(pod)
+            if problem:
+                warn("pod not admitted for its queue", pod=f"{pod.namespace}/{pod.name}", queue=queue, reason=problem)
+                metrics.QUEUE_ADMISSIONS_REFUSED.inc(reason=_refusal_kind(problem))
+                await self.notifier.once(pod, "FailedScheduling", problem)
+                return
+            spec = msgspec.structs.replace(spec, queue=queue)
         now = time.time()
         try:
             t = await self.store.transition(ident.gang_id, lambda s: saga.add_member(
@@ -164,6 +175,12 @@ def _condition_message(pod: Pod) -> str | None:
         if c.get("type") == "PodScheduled":
             return c.get("message")
     return None
+
+
+def _refusal_kind(problem: str) -> str:
+    if "does not exist" in problem:
+        return "missing"
+    return "namespace" if "does not admit" in problem else "invalid"
 
 
 def _gang_of(pod: Pod) -> str:

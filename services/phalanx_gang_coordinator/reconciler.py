@@ -31,6 +31,7 @@ from phalanx_gang_coordinator.gangs import InvalidMember, identity
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.lease import LeaseHolder
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
@@ -48,13 +49,14 @@ def owner_id() -> str:
 
 class Reconciler:
     def __init__(self, bus: Bus, cluster: ClusterPort, store: GangStore, intake: PodIntake, notifier: Notifier, *,
-                 reconcile_s: float, owner: str | None = None) -> None:
+                 reconcile_s: float, owner: str | None = None, queues: QueueBook | None = None) -> None:
         self.bus = bus
         self.cluster = cluster
         self.store = store
         self.intake = intake
         self.notifier = notifier
         self.reconcile_s = reconcile_s
+        self.queues = queues
         self.owner = owner or owner_id()
         self.lease: LeaseHolder | None = None
         self._suspects: set[tuple] = set()
@@ -84,7 +86,9 @@ class Reconciler:
 
     async def read(self) -> audit.Reading:
         """Ledger first, then gang records and MIG records, then pods (see ``audit``)."""
-        ledgers, bad_ledgers = await read_all(await self.bus.kv(S.KV_LEDGER))
+        ledger_kv = await self.bus.kv(S.KV_LEDGER)
+        ledgers, bad_ledgers = await read_all(ledger_kv, pattern="*")
+        usage, _ = await read_all(ledger_kv, pattern="queue.*")
         gangs, bad_gangs = await self.store.all(current=True)
         mig, bad_mig = await read_all(await self.bus.kv(S.KV_MIG))
         pods = await self.cluster.list_pods()
@@ -93,11 +97,13 @@ class Reconciler:
             gang_of={p.uid: _gang_of(p) for p in pods if p.node_name},
             mig=[rec for r in mig for rec in r.value.instances.values()],
             unreadable=tuple(str(b) for b in (*bad_ledgers, *bad_gangs, *bad_mig)),
-            unreadable_nodes=frozenset(b.key for b in bad_ledgers), unreadable_gangs=frozenset(b.key for b in bad_gangs))
+            unreadable_nodes=frozenset(b.key for b in bad_ledgers), unreadable_gangs=frozenset(b.key for b in bad_gangs),
+            usage={r.value.queue: r.value for r in usage})
 
     async def once(self) -> list[audit.Finding]:
-        """One pass: read, audit, repair, report."""
-        findings = audit.audit(await self.read())
+        """One pass: read, audit, repair, report (and each Queue's status)."""
+        reading = await self.read()
+        findings = audit.audit(reading)
         suspects, repairs = set(), Counter()
         for f in findings:
             action = await self._repair(f, suspects)
@@ -113,6 +119,8 @@ class Reconciler:
                                   details=tuple(f"{f.kind}: {f.detail}" for f in findings[:DETAILS_KEPT]),
                                   repairs=dict(repairs))
         await (await self.bus.kv(S.KV_LEASES)).put(RECONCILER_REPORT_KEY, encoder.encode(report))
+        if self.queues is not None:
+            await self.queues.write_status(list(reading.gangs.values()))
         if findings:
             log("reconciler findings", findings=",".join(f"{k}={n}" for k, n in sorted(counts.items())),
                 repairs=",".join(f"{k}={n}" for k, n in sorted(repairs.items())))

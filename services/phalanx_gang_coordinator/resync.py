@@ -43,8 +43,11 @@ class Resync:
         driver.gate = self.gate
 
     def gate(self, state: GangState, now: float) -> fairness.Gate:
-        return fairness.gate(state, [s for s in self.queue if s.gang_id != state.gang_id], now=now,
-                             starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
+        """The starvation gate among the gangs of the gang's own queue (across queues, a queue
+        below its quota goes first in placement: docs/queues.md)."""
+        queue = saga.queue_of(state)
+        return fairness.gate(state, [s for s in self.queue if s.gang_id != state.gang_id and saga.queue_of(s) == queue],
+                             now=now, starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
 
     async def run(self) -> None:
         while True:

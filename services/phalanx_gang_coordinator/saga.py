@@ -35,6 +35,7 @@ from phalanx_proto.events import (
     PlacementFailed,
     uid_digest,
 )
+from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL
 from phalanx_proto.state import MAX_GANG_MEMBERS, GangPart, GangState, Running
 
 COMPENSATIONS = ("unbind", "mig", "release")
@@ -278,6 +279,20 @@ def pending_reason(s: GangState, now: float) -> str:
         return f"gang incomplete: {have}/{need} members present" if have < need else "gang waiting to start"
     retry = max(0.0, s.backoff_until - now)
     return f"{s.reason} (attempt {s.attempt}); next try in {retry:.0f}s"
+
+
+def queue_of(s: GangState) -> str:
+    """The queue the gang's members name ("" read as ``default``)."""
+    return next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
+
+
+def queue_conflict(s: GangState) -> str:
+    """Why the gang cannot start for its queue: its members name different queues ("" when not)."""
+    named = sorted({m.queue or DEFAULT_QUEUE for m in s.members})
+    if len(named) < 2:
+        return ""
+    return (f"the gang's members name different queues ({', '.join(named)}): a gang is placed within one queue; "
+            f"label every pod with the same {QUEUE_LABEL}")
 
 
 def queue_key(s: GangState) -> tuple:

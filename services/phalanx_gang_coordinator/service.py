@@ -37,6 +37,7 @@ from phalanx_bus import Bus, KvMirror, consume
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.reconciler import Reconciler
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
@@ -70,6 +71,8 @@ class Config:
     """How long the entry of a gang whose pods are all gone keeps its attempt counter."""
     parallelism: int = 16
     """Replies, and pod events, handled at once; one gang's one at a time, in order."""
+    queue_sync_s: float = 2.0
+    """Seconds between readings of the Queue objects and namespaces (docs/queues.md)."""
 
 
 @dataclass
@@ -82,15 +85,19 @@ class Coordinator:
     intake: PodIntake
     resync: Resync
     reconciler: Reconciler
+    queues: QueueBook
 
     @classmethod
     def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config) -> Coordinator:
         store = GangStore(gangs_kv, KvMirror.of_bucket(bus, S.KV_GANGS))
         notifier = Notifier(cluster)
-        driver = SagaDriver(bus, cluster, store, notifier, config)
-        intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism)
+        queues = QueueBook(bus, cluster, sync_s=config.queue_sync_s)
+        driver = SagaDriver(bus, cluster, store, notifier, config, queues)
+        intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
+                           queues=queues)
         return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config),
-                   Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s))
+                   Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s, queues=queues),
+                   queues)
 
 
 async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
@@ -100,6 +107,7 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
     driver = coord.driver
     async with anyio.create_task_group() as tg:
         await tg.start(coord.store.run)
+        await tg.start(coord.queues.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
             decoder=gang_decoder, handler=driver.on_reply, concurrency=config.parallelism,

@@ -49,15 +49,17 @@ from phalanx_engine.snapshot import NodeView
 from phalanx_placement.nodestate import NodeStates
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
+from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.topology import NodeTopology
 
 
 @dataclass(eq=False)
 class Commit:
-    """One atomic batch of ledger writes (ledger key → the node's whole new ledger)."""
+    """One atomic batch of ledger writes: node key → the node's whole new ledger, and
+    ``queue.<q>`` → the queue's whole new usage (``phalanx_proto.queues``)."""
 
-    writes: dict[str, NodeLedger]
+    writes: dict[str, NodeLedger | QueueUsage]
     done: anyio.Event = field(default_factory=anyio.Event)
     revisions: dict[str, int] | None = None
     """The revision of each write, once committed."""
@@ -68,9 +70,9 @@ class Commit:
 
 @dataclass(eq=False)
 class Assumed:
-    """A node's ledger as a commit not yet echoed by the watch will leave it."""
+    """A node's ledger (or a queue's usage) as a commit not yet echoed by the watch will leave it."""
 
-    ledger: NodeLedger
+    ledger: NodeLedger | QueueUsage
     commit: Commit
     base: int | Assumed
     """What the decision read: the mirror's revision (0: no entry), or an earlier assumption."""
@@ -85,7 +87,10 @@ class ClusterCache:
         """Each node's Kubernetes state (``NodeView.kube``); None: no node has one."""
         self.topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY, on_put=self._changed, on_delete=self._gone)
         self.beats = KvMirror.of_bucket(bus, S.KV_HEARTBEAT, on_put=self._beat, on_delete=self._gone)
-        self.ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, on_put=self._ledger_put, on_delete=self._gone)
+        self.ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put, on_delete=self._gone)
+        self.usage = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{USAGE_PREFIX}*", on_put=self._ledger_put,
+                                        on_delete=self._gone)
+        self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
         self._dirty: set[str] = set()
         if node_states is not None:
@@ -105,13 +110,22 @@ class ClusterCache:
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
-        own = (self.topology, self.beats, self.ledger, self.gangs)
+        own = (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs)
         return own if self.node_states is None else (*own, self.node_states.mirror)
+
+    def _mirror_of(self, key: str) -> KvMirror:
+        """The mirror holding ``key`` of ``phx-ledger``: a queue's usage or a node's ledger."""
+        return self.usage if is_usage_key(key) else self.ledger
+
+    async def catch_up(self) -> None:
+        """Both mirrors of ``phx-ledger`` reflect everything it held when this was called."""
+        await self.ledger.catch_up()
+        await self.usage.catch_up()
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Follow every bucket until cancelled; started once each is listed and the clusters built."""
         async with anyio.create_task_group() as tg:
-            for mirror in (self.topology, self.beats, self.ledger, self.gangs):
+            for mirror in (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs):
                 await tg.start(mirror.run)
             if self.node_states is not None:
                 await tg.start(self.node_states.run)
@@ -128,9 +142,23 @@ class ClusterCache:
         """The node's ledger as the cache believes it (assumed commits included)."""
         assumed = self._assumed.get(key)
         if assumed is not None:
-            return assumed.ledger
+            return assumed.ledger  # type: ignore[return-value]
         entry = self.ledger.get(key)
         return entry.value if entry is not None else None
+
+    def usage_of(self, queue: str) -> QueueUsage:
+        """The queue's usage as the cache believes it (assumed commits included; empty when none)."""
+        key = usage_key(queue)
+        assumed = self._assumed.get(key)
+        if assumed is not None:
+            return assumed.ledger  # type: ignore[return-value]
+        entry = self.usage.get(key)
+        return entry.value if entry is not None else QueueUsage(queue=queue)
+
+    @property
+    def assuming(self) -> bool:
+        """A commit is assumed and not yet echoed by the watch."""
+        return bool(self._assumed)
 
     def gang_keys(self, gang_id: str) -> frozenset[str]:
         """Ledger keys holding any reservation of the gang (assumed ones included)."""
@@ -193,20 +221,21 @@ class ClusterCache:
                 self.cluster.upsert(view)
 
     # -- assuming and committing --------------------------------------------------------------
-    def assume(self, writes: dict[str, NodeLedger]) -> Commit:
+    def assume(self, writes: dict[str, NodeLedger | QueueUsage]) -> Commit:
         commit = Commit(writes=dict(writes))
         for key, ledger in writes.items():
             base = self._assumed.get(key)
             if base is not None:
                 base.commit.dependents.append(commit)
-            entry = self.ledger.get(key)
+            entry = self._mirror_of(key).get(key)
             self._assumed[key] = Assumed(ledger, commit, base if base is not None else
                                          (entry.revision if entry is not None else 0))
             self._touch(key)
         now = self.clock()
         for key in writes:  # the next decision, in this same cycle, must see it
-            self._dirty.discard(key)
-            self._rebuild(key, now)
+            if not is_usage_key(key):
+                self._dirty.discard(key)
+                self._rebuild(key, now)
         return commit
 
     async def expected(self, commit: Commit) -> list[tuple[str, bytes, int]]:
@@ -275,7 +304,7 @@ class ClusterCache:
                 assumed = base if isinstance(base, Assumed) else None
                 continue
             revisions = assumed.commit.revisions
-            entry = self.ledger.get(key)
+            entry = self._mirror_of(key).get(key)
             if revisions is not None and entry is not None and entry.revision >= revisions[key]:
                 assumed = None
             break
@@ -287,6 +316,8 @@ class ClusterCache:
 
     def _touch(self, key: str) -> None:
         """The node's believed ledger may have changed: reindex its gangs, rebuild it later."""
+        if is_usage_key(key):
+            return
         self._dirty.add(key)
         ledger = self.ledger_of(key)
         now = frozenset(a.gang_id for a in ledger.allocations.values()) if ledger is not None else frozenset()

@@ -92,7 +92,7 @@ def release(ledger: NodeLedger, ev: ReleaseRequested, running: frozenset[str] = 
 
 
 def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
-          running: frozenset[str] | None) -> NodeLedger | Refusal | None:
+          running: frozenset[str] | None, queues: tuple[str, ...] = ()) -> NodeLedger | Refusal | None:
     """The ledger with a reservation recorded for a pod found bound without one: only for a
     pod the node's agent reports running there (``running``: its ``phalanx_pods``; None when the
     node reports no state, so nothing can be confirmed), on GPUs that exist, suit the kind of
@@ -118,7 +118,7 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
         mode = "not in MIG mode" if a.mig_profile else "in MIG mode"
         return Refusal("not_recorded", f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
                                        f"{a.kind} assignment")
-    new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True)
+    new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True, queues=queues)
     conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
     if conflicts:
         return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")

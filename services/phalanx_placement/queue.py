@@ -9,6 +9,7 @@ arrivals of its priority).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -66,11 +67,12 @@ class RequestQueue:
         self._waiting.append(w)
         self._ready.set()
 
-    async def take(self, limit: int) -> list[Waiting]:
-        """Wait for at least one request; return up to ``limit``, highest priority then oldest first."""
+    async def take(self, limit: int, rank: Callable[[Waiting], float] | None = None) -> list[Waiting]:
+        """Wait for at least one request; return up to ``limit``: the lowest ``rank`` (its queue's
+        distance from its fair share) first, then highest priority, then oldest."""
         while not self._waiting:
             self._ready = anyio.Event()
             await self._ready.wait()
-        self._waiting.sort(key=lambda w: w.order)
+        self._waiting.sort(key=(lambda w: (rank(w), w.order)) if rank is not None else (lambda w: w.order))
         batch, self._waiting = self._waiting[:limit], self._waiting[limit:]
         return batch

@@ -44,11 +44,13 @@ from phalanx_bus import (
 )
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
+from phalanx_engine.queues import usage_drift
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks
 from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
+from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
@@ -59,6 +61,7 @@ from phalanx_proto.events import (
     ReleaseRequested,
     gang_decoder,
 )
+from phalanx_proto.queues import QueueUsage, usage_key
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
@@ -80,6 +83,8 @@ class Config:
     node_state_grace_s: float = GRACE_S
     cycle_max: int = 64
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
+    usage_audit_s: float = 10.0
+    """Seconds between audits of the queues' usage against the ledger (``audit_usage``)."""
     metrics_every_s: float = 5.0
     """Allocation gauges are recomputed (a pass over every node) at most this often: half the
     10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
@@ -108,6 +113,7 @@ class Placement:
         self.conflicts = 0
         self.queue = RequestQueue()
         self.profiles = {req: default_profile(require_node_state=req) for req in (False, True)}
+        self.queues = PlacementQueues(cache)
         self._recorded_at = 0.0
         self._allocation_stale = True
 
@@ -154,9 +160,10 @@ class Placement:
         other on the cache (each decision assumed before the next), commit per gang, pipelined."""
         async with anyio.create_task_group() as tg:
             while True:
-                batch = await self.queue.take(self.config.cycle_max)
+                batch = await self.queue.take(self.config.cycle_max, rank=lambda w: self.queues.rank_of(w.ev.members))
                 records = await self._records(batch)
                 self.cache.refresh()
+                self.queues.begin_cycle()
                 for w, record in zip(batch, records, strict=True):
                     if isinstance(record, checks.Refusal):
                         refused(record.rule, record.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
@@ -184,12 +191,30 @@ class Placement:
         refusal = checks.check_decide(record)
         if refusal is not None:
             return refusal
+        running = _running(record)
+        queue = queue_of(ev.members)
+        blocked = self.queues.refusal(ev.gang_id, ev.members, running)
+        if blocked:
+            log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
+            metrics.QUEUE_REFUSALS.inc(queue=queue)
+            return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
+                                          fits_empty_cluster=False, members=tuple(m.pod for m in ev.members)))
+        if self.queues.borrowing(ev.members, ev.gang_id, running):
+            owed = self.queues.owed_now(queue, lambda members: isinstance(
+                decide(self.cache.cluster, members, self.profile, explain=False), Decision))
+            if owed:
+                why = (f"queue {queue} would borrow beyond its quota, and the GPUs free now are kept for queue(s) "
+                       f"{', '.join(owed)}, below quota, whose gangs wait for them")
+                log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
+                return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
+                                              fits_empty_cluster=False, members=tuple(m.pod for m in ev.members)))
+        avoid = ev.avoid_nodes
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
-                "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
+                "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.queue": queue,
                 "phalanx.members": len(ev.members)}) as span:
             started = time.perf_counter()
-            with self.cache.excluding(ev.gang_id, _running(record)):
-                result = decide(self.cache.cluster, ev.members, self.profile, avoid=ev.avoid_nodes)
+            with self.cache.excluding(ev.gang_id, running):
+                result = decide(self.cache.cluster, ev.members, self.profile, avoid=avoid)
             elapsed = time.perf_counter() - started
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
@@ -206,12 +231,15 @@ class Placement:
                 fits_empty_cluster=fits, members=tuple(m.pod for m in ev.members),
                 reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else ()))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
-        return _Decided(self.cache.assume(self._ledgers_after(ev, result, _running(record))), result)
+        writes: dict = self._ledgers_after(ev, result, running, self.queues.chain(ev.members))
+        writes.update(self.queues.usage_writes(ev.gang_id, writes))
+        return _Decided(self.cache.assume(writes), result)
 
     def _ledgers_after(self, ev: PlacementRequested, decision: Decision,
-                       running: frozenset[str] = frozenset()) -> dict[str, NodeLedger]:
+                       running: frozenset[str] = frozenset(), queues: tuple[str, ...] = ()) -> dict[str, NodeLedger]:
         """Every touched node's new ledger: the gang's earlier reservations (and any of these
-        members') replaced by the decision's, but those of its ``running`` members kept."""
+        members') replaced by the decision's, but those of its ``running`` members kept. The new
+        reservations are charged to ``queues`` (the gang's queue and its ancestors)."""
         members = {alloc_key(m.pod) for m in ev.members}
         by_key: dict[str, tuple[str, list]] = {}
         for a in decision.assignments:
@@ -227,7 +255,8 @@ class Placement:
             allocs = {k: v for k, v in ledger.allocations.items()
                       if k in running or not (v.gang_id == ev.gang_id or k in members)}
             for a in assignments:
-                allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a)
+                allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a,
+                                                      queues=queues)
             out[key] = NodeLedger(node=node, allocations=allocs)
         return out
 
@@ -268,7 +297,8 @@ class Placement:
         try:
             with tracer().start_as_current_span("placement.commit", attributes={
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
-                    "k8s.node.name": sorted(led.node for led in commit.writes.values())}) as span:
+                    "k8s.node.name": sorted(led.node for led in commit.writes.values()
+                                            if isinstance(led, NodeLedger))}) as span:
                 if self.config.decide_delay_s:
                     await anyio.sleep(self.config.decide_delay_s)
                 try:
@@ -286,7 +316,7 @@ class Placement:
                 w.finish(TemporaryError(f"gang {ev.gang_id}: ledger kept changing", delay=0.5))
             else:
                 try:
-                    await self.cache.ledger.catch_up()
+                    await self.cache.catch_up()
                 except Exception as err:  # noqa: BLE001 - the bus is away (a leader election): retried later
                     w.finish(TemporaryError(f"gang {ev.gang_id}: cannot catch up with the ledger: {err!r}",
                                             delay=0.5))
@@ -338,12 +368,13 @@ class Placement:
                 if out.ledger is not None:
                     released += len(ledger.allocations) - len(out.ledger.allocations)
                     writes[key] = out.ledger
+            writes.update(self.queues.usage_writes(ev.gang_id, writes))
             try:
                 if writes:
                     await self._write(self.cache.assume(writes))
                 break
             except KvConflict:
-                await self.cache.ledger.catch_up()
+                await self.cache.catch_up()
         else:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
@@ -369,16 +400,21 @@ class Placement:
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
             topo = self.cache.topology.get(key)
             report = topo.value if topo is not None and topo.value.node == node else None
-            out = checks.adopt(ledger, report.topology if report is not None else None, ev, self._running(node, None))
+            record = self.cache.gang(ev.gang_id)
+            chain = self.queues.chain(record.members) if isinstance(record, GangState) else self.queues.chain(())
+            out = checks.adopt(ledger, report.topology if report is not None else None, ev, self._running(node, None),
+                               queues=chain)
             if out is None:
                 return
             if isinstance(out, checks.Refusal):
                 refused(out.rule, out.why, gang=ev.gang_id, pod=str(ev.assignment.pod), command="adopt")
                 return
+            writes: dict = {key: out}
+            writes.update(self.queues.usage_writes(ev.gang_id, writes))
             try:
-                await self._write(self.cache.assume({key: out}))
+                await self._write(self.cache.assume(writes))
             except KvConflict:
-                await self.cache.ledger.catch_up()
+                await self.cache.catch_up()
                 continue
             warn("reservation recorded for a bound pod", gang=ev.gang_id, attempt=ev.attempt,
                  pod=str(ev.assignment.pod), node=node, gpus=",".join(map(str, ev.assignment.gpus)), reason=ev.reason)
@@ -390,6 +426,30 @@ class Placement:
         ``unknown`` when it reports no state."""
         state = self.cache.node_states.of(node) if self.cache.node_states is not None else None
         return frozenset(state.phalanx_pods) if state is not None else unknown
+
+    # -- queue usage audit ----------------------------------------------------------------------
+    async def audit_usage(self) -> None:
+        """Every ``usage_audit_s``: compare each queue's usage with what the ledger says and, when
+        the same drift is seen twice running with no commit in flight, write what the ledger says
+        (by compare-and-set; a usage that changed meanwhile is looked at again next pass)."""
+        seen: dict[str, QueueUsage] = {}
+        while True:
+            await anyio.sleep(self.config.usage_audit_s)
+            if self.cache.assuming:
+                seen = {}
+                continue
+            usage = {e.value.queue: e.value for e in self.cache.usage}
+            drift = usage_drift((e.value for e in self.cache.ledger), usage)
+            confirmed = {q: u for q, u in drift.items() if seen.get(q) == u}
+            seen = drift
+            for q, fixed in confirmed.items():
+                warn("queue usage repaired from the ledger", queue=q, had=usage[q].allocated if q in usage else 0,
+                     ledger_says=fixed.allocated)
+                metrics.QUEUE_USAGE_REPAIRS.inc(queue=q)
+                try:
+                    await self._write(self.cache.assume({usage_key(q): fixed}))
+                except Exception as e:  # noqa: BLE001 - a commit raced it: looked at again next pass
+                    warn("queue usage repair not written", queue=q, error=repr(e)[:200])
 
     # -- allocation gauges ---------------------------------------------------------------------
     def record_allocation(self, *, force: bool) -> None:
@@ -457,6 +517,7 @@ async def run(bus: Bus, config: Config = Config(), *, task_status=anyio.TASK_STA
             warn("allocation metrics not computed at start", error=repr(e))
         tg.start_soon(placement.run_cycles)
         tg.start_soon(placement.flush_allocation)
+        tg.start_soon(placement.audit_usage)
         await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
                       filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
                       concurrency=config.cycle_max, task_status=task_status)

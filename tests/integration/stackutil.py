@@ -42,7 +42,7 @@ async def seed_nodes(stack, sim: SimCluster) -> None:
 async def ledger(bus: Bus) -> dict[str, NodeLedger]:
     """Every readable node ledger (a value that breaks the ledger's rule is skipped, as the
     services skip it; a double-booked one is read anyway, so ``audit_ledger`` sees it)."""
-    good, bad = await read_all(await bus.kv(S.KV_LEDGER), BucketRule(ledger_decoder, lambda key, value: ""))
+    good, bad = await read_all(await bus.kv(S.KV_LEDGER), BucketRule(ledger_decoder, lambda key, value: ""), pattern="*")
     return {r.value.node: r.value for r in good}
 
 

@@ -1,0 +1,70 @@
+"""The simulated cluster's Queue objects and namespaces (KV ``phx-sim-queues`` and
+``phx-sim-namespaces``): the part of ``ClusterPort`` that gang-coordinator's queue book reads,
+and what ``phalanx up --queues`` and the tests load. ``SimCluster`` mixes it in; the buckets
+are opened on first use (only the simulator and gang-coordinator may open them)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import msgspec
+
+from phalanx_bus import KvConflict
+from phalanx_proto import subjects as S
+from phalanx_proto.queues import queue_key
+
+_json = msgspec.json.Encoder()
+
+
+class SimQueues:
+    """Needs ``self._bus`` (``SimCluster``)."""
+
+    async def _kv(self, bucket: str):
+        return await self._bus.kv(bucket, history=2)  # type: ignore[attr-defined]
+
+    async def apply_queue(self, obj: dict[str, Any]) -> None:
+        """Create or replace a Queue object (as ``kubectl apply``; its status is kept)."""
+        kv = await self._kv(S.KV_SIM_QUEUES)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        key = queue_key(str(meta.get("name", "")))
+        old = await kv.get(key)
+        if old is not None:
+            prior = msgspec.json.decode(old.value)
+            obj["status"] = prior.get("status") or {}
+            meta["generation"] = int((prior.get("metadata") or {}).get("generation") or 1) + 1
+        else:
+            meta["generation"] = 1
+        await kv.put(key, _json.encode(obj))
+
+    async def delete_queue(self, name: str) -> None:
+        await (await self._kv(S.KV_SIM_QUEUES)).delete(queue_key(name))
+
+    async def apply_namespace(self, name: str, labels: dict[str, str]) -> None:
+        await (await self._kv(S.KV_SIM_NAMESPACES)).put(queue_key(name), _json.encode(
+            {"metadata": {"name": name, "labels": labels}}))
+
+    async def list_queues(self) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(e.value) for e in await (await self._kv(S.KV_SIM_QUEUES)).items()]
+
+    async def list_namespaces(self) -> dict[str, dict[str, str]]:
+        out = {}
+        for e in await (await self._kv(S.KV_SIM_NAMESPACES)).items():
+            meta = msgspec.json.decode(e.value).get("metadata") or {}
+            out[meta.get("name", "")] = dict(meta.get("labels") or {})
+        return out
+
+    async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
+        kv = await self._kv(S.KV_SIM_QUEUES)
+        for _ in range(10):
+            entry = await kv.get(queue_key(name))
+            if entry is None:
+                return
+            obj = msgspec.json.decode(entry.value)
+            obj["status"] = status
+            try:
+                await kv.update(entry.key, _json.encode(obj), last=entry.revision)
+                return
+            except KvConflict:
+                continue

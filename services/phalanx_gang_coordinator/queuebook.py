@@ -1,0 +1,186 @@
+"""The queue book: the cluster's Queue objects and namespaces as gang-coordinator knows them,
+brought onto the bus, and the queue each pod is in (docs/queues.md).
+
+* **Sync.** Every ``sync_s`` it lists the Queues and the namespaces, reads each Queue
+  (``phalanx_engine.queuespec``: the CRD's rules), checks the tree (a parent that exists, no
+  cycle, children's quotas within the parent's) and writes each queue's ``QueueSpec`` — its
+  problem included — to KV ``phx-queues``, where placement reads it. A Queue that is gone
+  leaves the bucket.
+* **Which queue.** A pod names its queue with the label ``scheduling.phalanx.io/queue``; else
+  its namespace's label of that name does; else it is in ``default`` (quota 0, no limit: it
+  only borrows). The queue must exist, be usable, and select the pod's namespace
+  (``spec.namespaceSelector``); otherwise the pod is told why and not admitted.
+* **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
+  Queue's ``status``: allocated and borrowed GPUs (from the queues' usage in ``phx-ledger``,
+  which placement writes with the reservations), pending gangs and GPUs (from the gang
+  records), its fair share (``phalanx_engine.queues.fair_shares`` over the nodes' GPUs), and a
+  ``Valid`` condition naming the problem.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import anyio
+
+from phalanx_bus import Bus, KvMirror
+from phalanx_engine.queues import QueueTree, fair_shares, tree_problems
+from phalanx_engine.queuespec import QueueObjectError, queue_from_object
+from phalanx_kube.port import ClusterPort, Pod
+from phalanx_proto import subjects as S
+from phalanx_proto.events import encoder
+from phalanx_proto.queues import (
+    DEFAULT_QUEUE,
+    GPU_UNITS,
+    QUEUE_LABEL,
+    QueueSpec,
+    QueueUsage,
+    gpus,
+    queue_key,
+    units_of_member,
+    usage_key,
+)
+from phalanx_proto.state import GangState
+from phalanx_telemetry import log, metrics, warn
+
+PENDING = ("waiting", "backoff", "placing", "preparing", "binding", "rolling_back")
+
+
+class QueueBook:
+    def __init__(self, bus: Bus, cluster: ClusterPort, *, sync_s: float = 2.0) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.sync_s = sync_s
+        self.tree = QueueTree.of(())
+        self.namespaces: dict[str, dict[str, str]] = {}
+        self.usage: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="queue.*")
+        self.topology: KvMirror = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
+        self._written: dict[str, bytes] = {}
+        self.declared: set[str] = set()
+        self._told: set[str] = set()
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow the queues until cancelled; started once they were read once."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.usage.run)
+            await tg.start(self.topology.run)
+            await self._sync_logged()
+            task_status.started()
+            while True:
+                await anyio.sleep(self.sync_s)
+                await self._sync_logged()
+
+    async def _sync_logged(self) -> None:
+        try:
+            await self.sync()
+        except Exception as e:  # noqa: BLE001 - the next sync retries; the last tree stays
+            warn("queue sync failed", error=repr(e)[:300])
+
+    async def sync(self) -> None:
+        """Read the Queues and namespaces; write what changed to ``phx-queues``."""
+        specs: list[QueueSpec] = []
+        for obj in await self.cluster.list_queues():
+            try:
+                specs.append(queue_from_object(obj))
+            except QueueObjectError as e:
+                name = str((obj.get("metadata") or {}).get("name"))[:64]
+                if name not in self._told:
+                    self._told.add(name)
+                    warn("queue object ignored", queue=name, error=str(e))
+        problems = tree_problems(specs)
+        specs = [s if s.problem or s.name not in problems else _with_problem(s, problems[s.name]) for s in specs]
+        self.tree = QueueTree.of(specs)
+        self.declared = {s.name for s in specs}
+        self.namespaces = await self.cluster.list_namespaces()
+        kv = await self.bus.kv(S.KV_QUEUES)
+        wanted = {queue_key(s.name): encoder.encode(s) for s in specs}
+        for key, raw in wanted.items():
+            if self._written.get(key) != raw:
+                await kv.put(key, raw)
+                self._written[key] = raw
+                log("queue written", queue=key, spec=raw.decode()[:300])
+        for key in set(await kv.keys()) - set(wanted):
+            await kv.delete(key)
+            self._written.pop(key, None)
+
+    def resolve(self, pod: Pod) -> tuple[str, str]:
+        """(the pod's queue, why it may not be in it — "" when it may)."""
+        ns_labels = self.namespaces.get(pod.namespace, {})
+        queue = pod.labels.get(QUEUE_LABEL) or ns_labels.get(QUEUE_LABEL) or DEFAULT_QUEUE
+        problem = self.tree.problem(queue)
+        if problem:
+            return queue, problem
+        spec = self.tree.specs[queue]
+        if spec.namespace_selector is not None and not spec.namespace_selector.matches(ns_labels):
+            return queue, (f"queue {queue} does not admit pods of namespace {pod.namespace} (its "
+                           "spec.namespaceSelector does not select the namespace's labels)")
+        return queue, ""
+
+    # -- status ----------------------------------------------------------------------------------
+    def usage_of(self, queue: str) -> QueueUsage:
+        entry = self.usage.get(usage_key(queue))
+        return entry.value if entry is not None else QueueUsage(queue=queue)
+
+    def below_quota(self, queue: str) -> bool:
+        spec = self.tree.get(queue)
+        return spec is not None and self.usage_of(queue).allocated < spec.quota
+
+    def capacity(self) -> int:
+        """The enabled nodes' GPUs, in queue units."""
+        return sum(len(e.value.topology.gpus) for e in self.topology if e.value.enabled) * GPU_UNITS
+
+    def report(self, states: list[GangState]) -> dict[str, dict]:
+        """Each queue's status: allocated, borrowed, pending gangs and GPUs, fair share (GPUs)."""
+        pending_gangs: dict[str, int] = defaultdict(int)
+        pending_units: dict[str, int] = defaultdict(int)
+        for s in states:
+            if s.phase in PENDING and s.members:
+                q = next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
+                bound = set(s.bound) | {r.pod for r in s.running}
+                for a in self.tree.chain(q):
+                    pending_gangs[a] += 1
+                    pending_units[a] += sum(units_of_member(m) for m in s.members if m.pod not in bound)
+        usage = {q: self.usage_of(q) for q in self.tree.specs}
+        demand = {q: usage[q].allocated - sum(usage[c].allocated for c in self.tree.children.get(q, ()) if c in usage)
+                  for q in self.tree.specs}
+        for q, units in pending_units.items():
+            if not self.tree.children.get(q):
+                demand[q] = demand.get(q, 0) + units
+        shares = fair_shares(self.tree, demand, self.capacity())
+        out = {}
+        for q, spec in self.tree.specs.items():
+            allocated = usage[q].allocated
+            out[q] = {"allocated": round(gpus(allocated), 3), "borrowed": round(gpus(max(0, allocated - spec.quota)), 3),
+                      "pendingGangs": pending_gangs.get(q, 0), "pendingGPUs": round(gpus(pending_units.get(q, 0)), 3),
+                      "fairShare": round(gpus(shares.get(q, 0)), 3), "quota": round(gpus(spec.quota), 3),
+                      "limit": None if spec.limit is None else round(gpus(spec.limit), 3),
+                      "parent": spec.parent, "problem": spec.problem}
+            metrics.QUEUE_ALLOCATED.set(gpus(allocated), queue=q)
+            metrics.QUEUE_QUOTA.set(gpus(spec.quota), queue=q)
+            metrics.QUEUE_BORROWED.set(gpus(max(0, allocated - spec.quota)), queue=q)
+            metrics.QUEUE_PENDING_GPUS.set(gpus(pending_units.get(q, 0)), queue=q)
+            metrics.QUEUE_FAIR_SHARE.set(gpus(shares.get(q, 0)), queue=q)
+        return out
+
+    async def write_status(self, states: list[GangState]) -> None:
+        """Set each declared Queue's status (the implicit ``default`` has no object)."""
+        declared = self.declared
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for q, r in self.report(states).items():
+            if q not in declared:
+                continue
+            valid = {"type": "Valid", "status": "False" if r["problem"] else "True",
+                     "reason": "Invalid" if r["problem"] else "Valid", "message": r["problem"] or "the queue is usable",
+                     "lastTransitionTime": now}
+            status = {k: r[k] for k in ("allocated", "borrowed", "pendingGangs", "pendingGPUs", "fairShare")}
+            try:
+                await self.cluster.update_queue_status(q, {**status, "conditions": [valid]})
+            except Exception as e:  # noqa: BLE001 - status is advisory; the next pass writes it again
+                warn("queue status not written", queue=q, error=repr(e)[:200])
+
+
+def _with_problem(spec: QueueSpec, problem: str) -> QueueSpec:
+    import msgspec
+
+    return msgspec.structs.replace(spec, problem=problem)

@@ -1,0 +1,199 @@
+"""Queues in placement: the limit check of a decision, the usage records its commit writes
+beside the reservations, the order of a cycle, and the nodes kept for queues below their
+quota (docs/queues.md).
+
+Reads only the cache: the ``phx-queues`` mirror (``QueueSpec``), the queues' usage and the
+node ledgers (assumed commits included), the gang records. Pure but for that read; called by
+``service.Placement``.
+
+* **Charges.** A gang's charge to a queue is, per attempt, the units of its reservations that
+  name the queue (``Allocation.queues``). After any change to a gang's reservations (a
+  decision, a release, an adoption) the gang's charges to every queue it touches are
+  recomputed from the ledgers the same commit writes (``usage_writes``), so a queue's usage is
+  always what the ledger says, committed in the same atomic batch on the revisions read.
+* **Room.** A decision whose units would push the gang's queue or an ancestor past its limit
+  is refused with the queue's numbers (``engine.queues.over_limit``).
+* **Order.** A cycle takes the waiting requests of the queue furthest below its fair share
+  first (``rank``), then by priority, then arrival; fair shares are recomputed at most every
+  ``ORDER_EVERY_S``.
+* **Quota first.** A gang that would borrow (its queue above its quota after it) is not placed
+  while a waiting gang of a queue below its quota (outside its own line of the tree) would fit
+  the cluster as it is now: GPUs that free go to the queue that is owed them. gang-coordinator
+  retries waiting gangs as soon as GPUs are released, queues below their quota first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from phalanx_engine.queues import QueueTree, fair_shares, over_limit
+from phalanx_engine.queues import rank as queue_rank
+from phalanx_placement.cache import ClusterCache
+from phalanx_proto.events import MemberSpec
+from phalanx_proto.queues import (
+    DEFAULT_QUEUE,
+    GPU_UNITS,
+    QueueUsage,
+    charge_key,
+    units_of_assignment,
+    units_of_member,
+    usage_key,
+)
+from phalanx_proto.state import Allocation, GangState, NodeLedger
+
+ORDER_EVERY_S = 0.5
+WAITING = ("waiting", "backoff", "placing")
+
+
+def queue_of(members: Iterable[MemberSpec]) -> str:
+    """The queue a gang's members name (gang-coordinator admits a gang only when they agree)."""
+    return next((m.queue for m in members if m.queue), DEFAULT_QUEUE)
+
+
+class PlacementQueues:
+    def __init__(self, cache: ClusterCache, clock=time.monotonic) -> None:
+        self.cache = cache
+        self.clock = clock
+        self._tree: QueueTree | None = None
+        self._tree_at = -1
+        self._ranks: dict[str, float] = {}
+        self._ranked_at = float("-inf")
+        self.shares: dict[str, int] = {}
+
+    def tree(self) -> QueueTree:
+        """The queue tree as ``phx-queues`` holds it (rebuilt when the mirror moved)."""
+        if self._tree is None or self._tree_at != self.cache.queues.revision:
+            self._tree = QueueTree.of(e.value for e in self.cache.queues)
+            self._tree_at = self.cache.queues.revision
+        return self._tree
+
+    def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
+        return {q: self.cache.usage_of(q) for q in queues}
+
+    # -- a decision ------------------------------------------------------------------------------
+    def refusal(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str]) -> str:
+        """Why the gang may not be placed now for its queue ("" when it may): its queue does
+        not exist or is invalid, or its units would pass a limit on the queue's chain.
+        ``keep``: allocation keys of the gang that stay (its running members)."""
+        tree = self.tree()
+        queue = queue_of(members)
+        problem = tree.problem(queue)
+        if problem:
+            return problem
+        chain = tree.chain(queue)
+        units = sum(units_of_member(m) for m in members)
+        return over_limit(tree, queue, self.usage(chain), units, self._replaced(gang_id, keep))
+
+    def _replaced(self, gang_id: str, keep: frozenset[str]) -> dict[str, int]:
+        """Units per queue of the gang's reservations a new decision replaces (all but ``keep``)."""
+        out: dict[str, int] = defaultdict(int)
+        for alloc in self._allocations(gang_id, {}):
+            key, a = alloc
+            if key not in keep:
+                for q in a.queues:
+                    out[q] += units_of_assignment(a.assignment)
+        return out
+
+    def borrowing(self, members: tuple[MemberSpec, ...], gang_id: str, keep: frozenset[str]) -> bool:
+        """Would placing the gang put its queue above its quota?"""
+        tree = self.tree()
+        queue = queue_of(members)
+        spec = tree.get(queue)
+        if spec is None:
+            return False
+        units = sum(units_of_member(m) for m in members)
+        held = self.cache.usage_of(queue).allocated - self._replaced(gang_id, keep).get(queue, 0)
+        return held + units > spec.quota
+
+    def begin_cycle(self) -> None:
+        """Note, once per cycle, the waiting gangs of queues below their quota (``owed_now``);
+        nothing when no queue has a quota."""
+        tree = self.tree()
+        self._owed: list[tuple[str, tuple[MemberSpec, ...]]] = []
+        self._fits: dict[int, bool] = {}
+        if not any(spec.quota for spec in tree.specs.values()):
+            return
+        for entry in self.cache.gangs:
+            s: GangState = entry.value
+            if s.phase not in ("waiting", "backoff") or s.attempt < 1 or not s.fits_empty_cluster or not s.members:
+                continue
+            q = queue_of(s.members)
+            spec = tree.get(q)
+            if spec is not None and self.cache.usage_of(q).allocated < spec.quota:
+                self._owed.append((q, s.members))
+
+    def owed_now(self, queue: str, fits) -> tuple[str, ...]:
+        """The queues below their quota, outside ``queue``'s line, with a waiting gang that
+        ``fits(members)`` the cluster now (each gang decided at most once a cycle)."""
+        tree = self.tree()
+        line = set(tree.chain(queue))
+        owed: set[str] = set()
+        for i, (q, members) in enumerate(getattr(self, "_owed", ())):
+            if q in owed or line & set(tree.chain(q)):
+                continue
+            if i not in self._fits:
+                self._fits[i] = fits(members)
+            if self._fits[i]:
+                owed.add(q)
+        return tuple(sorted(owed))
+
+    # -- the usage a commit writes ---------------------------------------------------------------
+    def chain(self, members: tuple[MemberSpec, ...]) -> tuple[str, ...]:
+        return self.tree().chain(queue_of(members))
+
+    def _allocations(self, gang_id: str, writes: Mapping[str, NodeLedger]) -> list[tuple[str, Allocation]]:
+        """The gang's reservations as they will be once ``writes`` commit."""
+        out = []
+        for key in set(self.cache.gang_keys(gang_id)) | set(writes):
+            ledger = writes.get(key) or self.cache.ledger_of(key)
+            if ledger is not None:
+                out += [(k, a) for k, a in ledger.allocations.items() if a.gang_id == gang_id]
+        return out
+
+    def usage_writes(self, gang_id: str, writes: Mapping[str, NodeLedger]) -> dict[str, QueueUsage]:
+        """The usage records that change when ``writes`` commit: for every queue the gang's
+        reservations name before or after, its charges recomputed from those reservations."""
+        before = self._allocations(gang_id, {})
+        after = self._allocations(gang_id, writes)
+        charged: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for _, a in after:
+            for q in a.queues:
+                charged[q][charge_key(gang_id, a.attempt)] += units_of_assignment(a.assignment)
+        touched = {q for _, a in (*before, *after) for q in a.queues}
+        prefix = f"{gang_id}#"
+        out = {}
+        for q in touched:
+            current = self.cache.usage_of(q)
+            charges = {k: v for k, v in current.charges.items() if not k.startswith(prefix)}
+            charges.update({k: v for k, v in charged.get(q, {}).items() if v})
+            if charges != current.charges:
+                out[usage_key(q)] = QueueUsage(queue=q, charges=dict(sorted(charges.items())))
+        return out
+
+    # -- the order of a cycle --------------------------------------------------------------------
+    def ranks(self) -> dict[str, float]:
+        """Each queue's distance from its fair share (lower goes first), at most every
+        ``ORDER_EVERY_S`` recomputed from the usage, the waiting gangs and the cluster's GPUs."""
+        now = self.clock()
+        if now - self._ranked_at < ORDER_EVERY_S:
+            return self._ranks
+        self._ranked_at = now
+        tree = self.tree()
+        usage = self.usage(tree.specs)
+        demand: dict[str, int] = defaultdict(int)
+        for q in tree.specs:  # what each queue's own gangs hold (a usage record counts the subtree)
+            demand[q] += usage[q].allocated - sum(usage[c].allocated for c in tree.children.get(q, ()) if c in usage)
+        for entry in self.cache.gangs:
+            s: GangState = entry.value
+            if s.phase in WAITING and s.members:
+                demand[queue_of(s.members)] += sum(units_of_member(m) for m in s.members)
+        capacity = sum(len(v.topology.gpus) for v in self.cache.views.values() if v.enabled and not v.invalid) * GPU_UNITS
+        self.shares = fair_shares(tree, demand, capacity)
+        self._ranks = {q: queue_rank(q, usage, self.shares) for q in tree.specs}
+        return self._ranks
+
+    def rank_of(self, members: tuple[MemberSpec, ...]) -> float:
+        return self.ranks().get(queue_of(members), float("inf"))
+
