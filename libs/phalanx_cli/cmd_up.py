@@ -30,6 +30,7 @@ import anyio
 from phalanx_cli.cmd_run import CONNECT_BUDGET_S, BusUnreachable, connect_bus
 from phalanx_cli.terminal import safe
 from phalanx_input import Invalid
+from phalanx_runtime.inputs import load_queues
 from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
 from phalanx_runtime.synthetic import synthetic_cluster
 
@@ -48,6 +49,8 @@ def register(sub) -> None:
                        help="simulate N identical nodes with network tiers instead, e.g. 1000x8v100 (shapes: "
                             "8v100, 8a100, 8a100mig, 8h100); above 16 nodes one node-fleet process serves them")
     up.add_argument("--workload", help="pods to submit once the services are ready (multi-document YAML)")
+    up.add_argument("--queues", help="Queue and Namespace objects to create first (docs/queues.md; multi-document "
+                                     "YAML, checked as `phalanx validate` does)")
     up.add_argument("--nats", help="use this NATS server instead of starting one")
     up.set_defaults(func=lambda a: _run(a, demo=False))
 
@@ -72,6 +75,7 @@ def _run(args: argparse.Namespace, *, demo: bool) -> int:
         cluster = (synthetic_cluster(args.synthetic) if getattr(args, "synthetic", None)
                    else ClusterFile.load(args.cluster_file))
         pods = load_workload(args.workload) if args.workload else []
+        queues = load_queues(args.queues) if getattr(args, "queues", None) else ([], [])
     except OSError as e:  # phalanx_input.Unreadable included
         print(safe(f"phalanx: cannot read: {e.strerror or e}"), file=sys.stderr)
         return 2
@@ -84,7 +88,7 @@ def _run(args: argparse.Namespace, *, demo: bool) -> int:
     stack = Stack(cluster, nats_url=args.nats)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return anyio.run(_drive, stack, pods, args, demo)
+        return anyio.run(_drive, stack, pods, args, demo, queues)
     except StackError as e:
         print(f"phalanx: {e}", file=sys.stderr)
         return 1
@@ -104,12 +108,30 @@ def _run(args: argparse.Namespace, *, demo: bool) -> int:
                 signal.signal(s, previous if s == signal.SIGTERM else handler)
 
 
+async def _apply_queues(bus, sim, queues, namespaces) -> None:
+    """Create the Queues and Namespaces, and wait (10 s at most) until gang-coordinator has
+    read every Queue, so the workload's pods find them."""
+    from phalanx_proto import subjects as S
+    from phalanx_proto.queues import queue_key
+
+    for name, labels in namespaces:
+        await sim.apply_namespace(name, labels)
+    for q in queues:
+        await sim.apply_queue(q)
+    kv = await bus.kv(S.KV_QUEUES)
+    wanted = {queue_key(q["metadata"]["name"]) for q in queues}
+    with anyio.move_on_after(10):
+        while not wanted <= set(await kv.keys()):
+            await anyio.sleep(0.2)
+    await anyio.sleep(2.5)  # and its namespaces (read on the same period)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM does what Ctrl-C does: unwind ``_drive`` and stop the stack."""
     raise KeyboardInterrupt
 
 
-async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> int:
+async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, queues=([], [])) -> int:
     from phalanx_bus import BusAuth
     from phalanx_kube.sim import SimCluster
     from phalanx_proto import subjects as S
@@ -143,6 +165,9 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool) -> 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_print_decisions, bus, quiet)
             tg.start_soon(_supervise_nats, stack)
+            if queues[0] or queues[1]:
+                await _apply_queues(bus, sim, *queues)
+                _progress(quiet, f"created {len(queues[0])} queues and {len(queues[1])} namespaces")
             for pod in pods:
                 await sim.apply_pod(pod)
             if pods:

@@ -3,7 +3,9 @@
 Reads YAML files (multi-document; ``-`` is stdin) holding Pods, Jobs, JobSets
 (``spec.replicatedJobs[*].template.spec.template``), Kubeflow MPIJobs, Deployment-like
 objects or bare ``spec:`` snippets, and checks every pod template with
-``phalanx_engine.requests`` - the same code gang-coordinator runs. ``--gpu-model`` adds the
+``phalanx_engine.requests`` - the same code gang-coordinator runs. Queue objects
+(``scheduling.phalanx.io/v1alpha1``) are checked against the CRD's rules and, together, as a
+tree (a parent among the files, no cycle, children's quotas within the parent's). ``--gpu-model`` adds the
 node-side checks for one GPU model (MIG support, profiles, AMD whole-GPU only).
 
 Prints one ``OK`` line per pod template on stdout; invalid templates go to stderr with one
@@ -24,9 +26,12 @@ from typing import IO, Any
 import msgspec
 
 from phalanx_cli.terminal import safe
+from phalanx_engine.queues import tree_problems
+from phalanx_engine.queuespec import QueueObjectError, queue_from_object
 from phalanx_engine.requests import check_gpu_model
 from phalanx_engine.workloads import check_object, gang_check
 from phalanx_input import Unreadable, yaml_file
+from phalanx_proto.queues import shown
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +50,7 @@ def run(args: argparse.Namespace, *, stdin: IO[Any] | None = None, out: IO[str] 
     out = out or sys.stdout
     err = err or sys.stderr
     code = 0
+    queues: dict = {}
     for path in args.files:
         try:
             docs = [(n, doc) for n, doc in enumerate(yaml_file(path, stdin=stdin), start=1) if doc is not None]
@@ -57,7 +63,41 @@ def run(args: argparse.Namespace, *, stdin: IO[Any] | None = None, out: IO[str] 
             code = 2
             continue
         for n, doc in docs:
-            code = max(code, _check(f"{path}#{n}", doc, args, out, err))
+            if isinstance(doc, dict) and doc.get("kind") == "Queue":
+                code = max(code, _queue(f"{path}#{n}", doc, queues, out, err))
+            else:
+                code = max(code, _check(f"{path}#{n}", doc, args, out, err))
+    return max(code, _tree(queues, out, err))
+
+
+def _queue(where: str, doc: dict, queues: dict, out: IO[str], err: IO[str]) -> int:
+    """One Queue object against the CRD's rules; kept for the tree check."""
+    try:
+        spec = queue_from_object(doc)
+    except QueueObjectError as e:
+        print(safe(f"{where}: INVALID Queue: {e}"), file=err)
+        return 1
+    if spec.problem:
+        print(safe(f"{where}: INVALID Queue/{spec.name}: {spec.problem}"), file=err)
+        return 1
+    queues[spec.name] = (where, spec)
+    limit = "no limit" if spec.limit is None else f"limit {shown(spec.limit)}"
+    print(safe(f"{where}: OK Queue/{spec.name}: quota {shown(spec.quota)} GPUs, {limit}, overQuotaWeight "
+               f"{spec.over_quota_weight:g}" + (f", parent {spec.parent}" if spec.parent else "")), file=out)
+    return 0
+
+
+def _tree(queues: dict, out: IO[str], err: IO[str]) -> int:
+    """The Queues of all the files as one tree (a parent outside the files is only warned of)."""
+    code = 0
+    for name, problem in sorted(tree_problems(spec for _, spec in queues.values()).items()):
+        where, spec = queues[name]
+        if problem.startswith("spec.parent: queue") and "does not exist" in problem:
+            print(safe(f"  warning: Queue/{name}: parent {spec.parent!r} is not among these files: it must exist "
+                       "in the cluster"), file=out)
+            continue
+        code = 1
+        print(safe(f"{where}: INVALID Queue/{name}: {problem}"), file=err)
     return code
 
 

@@ -22,6 +22,7 @@ COMMANDS = [
     "phalanx_cli.cmd_topology",
     "phalanx_cli.cmd_explain",
     "phalanx_cli.cmd_doctor",
+    "phalanx_cli.cmd_queues",
     "phalanx_cli.cmd_events",
     "phalanx_cli.cmd_asyncapi",
     "phalanx_cli.cmd_bus",

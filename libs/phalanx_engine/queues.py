@@ -21,14 +21,16 @@ from dataclasses import dataclass, field
 
 from phalanx_proto.queues import (
     DEFAULT_QUEUE,
+    GPU_UNITS,
     MAX_DEPTH,
     QueueSpec,
     QueueUsage,
     charge_key,
     shown,
     units_of_assignment,
+    units_of_member,
 )
-from phalanx_proto.state import NodeLedger
+from phalanx_proto.state import GangState, NodeLedger
 
 
 @dataclass(frozen=True)
@@ -216,3 +218,43 @@ def usage_drift(ledgers: Iterable[NodeLedger], usage: Mapping[str, QueueUsage]) 
         if want != have:
             out[q] = QueueUsage(queue=q, charges=want)
     return out
+
+
+PENDING = ("waiting", "backoff", "placing", "preparing", "binding", "rolling_back")
+"""Phases of a gang that has not (all) started: what its queue waits for."""
+
+
+def queue_report(tree: QueueTree, usage: Mapping[str, QueueUsage], gangs: Iterable[GangState],
+                 capacity: int) -> dict[str, dict]:
+    """Each queue's status in GPUs: allocated (its subtree's included), borrowed (beyond its
+    quota), pending gangs and GPUs (what its waiting gangs, and its subtree's, ask for), fair
+    share of ``capacity`` units; with quota, limit, parent and problem. What gang-coordinator
+    writes to each Queue's status and ``phalanx queues`` prints."""
+    pending_gangs: dict[str, int] = defaultdict(int)
+    pending_units: dict[str, int] = defaultdict(int)
+    own_pending: dict[str, int] = defaultdict(int)
+    for s in gangs:
+        if s.phase not in PENDING or not s.members:
+            continue
+        q = next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
+        started = set(s.bound) | {r.pod for r in s.running}
+        units = sum(units_of_member(m) for m in s.members if m.pod not in started)
+        own_pending[q] += units
+        for a in tree.chain(q):
+            pending_gangs[a] += 1
+            pending_units[a] += units
+    held = {q: usage[q].allocated if q in usage else 0 for q in tree.specs}
+    own = {q: held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ())) for q in tree.specs}
+    shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity)
+    out = {}
+    for q, spec in tree.specs.items():
+        out[q] = {"parent": spec.parent, "quota": _gpus(spec.quota),
+                  "limit": None if spec.limit is None else _gpus(spec.limit), "allocated": _gpus(held[q]),
+                  "borrowed": _gpus(max(0, held[q] - spec.quota)), "pendingGangs": pending_gangs.get(q, 0),
+                  "pendingGPUs": _gpus(pending_units.get(q, 0)), "fairShare": _gpus(shares.get(q, 0)),
+                  "problem": spec.problem}
+    return out
+
+
+def _gpus(units: int) -> float:
+    return round(units / GPU_UNITS, 3)

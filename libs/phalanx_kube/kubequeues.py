@@ -40,4 +40,5 @@ class KubeQueues:
     async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
         custom = client.CustomObjectsApi(self._client)  # type: ignore[attr-defined]
         await self._call(f"update queue {name} status", custom.patch_cluster_custom_object_status,  # type: ignore[attr-defined]
-                         GROUP, VERSION, PLURAL, name, {"status": status}, ok=(404,))
+                         GROUP, VERSION, PLURAL, name, {"status": status},
+                         _content_type="application/merge-patch+json", ok=(404,))

@@ -169,6 +169,42 @@ def load_workload(path: str | os.PathLike) -> list[dict[str, Any]]:
     return pods
 
 
+def load_queues(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, str]]]]:
+    """The Queue objects and the Namespaces (name, labels) of a YAML file for the simulated
+    cluster, each Queue checked as the API server would (``Invalid`` naming the document and
+    field; the tree is gang-coordinator's to check, as in a real cluster)."""
+    from phalanx_engine.queuespec import QueueObjectError, queue_from_object
+
+    try:
+        docs = yaml_file(path)
+    except Unreadable as e:
+        raise Unreadable(f"queues file {path}: {e}") from None
+    queues, namespaces = [], []
+    for n, doc in enumerate(docs, start=1):
+        where = f"{path}#{n}"
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise Invalid(where, f"not a Kubernetes object (a {type(doc).__name__}, not a mapping)")
+        if doc.get("kind") == "Queue":
+            try:
+                spec = queue_from_object(doc)
+            except QueueObjectError as e:
+                raise Invalid(where, str(e)) from None
+            if spec.problem:
+                raise Invalid(f"{where}: Queue/{spec.name}", spec.problem)
+            queues.append(doc)
+        elif doc.get("kind") == "Namespace":
+            meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+            if not names.dns_label(meta.get("name")):
+                raise Invalid(f"{where}: metadata.name", "a namespace's name is a DNS label")
+            labels = meta.get("labels") or {}
+            if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+                raise Invalid(f"{where}: metadata.labels", "a map of label to value")
+            namespaces.append((meta["name"], dict(labels)))
+    return queues, namespaces
+
+
 def _pod(obj: dict[str, Any], where: str) -> dict[str, Any]:
     meta, spec = obj.get("metadata"), obj.get("spec")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):

@@ -20,12 +20,11 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import anyio
 
 from phalanx_bus import Bus, KvMirror
-from phalanx_engine.queues import QueueTree, fair_shares, tree_problems
+from phalanx_engine.queues import QueueTree, queue_report, tree_problems
 from phalanx_engine.queuespec import QueueObjectError, queue_from_object
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
@@ -36,15 +35,11 @@ from phalanx_proto.queues import (
     QUEUE_LABEL,
     QueueSpec,
     QueueUsage,
-    gpus,
     queue_key,
-    units_of_member,
     usage_key,
 )
 from phalanx_proto.state import GangState
 from phalanx_telemetry import log, metrics, warn
-
-PENDING = ("waiting", "backoff", "placing", "preparing", "binding", "rolling_back")
 
 
 class QueueBook:
@@ -131,36 +126,14 @@ class QueueBook:
         return sum(len(e.value.topology.gpus) for e in self.topology if e.value.enabled) * GPU_UNITS
 
     def report(self, states: list[GangState]) -> dict[str, dict]:
-        """Each queue's status: allocated, borrowed, pending gangs and GPUs, fair share (GPUs)."""
-        pending_gangs: dict[str, int] = defaultdict(int)
-        pending_units: dict[str, int] = defaultdict(int)
-        for s in states:
-            if s.phase in PENDING and s.members:
-                q = next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
-                bound = set(s.bound) | {r.pod for r in s.running}
-                for a in self.tree.chain(q):
-                    pending_gangs[a] += 1
-                    pending_units[a] += sum(units_of_member(m) for m in s.members if m.pod not in bound)
-        usage = {q: self.usage_of(q) for q in self.tree.specs}
-        demand = {q: usage[q].allocated - sum(usage[c].allocated for c in self.tree.children.get(q, ()) if c in usage)
-                  for q in self.tree.specs}
-        for q, units in pending_units.items():
-            if not self.tree.children.get(q):
-                demand[q] = demand.get(q, 0) + units
-        shares = fair_shares(self.tree, demand, self.capacity())
-        out = {}
-        for q, spec in self.tree.specs.items():
-            allocated = usage[q].allocated
-            out[q] = {"allocated": round(gpus(allocated), 3), "borrowed": round(gpus(max(0, allocated - spec.quota)), 3),
-                      "pendingGangs": pending_gangs.get(q, 0), "pendingGPUs": round(gpus(pending_units.get(q, 0)), 3),
-                      "fairShare": round(gpus(shares.get(q, 0)), 3), "quota": round(gpus(spec.quota), 3),
-                      "limit": None if spec.limit is None else round(gpus(spec.limit), 3),
-                      "parent": spec.parent, "problem": spec.problem}
-            metrics.QUEUE_ALLOCATED.set(gpus(allocated), queue=q)
-            metrics.QUEUE_QUOTA.set(gpus(spec.quota), queue=q)
-            metrics.QUEUE_BORROWED.set(gpus(max(0, allocated - spec.quota)), queue=q)
-            metrics.QUEUE_PENDING_GPUS.set(gpus(pending_units.get(q, 0)), queue=q)
-            metrics.QUEUE_FAIR_SHARE.set(gpus(shares.get(q, 0)), queue=q)
+        """Each queue's status (``phalanx_engine.queues.queue_report``), and its metrics."""
+        out = queue_report(self.tree, {q: self.usage_of(q) for q in self.tree.specs}, states, self.capacity())
+        for q, r in out.items():
+            metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)
+            metrics.QUEUE_QUOTA.set(r["quota"], queue=q)
+            metrics.QUEUE_BORROWED.set(r["borrowed"], queue=q)
+            metrics.QUEUE_PENDING_GPUS.set(r["pendingGPUs"], queue=q)
+            metrics.QUEUE_FAIR_SHARE.set(r["fairShare"], queue=q)
         return out
 
     async def write_status(self, states: list[GangState]) -> None:

@@ -35,6 +35,8 @@ class Backend:
     namespace: str
     _create_pod: Any
     _create_node: Any
+    _create_queue: Any = None
+    _create_namespace: Any = None
 
     async def pod(self, name: str, *, scheduler: str = "phalanx", annotations: dict | None = None,
                   labels: dict | None = None, node: str = "") -> PodRef:
@@ -53,6 +55,13 @@ class Backend:
     def ref(self, name: str, uid: str = "") -> PodRef:
         return PodRef(namespace=self.namespace, name=name, uid=uid)
 
+    async def queue(self, name: str, spec: dict) -> None:
+        await self._create_queue({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
+                                  "metadata": {"name": name}, "spec": spec})
+
+    async def labelled_namespace(self, name: str, labels: dict[str, str]) -> None:
+        await self._create_namespace(name, labels)
+
 
 @pytest.fixture(params=["sim", "kube"])
 async def backend(request) -> Any:
@@ -68,7 +77,7 @@ async def backend(request) -> Any:
             return (await sim.apply_pod(obj)).uid
 
         try:
-            yield Backend("sim", sim, ns, create_pod, sim.apply_node)
+            yield Backend("sim", sim, ns, create_pod, sim.apply_node, sim.apply_queue, sim.apply_namespace)
         finally:
             await bus.close()
     else:
@@ -84,9 +93,16 @@ async def backend(request) -> Any:
         async def create_node(obj):
             await anyio.to_thread.run_sync(api.create_node, obj)
 
+        async def create_queue(obj):
+            await anyio.to_thread.run_sync(lambda: api.post("/apis/scheduling.phalanx.io/v1alpha1/queues", obj))
+
+        async def create_namespace(name, labels):
+            await anyio.to_thread.run_sync(lambda: api.post("/api/v1/namespaces", {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}))
+
         cluster = await KubeCluster.open(str(plane.kubeconfig))
         try:
-            yield Backend("kube", cluster, ns, create_pod, create_node)
+            yield Backend("kube", cluster, ns, create_pod, create_node, create_queue, create_namespace)
         finally:
             # Leave no pod with our scheduler names behind: the e2e tier's gang-coordinator
             # watches the same API server and would schedule them.
@@ -366,3 +382,29 @@ async def test_a_second_create_or_a_stale_update_or_delete_raises_lease_conflict
     await c.delete_lease(ns, "fence-n2")
     with pytest.raises(LeaseConflict):
         await c.update_lease(second)  # gone
+
+
+# -- queues ----------------------------------------------------------------------------------------
+async def test_queues_are_listed_as_stored_and_their_status_is_written(backend):
+    name = unique("queue")
+    spec = {"parent": "research", "resources": {"nvidia.com/gpu": {"quota": 8, "limit": 16}},
+            "namespaceSelector": {"matchLabels": {"team": "a"}}}
+    await backend.queue(name, spec)
+    (got,) = [q for q in await backend.cluster.list_queues() if q["metadata"]["name"] == name]
+    assert got["spec"]["resources"]["nvidia.com/gpu"] == {"quota": 8, "limit": 16, "overQuotaWeight": 1} \
+        if backend.name == "kube" else {"quota": 8, "limit": 16}
+    assert (got["spec"]["parent"], got["spec"]["namespaceSelector"]) == (spec["parent"], spec["namespaceSelector"])
+    status = {"allocated": 4, "borrowed": 0, "pendingGangs": 1, "pendingGPUs": 2, "fairShare": 8,
+              "conditions": [{"type": "Valid", "status": "True", "reason": "Valid", "message": "the queue is usable"}]}
+    await backend.cluster.update_queue_status(name, status)
+    (after,) = [q for q in await backend.cluster.list_queues() if q["metadata"]["name"] == name]
+    assert after["status"] == status
+    await backend.cluster.update_queue_status(unique("gone"), status)  # a Queue that is gone: no error
+
+
+async def test_namespaces_are_listed_with_their_labels(backend):
+    name = unique("ns")
+    await backend.labelled_namespace(name, {"scheduling.phalanx.io/queue": "team-a", "team": "a"})
+    labels = (await backend.cluster.list_namespaces())[name]
+    assert {k: v for k, v in labels.items() if not k.startswith("kubernetes.io/")} == {
+        "scheduling.phalanx.io/queue": "team-a", "team": "a"}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeharness import REPO, ControlPlane, HarnessError, KubeApi, _insecure_ctx, free_port
+from kubeharness import REPO, ControlPlane, HarnessError, KubeApi, _insecure_ctx, apply_crds, free_port
 
 BUILD_SH = REPO / "tools" / "controllers" / "build.sh"
 KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller", "deployment-controller",
@@ -136,30 +136,9 @@ def delete_workloads(api: KubeApi, ns: str, timeout_s: float = 90) -> None:
 
 # -- CRDs ------------------------------------------------------------------------------------------
 def install_crds(plane: ControlPlane) -> None:
-    """Apply the JobSet and MPIJob CRDs (server-side apply, idempotent) and wait until both are
-    Established."""
+    """Apply the JobSet and MPIJob CRDs and wait until both are Established."""
     d = controllers_dir() / "manifests"
-    api = plane.api
-    names = []
-    for rel in (JOBSET_CRD, MPIJOB_CRD):
-        for doc in _load_yaml(d / rel):
-            api.apply(doc)
-            names.append(doc["metadata"]["name"])
-
-    def established() -> bool:
-        for n in names:
-            crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
-            if not any(c["type"] == "Established" and c["status"] == "True"
-                       for c in (crd.get("status") or {}).get("conditions") or []):
-                return False
-        return True
-
-    deadline = time.monotonic() + 60
-    while not established():
-        if time.monotonic() > deadline:
-            raise HarnessError(f"CRDs {names} not Established after 60s:\n{plane.tail('kube-apiserver')}")
-        time.sleep(0.3)
-    api.__dict__.pop("_discovery", None)  # new API groups: rediscover
+    apply_crds(plane, [doc for rel in (JOBSET_CRD, MPIJOB_CRD) for doc in _load_yaml(d / rel)])
 
 
 # -- kube-controller-manager -----------------------------------------------------------------------

@@ -471,10 +471,43 @@ _shared: dict[str, Any] = {"plane": None, "users": 0}
 _lock = threading.Lock()
 
 
+PHALANX_CRDS = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
+
+
+def apply_crds(plane: ControlPlane, docs: list[dict], timeout_s: float = 60.0) -> None:
+    """Apply CRDs (server-side apply, idempotent) and wait until every one is Established."""
+    api = plane.api
+    names = []
+    for doc in docs:
+        api.apply(doc)
+        names.append(doc["metadata"]["name"])
+
+    def established() -> bool:
+        for n in names:
+            crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
+            if not any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or []):
+                return False
+        return True
+
+    deadline = time.monotonic() + timeout_s
+    while not established():
+        if time.monotonic() > deadline:
+            raise HarnessError(f"CRDs {names} not Established after {timeout_s:g}s:\n{plane.tail('kube-apiserver')}")
+        time.sleep(0.3)
+    api.__dict__.pop("_discovery", None)  # new API groups: rediscover
+
+
 def acquire() -> ControlPlane:
+    """The shared control plane, started on first use with Phalanx's own CRDs (deploy/k8s/crds)."""
+    import yaml
+
     with _lock:
         if _shared["plane"] is None:
-            _shared["plane"] = start_control_plane()
+            plane = start_control_plane()
+            apply_crds(plane, [d for f in sorted(PHALANX_CRDS.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+                               if d])
+            _shared["plane"] = plane
         _shared["users"] += 1
         return _shared["plane"]
 

@@ -8,7 +8,10 @@ ACCESS = {
                          ("delete", "pods", "", True), ("patch", "pods", "status", True),
                          ("create", "events", "", True), ("patch", "events", "", True),
                          ("create", "pods", "binding", False), ("patch", "pods", "", False),
-                         ("create", "pods", "", False), ("list", "nodes", "", False)],
+                         ("create", "pods", "", False), ("list", "nodes", "", False),
+                         ("list", "namespaces", "", True), ("delete", "namespaces", "", False),
+                         ("list", "queues", "", True), ("patch", "queues", "status", True),
+                         ("patch", "queues", "", False), ("delete", "queues", "", False)],
     "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
                ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
                ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", False),
@@ -22,7 +25,9 @@ ACCESS = {
     "placement": [("get", "pods", "", False), ("list", "nodes", "", False), ("create", "events", "", False)],
     "mig-manager": [("get", "pods", "", False), ("get", "nodes", "", False), ("create", "events", "", False)],
 }
-CLUSTER_SCOPED = {"nodes"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "queues"}
+GROUPS = {"queues": "scheduling.phalanx.io"}
+"""Resources outside the core API group."""
 
 # leases (coordination.k8s.io): (service, verb, allowed in Phalanx's namespace, allowed in another)
 FENCE_ACCESS = [("binder", verb, True, False) for verb in ("get", "create", "update", "patch", "delete")] + [

@@ -10,7 +10,7 @@ import anyio
 import pytest
 import yaml
 from kubeharness import KubeApiError, fake_gpu_node, gpu_pod, unique
-from rbactable import ACCESS, CLUSTER_SCOPED, FENCE_ACCESS
+from rbactable import ACCESS, CLUSTER_SCOPED, FENCE_ACCESS, GROUPS
 
 from phalanx_kube.kube import KubeApiError as AdapterApiError
 from phalanx_kube.kube import KubeCluster
@@ -44,7 +44,8 @@ async def sa_cluster(plane, service: str) -> KubeCluster:
 @pytest.mark.parametrize("service", ACCESS)
 def test_each_service_account_is_allowed_its_verbs_and_nothing_else_checked(rbac, kube_ns, service):
     api = sa_api(rbac, service)
-    got = [(verb, res, sub, api.can_i(verb, res, subresource=sub, namespace="" if res in CLUSTER_SCOPED else kube_ns))
+    got = [(verb, res, sub, api.can_i(verb, res, subresource=sub, namespace="" if res in CLUSTER_SCOPED else kube_ns,
+                                          group=GROUPS.get(res, "")))
            for verb, res, sub, _ in ACCESS[service]]
     assert got == ACCESS[service]
 

@@ -1,0 +1,102 @@
+"""Queues on the real API server: Queue objects from deploy/k8s/crds/ (the harness installs the
+CRD), single pods and JobSets of two teams on four kwok nodes of 4 GPUs (16 GPUs), the whole
+stack on the real API with the real JobSet and Job controllers.
+
+team-a: quota 8, limit 8 (its JobSets); team-b: quota 8, no limit (its single pods). The
+story of one test, in order: team-b borrows the idle half of the cluster; a team-a JobSet
+arrives after another team-b pod, and when one of team-b's pods goes, team-a (below its
+quota) gets the GPUs first; then a team-a pod past its limit waits with the queue named in
+its events and PodScheduled condition; the API server refuses a Queue whose quota exceeds its
+limit, and the Queues' status shows the allocation.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubecontrollers import wait_for
+from kubeharness import KubeApi, gpu_pod, unique
+from test_controllers_e2e import JOBSET, bound, dump, jobset, live, stack4  # noqa: F401
+from test_seed_examples import condition
+
+from phalanx_proto.queues import QUEUE_LABEL
+
+pytestmark = pytest.mark.e2e
+
+QUEUES = "/apis/scheduling.phalanx.io/v1alpha1/queues"
+
+
+def queue(name: str, quota: float, limit: float | None = None) -> dict:
+    gpu = {"quota": quota, **({"limit": limit} if limit is not None else {})}
+    return {"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
+            "spec": {"resources": {"nvidia.com/gpu": gpu}}}
+
+
+@pytest.fixture
+def teams(kube_api: KubeApi):
+    names = {"a": unique("team-a"), "b": unique("team-b")}
+    kube_api.post(QUEUES, queue(names["a"], 8, 8))
+    kube_api.post(QUEUES, queue(names["b"], 8))
+    yield names
+    for n in names.values():
+        kube_api.request("DELETE", f"{QUEUES}/{n}", ok=(404,))
+
+
+def team_pod(name: str, ns: str, gpus: int, team: str) -> dict:
+    return gpu_pod(name, ns, gpus, labels={QUEUE_LABEL: team})
+
+
+def pod_of(api: KubeApi, ns: str, name: str) -> dict:
+    return api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_two_teams_borrow_reclaim_first_and_wait_at_their_limit(stack4, kube_api, kube_ns, teams):  # noqa: F811
+    wait_for(lambda: all(n in {q["metadata"]["name"] for q in kube_api.get(QUEUES)["items"]} for n in teams.values()),
+             10, "the Queues to exist")
+    import time
+    time.sleep(3)  # gang-coordinator reads the Queues every 2 s
+    # team-b borrows the idle cluster: four pods of 4 GPUs, its quota is 8.
+    for i in range(4):
+        kube_api.create_pod(team_pod(f"b-{i}", kube_ns, 4, teams["b"]))
+    bound(kube_api, kube_ns, f"{QUEUE_LABEL}={teams['b']}", 4, stack4)
+    # Another team-b pod (it would borrow more), then a team-a JobSet (team-a is below its quota).
+    kube_api.create_pod(team_pod("b-late", kube_ns, 4, teams["b"]))
+    wait_for(lambda: (c := condition(pod_of(kube_api, kube_ns, "b-late"))) and c["status"] == "False", 60,
+             "b-late to wait")
+    js = jobset("team-a-js", kube_ns, [("workers", 1, 4)])
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"][QUEUE_LABEL] = teams["a"]
+    kube_api.post(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{kube_ns}/jobsets", js)
+    wait_for(lambda: len(live(kube_api, kube_ns, f"{JOBSET}=team-a-js")) == 4 and all(
+        (c := condition(p)) and c["status"] == "False" for p in live(kube_api, kube_ns, f"{JOBSET}=team-a-js")), 90,
+        "the JobSet's 4 pods to wait")
+    kube_api.request("DELETE", f"/api/v1/namespaces/{kube_ns}/pods/b-0", {"gracePeriodSeconds": 0})
+    placed = bound(kube_api, kube_ns, f"{JOBSET}=team-a-js", 4, stack4)
+    assert len({p["spec"]["nodeName"] for p in placed}) == 1  # the freed node
+    assert not pod_of(kube_api, kube_ns, "b-late")["spec"].get("nodeName"), "team-b took GPUs team-a was owed"
+    # team-a holds 4; 8 more would pass its limit of 8: it waits with the queue named.
+    kube_api.create_pod(team_pod("a-big", kube_ns, 8, teams["a"]))
+    expected = f"4/8 GPUs available to queue {teams['a']}: at its limit 8 (allocated 4, this gang needs 8)"
+    try:
+        wait_for(lambda: (c := condition(pod_of(kube_api, kube_ns, "a-big"))) and expected in c.get("message", ""),
+                 60, "a-big to say its queue is at its limit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{dump(stack4)}") from None
+    events = kube_api.get(f"/api/v1/namespaces/{kube_ns}/events",
+                          query={"fieldSelector": "involvedObject.name=a-big"})["items"]
+    assert any(expected in e["message"] for e in events)
+    # The Queues' status (written by the reconciler's lease holder every pass).
+    wait_for(lambda: (kube_api.get(f"{QUEUES}/{teams['a']}").get("status") or {}).get("allocated") == 4, 30,
+             "team-a's status")
+    status = kube_api.get(f"{QUEUES}/{teams['b']}")["status"]
+    assert (status["allocated"], status["borrowed"], status["pendingGangs"]) == (12, 4, 1), status
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Valid": "True"}
+
+
+@pytest.mark.parametrize(("case", "gpu", "message"), [
+    ("quota above limit", {"quota": 9, "limit": 4}, "quota must not exceed limit"),
+    ("a negative quota", {"quota": -1}, "should be greater than or equal to 0"),
+])
+def test_the_api_server_refuses_a_queue_that_breaks_the_crds_rules(kube_api, case, gpu, message):
+    with pytest.raises(Exception) as e:  # noqa: B017 - the harness raises KubeApiError with the body
+        kube_api.post(QUEUES, {"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
+                               "metadata": {"name": unique("bad")}, "spec": {"resources": {"nvidia.com/gpu": gpu}}})
+    assert "422" in str(e.value) and message in str(e.value), str(e.value)
