@@ -42,6 +42,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -166,8 +167,19 @@ class KvMirror(Generic[T]):
         await self.wait_for(await self._last_seq(), timeout_s=timeout_s)
 
     async def _last_seq(self) -> int:
-        info = await self._bus.js.stream_info(f"KV_{self.bucket}")
-        return int(info.state.last_seq or 0)
+        """The stream sequence of the bucket's last write to a key this mirror follows (the
+        whole bucket's, or the last message on the key filter's subjects)."""
+        if self._keys == ">":
+            info = await self._bus.js.stream_info(f"KV_{self.bucket}")
+            return int(info.state.last_seq or 0)
+        req = json.dumps({"last_by_subj": f"$KV.{self.bucket}.{self._keys}"}).encode()
+        msg = await self._bus.nc.request(f"$JS.API.STREAM.MSG.GET.KV_{self.bucket}", req, timeout=5.0)
+        resp = json.loads(msg.data)
+        if "error" in resp:
+            if resp["error"].get("code") == 404:
+                return 0  # no key of the filter was ever written
+            raise BusError(f"last write to {self.bucket}/{self._keys}: {resp['error']}")
+        return int(resp["message"]["seq"])
 
     def _advance(self, revision: int) -> None:
         self.revision = revision

@@ -1,5 +1,5 @@
 """``phalanx queues``: each queue's quota, limit, what it holds and borrows, what waits, and its
-fair share — read from the bus as the read-only identity (``phx-queues``, the queues' usage in
+fair share — read from the bus as the read-only identity (``phx-queues``, the reservations in
 ``phx-ledger``, the gang records, the nodes' topology), the same numbers gang-coordinator
 writes to each Queue's status (``phalanx_engine.queues.queue_report``).
 
@@ -57,21 +57,21 @@ async def _bounded(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
     from phalanx_bus import read_all
-    from phalanx_engine.queues import QueueTree, queue_report
+    from phalanx_engine.queues import QueueTree, held_by_queue, queue_report
     from phalanx_proto import subjects as S
     from phalanx_proto.queues import GPU_UNITS
 
     bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
     try:
         specs, _ = await read_all(await bus.kv(S.KV_QUEUES))
-        usage, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="queue.*")
+        ledgers, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="*")
         gangs, _ = await read_all(await bus.kv(S.KV_GANGS))
         reports, _ = await read_all(await bus.kv(S.KV_TOPOLOGY))
     finally:
         await bus.close()
     tree = QueueTree.of(r.value for r in specs)
     capacity = sum(len(r.value.topology.gpus) for r in reports if r.value.enabled) * GPU_UNITS
-    report = queue_report(tree, {r.value.queue: r.value for r in usage}, [r.value for r in gangs], capacity)
+    report = queue_report(tree, held_by_queue(r.value for r in ledgers), [r.value for r in gangs], capacity)
     return [{"queue": q, **report[q]} for q in _tree_order(tree)]
 
 

@@ -168,17 +168,17 @@ def _cap(spec: QueueSpec) -> int:
     return spec.limit if spec.limit is not None else 2**62
 
 
-def over_limit(tree: QueueTree, queue: str, usage: Mapping[str, QueueUsage], units: int,
+def over_limit(tree: QueueTree, queue: str, held_by: Mapping[str, int], units: int,
                releasing: Mapping[str, int] | None = None) -> str:
     """Why ``units`` more would push ``queue`` or an ancestor past its limit ("" when not):
     ``0/16 GPUs available to queue team-a: at its limit 16 (allocated 16, this gang needs 4)``.
-    ``releasing``: units per queue the same commit gives back (the gang's own earlier attempt)."""
+    ``held_by``: units each queue holds; ``releasing``: units per queue the same commit gives
+    back (the gang's own earlier attempt)."""
     for q in tree.chain(queue):
         spec = tree.specs[q]
         if spec.limit is None:
             continue
-        held = usage[q].allocated if q in usage else 0
-        held -= (releasing or {}).get(q, 0)
+        held = held_by.get(q, 0) - (releasing or {}).get(q, 0)
         if held + units > spec.limit:
             free = max(0, spec.limit - held)
             where = "" if q == queue else f" (a parent of queue {queue})"
@@ -187,14 +187,25 @@ def over_limit(tree: QueueTree, queue: str, usage: Mapping[str, QueueUsage], uni
     return ""
 
 
-def rank(queue: str, usage: Mapping[str, QueueUsage], shares: Mapping[str, int]) -> float:
+def rank(queue: str, held_by: Mapping[str, int], shares: Mapping[str, int]) -> float:
     """How far a queue is from its fair share, lower first: its allocation over its share
     (a queue below its share sorts before one above; a queue with no share last)."""
-    held = usage[queue].allocated if queue in usage else 0
+    held = held_by.get(queue, 0)
     share = shares.get(queue, 0)
     if share <= 0:
         return float("inf") if held else 1e9
     return held / share
+
+
+def held_by_queue(ledgers: Iterable[NodeLedger]) -> dict[str, int]:
+    """Units each queue holds: the reservations naming it (``Allocation.queues``)."""
+    out: dict[str, int] = defaultdict(int)
+    for ledger in ledgers:
+        for a in ledger.allocations.values():
+            units = units_of_assignment(a.assignment)
+            for q in a.queues:
+                out[q] += units
+    return dict(out)
 
 
 def expected_usage(ledgers: Iterable[NodeLedger]) -> dict[str, dict[str, int]]:
@@ -208,11 +219,18 @@ def expected_usage(ledgers: Iterable[NodeLedger]) -> dict[str, dict[str, int]]:
     return {q: {k: v for k, v in sorted(c.items()) if v} for q, c in out.items()}
 
 
-def usage_drift(ledgers: Iterable[NodeLedger], usage: Mapping[str, QueueUsage]) -> dict[str, QueueUsage]:
-    """The queues whose usage is not what the ledgers say, with the usage they should have."""
+def usage_drift(tree: QueueTree, ledgers: Iterable[NodeLedger],
+                usage: Mapping[str, QueueUsage]) -> dict[str, QueueUsage]:
+    """The queues with a limit whose usage record is not what the ledgers say (only they keep
+    one: ``phalanx_proto.queues.QueueUsage``), with the usage they should have; and the
+    records of queues without a limit (to drop: an empty usage)."""
     expected = expected_usage(ledgers)
+    limited = {q for q, spec in tree.specs.items() if spec.limit is not None}
     out = {}
-    for q in set(expected) | set(usage):
+    for q in set(usage) - limited:
+        if usage[q].charges:
+            out[q] = QueueUsage(queue=q)
+    for q in limited & (set(expected) | set(usage)):
         want = expected.get(q, {})
         have = usage[q].charges if q in usage else {}
         if want != have:
@@ -224,7 +242,7 @@ PENDING = ("waiting", "backoff", "placing", "preparing", "binding", "rolling_bac
 """Phases of a gang that has not (all) started: what its queue waits for."""
 
 
-def queue_report(tree: QueueTree, usage: Mapping[str, QueueUsage], gangs: Iterable[GangState],
+def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[GangState],
                  capacity: int) -> dict[str, dict]:
     """Each queue's status in GPUs: allocated (its subtree's included), borrowed (beyond its
     quota), pending gangs and GPUs (what its waiting gangs, and its subtree's, ask for), fair
@@ -243,7 +261,7 @@ def queue_report(tree: QueueTree, usage: Mapping[str, QueueUsage], gangs: Iterab
         for a in tree.chain(q):
             pending_gangs[a] += 1
             pending_units[a] += units
-    held = {q: usage[q].allocated if q in usage else 0 for q in tree.specs}
+    held = {q: held_by.get(q, 0) for q in tree.specs}
     own = {q: held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ())) for q in tree.specs}
     shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity)
     out = {}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from phalanx_engine.queues import usage_drift
+from phalanx_engine.queues import QueueTree, usage_drift
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import QueueUsage, shown
@@ -110,7 +110,9 @@ class Reading:
     unreadable_gangs: frozenset[str] = frozenset()
     """KV keys of gang records that are bad: nothing is concluded about their gangs."""
     usage: dict[str, QueueUsage] = field(default_factory=dict)
-    """Queue → its usage record (``phx-ledger`` ``queue.*``)."""
+    """Queue → its usage record (``phx-ledger`` ``queue.*``; only queues with a limit keep one)."""
+    queues: QueueTree | None = None
+    """The queue tree (which queues have a limit)."""
 
 
 def audit(r: Reading) -> list[Finding]:
@@ -128,8 +130,8 @@ def audit(r: Reading) -> list[Finding]:
             if finding is not None:
                 out.append(finding)
     out += _mig(r, by_uid)
-    if not r.unreadable_nodes:
-        for q, want in sorted(usage_drift(r.ledgers.values(), r.usage).items()):
+    if not r.unreadable_nodes and r.queues is not None:
+        for q, want in sorted(usage_drift(r.queues, r.ledgers.values(), r.usage).items()):
             have = r.usage[q].allocated if q in r.usage else 0
             out.append(Finding("queue_usage_mismatch", f"queue {q}: its usage says {shown(have)} GPUs, the ledger "
                                                        f"{shown(want.allocated)}"))

@@ -11,10 +11,10 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
   only borrows). The queue must exist, be usable, and select the pod's namespace
   (``spec.namespaceSelector``); otherwise the pod is told why and not admitted.
 * **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
-  Queue's ``status``: allocated and borrowed GPUs (from the queues' usage in ``phx-ledger``,
-  which placement writes with the reservations), pending gangs and GPUs (from the gang
-  records), its fair share (``phalanx_engine.queues.fair_shares`` over the nodes' GPUs), and a
-  ``Valid`` condition naming the problem.
+  Queue's ``status``: allocated and borrowed GPUs (the reservations that name the queue in
+  ``phx-ledger``, mirrored here), pending gangs and GPUs (from the gang records), its fair
+  share (``phalanx_engine.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
+  condition naming the problem.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import anyio
 
 from phalanx_bus import Bus, KvMirror
-from phalanx_engine.queues import QueueTree, queue_report, tree_problems
+from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_engine.queuespec import QueueObjectError, queue_from_object
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
@@ -34,9 +34,7 @@ from phalanx_proto.queues import (
     GPU_UNITS,
     QUEUE_LABEL,
     QueueSpec,
-    QueueUsage,
     queue_key,
-    usage_key,
 )
 from phalanx_proto.state import GangState
 from phalanx_telemetry import log, metrics, warn
@@ -49,7 +47,11 @@ class QueueBook:
         self.sync_s = sync_s
         self.tree = QueueTree.of(())
         self.namespaces: dict[str, dict[str, str]] = {}
-        self.usage: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="queue.*")
+        self.held: dict[str, int] = {}
+        """Units each queue holds (its subtree's included), from the ledger mirror."""
+        self._held_at: dict[str, dict[str, int]] = {}
+        self.ledger: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put,
+                                                   on_delete=self._ledger_gone)
         self.topology: KvMirror = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
         self._written: dict[str, bytes] = {}
         self.declared: set[str] = set()
@@ -58,7 +60,7 @@ class QueueBook:
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Follow the queues until cancelled; started once they were read once."""
         async with anyio.create_task_group() as tg:
-            await tg.start(self.usage.run)
+            await tg.start(self.ledger.run)
             await tg.start(self.topology.run)
             await self._sync_logged()
             task_status.started()
@@ -112,14 +114,22 @@ class QueueBook:
                            "spec.namespaceSelector does not select the namespace's labels)")
         return queue, ""
 
-    # -- status ----------------------------------------------------------------------------------
-    def usage_of(self, queue: str) -> QueueUsage:
-        entry = self.usage.get(usage_key(queue))
-        return entry.value if entry is not None else QueueUsage(queue=queue)
+    # -- what each queue holds ---------------------------------------------------------------------
+    def _ledger_put(self, entry, previous) -> None:
+        self._ledger_gone(entry)
+        units = held_by_queue((entry.value,))
+        for q, n in units.items():
+            self.held[q] = self.held.get(q, 0) + n
+        if units:
+            self._held_at[entry.key] = units
+
+    def _ledger_gone(self, previous) -> None:
+        for q, n in self._held_at.pop(previous.key, {}).items():
+            self.held[q] -= n
 
     def below_quota(self, queue: str) -> bool:
         spec = self.tree.get(queue)
-        return spec is not None and self.usage_of(queue).allocated < spec.quota
+        return spec is not None and self.held.get(queue, 0) < spec.quota
 
     def capacity(self) -> int:
         """The enabled nodes' GPUs, in queue units."""
@@ -127,7 +137,7 @@ class QueueBook:
 
     def report(self, states: list[GangState]) -> dict[str, dict]:
         """Each queue's status (``phalanx_engine.queues.queue_report``), and its metrics."""
-        out = queue_report(self.tree, {q: self.usage_of(q) for q in self.tree.specs}, states, self.capacity())
+        out = queue_report(self.tree, self.held, states, self.capacity())
         for q, r in out.items():
             metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)
             metrics.QUEUE_QUOTA.set(r["quota"], queue=q)

@@ -98,7 +98,7 @@ class Reconciler:
             mig=[rec for r in mig for rec in r.value.instances.values()],
             unreadable=tuple(str(b) for b in (*bad_ledgers, *bad_gangs, *bad_mig)),
             unreadable_nodes=frozenset(b.key for b in bad_ledgers), unreadable_gangs=frozenset(b.key for b in bad_gangs),
-            usage={r.value.queue: r.value for r in usage})
+            usage={r.value.queue: r.value for r in usage}, queues=self.queues.tree if self.queues else None)
 
     async def once(self) -> list[audit.Finding]:
         """One pass: read, audit, repair, report (and each Queue's status)."""

@@ -45,6 +45,7 @@ import anyio
 
 from phalanx_bus import Bus, KvConflict, KvMirror, MirrorEntry, Poisoned
 from phalanx_engine.decide import Cluster
+from phalanx_engine.queues import held_by_queue
 from phalanx_engine.snapshot import NodeView
 from phalanx_placement.nodestate import NodeStates
 from phalanx_proto import subjects as S
@@ -103,6 +104,10 @@ class ClusterCache:
         self._assumed: dict[str, Assumed] = {}
         self._by_gang: dict[str, set[str]] = {}
         self._gangs_at: dict[str, frozenset[str]] = {}
+        self.queue_units: dict[str, int] = {}
+        """Units each queue holds on the nodes as the cache believes them (assumed commits
+        included): its reservations' ``Allocation.queues``."""
+        self._queue_units_at: dict[str, dict[str, int]] = {}
         self._deadlines: list[tuple[float, str]] = []
         self._deadline_of: dict[str, float] = {}
         """Each key's staleness deadline; the heap holds at most one entry per key."""
@@ -334,6 +339,13 @@ class ClusterCache:
             self._gangs_at[key] = now
         else:
             self._gangs_at.pop(key, None)
+        units = held_by_queue((ledger,)) if ledger is not None else {}
+        for q, n in self._queue_units_at.pop(key, {}).items():
+            self.queue_units[q] -= n
+        for q, n in units.items():
+            self.queue_units[q] = self.queue_units.get(q, 0) + n
+        if units:
+            self._queue_units_at[key] = units
 
     def _invalid(self, key: str) -> str:
         """Why a record of the node's agent under ``key`` cannot be believed ("" when none)."""

@@ -6,13 +6,17 @@ Reads only the cache: the ``phx-queues`` mirror (``QueueSpec``), the queues' usa
 node ledgers (assumed commits included), the gang records. Pure but for that read; called by
 ``service.Placement``.
 
-* **Charges.** A gang's charge to a queue is, per attempt, the units of its reservations that
-  name the queue (``Allocation.queues``). After any change to a gang's reservations (a
-  decision, a release, an adoption) the gang's charges to every queue it touches are
-  recomputed from the ledgers the same commit writes (``usage_writes``), so a queue's usage is
-  always what the ledger says, committed in the same atomic batch on the revisions read.
-* **Room.** A decision whose units would push the gang's queue or an ancestor past its limit
-  is refused with the queue's numbers (``engine.queues.over_limit``).
+* **What a queue holds** is the units of the reservations that name it (``Allocation.queues``:
+  the gang's queue and its ancestors when it was placed), summed from the ledgers the cache
+  believes (``ClusterCache.queue_units``).
+* **Limits are committed with the reservations.** A queue with a limit also keeps a usage
+  record (``QueueUsage``, a charge per gang attempt): after any change to a gang's reservations
+  (a decision, a release, an adoption) the gang's charges to every limited queue it touches are
+  recomputed from the ledgers the same commit writes (``usage_writes``) and written in the same
+  atomic batch, expecting the revision the decision read; so two replicas can never push a
+  queue past its limit between them. A decision whose units would do so is refused with the
+  queue's numbers (``engine.queues.over_limit``). Queues without a limit keep no record: their
+  commits do not wait on one another.
 * **Order.** A cycle takes the waiting requests of the queue furthest below its fair share
   first (``rank``), then by priority, then arrival; fair shares are recomputed at most every
   ``ORDER_EVERY_S``.
@@ -28,7 +32,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from phalanx_engine.queues import QueueTree, fair_shares, over_limit
+from phalanx_engine.queues import QueueTree, expected_usage, fair_shares, over_limit
 from phalanx_engine.queues import rank as queue_rank
 from phalanx_placement.cache import ClusterCache
 from phalanx_proto.events import MemberSpec
@@ -69,8 +73,22 @@ class PlacementQueues:
             self._tree_at = self.cache.queues.revision
         return self._tree
 
-    def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
-        return {q: self.cache.usage_of(q) for q in queues}
+    def held(self, queue: str) -> int:
+        """Units ``queue`` holds (its subtree's included), as the ledgers say."""
+        return self.cache.queue_units.get(queue, 0)
+
+    def limited_held(self, queues: Iterable[str]) -> dict[str, int]:
+        """Units each queue with a limit holds by its usage record (a queue whose record is not
+        written yet: as the ledgers say)."""
+        tree = self.tree()
+        out = {}
+        for q in queues:
+            spec = tree.get(q)
+            if spec is not None and spec.limit is not None:
+                entry = self.cache.usage.get(usage_key(q))
+                assumed = self.cache.usage_of(q)
+                out[q] = assumed.allocated if entry is not None or assumed.charges else self.held(q)
+        return out
 
     # -- a decision ------------------------------------------------------------------------------
     def refusal(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str]) -> str:
@@ -84,7 +102,7 @@ class PlacementQueues:
             return problem
         chain = tree.chain(queue)
         units = sum(units_of_member(m) for m in members)
-        return over_limit(tree, queue, self.usage(chain), units, self._replaced(gang_id, keep))
+        return over_limit(tree, queue, self.limited_held(chain), units, self._replaced(gang_id, keep))
 
     def _replaced(self, gang_id: str, keep: frozenset[str]) -> dict[str, int]:
         """Units per queue of the gang's reservations a new decision replaces (all but ``keep``)."""
@@ -104,7 +122,7 @@ class PlacementQueues:
         if spec is None:
             return False
         units = sum(units_of_member(m) for m in members)
-        held = self.cache.usage_of(queue).allocated - self._replaced(gang_id, keep).get(queue, 0)
+        held = self.held(queue) - self._replaced(gang_id, keep).get(queue, 0)
         return held + units > spec.quota
 
     def begin_cycle(self) -> None:
@@ -121,7 +139,7 @@ class PlacementQueues:
                 continue
             q = queue_of(s.members)
             spec = tree.get(q)
-            if spec is not None and self.cache.usage_of(q).allocated < spec.quota:
+            if spec is not None and self.held(q) < spec.quota:
                 self._owed.append((q, s.members))
 
     def owed_now(self, queue: str, fits) -> tuple[str, ...]:
@@ -153,24 +171,35 @@ class PlacementQueues:
         return out
 
     def usage_writes(self, gang_id: str, writes: Mapping[str, NodeLedger]) -> dict[str, QueueUsage]:
-        """The usage records that change when ``writes`` commit: for every queue the gang's
-        reservations name before or after, its charges recomputed from those reservations."""
+        """The usage records that change when ``writes`` commit: for every queue with a limit
+        the gang's reservations name before or after, its charges recomputed from those
+        reservations (a record written for the first time starts from what the ledgers hold
+        for the queue)."""
+        tree = self.tree()
         before = self._allocations(gang_id, {})
         after = self._allocations(gang_id, writes)
         charged: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for _, a in after:
             for q in a.queues:
                 charged[q][charge_key(gang_id, a.attempt)] += units_of_assignment(a.assignment)
-        touched = {q for _, a in (*before, *after) for q in a.queues}
+        touched = {q for _, a in (*before, *after) for q in a.queues
+                   if (spec := tree.get(q)) is not None and spec.limit is not None}
         prefix = f"{gang_id}#"
         out = {}
         for q in touched:
             current = self.cache.usage_of(q)
+            if self.cache.usage.get(usage_key(q)) is None and not current.charges:
+                current = QueueUsage(queue=q, charges=self._from_ledgers(q))
             charges = {k: v for k, v in current.charges.items() if not k.startswith(prefix)}
             charges.update({k: v for k, v in charged.get(q, {}).items() if v})
-            if charges != current.charges:
+            if charges != self.cache.usage_of(q).charges:
                 out[usage_key(q)] = QueueUsage(queue=q, charges=dict(sorted(charges.items())))
         return out
+
+    def _from_ledgers(self, queue: str) -> dict[str, int]:
+        """The charges the ledgers hold for ``queue`` (for its first usage record)."""
+        return expected_usage(self.cache.ledger_of(k) for k in self.cache.views
+                              if self.cache.ledger_of(k) is not None).get(queue, {})
 
     # -- the order of a cycle --------------------------------------------------------------------
     def ranks(self) -> dict[str, float]:
@@ -181,17 +210,17 @@ class PlacementQueues:
             return self._ranks
         self._ranked_at = now
         tree = self.tree()
-        usage = self.usage(tree.specs)
+        held = {q: self.held(q) for q in tree.specs}
         demand: dict[str, int] = defaultdict(int)
-        for q in tree.specs:  # what each queue's own gangs hold (a usage record counts the subtree)
-            demand[q] += usage[q].allocated - sum(usage[c].allocated for c in tree.children.get(q, ()) if c in usage)
+        for q in tree.specs:  # what each queue's own gangs hold (a queue's total counts its subtree)
+            demand[q] += held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ()))
         for entry in self.cache.gangs:
             s: GangState = entry.value
             if s.phase in WAITING and s.members:
                 demand[queue_of(s.members)] += sum(units_of_member(m) for m in s.members)
         capacity = sum(len(v.topology.gpus) for v in self.cache.views.values() if v.enabled and not v.invalid) * GPU_UNITS
         self.shares = fair_shares(tree, demand, capacity)
-        self._ranks = {q: queue_rank(q, usage, self.shares) for q in tree.specs}
+        self._ranks = {q: queue_rank(q, held, self.shares) for q in tree.specs}
         return self._ranks
 
     def rank_of(self, members: tuple[MemberSpec, ...]) -> float:

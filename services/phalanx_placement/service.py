@@ -439,7 +439,7 @@ class Placement:
                 seen = {}
                 continue
             usage = {e.value.queue: e.value for e in self.cache.usage}
-            drift = usage_drift((e.value for e in self.cache.ledger), usage)
+            drift = usage_drift(self.queues.tree(), (e.value for e in self.cache.ledger), usage)
             confirmed = {q: u for q, u in drift.items() if seen.get(q) == u}
             seen = drift
             for q, fixed in confirmed.items():

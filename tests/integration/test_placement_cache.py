@@ -205,6 +205,9 @@ def kind_of(subject: str, payload: bytes) -> str:
         return "listing" if b"subjects_filter" in (payload or b"") else "stream info"
     if subject.startswith("$JS.API.CONSUMER.CREATE.KV_"):
         return "watch"
+    if subject.startswith("$JS.API.STREAM.MSG.GET.KV_") and b"last_by_subj" in (payload or b"") \
+            and b"*" in (payload or b""):
+        return "catch-up"  # a filtered mirror asking where its keys end (one message's header)
     if subject.startswith(("$JS.API.DIRECT.GET.KV_", "$JS.API.STREAM.MSG.GET.KV_")):
         return "one key"
     return "other"

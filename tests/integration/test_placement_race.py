@@ -9,10 +9,23 @@ import random
 import anyio
 import pytest
 
+from phalanx_engine.queues import expected_usage, held_by_queue
 from phalanx_proto import subjects as S
+from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, usage_key
+from phalanx_proto.state import usage_decoder
 from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_runtime.synthetic import synthetic_cluster
-from stackutil import CLUSTER, audit_ledger, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
+from stackutil import (
+    CLUSTER,
+    audit_ledger,
+    bound_pods,
+    connect,
+    gang_states,
+    gpu_pod,
+    ledger,
+    seed_nodes,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -112,3 +125,61 @@ async def test_two_placement_replicas_on_a_thousand_fleet_nodes_never_double_boo
         await bus.close()
     finally:
         stack.stop()
+
+
+async def test_two_placement_replicas_racing_never_push_a_queue_past_its_limit(tmp_path):
+    """Every pod is in team-r (limit 6 GPUs) on a cluster of 16 free GPUs: the replicas race for
+    the queue's usage record as for the nodes, and at no poll does the ledger hold more than 6
+    GPUs for team-r; what it holds is exactly what the usage record says."""
+    stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"), replicas={"placement": 2},
+                  service_args={"placement": ["--debug-decide-delay-s", "0.05"],
+                                "gang-coordinator": ["--queue-sync-s", "0.3"]})
+    stack.start_nats()
+    try:
+        bus, sim = await connect(stack)
+        await seed_nodes(stack, sim)
+        await anyio.to_thread.run_sync(stack.start_services)
+        await sim.apply_queue({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
+                               "metadata": {"name": "team-r"},
+                               "spec": {"resources": {"nvidia.com/gpu": {"quota": 2, "limit": 6}}}})
+        queues = await bus.kv(S.KV_QUEUES)
+        await wait_until(lambda: _has(queues, "team-r"), 10)
+        await anyio.sleep(1.0)
+        rng = random.Random(13)
+        sizes = [rng.choice([1, 1, 2, 3]) for _ in range(12)]
+        held_at_polls: list[int] = []
+
+        async def audit_forever():
+            while True:
+                await audit_ledger(bus)  # raises on any double booking
+                held = held_by_queue((await ledger(bus)).values()).get("team-r", 0)
+                assert held <= 6 * GPU_UNITS, f"team-r holds {held / GPU_UNITS} GPUs, past its limit of 6"
+                held_at_polls.append(held)
+                await anyio.sleep(0.02)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(audit_forever)
+            for i, n in enumerate(sizes):
+                await sim.apply_pod(gpu_pod(f"q{i}", n, labels={QUEUE_LABEL: "team-r"}))
+
+            async def settled():
+                states = await gang_states(bus)
+                done = [s for s in states.values() if s.phase in ("scheduled", "backoff")]
+                return states if len(done) == len(sizes) else None
+
+            states = await wait_until(settled, 90)
+            await anyio.sleep(1.0)
+            tg.cancel_scope.cancel()
+        scheduled = [n for i, n in enumerate(sizes) if states[f"default/q{i}"].phase == "scheduled"]
+        assert sum(scheduled) <= 6 and max(held_at_polls) <= 6 * GPU_UNITS
+        assert any("at its limit 6" in s.reason for s in states.values() if s.phase == "backoff")
+        record = usage_decoder.decode((await (await bus.kv(S.KV_LEDGER)).get(usage_key("team-r"))).value)
+        assert record.charges == expected_usage((await ledger(bus)).values())["team-r"]
+        assert record.allocated == sum(scheduled) * GPU_UNITS
+        await bus.close()
+    finally:
+        stack.stop()
+
+
+async def _has(kv, key: str) -> bool:
+    return key in await kv.keys()

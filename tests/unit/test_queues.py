@@ -9,7 +9,7 @@ import pytest
 
 from phalanx_engine.queues import QueueTree, fair_shares, over_limit, rank, tree_problems
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
-from phalanx_proto.queues import GPU_UNITS, QueueSpec, QueueUsage, units_of_assignment, units_of_member
+from phalanx_proto.queues import GPU_UNITS, QueueSpec, units_of_assignment, units_of_member
 
 G = GPU_UNITS
 P = PodRef(namespace="ns", name="p", uid="u")
@@ -89,8 +89,8 @@ def test_fair_share(case, specs, demand, capacity, expected):
     assert shares(specs, demand, capacity) == expected
 
 
-def usage(**allocated) -> dict[str, QueueUsage]:
-    return {k: QueueUsage(queue=k, charges={"x#1": v * G}) for k, v in allocated.items()}
+def usage(**allocated) -> dict[str, int]:
+    return {k: v * G for k, v in allocated.items()}
 
 
 def test_a_gang_past_its_queues_limit_is_told_how_much_room_there_is():
