@@ -66,6 +66,12 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
     try:
         await seed_nodes(stack, sim)
         await anyio.to_thread.run_sync(stack.start_services)
+        # Half the gangs are team-x's: a queue with a limit, whose usage record rides in the same
+        # atomic batches as the reservations; the reconciler checks it equals the ledger at the end.
+        await sim.apply_queue({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
+                               "metadata": {"name": "team-x"},
+                               "spec": {"resources": {"nvidia.com/gpu": {"quota": 4, "limit": 10}}}})
+        await anyio.sleep(2.5)
         started = time.monotonic()
 
         async def poll_ledger():
@@ -108,7 +114,7 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                     for _ in range(2):
                         if order:
                             for name, gpus, size in gangs[order.pop(0)]:
-                                await sim.apply_pod(gang_pod(name, gpus, name.rsplit("-", 1)[0], size))
+                                await sim.apply_pod(team(gang_pod(name, gpus, name.rsplit("-", 1)[0], size)))
                     bound = await bound_pods(sim)
                     present = {p.name for p in await sim.list_pods()}
                     now = time.monotonic()
@@ -124,7 +130,7 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                         elif g not in order:
                             for n, gpus, size in pods:
                                 if n not in present:
-                                    await sim.apply_pod(gang_pod(n, gpus, g, size))
+                                    await sim.apply_pod(team(gang_pod(n, gpus, g, size)))
                                     counts["recreated"] += 1
                 except Exception:  # noqa: BLE001 - nats restarting; try again
                     pass
@@ -211,6 +217,14 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
     finally:
         await bus.close()
         stack.stop()
+
+
+def team(pod: dict) -> dict:
+    """Gangs with an odd number go to queue team-x."""
+    gang = pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
+    if int(gang.removeprefix("g")) % 2:
+        pod["metadata"]["labels"]["scheduling.phalanx.io/queue"] = "team-x"
+    return pod
 
 
 def _ref(name):
