@@ -18,8 +18,8 @@ import nats.errors
 import nats.js.errors
 from opentelemetry import trace
 
+from phalanx_bus import counting, msgid
 from phalanx_bus import declare as D
-from phalanx_bus import msgid
 from phalanx_bus.errors import BusError
 from phalanx_bus.kv import Kv
 from phalanx_proto import subjects as S
@@ -117,6 +117,7 @@ class Bus:
 
     def __init__(self, nc, service: str, msg_ids: msgid.MsgIds | None = None) -> None:
         self.nc = nc
+        counting.count_sends(nc)
         self.js = nc.jetstream(timeout=5.0)
         self.service = service
         self.msg_id = msg_ids or msgid.MsgIds(None)

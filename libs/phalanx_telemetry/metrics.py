@@ -274,6 +274,13 @@ BUS_MESSAGES = Counter(
     "phalanx_bus_messages_total",
     "Messages handled, by consumer, event kind and outcome (ack, nak = retry later, term = never).",
     ["consumer", "kind", "outcome"], allowed={"outcome": OUTCOMES})
+SENT_KINDS = ("event", "kv_write", "kv_read", "ack", "fetch", "api", "other")
+BUS_SENT = Counter(
+    "phalanx_bus_sent_total",
+    "Messages this process sent to NATS, each a write or a round trip (phalanx_bus.counting): by kind (event = a "
+    "Phalanx event or command; kv_write, kv_read; ack; fetch = a pull consumer asking for more; api = other "
+    "JetStream API calls) and target (the stream, bucket or API verb).",
+    ["kind", "target"], allowed={"kind": SENT_KINDS}, max_series=200)
 BUS_REDELIVERIES = Counter(
     "phalanx_bus_redeliveries_total", "Messages delivered more than once (num_delivered > 1).", ["consumer", "kind"])
 DEAD_LETTER_CAUSES = ("undecodable", "misaddressed", "permanent", "exhausted")
