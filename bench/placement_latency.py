@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from phalanx_bus import Bus
 from phalanx_engine.decide import Cluster, decide, default_profile, place_snapshot
@@ -40,12 +41,12 @@ from phalanx_proto.events import (
     MemberSpec,
     NodeHeartbeat,
     NodeTopologyReported,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     encoder,
     gang_decoder,
 )
-from phalanx_proto.state import GangState
+from phalanx_proto.state import GangState, members_digest
 from phalanx_runtime.natsserver import NatsServer
 from phalanx_runtime.synthetic import synthetic_cluster
 from phalanx_topology.tiers import tiers_from_labels
@@ -82,11 +83,14 @@ async def beats(bus: Bus, names: list[str]) -> None:
     await put_all(bus, S.KV_HEARTBEAT, [(S.token(n), encoder.encode(NodeHeartbeat(node=n, at=now))) for n in names])
 
 
-def request(k: int) -> PlacementRequested:
+def request(k: int) -> GangState:
+    """A one-GPU gang at attempt 1, placing, as gang-coordinator records it."""
     pod = PodRef(namespace="bench", name=f"p{k}", uid=f"uid-{k}")
-    return PlacementRequested(gang_id=f"bench/p{k}", attempt=1, members=(MemberSpec(pod=pod, gpus=1),))
+    return GangState(gang_id=f"bench/p{k}", phase="placing", attempt=1, members=(MemberSpec(pod=pod, gpus=1),))
 
 
+PLACED = ("Placed", "Reserved")
+"""The reply that says the gang is reserved."""
 SERVICE_PROFILE = default_profile(require_node_state=False)
 """The profile the placement service runs while node agents do not report ``NodeKubeState``
 (``--node-state optional`` of the placement service): the synthetic nodes have none."""
@@ -178,12 +182,12 @@ async def measure(n: int, requests: int, cap_s: float, workdir: Path) -> dict:
             "cpu_ms_per_request": 1000 * cpu / max(1, len(latencies)), "rss_mib": rss, "peak_rss_mib": peak}
 
 
-async def one_request(bus: Bus, ev: PlacementRequested) -> tuple[float, bool]:
+async def one_request(bus: Bus, record: GangState) -> tuple[float, bool]:
     """Record the gang as gang-coordinator would (attempt placing, these members), publish
     the request and wait for its reply: (milliseconds, placed?). Only the publish→reply time
     counts."""
-    record = GangState(gang_id=ev.gang_id, phase="placing", attempt=ev.attempt, members=ev.members,
-                       created_at=time.time())
+    record = msgspec.structs.replace(record, created_at=time.time())
+    ev = PlaceRequested(gang_id=record.gang_id, attempt=record.attempt, members_digest=members_digest(record))
     await (await bus.kv(S.KV_GANGS)).put(S.gang_key(ev.gang_id), encoder.encode(record))
     sub = await bus.nc.subscribe(S.placement_reply_subject(ev.gang_id))
     try:
@@ -193,8 +197,8 @@ async def one_request(bus: Bus, ev: PlacementRequested) -> tuple[float, bool]:
         with anyio.fail_after(600):
             async for msg in sub.messages:
                 reply = gang_decoder.decode(msg.data)
-                if reply.attempt == ev.attempt and type(reply).__name__ in ("Placed", "PlacementFailed"):
-                    return (time.perf_counter() - started) * 1000, type(reply).__name__ == "Placed"
+                if reply.attempt == ev.attempt and type(reply).__name__ in (*PLACED, "PlacementFailed"):
+                    return (time.perf_counter() - started) * 1000, type(reply).__name__ in PLACED
     finally:
         await sub.unsubscribe()
     raise RuntimeError("subscription ended")

@@ -9,7 +9,12 @@ API server, one scheduler at a time, the other stopped and every pod deleted in 
 * ``single``: ``--pods`` one-GPU pods (at most 90 % of the cluster's GPUs);
 * ``gangs``: ``--gang-pods`` one-GPU pods in gangs, half of them in gangs of 64 and half in
   gangs of 8 (JobSet labels and ``aliyun.com/min-member``; kube-scheduler has no gangs and
-  places the same pods one by one), gangs created in a seeded random order.
+  places the same pods one by one), gangs created in a seeded random order;
+* ``queues``: the ``gangs`` pods, each gang in one of four queues (``bench/queue_share.py``; two
+  with a limit, so their usage records ride in every commit): set beside ``gangs``, the cost of
+  quota. kube-scheduler ignores the label and runs the same pods;
+* ``share`` (Phalanx only): four queues submit jobs all along and finish them after a while;
+  prints each queue's share of the GPUs against its fair share (``--share-plot``).
 
 Phalanx runs as the Deployments would (``phalanx run … --cluster kube``: a nats-server,
 placement, gang-coordinator, binder) plus one ``node-fleet`` process that plays every node's
@@ -29,6 +34,7 @@ control plane's CPU; nothing here needs them), and hands out pod IPs from a /16.
     .venv/bin/python bench/scale.py                                   # 100, 1,000, 5,000 nodes
     .venv/bin/python bench/scale.py --nodes 1000 --pods 2000 --cap-s 600 --json
     .venv/bin/python bench/scale.py --nodes 100 --nodes 1000 --plot scale.png
+    .venv/bin/python bench/scale.py --nodes 100 --workloads gangs,queues,share --share-plot share.png
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ import kubeharness  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
 from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
+from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot, share_table  # noqa: E402
 
+from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
 from phalanx_runtime.stack import Stack  # noqa: E402
 from phalanx_runtime.synthetic import synthetic_cluster  # noqa: E402
 
@@ -93,6 +101,8 @@ def workload(kind: str, gpus: int, pods: int, gang_pods: int, seed: int) -> list
     """(pod name, gang name or "", gang size) in creation order."""
     if kind == "single":
         return [(f"p{i:05d}", "", 1) for i in range(min(pods, int(0.9 * gpus)))]
+    if kind == "share":
+        return []
     total = min(gang_pods, int(0.8 * gpus))
     gangs = [64] * (total // 2 // 64) + [8] * ((total - total // 2 // 64 * 64) // 8)
     random.Random(seed).shuffle(gangs)
@@ -102,8 +112,10 @@ def workload(kind: str, gpus: int, pods: int, gang_pods: int, seed: int) -> list
     return out
 
 
-def pod_object(name: str, gang: str, size: int, namespace: str, scheduler: str) -> dict:
+def pod_object(name: str, gang: str, size: int, namespace: str, scheduler: str, queued: bool = False) -> dict:
     labels = {"jobset.sigs.k8s.io/jobset-name": gang, "aliyun.com/min-member": str(size)} if gang else {}
+    if queued and gang:  # gang gNNN goes to queue NNN mod 4
+        labels[QUEUE_LABEL] = SHARE_QUEUES[int(gang[1:4]) % len(SHARE_QUEUES)][0]
     return gpu_pod(name, namespace, 1, scheduler=scheduler, labels=labels)
 
 
@@ -120,7 +132,7 @@ class Cpu:
 
 
 def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[str, str, int]], scheduler: str,
-              cap_s: float, groups: dict[str, list[int]]) -> dict:
+              cap_s: float, groups: dict[str, list[int]], queued: bool = False) -> dict:
     api: KubeApi = plane.api
     api.create_namespace(namespace)
     watch = BindWatch(plane, namespace)
@@ -130,7 +142,7 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
     def create(item: tuple[str, str, int]) -> None:
         name, gang, size = item
         created[name] = time.perf_counter()
-        api.create_pod(pod_object(name, gang, size, namespace, scheduler))
+        api.create_pod(pod_object(name, gang, size, namespace, scheduler, queued))
 
     creator = threading.Thread(target=in_threads, args=(create, pods), daemon=True)
     started = time.perf_counter()
@@ -216,12 +228,12 @@ def run_size(n: int, args, work: Path) -> list[dict]:
             pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
             if "phalanx" in args.schedulers:
                 rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context))
-            if "kube-scheduler" in args.schedulers:
+            if "kube-scheduler" in args.schedulers and kind != "share":
                 plane.start_scheduler(qps=args.qps, burst=args.qps)
                 time.sleep(2)
                 groups = {"scheduler": [plane.procs["kube-scheduler"].pid], **context}
                 r = run_phase(plane, f"kube-scheduler {n} nodes {kind}", f"k-{kind}", pods, "default-scheduler",
-                              args.cap_s, groups)
+                              args.cap_s, groups, queued=kind == "queues")
                 plane.stop_scheduler()
                 delete_pods(api, f"k-{kind}")
                 rows.append({"nodes": n, "workload": kind, **r})
@@ -255,9 +267,16 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         groups = {"scheduler": [pid[s] for s in SERVICES] + [stack.nats.proc.pid],
                   "node agents": [pid["node-fleet"]], **context,
                   **{f"  {s}": [pid[s]] for s in SERVICES}, "  nats-server": [stack.nats.proc.pid]}
+        if kind in ("queues", "share"):
+            for q in queue_objects(8 * n, limits=kind == "queues"):
+                api.post(QUEUES_PATH, q)
+            time.sleep(5)  # gang-coordinator reads Queues every 2 s
         profilers = start_profiles(args.profile, {s: pid[s] for s in SERVICES}, f"{n}-{kind}")
         try:
-            r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
+            if kind == "share":
+                r = share_phase(plane, n, args)
+            else:
+                r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
         finally:
             stop_profiles(profilers)
         r["placement_rss_mib"] = memory_mib(pid["placement"])[1]
@@ -265,7 +284,22 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
     finally:
         stack.stop()
     delete_pods(api, f"p-{kind}")
+    if kind in ("queues", "share"):
+        for q in queue_objects(8 * n):
+            api.request("DELETE", f"{QUEUES_PATH}/{q['metadata']['name']}", ok=(404,))
     return {"nodes": n, "workload": kind, **r}
+
+
+def share_phase(plane: ControlPlane, n: int, args) -> dict:
+    plane.api.create_namespace("p-share")
+    watch = BindWatch(plane, "p-share")
+    try:
+        say(f"  [share] {n} nodes: four queues for {args.share_s:.0f} s, q-d from {args.share_late_s:.0f} s")
+        result = ShareRun(plane.api, watch, "p-share", 8 * n, args.share_s, args.share_late_s, args.share_run_s,
+                          args.seed, say).run()
+    finally:
+        watch.close()
+    return {"scheduler": "phalanx", "share": result}
 
 
 def start_profiles(directory: str | None, pids: dict[str, int], tag: str) -> list:
@@ -297,6 +331,10 @@ def _secs(v: float, cap: float) -> str:
 
 
 def table(rows: list[dict]) -> str:
+    shares = [share_table(r["share"], r["nodes"]) for r in rows if "share" in r]
+    rows = [r for r in rows if "share" not in r]
+    if not rows:
+        return "\n\n".join(shares)
     out = [f"{'nodes':>6} {'workload':<8} {'scheduler':<15} {'bound':>11} {'pods/s':>8} {'p50':>9} {'p99':>9} "
            f"{'gang-8 p50':>11} {'gang-64 p50':>12} {'CPU s/pod':>10} {'agents':>8} {'apiserver+':>11} "
            f"{'plc RSS':>8}", "-" * 136]
@@ -317,10 +355,27 @@ def table(rows: list[dict]) -> str:
     ratios = [f"Phalanx / kube-scheduler pods/s at {n} nodes, {w}: "
               f"{p['phalanx']['pods_per_s'] / p['default-scheduler']['pods_per_s']:.2f}"
               for (n, w), p in pairs.items() if len(p) == 2 and p["default-scheduler"]["pods_per_s"] > 0]
+    costs = [f"Phalanx at {n} nodes, queues against gangs (the cost of quota): pods/s "
+             f"{p['queues']['pods_per_s'] / p['gangs']['pods_per_s']:.2f}x, CPU s/pod "
+             f"{_per_pod(p['queues']) / _per_pod(p['gangs']):.2f}x"
+             for n, p in _by_workload(rows, "phalanx").items() if {"queues", "gangs"} <= p.keys()
+             and p["gangs"]["pods_per_s"] > 0 and _per_pod(p["gangs"]) > 0]
     split = [f"{r['nodes']} nodes {r['workload']}: Phalanx CPU s/pod by process: " + ", ".join(
         f"{g.strip()} {c / max(1, r['bound']):.4f}" for g, c in r["cpu_s"].items() if g.startswith("  "))
         for r in rows if r["scheduler"] == "phalanx"]
-    return "\n".join(out + [""] + ratios + split)
+    return "\n".join(out + [""] + ratios + costs + split + [""] + shares)
+
+
+def _per_pod(r: dict) -> float:
+    return r["cpu_s"]["scheduler"] / max(1, r["bound"])
+
+
+def _by_workload(rows: list[dict], scheduler: str) -> dict[int, dict[str, dict]]:
+    out: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if r["scheduler"] == scheduler:
+            out.setdefault(r["nodes"], {})[r["workload"]] = r
+    return out
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -334,7 +389,7 @@ def plot(rows: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for scheduler, name, color in (("phalanx", "Phalanx", "tab:blue"), ("default-scheduler", "kube-scheduler",
                                                                            "tab:orange")):
-        mine = sorted((r for r in rows if r["scheduler"] == scheduler and r["workload"] == "single"),
+        mine = sorted((r for r in rows if r["scheduler"] == scheduler and r["workload"] == "single" and "share" not in r),
                       key=lambda r: r["nodes"])
         for key, style in (("p50_s", "-o"), ("p99_s", "--s")):
             pts = [(r["nodes"], r[key]) for r in mine if math.isfinite(r[key])]
@@ -353,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, action="append", help="kwok nodes of 8 GPUs (repeatable; default 100 1000 5000)")
     p.add_argument("--pods", type=int, default=2000, help="one-GPU pods of the single workload (default %(default)s)")
     p.add_argument("--gang-pods", type=int, default=1024, help="pods of the gang workload (default %(default)s)")
-    p.add_argument("--workloads", default="single,gangs", help="comma list of single, gangs (default %(default)s)")
+    p.add_argument("--workloads", default="single,gangs",
+                   help="comma list of single, gangs, queues, share (default %(default)s)")
     p.add_argument("--schedulers", default="phalanx,kube-scheduler", help="comma list (default %(default)s)")
     p.add_argument("--cap-s", type=float, default=300.0, help="seconds one phase may run (default %(default)s)")
     p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
@@ -361,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (the services' logs) instead of a temporary one")
     p.add_argument("--profile", metavar="DIR", help="py-spy each Phalanx service during its phases into DIR")
+    p.add_argument("--share-s", type=float, default=240.0, help="length of the share run (default %(default)s)")
+    p.add_argument("--share-late-s", type=float, default=90.0, help="when q-d starts submitting (default %(default)s)")
+    p.add_argument("--share-run-s", type=float, default=30.0, help="how long a job runs, ±50%% (default %(default)s)")
+    p.add_argument("--share-plot", metavar="PNG", help="draw each queue's share and fair share over time")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--plot", metavar="PNG", help="also draw pending→bound latency against nodes")
     args = p.parse_args(argv)
@@ -389,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
               f"load average at the end {statistics.fmean(meta['load_average']):.1f}")
     if args.plot:
         plot(good, args.plot)
+    if args.share_plot:
+        for r in good:
+            if "share" in r:
+                share_plot(r["share"], r["nodes"], args.share_plot)
     return 0
 
 

@@ -120,7 +120,7 @@ class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the pod asks of a node besides GPUs (``podspec``)."""
 
     def member_spec(self, pod: PodRef) -> MemberSpec:
-        """The wire form of this request for ``PlacementRequested``, constraints included."""
+        """The wire form of this request for ``PlaceRequested``, constraints included."""
         return MemberSpec(pod=pod, gpus=self.gpus, core_pct=self.core_pct, memory_mib=self.memory_mib,
                           mig_slices=self.mig_slices, rdma=self.rdma, vendor=self.vendor,
                           resource_name=self.resource_name or NVIDIA_GPU, **msgspec.structs.asdict(self.constraints))

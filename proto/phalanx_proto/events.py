@@ -191,19 +191,20 @@ class GangAdmitted(GangEvent, tag="gang.admitted"):
         return uid_digest(self.members)
 
 
-class PlacementRequested(GangEvent, tag="placement.requested"):
-    """Command to placement: find room for every member, all or nothing, and reserve it.
+class PlaceRequested(GangEvent, tag="placement.place"):
+    """Command to placement: place the gang's attempt, all or nothing, and reserve it.
 
-    Placement accepts it only when the gang's record in ``phx-gangs`` is at this attempt and
-    names every one of these members (docs/saga.md, "Checks")."""
+    A reference: the members to place and the nodes to avoid are the gang's record in
+    ``phx-gangs`` (``attempt_members``, ``avoid_nodes``), their only home. Placement carries it
+    out only while that record is at this attempt, placing, with exactly the members
+    ``members_digest`` names (docs/saga.md, "Checks"). Replaces ``placement.requested``, which
+    carried the members (retired tag, never reused)."""
 
-    members: tuple[MemberSpec, ...] = ()
-    avoid_nodes: tuple[str, ...] = ()
-    """Nodes this attempt must not use: kept for a starving gang ahead in the queue (backfill,
-    docs/saga.md "Order and fairness")."""
+    members_digest: str = ""
+    """``uid_digest`` of the attempt's members: this incarnation of the gang's attempt."""
 
     def scope(self) -> str:
-        return uid_digest(m.pod for m in self.members)
+        return self.members_digest
 
 
 class Placed(GangEvent, tag="gang.placed"):
@@ -337,11 +338,11 @@ class GangDeadline(GangEvent, tag="gang.deadline"):
 
 
 GANG_EVENTS = (
-    GangAdmitted, PlacementRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
+    GangAdmitted, PlaceRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
     RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
 )
 AnyGangEvent = (
-    GangAdmitted | PlacementRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
+    GangAdmitted | PlaceRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
     | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
 )
 

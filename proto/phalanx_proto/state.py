@@ -30,6 +30,7 @@ from phalanx_proto.events import (
     PodRef,
     RequestKind,
     pod_key,
+    uid_digest,
 )
 from phalanx_proto.queues import USAGE_PREFIX, QueueSpec, QueueUsage, queue_key, usage_key
 from phalanx_proto.scheduling import NodeKubeState
@@ -143,6 +144,18 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Compensations of the current attempt already run (``unbind``, ``mig``, ``release``)."""
     unbound: tuple[PodRef, ...] = ()
     """Members deleted by the ``unbind`` compensation (so their deletion is not a new failure)."""
+
+
+def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:
+    """The members the current attempt places: all but those bound by earlier attempts
+    (``running``). What a ``placement.place`` command refers to."""
+    running = {r.pod for r in s.running}
+    return tuple(m for m in s.members if m.pod not in running)
+
+
+def members_digest(s: GangState) -> str:
+    """``uid_digest`` of the attempt's members: names this incarnation of the gang's attempt."""
+    return uid_digest(m.pod for m in attempt_members(s))
 
 
 class MigRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

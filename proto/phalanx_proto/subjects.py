@@ -140,7 +140,7 @@ def _tags(*types) -> tuple[str, ...]:
 _EVERYONE_WATCHING = (SUBSCRIBER, READER)
 CHANNELS = (
     Channel("gangPlacement", "phx.gang.placement.{gang}", STREAM_GANG,
-            _tags(E.PlacementRequested, E.ReleaseRequested, E.AdoptRequested), (GANG_COORDINATOR,),
+            _tags(E.PlaceRequested, E.ReleaseRequested, E.AdoptRequested), (GANG_COORDINATOR,),
             "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
             "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
             "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),

@@ -30,7 +30,7 @@ from phalanx_proto.events import (
     GangScheduled,
     MigDestroyRequested,
     MigPrepareRequested,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     ReleaseRequested,
     RollbackStarted,
@@ -83,8 +83,8 @@ def _deadline(s: GangState, timeout_s: float) -> ScheduleDeadline:
 
 
 def _placement(s: GangState) -> Publish:
-    return Publish(S.placement_subject(s.gang_id), PlacementRequested(
-        gang_id=s.gang_id, attempt=s.attempt, members=saga.attempt_members(s), avoid_nodes=s.avoid_nodes))
+    return Publish(S.placement_subject(s.gang_id), PlaceRequested(
+        gang_id=s.gang_id, attempt=s.attempt, members_digest=saga.members_digest(s)))
 
 
 def _mig_prepares(s: GangState) -> tuple[Effect, ...]:

@@ -33,10 +33,16 @@ from phalanx_proto.events import (
     MigReady,
     Placed,
     PlacementFailed,
-    uid_digest,
 )
 from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL
-from phalanx_proto.state import MAX_GANG_MEMBERS, GangPart, GangState, Running
+from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_digest: part of the saga's vocabulary
+    MAX_GANG_MEMBERS,
+    GangPart,
+    GangState,
+    Running,
+    attempt_members,
+    members_digest,
+)
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
@@ -96,12 +102,6 @@ def drop_member(s: GangState | None, pod) -> GangState | None:
                    min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
 
 
-def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:
-    """The members the current attempt places: all but those bound by earlier attempts."""
-    running = {r.pod for r in s.running}
-    return tuple(m for m in s.members if m.pod not in running)
-
-
 def late_members(s: GangState) -> bool:
     """A scheduled gang has members no attempt has bound yet (they arrived after it started,
     or replace a deleted member): they join by an attempt of their own, the others stay."""
@@ -144,11 +144,6 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
     return replace(s, phase="placing", attempt=s.attempt + 1, assignments=(), bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
                    running=running)
-
-
-def members_digest(s: GangState) -> str:
-    """``uid_digest`` of the attempt's members: names this incarnation of the gang's attempt."""
-    return uid_digest(m.pod for m in attempt_members(s))
 
 
 def placed(s: GangState | None, ev: Placed) -> GangState | None:

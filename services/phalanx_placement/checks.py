@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
-
-from phalanx_proto.events import AdoptRequested, PlacementRequested, ReleaseRequested
-from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, gpu_conflicts
+from phalanx_proto.events import AdoptRequested, PlaceRequested, ReleaseRequested
+from phalanx_proto.state import (
+    Allocation,
+    GangState,
+    NodeLedger,
+    alloc_key,
+    attempt_members,
+    gpu_conflicts,
+    members_digest,
+)
 from phalanx_proto.topology import NodeTopology
 
 LIVE = ("placing", "preparing", "binding", "scheduled")
@@ -26,9 +32,10 @@ class Refusal:
     why: str
 
 
-def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal | None:
-    """A request is for the gang's current attempt and names only members its record names
-    (with the same request each)."""
+def check_request(record: GangState | None, ev: PlaceRequested) -> Refusal | None:
+    """A request is for the gang's current attempt and for the members the record's attempt
+    places (``members_digest``): the members themselves are read from the record, never
+    from the command."""
     if record is None:
         return Refusal("unknown_gang", f"no record of gang {ev.gang_id} in phx-gangs")
     if ev.attempt > record.attempt:
@@ -36,11 +43,11 @@ def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal |
                                             f"attempt {record.attempt})")
     if ev.attempt < record.attempt:
         return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
-    named = {_wire(m) for m in record.members}  # MemberSpec holds dicts: compare the wire form
-    stray = [str(m.pod) for m in ev.members if _wire(m) not in named]
-    if not ev.members or stray:
-        return Refusal("not_members", "the request names no member" if not ev.members else
-                       f"{', '.join(stray[:5])}: not member(s) of the gang record with this request")
+    if not attempt_members(record):
+        return Refusal("not_members", f"the gang record's attempt {record.attempt} has no member to place")
+    if ev.members_digest != members_digest(record):
+        return Refusal("not_members", f"the request is for members {ev.members_digest or '(none named)'}, the gang "
+                                      f"record's attempt {record.attempt} places members {members_digest(record)}")
     return None
 
 
@@ -124,6 +131,3 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
         return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
     return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})
 
-
-_wire = msgspec.json.Encoder(order="sorted").encode
-"""The canonical wire form of a value (keys sorted), for set membership of values that hold dicts."""

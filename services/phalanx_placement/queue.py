@@ -1,6 +1,6 @@
 """The requests waiting for placement's next scheduling cycle.
 
-A consumer handler ``submit``s a ``PlacementRequested`` and waits for its outcome; the cycle
+A consumer handler ``submit``s a ``PlaceRequested`` and waits for its outcome; the cycle
 ``take``s what is waiting — at most a bound — highest priority first, then in arrival order,
 and finishes each one (or puts it back, after a lost compare-and-set, ahead of later
 arrivals of its priority).
@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from phalanx_proto.events import PlacementRequested
+from phalanx_proto.events import MemberSpec, PlaceRequested
 
 
 @dataclass(eq=False)
 class Waiting:
-    ev: PlacementRequested
+    ev: PlaceRequested
     priority: int
     arrival: int
     tries: int = 0
+    members: tuple[MemberSpec, ...] = ()
+    """The attempt's members, as the gang's record names them (set by the cycle's check)."""
     context: object = None
     """The trace context the request arrived in (its spans and reply continue that trace)."""
     error: BaseException | None = None
@@ -47,7 +49,7 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    async def submit(self, ev: PlacementRequested, priority: int, context: object = None) -> None:
+    async def submit(self, ev: PlaceRequested, priority: int, context: object = None) -> None:
         """Queue ``ev`` and return once a cycle has finished it (raising what it failed with).
         A second delivery of an attempt still in a cycle waits for the first, then goes on."""
         key = (ev.gang_id, ev.attempt)

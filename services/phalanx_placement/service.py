@@ -1,7 +1,7 @@
 """placement: decides where a gang goes and reserves it in the ledger (KV ``phx-ledger``).
 
 It decides on a watch-fed cache of ``phx-topology``, ``phx-heartbeat``, ``phx-node-state``
-(``nodestate.py``), ``phx-ledger`` and ``phx-gangs`` (``cache.py``): no request reads a bucket. ``PlacementRequested`` commands wait
+(``nodestate.py``), ``phx-ledger`` and ``phx-gangs`` (``cache.py``): no request reads a bucket. ``PlaceRequested`` commands wait
 in a queue (``queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
 highest priority first, then by arrival, and decides them one after the other on the cache,
 each decision assumed into it before the next. Each gang's reservations then commit on their
@@ -54,15 +54,16 @@ from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
+    MemberSpec,
     Placed,
     PlacementFailed,
-    PlacementRequested,
+    PlaceRequested,
     Released,
     ReleaseRequested,
     gang_decoder,
 )
 from phalanx_proto.queues import QueueUsage, usage_key
-from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
+from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
@@ -125,7 +126,7 @@ class Placement:
 
     async def on_command(self, event, delivery: Delivery) -> None:
         match event:
-            case PlacementRequested():
+            case PlaceRequested():
                 record = self.cache.gang(event.gang_id)
                 await self.queue.submit(event, record.priority if isinstance(record, GangState) else 0,
                                         otel_context.get_current())
@@ -136,7 +137,13 @@ class Placement:
             case _:
                 warn("unexpected event on placement subject", kind=type(event).__name__)
 
-    def _checked(self, ev: PlacementRequested) -> GangState | checks.Refusal:
+    def _members(self, ev: PlaceRequested) -> tuple[MemberSpec, ...]:
+        """The members the gang's record says its current attempt places (for the cycle's order;
+        the check decides whether the request is for them)."""
+        record = self.cache.gang(ev.gang_id)
+        return attempt_members(record) if isinstance(record, GangState) else ()
+
+    def _checked(self, ev: PlaceRequested) -> GangState | checks.Refusal:
         """The gang's record from the mirror, or why the request is refused."""
         record = self.cache.gang(ev.gang_id)
         if isinstance(record, Poisoned):
@@ -160,7 +167,7 @@ class Placement:
         other on the cache (each decision assumed before the next), commit per gang, pipelined."""
         async with anyio.create_task_group() as tg:
             while True:
-                batch = await self.queue.take(self.config.cycle_max, rank=lambda w: self.queues.rank_of(w.ev.members))
+                batch = await self.queue.take(self.config.cycle_max, rank=lambda w: self.queues.rank_of(self._members(w.ev)))
                 records = await self._records(batch)
                 self.cache.refresh()
                 self.queues.begin_cycle()
@@ -170,6 +177,7 @@ class Placement:
                                 command="placement.requested")
                         w.finish()
                         continue
+                    w.members = attempt_members(record)
                     outcome = self._decide(w, record)
                     if isinstance(outcome, _Decided):
                         tg.start_soon(self._commit_request, w, outcome)
@@ -183,8 +191,8 @@ class Placement:
     def _decide(self, w: Waiting, record: GangState) -> _Decided | _Reply | checks.Refusal:
         """One request on the cache, synchronously: the committed answer again, a refusal, a
         no-fit reply, or a decision assumed into the cache (its ``Commit``)."""
-        ev = w.ev
-        existing = self._existing(ev)
+        ev, members = w.ev, w.members
+        existing = self._existing(ev, members)
         if existing is not None:
             log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
             return _Reply(Placed(gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
@@ -192,14 +200,14 @@ class Placement:
         if refusal is not None:
             return refusal
         running = _running(record)
-        queue = queue_of(ev.members)
-        blocked = self.queues.refusal(ev.gang_id, ev.members, running)
+        queue = queue_of(members)
+        blocked = self.queues.refusal(ev.gang_id, members, running)
         if blocked:
             log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
             metrics.QUEUE_REFUSALS.inc(queue=queue)
             return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
-                                          fits_empty_cluster=False, members=tuple(m.pod for m in ev.members)))
-        if self.queues.borrowing(ev.members, ev.gang_id, running):
+                                          fits_empty_cluster=False, members=tuple(m.pod for m in members)))
+        if self.queues.borrowing(members, ev.gang_id, running):
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))
             if owed:
@@ -207,14 +215,14 @@ class Placement:
                        f"{', '.join(owed)}, below quota, whose gangs wait for them")
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
-                                              fits_empty_cluster=False, members=tuple(m.pod for m in ev.members)))
-        avoid = ev.avoid_nodes
+                                              fits_empty_cluster=False, members=tuple(m.pod for m in members)))
+        avoid = record.avoid_nodes
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.queue": queue,
-                "phalanx.members": len(ev.members)}) as span:
+                "phalanx.members": len(members)}) as span:
             started = time.perf_counter()
             with self.cache.excluding(ev.gang_id, running):
-                result = decide(self.cache.cluster, ev.members, self.profile, avoid=avoid)
+                result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
             elapsed = time.perf_counter() - started
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
@@ -224,50 +232,50 @@ class Placement:
             # Could it fit were the whole cluster empty (the statuses say: only busy nodes kept it
             # out), and where? Those nodes are what the fairness gate keeps for this gang should
             # it starve (docs/saga.md, backfill).
-            empty = decide(self.cache.empty, ev.members, self.profile) if result.resolvable else None
+            empty = decide(self.cache.empty, members, self.profile) if result.resolvable else None
             fits = isinstance(empty, Decision)
             return _Reply(PlacementFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                fits_empty_cluster=fits, members=tuple(m.pod for m in ev.members),
+                fits_empty_cluster=fits, members=tuple(m.pod for m in members),
                 reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else ()))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
-        writes: dict = self._ledgers_after(ev, result, running, self.queues.chain(ev.members))
+        writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
         writes.update(self.queues.usage_writes(ev.gang_id, writes))
         return _Decided(self.cache.assume(writes), result)
 
-    def _ledgers_after(self, ev: PlacementRequested, decision: Decision,
+    def _ledgers_after(self, gang_id: str, attempt: int, members: tuple[MemberSpec, ...], decision: Decision,
                        running: frozenset[str] = frozenset(), queues: tuple[str, ...] = ()) -> dict[str, NodeLedger]:
         """Every touched node's new ledger: the gang's earlier reservations (and any of these
         members') replaced by the decision's, but those of its ``running`` members kept. The new
         reservations are charged to ``queues`` (the gang's queue and its ancestors)."""
-        members = {alloc_key(m.pod) for m in ev.members}
+        keys = {alloc_key(m.pod) for m in members}
         by_key: dict[str, tuple[str, list]] = {}
         for a in decision.assignments:
             by_key.setdefault(S.token(a.node), (a.node, []))[1].append(a)
-        for key in self.cache.gang_keys(ev.gang_id):
+        for key in self.cache.gang_keys(gang_id):
             ledger = self.cache.ledger_of(key)
             if key not in by_key and ledger is not None and any(
-                    a.gang_id == ev.gang_id and k not in running for k, a in ledger.allocations.items()):
+                    a.gang_id == gang_id and k not in running for k, a in ledger.allocations.items()):
                 by_key[key] = (ledger.node, [])
         out = {}
         for key, (node, assignments) in by_key.items():
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
             allocs = {k: v for k, v in ledger.allocations.items()
-                      if k in running or not (v.gang_id == ev.gang_id or k in members)}
+                      if k in running or not (v.gang_id == gang_id or k in keys)}
             for a in assignments:
-                allocs[alloc_key(a.pod)] = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a,
+                allocs[alloc_key(a.pod)] = Allocation(gang_id=gang_id, attempt=attempt, assignment=a,
                                                       queues=queues)
             out[key] = NodeLedger(node=node, allocations=allocs)
         return out
 
-    def _existing(self, ev: PlacementRequested) -> tuple | None:
+    def _existing(self, ev: PlaceRequested, members: tuple[MemberSpec, ...]) -> tuple | None:
         """The assignments already committed for exactly this gang attempt, if all are there."""
         found = {}
         for key in self.cache.gang_keys(ev.gang_id):
             for alloc in (self.cache.ledger_of(key) or NodeLedger(node="")).allocations.values():
                 if alloc.gang_id == ev.gang_id and alloc.attempt == ev.attempt:
                     found[alloc_key(alloc.assignment.pod)] = alloc.assignment
-        wanted = [alloc_key(m.pod) for m in ev.members]
+        wanted = [alloc_key(m.pod) for m in members]
         if wanted and all(k in found for k in wanted):
             return tuple(found[k] for k in wanted)
         return None

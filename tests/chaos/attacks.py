@@ -25,9 +25,10 @@ from phalanx_proto.events import (
     Bound,
     MemberSpec,
     Placed,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     ReleaseRequested,
+    uid_digest,
 )
 from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
 from phalanx_telemetry import exposition
@@ -82,8 +83,9 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
                     assignment=Assignment(pod=p.ref, node=rng.choice(("v100-a", "v100-b")), gpus=(rng.randrange(8),))))
         case "request":
             phantom = MemberSpec(pod=PodRef(namespace="default", name="phantom", uid=uuid.uuid4().hex), gpus=8)
-            await forge(bus, S.placement_subject(s.gang_id), PlacementRequested(
-                gang_id=s.gang_id, attempt=max(1, s.attempt), members=(*s.members, phantom)))
+            await forge(bus, S.placement_subject(s.gang_id), PlaceRequested(
+                gang_id=s.gang_id, attempt=max(1, s.attempt),
+                members_digest=uid_digest([*(m.pod for m in s.members), phantom.pod])))
     return "forge"
 
 
@@ -155,7 +157,6 @@ async def node_attack(stack, rng, node: str = "v100-a") -> str:
     unschedulable for good. Returns the attack's name."""
     from hostile import as_identity
     from phalanx_proto.events import (
-        MemberSpec,
         MigPrepareRequested,
         NodeHeartbeat,
         NodeTopologyReported,
@@ -188,8 +189,8 @@ async def node_attack(stack, rng, node: str = "v100-a") -> str:
             case "pre-empted ids":
                 for _ in range(5):
                     pod = PodRef(namespace="default", name=f"g{rng.randrange(50)}-0", uid=uuid.uuid4().hex)
-                    for msg_id in (PlacementRequested(gang_id=f"default/g{rng.randrange(50)}", attempt=1,
-                                                      members=(MemberSpec(pod=pod),)).key(),
+                    for msg_id in (PlaceRequested(gang_id=f"default/g{rng.randrange(50)}", attempt=1,
+                                                  members_digest=uid_digest([pod])).key(),
                                    MigPrepareRequested(node="v100-b", gang_id="default/g0", pod=pod).key()):
                         await mig.js.publish(S.node_reply_subject(node), b"junk", headers={"Nats-Msg-Id": msg_id})
             case "flood":

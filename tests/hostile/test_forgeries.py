@@ -54,7 +54,7 @@ def forgeries() -> dict[str, Forgery]:
             E.BindRequested(gang_id=VICTIM, attempt=1, assignment=a))),
         "release the victim's reservation": Forgery(S.placement_subject(VICTIM), _ev(
             E.ReleaseRequested(gang_id=VICTIM, attempt=1, pods=(ref,)))),
-        "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlacementRequested(gang_id=VICTIM, attempt=9))),
+        "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlaceRequested(gang_id=VICTIM, attempt=9))),
         "answer Placed": Forgery(S.placement_reply_subject(VICTIM), _ev(E.Placed(gang_id=VICTIM, attempt=9, assignments=(a,)))),
         "answer Bound": Forgery(S.binder_reply_subject(VICTIM), _ev(E.Bound(gang_id=VICTIM, attempt=9, pod=ref, node=OTHER))),
         "destroy a MIG instance on its own node": Forgery(S.mig_subject(NODE), _ev(

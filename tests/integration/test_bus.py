@@ -11,7 +11,7 @@ import pytest
 
 from phalanx_bus import Bus, KvConflict, PermanentError, TemporaryError, consume
 from phalanx_proto import subjects as S
-from phalanx_proto.events import PlacementRequested, Released, gang_decoder
+from phalanx_proto.events import PlaceRequested, Released, gang_decoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -43,7 +43,7 @@ async def collect(bus, durable, subject, handler, n, timeout=10, concurrency=1):
 
 
 async def test_a_message_is_redelivered_when_its_consumer_dies_before_the_ack(bus, nats_private, tmp_path):
-    await bus.publish("phx.gang.placement.default.g1", PlacementRequested(gang_id="default/g1"))
+    await bus.publish("phx.gang.placement.default.g1", PlaceRequested(gang_id="default/g1"))
     marker = tmp_path / "marker"
     with anyio.fail_after(60):
         proc = await anyio.run_process([sys.executable, str(Path(__file__).with_name("crashy_consumer.py")),
@@ -55,14 +55,14 @@ async def test_a_message_is_redelivered_when_its_consumer_dies_before_the_ack(bu
         pass
 
     seen = await collect(bus, "crash-test", "phx.gang.placement.>", ok, 1)
-    assert seen == [(PlacementRequested(gang_id="default/g1"), 2)]
+    assert seen == [(PlaceRequested(gang_id="default/g1"), 2)]
 
 
 async def test_the_same_msg_id_published_twice_is_stored_once(bus):
-    ev = PlacementRequested(gang_id="default/dup", attempt=1)
+    ev = PlaceRequested(gang_id="default/dup", attempt=1)
     first = await bus.publish("phx.gang.placement.default.dup", ev)
     second = await bus.publish("phx.gang.placement.default.dup", ev)
-    third = await bus.publish("phx.gang.placement.default.dup", PlacementRequested(gang_id="default/dup", attempt=2))
+    third = await bus.publish("phx.gang.placement.default.dup", PlaceRequested(gang_id="default/dup", attempt=2))
     assert first == second
     assert third == first + 1
     info = await bus.js.stream_info(S.STREAM_GANG)
@@ -72,13 +72,13 @@ async def test_the_same_msg_id_published_twice_is_stored_once(bus):
 async def test_an_undecodable_message_is_terminated_and_recorded_and_the_consumer_goes_on(bus):
     await bus.publish_raw("phx.gang.placement.default.bad", b'{"kind": "no.such.kind", "gang_id": 1}',
                           {"Nats-Msg-Id": "bad-1"})
-    await bus.publish("phx.gang.placement.default.good", PlacementRequested(gang_id="default/good"))
+    await bus.publish("phx.gang.placement.default.good", PlaceRequested(gang_id="default/good"))
 
     async def ok(event, delivery):
         pass
 
     seen = await collect(bus, "dlq-test", "phx.gang.placement.>", ok, 1)
-    assert seen == [(PlacementRequested(gang_id="default/good"), 1)]
+    assert seen == [(PlaceRequested(gang_id="default/good"), 1)]
     dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "dlq-test"))
     assert dead.data == b'{"kind": "no.such.kind", "gang_id": 1}'
     assert dead.headers["Phalanx-Original-Subject"] == "phx.gang.placement.default.bad"
@@ -88,8 +88,8 @@ async def test_an_undecodable_message_is_terminated_and_recorded_and_the_consume
 
 
 async def test_a_temporary_error_is_retried_and_a_permanent_one_is_dead_lettered(bus):
-    await bus.publish("phx.gang.placement.default.t", PlacementRequested(gang_id="default/t"))
-    await bus.publish("phx.gang.placement.default.p", PlacementRequested(gang_id="default/p"))
+    await bus.publish("phx.gang.placement.default.t", PlaceRequested(gang_id="default/t"))
+    await bus.publish("phx.gang.placement.default.p", PlaceRequested(gang_id="default/p"))
     calls = []
 
     async def flaky(event, delivery):
@@ -100,7 +100,7 @@ async def test_a_temporary_error_is_retried_and_a_permanent_one_is_dead_lettered
             raise TemporaryError("not yet", delay=0.1)
 
     seen = await collect(bus, "ladder-test", "phx.gang.placement.>", flaky, 1)
-    assert seen == [(PlacementRequested(gang_id="default/t"), 2)]
+    assert seen == [(PlaceRequested(gang_id="default/t"), 2)]
     assert sorted(calls) == [("default/p", 1), ("default/t", 1), ("default/t", 2)]
     dead = await bus.js.get_last_msg(S.STREAM_DEAD_LETTER, S.dead_letter_subject(S.STREAM_GANG, "ladder-test"))
     assert "permanent: never" in dead.headers["Phalanx-Error"]
@@ -108,7 +108,7 @@ async def test_a_temporary_error_is_retried_and_a_permanent_one_is_dead_lettered
 
 async def test_a_concurrent_consumer_runs_up_to_its_bound_at_once_and_settles_each_message_alone(bus):
     for i in range(12):
-        await bus.publish(f"phx.gang.placement.default.c{i}", PlacementRequested(gang_id=f"default/c{i}"))
+        await bus.publish(f"phx.gang.placement.default.c{i}", PlaceRequested(gang_id=f"default/c{i}"))
     in_flight, peak, calls = 0, 0, []
     four_at_once = anyio.Event()
 
@@ -145,7 +145,7 @@ async def test_an_ordered_consumer_handles_one_gang_at_a_time_in_order_and_never
     # must neither be redelivered while they wait nor overtake each other.
     order = [("slow", a) for a in range(1, 7)] + [(g, a) for a in range(1, 4) for g in ("f1", "f2", "f3")]
     for gang, attempt in order:
-        await bus.publish(S.placement_subject(f"default/{gang}"), PlacementRequested(gang_id=f"default/{gang}",
+        await bus.publish(S.placement_subject(f"default/{gang}"), PlaceRequested(gang_id=f"default/{gang}",
                                                                                      attempt=attempt))
     active: set[str] = set()
     overlapped_gangs, calls = [], []
@@ -180,8 +180,8 @@ async def test_an_ordered_consumer_handles_one_gang_at_a_time_in_order_and_never
 async def test_a_message_that_fails_on_every_delivery_is_dead_lettered_with_its_error_not_dropped(bus):
     from phalanx_telemetry import metrics
 
-    await bus.publish("phx.gang.placement.default.crash", PlacementRequested(gang_id="default/crash"))
-    await bus.publish("phx.gang.placement.default.busy", PlacementRequested(gang_id="default/busy"))
+    await bus.publish("phx.gang.placement.default.crash", PlaceRequested(gang_id="default/crash"))
+    await bus.publish("phx.gang.placement.default.busy", PlaceRequested(gang_id="default/busy"))
     calls = []
     before = metrics.BUS_DEAD_LETTERS.value(consumer="exhaust-test", cause="exhausted")
 

@@ -20,11 +20,11 @@ from phalanx_proto.events import (
     Assignment,
     BindRequested,
     Bound,
-    MemberSpec,
     Placed,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     ReleaseRequested,
+    uid_digest,
 )
 from stackutil import audit_ledger, bound_pods, gang_states, gpu_pod, wait_until
 
@@ -146,12 +146,13 @@ async def test_a_placement_request_whose_members_are_not_the_gangs_replaces_no_r
     async with audited(bus):
         pod, state = await scheduled(bus, sim, "victim-e")
         before = await record(bus, sim)
-        phantom = MemberSpec(pod=PodRef(namespace="default", name="phantom-e", uid="phantom"), gpus=8)
+        phantom = PodRef(namespace="default", name="phantom-e", uid="phantom")
+        ours = uid_digest(m.pod for m in state.members)
         for forged in (
-            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt + 1, members=(phantom,)),
-            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt, members=(phantom,)),
-            PlacementRequested(gang_id=state.gang_id, attempt=state.attempt, members=state.members),  # a replay
-            PlacementRequested(gang_id="default/phantom-e", attempt=1, members=(phantom,)),
+            PlaceRequested(gang_id=state.gang_id, attempt=state.attempt + 1, members_digest=uid_digest([phantom])),
+            PlaceRequested(gang_id=state.gang_id, attempt=state.attempt, members_digest=uid_digest([phantom])),
+            PlaceRequested(gang_id=state.gang_id, attempt=state.attempt, members_digest=ours),  # a replay
+            PlaceRequested(gang_id="default/phantom-e", attempt=1, members_digest=uid_digest([phantom])),
         ):
             await forge(bus, S.placement_subject(forged.gang_id), forged)
         await drained(bus, "placement", "gang-coordinator")
@@ -198,7 +199,7 @@ async def test_a_message_id_burned_in_advance_does_not_hold_a_new_pod_back(env):
     stack, bus, sim = env
     async with audited(bus):
         # The old scheme's id for the next pod's first request, taken by someone else first.
-        junk = PlacementRequested(gang_id="default/burned-g", attempt=1)
+        junk = PlaceRequested(gang_id="default/burned-g", attempt=1)
         await bus.publish(S.placement_subject(junk.gang_id), junk, msg_id="placement.requested:default/burned-g:1")
         started = anyio.current_time()
         await scheduled(bus, sim, "burned-g")

@@ -31,12 +31,13 @@ from phalanx_proto.events import (
     NodeHeartbeat,
     NodeTopologyReported,
     Placed,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     Released,
     ReleaseRequested,
     encoder,
     gang_decoder,
+    uid_digest,
 )
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
@@ -243,13 +244,14 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
     try:
         with anyio.fail_after(120):
             async with anyio.create_task_group() as tg:
-                requests = []
+                requests, first = [], None
                 for k in range(30):
                     pod = PodRef(namespace="t", name=f"p{k}", uid=f"uid-{k}")
                     members = (MemberSpec(pod=pod, gpus=1 + k % 3),)
                     await gangs.put(S.gang_key(f"t/p{k}"), encoder.encode(GangState(
                         gang_id=f"t/p{k}", phase="placing", attempt=1, members=members)))
-                    requests.append(PlacementRequested(gang_id=f"t/p{k}", attempt=1, members=members))
+                    requests.append(PlaceRequested(gang_id=f"t/p{k}", attempt=1, members_digest=uid_digest([pod])))
+                    first = first or members
                 for ev in requests:  # all waiting before placement starts: its first cycle takes them together
                     await admin.publish(S.placement_subject(ev.gang_id), ev)
                 await tg.start(lambda task_status: run_placement(me, Config(heartbeat_stale_s=600),
@@ -258,9 +260,9 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
                 while sum(isinstance(r, Placed) for r in replies) < len(requests):
                     await anyio.sleep(0.05)
                 await gangs.put(S.gang_key("t/p0"), encoder.encode(GangState(
-                    gang_id="t/p0", phase="backoff", attempt=1, members=requests[0].members)))
+                    gang_id="t/p0", phase="backoff", attempt=1, members=first)))
                 await admin.publish(S.placement_subject("t/p0"), ReleaseRequested(
-                    gang_id="t/p0", attempt=1, pods=(requests[0].members[0].pod,), reason="test"))
+                    gang_id="t/p0", attempt=1, pods=(first[0].pod,), reason="test"))
                 while not any(isinstance(r, Released) for r in replies):
                     await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
@@ -308,7 +310,8 @@ async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_p
                     members = (MemberSpec(pod=PodRef(namespace="t", name=f"c{k}", uid=f"c-{k}"), gpus=1 + k % 2),)
                     await (await bus.kv(S.KV_GANGS)).put(S.gang_key(f"t/c{k}"), encoder.encode(GangState(
                         gang_id=f"t/c{k}", phase="placing", attempt=1, members=members)))
-                    w = Waiting(ev=PlacementRequested(gang_id=f"t/c{k}", attempt=1, members=members), priority=0,
+                    w = Waiting(ev=PlaceRequested(gang_id=f"t/c{k}", attempt=1,
+                                                  members_digest=uid_digest(m.pod for m in members)), priority=0,
                                 arrival=k)
                     placement.queue.put(w)
                     waiting.append(w)

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from phalanx_bus import Bus, consume
 from phalanx_proto import subjects as S
-from phalanx_proto.events import PlacementRequested, gang_decoder
+from phalanx_proto.events import PlaceRequested, gang_decoder
 from phalanx_telemetry import tracer
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -31,7 +31,7 @@ async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus
     try:
         await bus.declare()
         with tracer().start_as_current_span("admit gang") as root:
-            await bus.publish(S.placement_subject("default/g"), PlacementRequested(gang_id="default/g", attempt=3))
+            await bus.publish(S.placement_subject("default/g"), PlaceRequested(gang_id="default/g", attempt=3))
         done = anyio.Event()
 
         async def handler(event, delivery):
@@ -62,7 +62,7 @@ async def test_the_consumer_span_is_a_child_of_the_publisher_span_across_the_bus
                     span.attributes["messaging.destination.name"], span.attributes["messaging.destination.template"],
                     span.attributes["messaging.message.id"]) == (
                 op, op_type, "phx.gang.placement.default.g", "phx.gang.placement.{gang}",
-                bus.msg_id(PlacementRequested(gang_id="default/g", attempt=3).key()))
+                bus.msg_id(PlaceRequested(gang_id="default/g", attempt=3).key()))
         assert process.attributes["messaging.consumer.group.name"] == "trace-test"
         assert process.attributes["messaging.nats.message.delivery_count"] == 1
     finally:

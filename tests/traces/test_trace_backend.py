@@ -4,7 +4,7 @@ The five service processes run with nothing but the standard variables
 (``OTEL_TRACES_EXPORTER=otlp``, ``OTEL_EXPORTER_OTLP_ENDPOINT``); the test then reads Jaeger's
 query API and checks that a gang attempt is ONE trace whose spans nest the way the saga runs:
 
-    gang-coordinator  publish phx.gang.placement.{gang}          (PRODUCER, PlacementRequested)
+    gang-coordinator  publish phx.gang.placement.{gang}          (PRODUCER, PlaceRequested)
     placement           process phx.gang.placement.{gang}         (CONSUMER)
     placement             placement.decide                        (gang, attempt, nodes, GPUs)
     placement             placement.commit                        (the ledger batch)
@@ -191,7 +191,7 @@ async def test_a_scheduled_gang_is_one_trace_through_placement_and_binder_in_sag
         if pp is None:
             return "Placed was not published from placement's process span"
         if _producer(trace.parent(pp), COORD, "placement.requested") is None:
-            return "placement's process span is not the child of gang-coordinator's PlacementRequested publish"
+            return "placement's process span is not the child of gang-coordinator's PlaceRequested publish"
         if not trace.find(name="placement.decide", service=PLACEMENT) or not trace.find(
                 name="placement.commit", service=PLACEMENT):
             return "placement.decide / placement.commit not (yet) in the trace"

@@ -141,8 +141,8 @@ def test_rotating_a_signing_key_changes_only_that_key(tmp_path):
     ("phx.gang.coord.binder.default.g", E.Placed(gang_id="default/g"), "kind 'gang.placed' is not allowed"),
     ("phx.node.v100-a.reply", E.MigReady(node="v100-b", gang_id="default/g", pod=E.PodRef(namespace="d", name="p"),
                                          instance_uuid="u"), "node 'v100-b' of the event is not the node"),
-    ("phx.gang.placement.default.other", E.PlacementRequested(gang_id="default/g"), "gang 'default/g'"),
-    ("phx.gang.placement.default.g", E.PlacementRequested(gang_id="default/g"), ""),
+    ("phx.gang.placement.default.other", E.PlaceRequested(gang_id="default/g"), "gang 'default/g'"),
+    ("phx.gang.placement.default.g", E.PlaceRequested(gang_id="default/g"), ""),
 ])
 def test_the_consumer_refuses_an_event_its_subject_does_not_allow(subject, event, why):
     got = misaddressed(subject, event)

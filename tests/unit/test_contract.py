@@ -17,15 +17,7 @@ ASSIGNMENT = E.Assignment(pod=POD, node="v100-a", gpus=(0, 1), gpu_uuids=("GPU-a
 
 SAMPLES = [
     E.GangAdmitted(gang_id="default/g", attempt=1, members=(POD,), min_member=1),
-    E.PlacementRequested(gang_id="default/g", attempt=2, members=(E.MemberSpec(pod=POD, gpus=2),)),
-    E.PlacementRequested(gang_id="default/g", attempt=3, members=(E.MemberSpec(
-        pod=POD, gpus=1, requests={"cpu": 4000, "memory": 8 << 30, "example.com/foo": 1},
-        tolerations=(S.Toleration(key="dedicated", value="infra", effect="NoSchedule"), S.Toleration(operator="Exists")),
-        node_selector={"gpu": "a100"}, node_name="n1", host_network=True,
-        node_affinity=(S.NodeSelectorTerm(match_expressions=(
-            S.NodeSelectorRequirement(key="cores", operator="Gt", values=("32",)),)),),
-        host_ports=(S.HostPort(port=8080), S.HostPort(port=53, protocol="UDP", host_ip="10.0.0.1")),
-        unsupported=("podAntiAffinity",)),)),
+    E.PlaceRequested(gang_id="default/g", attempt=2, members_digest=E.uid_digest([POD])),
     E.Placed(gang_id="default/g", attempt=3, assignments=(E.Assignment(
         pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)),)),
     E.Placed(gang_id="default/g", attempt=2, assignments=(ASSIGNMENT,)),
@@ -66,7 +58,7 @@ def test_a_newer_sender_with_unknown_fields_is_still_understood(event):
 
 def test_tags_are_the_stable_names_subscribers_rely_on():
     assert [E.tag_of(t) for t in E.ALL_EVENTS] == [
-        "gang.admitted", "placement.requested", "gang.placed", "gang.placement_failed", "bind.requested",
+        "gang.admitted", "placement.place", "gang.placed", "gang.placement_failed", "bind.requested",
         "gang.bound", "gang.bind_failed", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
@@ -85,7 +77,7 @@ def test_an_event_of_another_stream_is_refused_by_a_decoder():
 
 
 def test_a_value_outside_its_limits_is_refused_with_the_field_named():
-    bad = {"kind": "placement.requested", "gang_id": "g", "attempt": 0}
+    bad = {"kind": "placement.place", "gang_id": "g", "attempt": 0}
     with pytest.raises(msgspec.ValidationError, match=r"Expected `int` >= 1 - at `\$.attempt`"):
         E.gang_decoder.decode(json.dumps(bad))
 
@@ -100,9 +92,10 @@ def test_a_value_outside_its_limits_is_refused_with_the_field_named():
                  id="an unknown selector operator"),
 ])
 def test_a_member_whose_constraints_break_the_contract_does_not_decode(member, where):
-    bad = {"kind": "placement.requested", "gang_id": "g", "members": [{"pod": {"namespace": "n", "name": "p"}, **member}]}
+    """Members live in the gang's record (phx-gangs), the only place placement reads them from."""
+    bad = {"gang_id": "g", "members": [{"pod": {"namespace": "n", "name": "p"}, **member}]}
     with pytest.raises(msgspec.ValidationError, match=rf"at `\$.members\[0\].{where}"):
-        E.gang_decoder.decode(json.dumps(bad))
+        gang_state_decoder.decode(json.dumps(bad))
 
 
 def test_idempotency_keys_differ_per_member_and_attempt():
@@ -121,8 +114,8 @@ def test_a_recreated_pod_is_a_new_message_not_a_duplicate_of_the_old_one():
     pairs = [
         (E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=old, node="n")),
          E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=new, node="n"))),
-        (E.PlacementRequested(gang_id="g", attempt=1, members=(member,)),
-         E.PlacementRequested(gang_id="g", attempt=1, members=(msgspec.structs.replace(member, pod=new),))),
+        (E.PlaceRequested(gang_id="g", attempt=1, members_digest=E.uid_digest([member.pod])),
+         E.PlaceRequested(gang_id="g", attempt=1, members_digest=E.uid_digest([new]))),
         (E.ReleaseRequested(gang_id="g", attempt=1, pods=(old,)), E.ReleaseRequested(gang_id="g", attempt=1, pods=(new,))),
         (E.MigReady(node="n", gang_id="g", attempt=1, pod=old, instance_uuid="m"),
          E.MigReady(node="n", gang_id="g", attempt=1, pod=new, instance_uuid="m")),

@@ -12,9 +12,10 @@ from phalanx_proto.events import (
     AdoptRequested,
     Assignment,
     MemberSpec,
-    PlacementRequested,
+    PlaceRequested,
     PodRef,
     ReleaseRequested,
+    uid_digest,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_proto.topology import Gpu, NodeTopology
@@ -30,12 +31,14 @@ def record(phase="placing", attempt=2, members=(M1, M2)) -> GangState:
     return GangState(gang_id=G, phase=phase, attempt=attempt, min_member=2, members=members)
 
 
-def request(attempt=2, members=(M1, M2)) -> PlacementRequested:
-    return PlacementRequested(gang_id=G, attempt=attempt, members=members)
+def request(attempt=2, members=(M1, M2)) -> PlaceRequested:
+    return PlaceRequested(gang_id=G, attempt=attempt, members_digest=uid_digest(m.pod for m in members))
 
 
+DIGEST = uid_digest([P1, P2])
+PHANTOM = PodRef(namespace="default", name="phantom", uid="x")
 REQUESTS = [
-    ("the request the record names is accepted", record(), request(), None),
+    ("the request for the record's attempt and members is accepted", record(), request(), None),
     ("a request for a gang without a record is refused", None, request(),
      Refusal("unknown_gang", f"no record of gang {G} in phx-gangs")),
     ("a request for an attempt the gang never started is refused", record(), request(attempt=3),
@@ -43,16 +46,18 @@ REQUESTS = [
     ("a request for an old attempt is refused", record(), request(attempt=1),
      Refusal("stale_attempt", "attempt 1 is over (the gang is at attempt 2)")),
     ("a request naming a pod that is not a member is refused", record(),
-     request(members=(M1, MemberSpec(pod=PodRef(namespace="default", name="phantom", uid="x"), gpus=8))),
-     Refusal("not_members", "default/phantom: not member(s) of the gang record with this request")),
-    ("a request asking more for a member than the record says is refused", record(),
-     request(members=(M1, replace(M2, gpus=8))),
-     Refusal("not_members", "default/w-1: not member(s) of the gang record with this request")),
+     request(members=(M1, MemberSpec(pod=PHANTOM, gpus=8))),
+     Refusal("not_members", f"the request is for members {uid_digest([P1, PHANTOM])}, the gang record's attempt 2 "
+                            f"places members {DIGEST}")),
     ("a request naming a recreated pod (another uid) is refused", record(),
      request(members=(MemberSpec(pod=OLD_P1, gpus=1), M2)),
-     Refusal("not_members", "default/w-0: not member(s) of the gang record with this request")),
-    ("a request naming nobody is refused", record(), request(members=()),
-     Refusal("not_members", "the request names no member")),
+     Refusal("not_members", f"the request is for members {uid_digest([OLD_P1, P2])}, the gang record's attempt 2 "
+                            f"places members {DIGEST}")),
+    ("a request naming nobody is refused", record(), PlaceRequested(gang_id=G, attempt=2),
+     Refusal("not_members", f"the request is for members (none named), the gang record's attempt 2 places members "
+                            f"{DIGEST}")),
+    ("a request for a record whose attempt places nobody is refused", record(members=()), request(),
+     Refusal("not_members", "the gang record's attempt 2 has no member to place")),
 ]
 
 

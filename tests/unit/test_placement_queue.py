@@ -7,13 +7,13 @@ import anyio
 import pytest
 
 from phalanx_placement.queue import RequestQueue, Waiting
-from phalanx_proto.events import PlacementRequested
+from phalanx_proto.events import PlaceRequested
 
 pytestmark = pytest.mark.anyio
 
 
-def request(gang: str, attempt: int = 1) -> PlacementRequested:
-    return PlacementRequested(gang_id=f"t/{gang}", attempt=attempt)
+def request(gang: str, attempt: int = 1) -> PlaceRequested:
+    return PlaceRequested(gang_id=f"t/{gang}", attempt=attempt)
 
 
 @pytest.mark.parametrize("arrivals, limit, expected_first, expected_next", [
