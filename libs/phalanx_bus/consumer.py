@@ -133,7 +133,7 @@ async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
 
 def misaddressed(subject: str, event: Any) -> str:
     """Why ``event`` may not travel on ``subject`` per the bus table, or ``""``: its kind is
-    not one of the channel's (a binder reply claiming to be ``Placed``), or its ``node`` or
+    not one of the channel's (a binder reply claiming to be ``Reserved``), or its ``node`` or
     ``gang_id`` is not the one the subject names (one node's agent speaking for another).
     Subject permissions decide who may publish on a channel; this decides what they may say."""
     channel = S.channel_of(subject)

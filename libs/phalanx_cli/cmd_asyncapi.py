@@ -125,7 +125,7 @@ SCHEMAS = {
             "Nats-Msg-Id": {"type": "string", "description": "The event's idempotency key (event.key()): the "
                             "server drops a second publish with the same id inside the two-minute duplicate "
                             "window, and handlers use it to recognise a redelivery.",
-                            "examples": ["placement.requested:default.train:2"]},
+                            "examples": ["placement.place:default/train:2:3b9a0c1d2e3f4a5b"]},
             "Phalanx-Kind": {"type": "string", "description": "The event's tag, the same as its 'kind' field."},
             "traceparent": {"type": "string", "description": "W3C trace context of the publishing span."},
             "tracestate": {"type": "string", "description": "W3C trace state, when present."},

@@ -4,7 +4,7 @@ A live view (a plain NATS subscription; nothing is consumed, acked or replayed),
 watching a cluster: one line per event with the time it arrived, the subject, the event's tag
 and its key fields, or with ``--json`` one JSON object per line::
 
-    {"time": "2026-01-01T12:00:00.123Z", "subject": "phx.gang.coord.default.train", "kind": "gang.placed",
+    {"time": "2026-01-01T12:00:00.123Z", "subject": "phx.gang.coord.default.train", "kind": "gang.reserved",
      "event": {...the event as on the wire...}}
 
 Messages that do not decode (a dead letter holding garbage) are shown with ``kind``

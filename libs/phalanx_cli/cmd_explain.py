@@ -102,6 +102,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
     from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
+    from phalanx_proto.state import alloc_key
 
     async with AsyncExitStack() as stack:
         bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout, auth=bus_auth(args))
@@ -123,11 +124,16 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
             if members and (state is None or any(m.uid == pod.uid for m in members)):
                 state = candidate
 
+        assignment = None
+        if state is not None and not pod.node_name:  # reserved, not bound yet: the ledger holds it
+            ledgers, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="*")
+            key = alloc_key(PodRef(namespace=namespace, name=name, uid=pod.uid))
+            assignment = next((r.value.allocations[key].assignment for r in ledgers
+                               if key in r.value.allocations and r.value.allocations[key].gang_id == state.gang_id),
+                              None)
+
     condition = next((c for c in (pod.raw.get("status") or {}).get("conditions") or []
                       if c.get("type") == "PodScheduled"), None)
-    assignment = None
-    if state is not None:
-        assignment = next((a for a in state.assignments if a.pod.namespace == namespace and a.pod.name == name), None)
     assignment_doc = msgspec.to_builtins(assignment) if assignment is not None else None
     if assignment_doc is None and pod.annotations.get(ASSIGNMENT_ANNOTATION):
         try:

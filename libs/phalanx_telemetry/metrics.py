@@ -315,6 +315,7 @@ REFUSAL_RULES = (
     "unknown_gang", "stale_attempt", "unstarted_attempt", "not_members", "not_placing", "live_release",
     "unnamed_release", "not_in_ledger", "foreign_scheduler", "unknown_node", "node_disabled", "not_bound",
     "not_member", "not_recorded", "unreadable_record", "live_pod", "not_running_there", "adopted_reservation",
+    "mig_not_ready",
 )
 REFUSED = Counter(
     "phalanx_refused_messages_total",

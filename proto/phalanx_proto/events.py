@@ -37,6 +37,8 @@ from phalanx_proto.scheduling import (
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
 Attempt = Annotated[int, msgspec.Meta(ge=1)]
+MAX_BATCH_PODS = 10_000
+"""Pods one message may name (a gang's members at most: ``state.MAX_GANG_MEMBERS``)."""
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -207,13 +209,18 @@ class PlaceRequested(GangEvent, tag="placement.place"):
         return self.members_digest
 
 
-class Placed(GangEvent, tag="gang.placed"):
-    """Reply from placement: the reservation is committed in the ledger."""
+class Reserved(GangEvent, tag="gang.reserved"):
+    """Reply from placement: the attempt's reservations are committed in ``phx-ledger``.
 
-    assignments: tuple[Assignment, ...] = ()
+    A reference: the assignments live in the ledger only, one per member under (gang,
+    attempt, pod uid); gang-coordinator reads them from its mirror of it. Replaces
+    ``gang.placed``, which carried them (retired tag, never reused)."""
+
+    members_digest: str = ""
+    """``uid_digest`` of the attempt's members, as in the ``placement.place`` it answers."""
 
     def scope(self) -> str:
-        return uid_digest(a.pod for a in self.assignments)
+        return self.members_digest
 
 
 class PlacementFailed(GangEvent, tag="gang.placement_failed"):
@@ -235,34 +242,37 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
         return uid_digest(self.members)
 
 
-class BindRequested(GangEvent, tag="bind.requested"):
-    """Command to binder: annotate and bind one member. Binder binds only what the ledger
-    holds for this gang, attempt and pod uid (docs/saga.md, "Checks")."""
+class BindPods(GangEvent, tag="bind.pods"):
+    """Command to binder: bind these members of the attempt. A reference: each pod is bound
+    to what the ledger holds for exactly (gang, attempt, pod uid), a MIG member with the
+    instance its node's mig-manager recorded ready for it in ``phx-mig`` — never to anything a
+    command says (docs/saga.md, "Checks"). Replaces ``bind.requested`` (one assignment per
+    message, believed after a comparison with the ledger; retired tag, never reused)."""
 
-    assignment: Assignment
+    pods: Annotated[tuple[PodRef, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
 
     def scope(self) -> str:
-        return pod_key(self.assignment.pod)
+        return uid_digest(self.pods)
 
 
-class Bound(GangEvent, tag="gang.bound"):
-    """Reply from binder: the member is bound to ``node``."""
+class BindFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One member binder could not bind, and why."""
 
     pod: PodRef
-    node: str
+    reason: Annotated[str, msgspec.Meta(max_length=2000)]
+
+
+class BindsDone(GangEvent, tag="gang.binds_done"):
+    """Reply from binder to one ``bind.pods``: the members it bound (or found bound where the
+    ledger says) and those it could not bind, with the reason. A member it refused (the ledger
+    holds no such reservation, a foreign pod) is in neither: a forged command gets no answer.
+    Replaces ``gang.bound`` and ``gang.bind_failed`` (one message per pod; retired tags)."""
+
+    bound: Annotated[tuple[PodRef, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
+    failed: Annotated[tuple[BindFailure, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
 
     def scope(self) -> str:
-        return pod_key(self.pod)
-
-
-class BindFailed(GangEvent, tag="gang.bind_failed"):
-    """Reply from binder: the member could not be bound."""
-
-    pod: PodRef
-    reason: str
-
-    def scope(self) -> str:
-        return pod_key(self.pod)
+        return f"{uid_digest(self.bound)}:{uid_digest(f.pod for f in self.failed)}"
 
 
 class RollbackStarted(GangEvent, tag="gang.rollback"):
@@ -338,11 +348,11 @@ class GangDeadline(GangEvent, tag="gang.deadline"):
 
 
 GANG_EVENTS = (
-    GangAdmitted, PlaceRequested, Placed, PlacementFailed, BindRequested, Bound, BindFailed,
+    GangAdmitted, PlaceRequested, Reserved, PlacementFailed, BindPods, BindsDone,
     RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
 )
 AnyGangEvent = (
-    GangAdmitted | PlaceRequested | Placed | PlacementFailed | BindRequested | Bound | BindFailed
+    GangAdmitted | PlaceRequested | Reserved | PlacementFailed | BindPods | BindsDone
     | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
 )
 
@@ -441,6 +451,9 @@ node_decoder = Decoder(AnyNodeEvent)
 encoder = msgspec.json.Encoder()
 
 ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS
+RETIRED_TAGS = ("placement.requested", "gang.placed", "bind.requested", "gang.bound", "gang.bind_failed")
+"""Tags no version sends any more (commands and replies that carried data now held in one
+place, docs/events.md): never given to another event."""
 
 
 def tag_of(event_type: type[msgspec.Struct]) -> str:

@@ -102,8 +102,8 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     attempt: int = 0
     min_member: int = 1
     members: tuple[MemberSpec, ...] = ()
-    assignments: tuple[Assignment, ...] = ()
     bound: tuple[PodRef, ...] = ()
+    """Members of the current attempt bound so far (their assignments: the ledger's)."""
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
     failure: str = ""
@@ -289,9 +289,6 @@ def gang_problem(key: str, state: GangState) -> str:
     members = [m.pod for m in state.members]
     if len(set(members)) != len(members):
         return "a pod is listed twice among members"
-    stray = [str(a.pod) for a in state.assignments if a.pod not in set(members)]
-    if stray:
-        return f"assignment(s) for non-member(s) {', '.join(stray[:3])}"
     return ""
 
 

@@ -144,12 +144,12 @@ CHANNELS = (
             "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
             "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
             "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),
-    Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindRequested), (GANG_COORDINATOR,),
+    Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods), (GANG_COORDINATOR,),
             "Commands to binder: annotate and bind one placed member.", receiver="binder"),
     Channel("gangPlacementReply", "phx.gang.coord.placement.{gang}", STREAM_GANG,
-            _tags(E.Placed, E.PlacementFailed, E.Released), (PLACEMENT,),
+            _tags(E.Reserved, E.PlacementFailed, E.Released), (PLACEMENT,),
             "Replies of placement to gang-coordinator.", receiver="gang-coordinator"),
-    Channel("gangBinderReply", "phx.gang.coord.binder.{gang}", STREAM_GANG, _tags(E.Bound, E.BindFailed),
+    Channel("gangBinderReply", "phx.gang.coord.binder.{gang}", STREAM_GANG, _tags(E.BindsDone),
             (BINDER,), "Replies of binder to gang-coordinator.", receiver="gang-coordinator"),
     Channel("gangStatus", "phx.gang.status.{gang}", STREAM_GANG,
             _tags(E.GangAdmitted, E.GangScheduled, E.GangPending, E.RollbackStarted), (GANG_COORDINATOR,),
@@ -300,7 +300,8 @@ BUCKETS = (
     Bucket(KV_LEASES, 1, "Leases that elect one active replica of a singleton loop (the reconciler).",
            (Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ))),
     Bucket(KV_MIG, 1, "Who owns each MIG instance of a node, by slot (written before the create, verified after).",
-           (Grant(MIG_MANAGER, WRITE, "{node}"), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
+           (Grant(MIG_MANAGER, WRITE, "{node}"), Grant(GANG_COORDINATOR, WATCH), Grant(BINDER, WATCH),
+            Grant(READER, READ)),
            max_value_size=256 * KIB, max_bytes=256 * MIB, value="kv.NodeMig", key="{node}"),
     Bucket(KV_SIM_QUEUES, 2, "Simulated cluster: Queue objects (scheduling.phalanx.io/v1alpha1).",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ)),
@@ -424,12 +425,12 @@ def binder_subject(gang_id: str) -> str:
 
 
 def placement_reply_subject(gang_id: str) -> str:
-    """Where placement answers gang-coordinator (Placed, PlacementFailed, Released)."""
+    """Where placement answers gang-coordinator (Reserved, PlacementFailed, Released)."""
     return render(CHANNEL["gangPlacementReply"].template, gang=gang_id)
 
 
 def binder_reply_subject(gang_id: str) -> str:
-    """Where binder answers gang-coordinator (Bound, BindFailed)."""
+    """Where binder answers gang-coordinator (BindsDone)."""
     return render(CHANNEL["gangBinderReply"].template, gang=gang_id)
 
 

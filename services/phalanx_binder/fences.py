@@ -106,6 +106,11 @@ class NodeFences:
         finally:
             self._arrive(t)
 
+    def done(self, t: Ticket) -> None:
+        """The bind is no longer on its way (it fenced, or stopped before): the node's next
+        write need not wait for it. Leaving ``coming`` does this too; twice is harmless."""
+        self._arrive(t)
+
     def _arrive(self, t: Ticket) -> None:
         if not t.arrived:
             t.arrived = True

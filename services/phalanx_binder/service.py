@@ -1,9 +1,11 @@
 """binder: binds placed pods to their nodes through the Kubernetes port.
 
-For each ``BindRequested``: record the pod in the node's fence when the node's agent serves
-the device plugin, then the Binding, which carries the assignment annotation (the API server
-sets both in one write), then a ``Scheduled`` event, and reply ``Bound``. Idempotent: a pod already bound to the same node counts as success
-(a redelivered command after a crash); bound elsewhere or recreated is a ``BindFailed`` with
+For each ``BindPods`` (a gang attempt's members, by reference): for every pod the checks
+pass, at the same time, record the pod in its node's fence when the node's agent serves the
+device plugin, then the Binding, which carries the assignment annotation (the API server sets
+both in one write), then a ``Scheduled`` event; then one ``BindsDone`` reply naming the pods
+bound and those that failed, with why. Idempotent: a pod already bound to the same node counts
+as bound (a redelivered command after a crash); bound elsewhere or recreated is a failure with
 the reason.
 
 **The fence** (docs/delivery.md). The annotation is the exact text ``encoder.encode(a)`` of
@@ -15,21 +17,23 @@ has started, turned terminal, or is deleted (``PodWatch``). On the "already boun
 entry is written again unless the pod has started, so a crash between the fence and the
 Binding, or an entry that lapsed, is repaired by the redelivery.
 
-**The checks** (docs/saga.md, "Checks"). The command is not believed on its word: binder binds
-only the assignment placement recorded in ``phx-ledger`` for this gang, attempt and pod uid
-(the ledger entry is the authority: what is bound is the ledger's assignment), only a pod
-whose ``schedulerName`` is Phalanx's, and only to a node that has a topology report in
-``phx-topology`` and is enabled. Both buckets are mirrored in memory from KV watches
-(``KvMirror``), so a bind reads no KV entry; when the mirror lacks the node or the allocation,
-binder catches the mirror up to everything the bucket held when it asked (a reservation
-committed a moment ago is then seen) and checks again. A command that fails a check is
+**The checks** (docs/saga.md, "Checks"). The command names pods only: binder binds each to
+the assignment placement recorded in ``phx-ledger`` for exactly this gang, attempt and pod uid
+(the ledger is the assignment's one home), a MIG member with the instance its node's
+mig-manager recorded ready for it in ``phx-mig``, only a pod whose ``schedulerName`` is
+Phalanx's, and only to a node that has a topology report in ``phx-topology`` and is enabled.
+The three buckets are mirrored in memory from KV watches (``KvMirror``, ``LedgerBook``), so a
+bind reads no KV entry; when a mirror lacks the node, the reservation or the instance, binder
+catches it up to everything the bucket held when it asked (a reservation committed a moment
+ago is then seen) and checks again. A command that fails a check is
 refused: logged with the rule, counted in ``phalanx_refused_messages_total``, acknowledged,
 and nothing is written — no reply either, so a forged command cannot make the coordinator give
 up a good attempt. A bind of an attempt that was rolled back finds its reservation released and
 is refused the same way.
 
 **Concurrency.** Up to ``parallelism`` commands are handled at once (as kube-scheduler binds
-asynchronously); each message is acknowledged on its own (``consume(concurrency=...)``). The
+asynchronously), each binding all its pods at once; each message is acknowledged on its own
+(``consume(concurrency=...)``). The
 pod is read from the pod watch's cache when it knows that uid, else from the API server.
 
 Metrics: ``phalanx_pod_pending_to_bound_seconds`` (from the pod's creation time),
@@ -43,7 +47,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import anyio
@@ -52,6 +56,7 @@ import msgspec
 from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
+from phalanx_bus.ledger import LedgerBook
 from phalanx_kube import fence as F
 from phalanx_kube.port import (
     ASSIGNMENT_ANNOTATION,
@@ -63,11 +68,18 @@ from phalanx_kube.port import (
     PodGone,
 )
 from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
-from phalanx_proto.state import alloc_key
+from phalanx_proto.events import Assignment, BindFailure, BindPods, BindsDone, PodRef, encoder, gang_decoder
+from phalanx_proto.state import NodeMig, mig_slot
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    rule: str
+    """A value of ``phalanx_telemetry.metrics.REFUSAL_RULES``."""
+    why: str
 
 
 @dataclass(frozen=True)
@@ -85,19 +97,20 @@ def default_instance() -> str:
 
 
 class Binder:
-    def __init__(self, bus: Bus, cluster: ClusterPort, *, topology: KvMirror, ledger: KvMirror,
-                 fences: NodeFences, pods: PodWatch | None = None) -> None:
+    def __init__(self, bus: Bus, cluster: ClusterPort, *, topology: KvMirror, ledger: LedgerBook,
+                 mig: KvMirror[NodeMig], fences: NodeFences, pods: PodWatch | None = None) -> None:
         self.bus = bus
         self.cluster = cluster
         self.topology = topology
         self.ledger = ledger
+        self.mig = mig
         self.fences = fences
         self.pods = pods
 
     async def on_command(self, event, delivery: Delivery) -> None:
         match event:
-            case BindRequested():
-                await self.bind(event)
+            case BindPods():
+                await self.bind_pods(event)
             case _:
                 warn("unexpected event on binder subject", kind=type(event).__name__)
 
@@ -107,82 +120,116 @@ class Binder:
         entry = self.topology.get(S.token(node))
         return entry is not None and entry.value.node == node and entry.value.device_plugin
 
-    def _check(self, ev: BindRequested) -> tuple[str, str] | Assignment:
-        a = ev.assignment
+    def _check(self, ev: BindPods, ref: PodRef) -> Refusal | Assignment:
+        """What to bind ``ref`` to: the ledger's reservation for exactly (gang, attempt, pod uid)
+        on a known, enabled node, a MIG slice with the instance its node recorded ready for it."""
+        alloc = self.ledger.allocation(ref)
+        if alloc is None or (alloc.gang_id, alloc.attempt) != (ev.gang_id, ev.attempt):
+            held = f"gang {alloc.gang_id} attempt {alloc.attempt}" if alloc is not None else "nothing"
+            return Refusal("not_in_ledger", f"the ledger holds {held} for {ref} (uid {ref.uid or '-'}), not gang "
+                                            f"{ev.gang_id} attempt {ev.attempt}")
+        a = alloc.assignment
         key = S.token(a.node)
         topo = self.topology.get(key)
         if topo is None or topo.value.node != a.node:
             bad = self.topology.poisoned.get(key)
-            return "unknown_node", (f"node {a.node!r} has no (readable) topology report in phx-topology"
-                                    + (f": {bad.error}" if bad else ""))
+            return Refusal("unknown_node", f"node {a.node!r} has no (readable) topology report in phx-topology"
+                                           + (f": {bad.error}" if bad else ""))
         if not topo.value.enabled:
-            return "node_disabled", f"node {a.node} is not enabled for Phalanx"
-        bad = self.ledger.poisoned.get(key)
-        if bad is not None:
-            return "unreadable_record", f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}"
-        entry = self.ledger.get(key)
-        alloc = entry.value.allocations.get(alloc_key(a.pod)) if entry is not None else None
-        if alloc is None or (alloc.gang_id, alloc.attempt) != (ev.gang_id, ev.attempt):
-            held = f"gang {alloc.gang_id} attempt {alloc.attempt}" if alloc is not None else "nothing"
-            return "not_in_ledger", (f"the ledger holds {held} for {a.pod} (uid {a.pod.uid or '-'}) on {a.node}, "
-                                     f"not gang {ev.gang_id} attempt {ev.attempt}")
+            return Refusal("node_disabled", f"node {a.node} is not enabled for Phalanx")
         if alloc.adopted:
-            return "adopted_reservation", (f"the ledger's reservation of {a.pod} on {a.node} was recorded for a pod "
-                                           "found bound there (an adoption), not by a placement decision: binder binds "
-                                           "only what placement decided")
-        recorded = msgspec.structs.replace(alloc.assignment, mig_instance_uuid=a.mig_instance_uuid)
-        if recorded != a:
-            return "not_in_ledger", f"the command's assignment for {a.pod} differs from the ledger's"
-        return recorded
+            return Refusal("adopted_reservation", f"the ledger's reservation of {ref} on {a.node} was recorded for a "
+                                                  "pod found bound there (an adoption), not by a placement decision: "
+                                                  "binder binds only what placement decided")
+        if a.mig_profile:
+            entry = self.mig.get(key)
+            record = entry.value.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) \
+                if entry is not None else None
+            if record is None or record.state != "ready" or not record.owned_by(ev.gang_id, ev.attempt, ref):
+                return Refusal("mig_not_ready", f"no MIG instance is recorded ready in phx-mig for {ref} at GPU "
+                                                f"{a.gpus[0] if a.gpus else 0} slot {a.mig_start} of {a.node}")
+            return msgspec.structs.replace(a, mig_instance_uuid=record.uuid)
+        return a
 
-    async def recorded(self, ev: BindRequested) -> tuple[str, str] | Assignment:
-        """The assignment to bind: the ledger's allocation for exactly (gang, attempt, pod uid)
-        on the command's node, when that node is known and enabled; else ``(rule, why)``.
+    async def checked(self, ev: BindPods) -> dict[PodRef, Refusal | Assignment]:
+        """Each pod's verdict, from the mirrors; a pod they know nothing of yet (a reservation
+        or instance recorded a moment ago) catches them up to the buckets once, and is checked
+        again."""
+        verdicts = {ref: self._check(ev, ref) for ref in dict.fromkeys(ev.pods)}
+        behind = {v.rule for v in verdicts.values() if isinstance(v, Refusal)} & {
+            "unknown_node", "not_in_ledger", "mig_not_ready"}
+        if behind:
+            try:
+                for rule, mirror in (("unknown_node", self.topology), ("not_in_ledger", self.ledger),
+                                     ("mig_not_ready", self.mig)):
+                    if rule in behind:
+                        await mirror.catch_up()
+            except MirrorLagging as e:
+                raise TemporaryError(f"cannot check the binds yet: {e}", delay=1.0) from e
+            verdicts = {ref: self._check(ev, ref) if isinstance(v, Refusal) else v for ref, v in verdicts.items()}
+        return verdicts
 
-        The ledger does not hold the MIG instance (mig-manager makes it after the reservation);
-        the command's ``mig_instance_uuid`` is kept, everything else comes from the ledger.
-        Read from the mirrors; a miss catches the mirror up to the bucket and checks again."""
-        checked = self._check(ev)
-        if isinstance(checked, Assignment) or checked[0] not in ("unknown_node", "not_in_ledger"):
-            return checked
-        try:
-            await (self.topology if checked[0] == "unknown_node" else self.ledger).catch_up()
-        except MirrorLagging as e:
-            raise TemporaryError(f"cannot check the bind yet: {e}", delay=1.0) from e
-        return self._check(ev)
+    # -- the binds ------------------------------------------------------------------------------
+    async def bind_pods(self, ev: BindPods) -> None:
+        """Bind every pod the checks pass, all at once (a node's pods share one fence write),
+        then answer with what was bound and what failed. A pod that could not be tried now
+        (its node's fence is full) makes the command come back once the answer is sent: the
+        pods bound meanwhile are then found bound and answered again."""
+        verdicts = await self.checked(ev)
+        for ref, v in verdicts.items():
+            if isinstance(v, Refusal):
+                refused(v.rule, v.why, pod=str(ref), gang=ev.gang_id, attempt=ev.attempt)
+        todo = [a for a in verdicts.values() if isinstance(a, Assignment)]
+        outcomes: dict[PodRef, str] = {}
+        """Pod → "" when bound, else why not."""
+        retry: list[TemporaryError] = []
+        with ExitStack() as stack:
+            # Announced to each node's fence writer at once, so the pods of a node share one write.
+            tickets = [stack.enter_context(self.fences.coming(a.node)) if self.fenced(a.node) else None for a in todo]
+            async with anyio.create_task_group() as tg:
+                for a, ticket in zip(todo, tickets, strict=True):
+                    tg.start_soon(self._bind_one, ev, a, ticket, outcomes, retry)
+        bound = tuple(ref for ref in verdicts if outcomes.get(ref) == "")
+        failed = tuple(BindFailure(pod=ref, reason=outcomes[ref]) for ref in verdicts if outcomes.get(ref))
+        if bound or failed:
+            await self.bus.publish(S.binder_reply_subject(ev.gang_id), BindsDone(
+                gang_id=ev.gang_id, attempt=ev.attempt, bound=bound, failed=failed))
+        if retry:
+            raise retry[0]
 
-    # -- the bind -------------------------------------------------------------------------------
-    async def bind(self, ev: BindRequested) -> None:
-        a = ev.assignment
-        # Announced to the node's fence writer at once, so the binds of a gang share one write;
-        # only nodes that keep a fence (a forged command naming other nodes creates nothing).
-        with self.fences.coming(a.node) if self.fenced(a.node) else nullcontext() as ticket:
-            checked = await self.recorded(ev)
-            if not isinstance(checked, Assignment):
-                refused(checked[0], checked[1], pod=str(a.pod), node=a.node, gang=ev.gang_id, attempt=ev.attempt)
+    async def _bind_one(self, ev: BindPods, a: Assignment, ticket: Ticket | None, outcomes: dict[PodRef, str],
+                        retry: list[TemporaryError]) -> None:
+        with tracer().start_as_current_span("binder.bind", attributes={
+                "k8s.pod.name": a.pod.name, "k8s.namespace.name": a.pod.namespace, "k8s.node.name": a.node,
+                "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.gpus": list(a.gpus)}) as span:
+            try:
+                outcome = await self._bind(ev, a, ticket, span)
+            except TemporaryError as e:
+                retry.append(e)
                 return
-            with tracer().start_as_current_span("binder.bind", attributes={
-                    "k8s.pod.name": a.pod.name, "k8s.namespace.name": a.pod.namespace, "k8s.node.name": a.node,
-                    "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
-                    "phalanx.gpus": list(a.gpus)}) as span:
-                await self._bind(ev, checked, ticket, span)
+            finally:
+                if ticket is not None:
+                    self.fences.done(ticket)
+            if outcome is not None:
+                outcomes[a.pod] = outcome
 
-    async def _pod(self, ev: BindRequested) -> Pod | None:
-        ref = ev.assignment.pod
+    async def _pod(self, ref: PodRef) -> Pod | None:
         cached = self.pods.get(ref) if self.pods is not None else None
         return cached if cached is not None else await self.cluster.get_pod(ref)
 
-    async def _bind(self, ev: BindRequested, a: Assignment, ticket: Ticket | None, span) -> None:
+    async def _bind(self, ev: BindPods, a: Assignment, ticket: Ticket | None, span) -> str | None:
+        """Bind one pod: "" when bound (or found bound there), the reason when it cannot be,
+        None when it is refused (not Phalanx's pod)."""
         ref = a.pod
         try:
-            pod = await self._pod(ev)
+            pod = await self._pod(ref)
             if pod is None or (ref.uid and pod.uid != ref.uid):
                 raise PodGone(f"pod {ref} no longer exists")
             if not _ours(pod):
                 refused("foreign_scheduler", f"pod {ref} has schedulerName {pod.scheduler_name!r}, not Phalanx's",
                         gang=ev.gang_id, attempt=ev.attempt)
                 span.set_attribute("phalanx.outcome", "refused")
-                return
+                return None
             if pod.node_name and pod.node_name != a.node:
                 raise BindConflict(f"pod {ref} is already bound to {pod.node_name}")
             already = pod.node_name == a.node
@@ -211,13 +258,10 @@ class Binder:
             metrics.BINDS.inc(result="failed")
             span.set_attribute("phalanx.outcome", "failed")
             span.set_attribute("phalanx.failure_reason", str(e))
-            await self.bus.publish(S.binder_reply_subject(ev.gang_id), BindFailed(
-                gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, reason=str(e)))
-            return
-        await self.bus.publish(S.binder_reply_subject(ev.gang_id), Bound(
-            gang_id=ev.gang_id, attempt=ev.attempt, pod=ref, node=a.node))
+            return str(e)
+        return ""
 
-    async def _fence(self, ev: BindRequested, a: Assignment, text: str, ticket: Ticket | None) -> None:
+    async def _fence(self, ev: BindPods, a: Assignment, text: str, ticket: Ticket | None) -> None:
         now = self.fences.clock()
         entry = F.FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=F.digest(text),
                              expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
@@ -242,12 +286,14 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
     own = S.CONSUMER[DURABLE]
     async with anyio.create_task_group() as tg:
         topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
-        ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*")
+        ledger = LedgerBook(bus)
+        mig = KvMirror.of_bucket(bus, S.KV_MIG)
         await tg.start(topology.run)
         await tg.start(ledger.run)
+        await tg.start(mig.run)
         fences = NodeFences(tg, cluster, namespace=settings.fence_namespace,
                             holder=settings.instance or default_instance())
-        binder = Binder(bus, cluster, topology=topology, ledger=ledger, fences=fences)
+        binder = Binder(bus, cluster, topology=topology, ledger=ledger, mig=mig, fences=fences)
         binder.pods = PodWatch(cluster, fenced=binder.fenced, release=fences.release)
         tg.start_soon(binder.pods.run)
         log("binder settings", parallelism=settings.parallelism, fence_namespace=settings.fence_namespace,

@@ -9,8 +9,12 @@ compensation may run more than once, and when its step never happened: deleting 
 pod is success, destroying a MIG instance that was never made and releasing an attempt that
 holds nothing change nothing.
 
-Also here: undoing a late bind (a ``Bound`` for an attempt that was rolled back), the one
-other place a pod is ever deleted — only a bound member of the gang, by uid.
+Also here: undoing a late bind (a member reported bound for an attempt that was rolled back),
+the one other place a pod is ever deleted — only a bound member of the gang, by uid.
+
+What an attempt holds is read from the ledger (``held``: the driver's view of its mirror), the
+one home of its assignments: the reservations are released last, so they are there while the
+steps before the release run.
 """
 
 from __future__ import annotations
@@ -24,23 +28,26 @@ from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, NotOurs, Pod
-from phalanx_proto.events import Bound, PodRef
+from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.state import GangState
 from phalanx_telemetry import log, metrics, refused, warn
 
 COMPENSATION_LIMIT_S = 15.0
 
 Execute = Callable[[tuple[effects.Effect, ...]], Awaitable[None]]
+Held = Callable[[GangState], tuple[Assignment, ...]]
 
 
 class Compensator:
-    def __init__(self, store: GangStore, cluster: ClusterPort, notifier: Notifier, execute: Execute, *,
+    def __init__(self, store: GangStore, cluster: ClusterPort, notifier: Notifier, execute: Execute, held: Held, *,
                  backoff_base_s: float, backoff_max_s: float) -> None:
         self.store = store
         self.cluster = cluster
         self.notifier = notifier
         self.execute = execute
         """Carries out ``effects.compensation``'s commands (the driver's executor)."""
+        self.held = held
+        """The attempt's assignments as the ledger holds them."""
         self.backoff = dict(base_s=backoff_base_s, max_s=backoff_max_s)
 
     async def roll_back(self, state: GangState) -> GangState | None:
@@ -55,7 +62,7 @@ class Compensator:
                 break
             with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
                 unbound = await self.unbind(state) if step == "unbind" else ()
-                await self.execute(effects.compensation(state, step))
+                await self.execute(effects.compensation(state, step, self.held(state)))
             t = await self.store.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
                 s, a, st, now=time.time(), unbound=u, **self.backoff))
             state = t.after if t is not None else None
@@ -67,10 +74,10 @@ class Compensator:
         """Delete every member of the attempt found bound (by uid, with a Phalanx schedulerName),
         each with a Warning event saying why. A bind still queued at binder finds its
         reservation released and is refused; one already in binder's hands is undone when its
-        late ``Bound`` arrives (``undo_late_bind``)."""
+        late reply arrives (``undo_late_bind``)."""
         reason = f"gang {state.gang_id} attempt {state.attempt} rolled back: {state.reason}"
         deleted = []
-        for a in state.assignments:
+        for a in self.held(state):
             pod = await self.cluster.get_pod(a.pod)
             if pod is None or not pod.node_name or pod.uid != a.pod.uid or pod.scheduler_name not in SCHEDULER_NAMES:
                 continue
@@ -90,24 +97,24 @@ class Compensator:
             warn("refused to delete a pod of another scheduler", pod=str(pod), error=str(e))
             return False
 
-    async def undo_late_bind(self, ev: Bound, pod: Pod) -> None:
+    async def undo_late_bind(self, gang_id: str, attempt: int, ref: PodRef, node: str, pod: Pod) -> None:
         """A bind of an attempt that was rolled back (binder was slow): its reservation is
         released, so the pod must not stay bound. Delete it, with an event saying why — only a
         pod (by uid) that is a member of this gang, has a Phalanx schedulerName and is bound
-        where the reply says (the caller checked that), and only when the gang's live attempt
-        does not want it there."""
-        current = await self.store.get(ev.gang_id)
-        if current is None or ev.pod not in {m.pod for m in current.members}:
-            refused("not_member", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not a member of {ev.gang_id}",
-                    gang=ev.gang_id, attempt=ev.attempt)
+        where the ledger held it (the caller checked that), and only when the gang's live
+        attempt does not want it there."""
+        current = await self.store.get(gang_id)
+        if current is None or ref not in {m.pod for m in current.members}:
+            refused("not_member", f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
+                    gang=gang_id, attempt=attempt)
             return
         if current.phase in ("binding", "scheduled") and any(
-                a.pod == ev.pod and a.node == ev.node for a in current.assignments):
+                a.pod == ref and a.node == node for a in self.held(current)):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:
-            refused("foreign_scheduler", f"{ev.pod} has schedulerName {pod.scheduler_name!r}", gang=ev.gang_id)
+            refused("foreign_scheduler", f"{ref} has schedulerName {pod.scheduler_name!r}", gang=gang_id)
             return
-        await self.notifier.event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back "
-                                                          "before this pod was bound; deleting it so its controller "
-                                                          "recreates it")
-        await self._delete(ev.pod)
+        await self.notifier.event(ref, "GangRollback", f"gang {gang_id} attempt {attempt} was rolled back "
+                                                       "before this pod was bound; deleting it so its controller "
+                                                       "recreates it")
+        await self._delete(ref)

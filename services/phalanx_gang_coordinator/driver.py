@@ -16,8 +16,9 @@ from collections.abc import Callable
 import msgspec
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, Record, read_one
+from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError
 from phalanx_bus.declare import declare_consumer
+from phalanx_bus.ledger import LedgerBook
 from phalanx_gang_coordinator import effects, fairness, saga
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.notify import Notifier
@@ -26,20 +27,21 @@ from phalanx_gang_coordinator.store import GangStore, Transition
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    BindFailed,
-    Bound,
+    Assignment,
+    BindsDone,
     GangDeadline,
     MigDestroyed,
     MigDestroyRequested,
     MigFailed,
     MigPrepareRequested,
     MigReady,
-    Placed,
     PlacementFailed,
+    PodRef,
     Released,
     ReleaseRequested,
+    Reserved,
 )
-from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, mig_slot
+from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members, mig_slot
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 WAKE = 8
@@ -48,15 +50,20 @@ WAKE = 8
 
 class SagaDriver:
     def __init__(self, bus: Bus, cluster: ClusterPort, store: GangStore, notifier: Notifier, config,
-                 queues: QueueBook | None = None) -> None:
+                 queues: QueueBook | None = None, *, ledger: LedgerBook | None = None,
+                 mig: KvMirror[NodeMig] | None = None) -> None:
         self.bus = bus
+        self.ledger = ledger or LedgerBook(bus)
+        """The reservations (``phx-ledger``, mirrored): the one home of every assignment."""
+        self.mig = mig or KvMirror.of_bucket(bus, S.KV_MIG)
+        """The MIG ownership records (``phx-mig``, mirrored): the one home of every instance."""
         self.cluster = cluster
         self.store = store
         self.notifier = notifier
         self.config = config
         self.queues = queues
-        self.compensator = Compensator(store, cluster, notifier, self.execute, backoff_base_s=config.backoff_base_s,
-                                       backoff_max_s=config.backoff_max_s)
+        self.compensator = Compensator(store, cluster, notifier, self.execute, self.held,
+                                       backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
         self.bound_seen: dict[str, str] = {}
         """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
         self.gate: Callable[[GangState, float], fairness.Gate] = lambda state, now: fairness.Gate()
@@ -64,6 +71,33 @@ class SagaDriver:
         self._node_consumers: set[str] = set()
 
     # -- effects -----------------------------------------------------------------------------
+    def held(self, state: GangState, attempt: int | None = None) -> tuple[Assignment, ...]:
+        """The attempt's assignments as the ledger holds them, in member order (MIG members with
+        the instance their node recorded ready, when it has)."""
+        attempt = state.attempt if attempt is None else attempt
+        by_key = self.ledger.held(state.gang_id, attempt)
+        out = []
+        for m in state.members:
+            a = by_key.get(alloc_key(m.pod))
+            if a is not None:
+                out.append(self._with_instance(a, state.gang_id, attempt))
+        return tuple(out)
+
+    def _with_instance(self, a: Assignment, gang_id: str, attempt: int) -> Assignment:
+        record = self._mig_record(a, gang_id, attempt)
+        if record is None or record.state != "ready":
+            return a
+        return msgspec.structs.replace(a, mig_instance_uuid=record.uuid)
+
+    def _mig_record(self, a: Assignment, gang_id: str, attempt: int):
+        """The ``phx-mig`` record of the MIG slot ``a`` reserves, if this (gang, attempt, pod) owns it."""
+        if not a.mig_profile:
+            return None
+        entry = self.mig.get(S.token(a.node))
+        record = entry.value.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) \
+            if entry is not None else None
+        return record if record is not None and record.owned_by(gang_id, attempt, a.pod) else None
+
     def timeout_of(self, state: GangState) -> float:
         return min(state.timeout_s or self.config.default_timeout_s, MAX_GANG_TIMEOUT_S)
 
@@ -95,7 +129,8 @@ class SagaDriver:
         """Carry out the effects of a stored transition; returns its new state."""
         if t is None:
             return None
-        await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after)))
+        await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
+                                           held=self.held(t.after)))
         return t.after
 
     async def roll_back(self, gang_id: str, attempt: int) -> None:
@@ -108,7 +143,7 @@ class SagaDriver:
 
     async def redrive(self, state: GangState) -> None:
         """Publish what ``state`` waits for again (idempotent: same commands, same message ids)."""
-        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state)))
+        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.held(state)))
 
     # -- attempts ----------------------------------------------------------------------------
     async def start(self, gang_id: str) -> None:
@@ -155,16 +190,14 @@ class SagaDriver:
     # -- replies -----------------------------------------------------------------------------
     async def on_reply(self, event, delivery: Delivery) -> None:
         match event:
-            case Placed():
-                await self.on_placed(event)
+            case Reserved():
+                await self.on_reserved(event)
             case PlacementFailed():
                 c = self.config
                 await self.apply(await self.store.transition(event.gang_id, lambda s: saga.placement_failed(
                     s, event, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s)))
-            case Bound():
-                await self.on_bound(event)
-            case BindFailed():
-                await self.apply(await self.store.transition(event.gang_id, lambda s: saga.bind_failed(s, event)))
+            case BindsDone():
+                await self.on_binds_done(event)
             case Released():
                 await self.wake()  # GPUs came free: gangs that did not fit may now
             case _:
@@ -195,8 +228,11 @@ class SagaDriver:
     async def on_node_reply(self, event, delivery: Delivery) -> None:
         match event:
             case MigReady():
-                if await self._mig_recorded(event):
-                    await self.apply(await self.store.transition(event.gang_id, lambda s: saga.mig_ready(s, event)))
+                state = await self.store.get(event.gang_id)
+                if state is not None and await self._mig_recorded(event, state):
+                    ready = self._all_instances_ready(state)
+                    await self.apply(await self.store.transition(event.gang_id, lambda s: saga.mig_ready(
+                        s, event, all_ready=ready)))
             case MigFailed():
                 await self.apply(await self.store.transition(event.gang_id, lambda s: saga.mig_failed(s, event)))
             case MigDestroyed():
@@ -213,87 +249,116 @@ class SagaDriver:
         else:
             warn("deadline fired", gang=event.gang_id, attempt=event.attempt)
 
-    async def on_placed(self, ev: Placed) -> None:
-        """Act on a ``Placed`` only for an attempt this gang started, and only as far as the
-        ledger confirms it: the reservations must be there for (gang, attempt, pod uid)."""
+    async def on_reserved(self, ev: Reserved) -> None:
+        """Act on a ``Reserved`` only for an attempt this gang started, and only as far as the
+        ledger holds it: a reservation for (gang, attempt, pod uid) for every member."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"Placed for attempt {ev.attempt}, which this gang never started",
+            refused("unstarted_attempt", f"Reserved for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        held = await self._recorded(ev.gang_id, ev.attempt, ev.assignments)
         if current.attempt != ev.attempt or current.phase != "placing":
             # Late or redelivered: a reservation nobody will use (old attempt, or rolled back).
+            held = tuple(self.ledger.held(ev.gang_id, ev.attempt).values())
             pods = tuple(a.pod for a in held)
             if pods and not (current.attempt == ev.attempt and current.phase in ("preparing", "binding", "scheduled")):
                 release = ReleaseRequested(gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt",
                                            pods=pods)
                 await self.bus.publish(S.placement_subject(ev.gang_id), release, msg_id=f"{release.key()}:after-placed")
             return
-        if len(held) != len(ev.assignments):
-            refused("not_recorded", f"{len(ev.assignments) - len(held)} of {len(ev.assignments)} assignment(s) are not "
-                                    "in the ledger for this gang attempt", gang=ev.gang_id, attempt=ev.attempt)
+        if ev.members_digest != saga.members_digest(current):
+            refused("not_members", f"Reserved for members {ev.members_digest}, the attempt's are "
+                                   f"{saga.members_digest(current)}", gang=ev.gang_id, attempt=ev.attempt)
             return
-        state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(s, ev)))
-        if state is not None:
-            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
-                nodes=",".join(sorted({a.node for a in ev.assignments})))
-
-    async def _recorded(self, gang_id: str, attempt: int, assignments) -> list:
-        """The ``assignments`` the ledger holds for exactly (gang, attempt, pod uid)."""
-        ledger_kv = await self.bus.kv(S.KV_LEDGER)
-        ledgers = {}
-        for node in {a.node for a in assignments}:
-            rec = await read_one(ledger_kv, S.token(node))
-            ledgers[node] = rec.value if isinstance(rec, Record) else None
-        out = []
-        for a in assignments:
-            ledger = ledgers.get(a.node)
-            alloc = ledger.allocations.get(alloc_key(a.pod)) if ledger is not None else None
-            if alloc is not None and (alloc.gang_id, alloc.attempt) == (gang_id, attempt) and alloc.assignment == a:
-                out.append(a)
-        return out
-
-    async def _mig_recorded(self, ev: MigReady) -> bool:
-        """A ``MigReady`` is believed only when the node's mig-manager recorded that instance
-        ready for this gang attempt and pod in ``phx-mig``."""
-        state = await self.store.get(ev.gang_id)
-        a = next((a for a in (state.assignments if state else ()) if a.pod == ev.pod and a.node == ev.node), None)
-        if a is None or not a.mig_profile:
-            return False  # the transition ignores it anyway
-        rec = await read_one(await self.bus.kv(S.KV_MIG), S.token(a.node))
-        book = rec.value if isinstance(rec, Record) else None
-        record = book.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) if book else None
-        if record is None or record.state != "ready" or record.uuid != ev.instance_uuid or \
-                not record.owned_by(ev.gang_id, ev.attempt, ev.pod):
-            refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
-                                    f"attempt {ev.attempt}", gang=ev.gang_id, node=ev.node)
-            return False
-        return True
-
-    async def on_bound(self, ev: Bound) -> None:
-        """Record a member bound only for an attempt this gang started and only when the
-        cluster shows that pod (uid) bound to that node; a bind the attempt no longer wants is
-        undone (``Compensator.undo_late_bind``)."""
-        current = await self.store.get(ev.gang_id)
-        if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"Bound for attempt {ev.attempt}, which this gang never started",
-                    gang=ev.gang_id, attempt=ev.attempt, pod=str(ev.pod))
-            return
-        # The pod watch usually showed the binding already (a binding is never undone while
-        # the uid lives); otherwise the API server is asked.
-        seen = bool(ev.pod.uid) and self.bound_seen.get(ev.pod.uid) == ev.node
-        pod = None if seen else await self.cluster.get_pod(ev.pod)
-        if not seen and (pod is None or pod.uid != ev.pod.uid or pod.node_name != ev.node):
-            refused("not_bound", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not bound to {ev.node}",
+        missing = await self._unreserved(current)
+        if missing:
+            refused("not_recorded", f"{len(missing)} of {len(attempt_members(current))} member(s) have no reservation "
+                                    f"in the ledger for this gang attempt ({', '.join(map(str, missing[:3]))})",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        t = await self.store.transition(ev.gang_id, lambda s: saga.bound(s, ev))
-        if t is None:
-            pod = pod or await self.cluster.get_pod(ev.pod)
-            if pod is not None and pod.uid == ev.pod.uid and pod.node_name == ev.node:
-                await self.compensator.undo_late_bind(ev, pod)
+        held = self.held(current)
+        state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(
+            s, ev, mig=any(a.mig_profile for a in held))))
+        if state is not None:
+            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
+                nodes=",".join(sorted({a.node for a in held})))
+
+    async def _unreserved(self, state: GangState) -> list[PodRef]:
+        """The attempt's members the ledger holds no reservation for (gang, attempt, pod uid);
+        the mirror is caught up first when some seem missing (the reply can outrun the watch)."""
+        for fresh in (False, True):
+            if fresh:
+                await self._catch_up(self.ledger)
+            held = self.ledger.held(state.gang_id, state.attempt)
+            missing = [m.pod for m in attempt_members(state) if alloc_key(m.pod) not in held]
+            if not missing:
+                return []
+        return missing
+
+    @staticmethod
+    async def _catch_up(mirror) -> None:
+        try:
+            await mirror.catch_up()
+        except MirrorLagging as e:
+            raise TemporaryError(f"cannot check the reply yet: {e}", delay=1.0) from e
+
+    async def _mig_recorded(self, ev: MigReady, state: GangState) -> bool:
+        """A ``MigReady`` is believed only when the node's mig-manager recorded that instance
+        ready for this gang attempt and pod in ``phx-mig``."""
+        a = self.ledger.held(ev.gang_id, ev.attempt).get(alloc_key(ev.pod))
+        if a is None or a.node != ev.node or not a.mig_profile:
+            return False  # the transition ignores it anyway
+        for fresh in (False, True):
+            if fresh:
+                await self._catch_up(self.mig)
+            record = self._mig_record(a, ev.gang_id, ev.attempt)
+            if record is not None and record.state == "ready" and record.uuid == ev.instance_uuid:
+                return True
+        refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
+                                f"attempt {ev.attempt}", gang=ev.gang_id, node=ev.node)
+        return False
+
+    def _all_instances_ready(self, state: GangState) -> bool:
+        return all(a.mig_instance_uuid for a in self.held(state) if a.mig_profile)
+
+    async def on_binds_done(self, ev: BindsDone) -> None:
+        """Record members bound only for an attempt this gang started and only when the
+        cluster shows each pod (uid) bound to the node the ledger holds it on; a bind the
+        attempt no longer wants is undone (``Compensator.undo_late_bind``). A failure rolls the
+        attempt back."""
+        current = await self.store.get(ev.gang_id)
+        if current is None or ev.attempt > current.attempt:
+            refused("unstarted_attempt", f"BindsDone for attempt {ev.attempt}, which this gang never started",
+                    gang=ev.gang_id, attempt=ev.attempt)
             return
-        if t.after.phase == "scheduled":
-            log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)
-        await self.apply(t)
+        where = self.ledger.held(ev.gang_id, ev.attempt)
+        seen: list[tuple[PodRef, str, object]] = []
+        for ref in ev.bound:
+            a = where.get(alloc_key(ref))
+            node = a.node if a is not None else None
+            # The pod watch usually showed the binding already (a binding is never undone while
+            # the uid lives); otherwise the API server is asked.
+            if node is not None and ref.uid and self.bound_seen.get(ref.uid) == node:
+                seen.append((ref, node, None))
+                continue
+            pod = await self.cluster.get_pod(ref)
+            if node is None or pod is None or pod.uid != ref.uid or pod.node_name != node:
+                refused("not_bound", f"{ref} (uid {ref.uid or '-'}) is not bound to "
+                                     f"{node or 'a node the ledger holds it on'}", gang=ev.gang_id, attempt=ev.attempt)
+                continue
+            seen.append((ref, node, pod))
+        # The members bound first, then a failure: the rollback's unbind then deletes them too.
+        t = await self.store.transition(ev.gang_id, lambda s: saga.bound(s, ev.attempt, tuple(r for r, _, _ in seen)))
+        if t is not None:
+            if t.after.phase == "scheduled":
+                log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)
+            await self.apply(t)
+        elif seen:
+            latest = await self.store.get(ev.gang_id)
+            if not (latest is not None and latest.attempt == ev.attempt and latest.phase in ("binding", "scheduled")):
+                for ref, node, pod in seen:  # binds the attempt no longer wants
+                    pod = pod or await self.cluster.get_pod(ref)
+                    if pod is not None and pod.uid == ref.uid and pod.node_name == node:
+                        await self.compensator.undo_late_bind(ev.gang_id, ev.attempt, ref, node, pod)
+        if ev.failed:
+            await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.bind_failed(s, ev)))

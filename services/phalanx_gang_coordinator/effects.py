@@ -6,11 +6,14 @@ Pure (no I/O, no clock: ``now`` is passed in) and table-tested like the transiti
 order; the idempotency key of every command is its message id, so carrying the same effects
 out twice (a redelivery, a crash before the ack, a re-drive) stores each command once.
 
-    entered(before, after)   the effects of one transition (before → after)
-    redrive(state)           what a running state waits for, again (same message ids)
-    compensation(state, step) one compensation's effects (``unbind`` is carried out by the
-                             compensator itself, it needs the cluster)
-    member_gone(state, pod)  give back what one deleted member held
+    entered(before, after, held)   the effects of one transition (before → after)
+    redrive(state, held)           what a running state waits for, again (same message ids)
+    compensation(state, step, held) one compensation's effects (``unbind`` is carried out by
+                                   the compensator itself, it needs the cluster)
+    member_gone(state, pod, held)  give back what one deleted member held
+
+``held`` is what the ledger holds for the attempt (its assignments, in member order): the
+ledger is their one home, so the driver reads it from its mirror and passes it in.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import msgspec
 from phalanx_gang_coordinator import saga
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    BindRequested,
+    Assignment,
+    BindPods,
     GangAdmitted,
     GangDeadline,
     GangPending,
@@ -75,6 +79,7 @@ class Compensate:
 
 
 Effect = Publish | ScheduleDeadline | Notify | Compensate
+Held = tuple[Assignment, ...]
 
 
 def _deadline(s: GangState, timeout_s: float) -> ScheduleDeadline:
@@ -87,16 +92,19 @@ def _placement(s: GangState) -> Publish:
         gang_id=s.gang_id, attempt=s.attempt, members_digest=saga.members_digest(s)))
 
 
-def _mig_prepares(s: GangState) -> tuple[Effect, ...]:
+def _mig_prepares(s: GangState, held: Held) -> tuple[Effect, ...]:
     return tuple(Publish(S.mig_subject(a.node), MigPrepareRequested(
         node=a.node, gang_id=s.gang_id, attempt=s.attempt, pod=a.pod, gpu=a.gpus[0] if a.gpus else 0,
-        profile=a.mig_profile, start=max(0, a.mig_start))) for a in s.assignments if a.mig_profile and not a.mig_instance_uuid)
+        profile=a.mig_profile, start=max(0, a.mig_start))) for a in held if a.mig_profile and not a.mig_instance_uuid)
 
 
 def _binds(s: GangState) -> tuple[Effect, ...]:
+    """One command for every member of the attempt not bound yet (binder reads each one's
+    assignment from the ledger)."""
     done = set(s.bound)
-    return tuple(Publish(S.binder_subject(s.gang_id), BindRequested(gang_id=s.gang_id, attempt=s.attempt, assignment=a))
-                 for a in s.assignments if a.pod not in done)
+    pods = tuple(m.pod for m in saga.attempt_members(s) if m.pod not in done)
+    return (Publish(S.binder_subject(s.gang_id), BindPods(gang_id=s.gang_id, attempt=s.attempt, pods=pods)),) \
+        if pods else ()
 
 
 def pending(s: GangState, now: float) -> tuple[Effect, ...]:
@@ -109,8 +117,10 @@ def pending(s: GangState, now: float) -> tuple[Effect, ...]:
             Notify(tuple(m.pod for m in saga.attempt_members(s)), "FailedScheduling", reason))
 
 
-def entered(before: GangState | None, after: GangState, *, now: float, timeout_s: float) -> tuple[Effect, ...]:
-    """The effects of the transition ``before → after`` (``timeout_s``: the attempt's deadline)."""
+def entered(before: GangState | None, after: GangState, *, now: float, timeout_s: float,
+            held: Held = ()) -> tuple[Effect, ...]:
+    """The effects of the transition ``before → after`` (``timeout_s``: the attempt's deadline;
+    ``held``: the attempt's assignments as the ledger holds them)."""
     was = before.phase if before is not None and before.attempt == after.attempt else None
     match after.phase:
         case "placing" if was != "placing":
@@ -120,12 +130,12 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
                         min_member=after.min_member)),
                     _placement(after))
         case "preparing" if was == "placing":
-            return _mig_prepares(after)
+            return _mig_prepares(after, held)
         case "binding" if was in ("placing", "preparing"):
             return _binds(after)
         case "scheduled" if was == "binding":
             return (Publish(S.status_subject(after.gang_id), GangScheduled(
-                gang_id=after.gang_id, attempt=after.attempt, assignments=after.assignments)),)
+                gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),)
         case "rolling_back" if was in saga.RUNNING:
             return (Publish(S.status_subject(after.gang_id), RollbackStarted(
                 gang_id=after.gang_id, attempt=after.attempt, reason=after.reason,
@@ -136,7 +146,7 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
     return ()
 
 
-def redrive(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
+def redrive(s: GangState, *, timeout_s: float, held: Held = ()) -> tuple[Effect, ...]:
     """What a state waits for, published again (the same message ids: a command still in the
     stream's duplicate window is stored once). The deadline is re-scheduled too, at the same
     time, so a crash between the state write and its scheduling loses nothing."""
@@ -144,7 +154,7 @@ def redrive(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
         case "placing":
             return (_deadline(s, timeout_s), _placement(s))
         case "preparing":
-            return (_deadline(s, timeout_s), *_mig_prepares(s))
+            return (_deadline(s, timeout_s), *_mig_prepares(s, held))
         case "binding":
             return (_deadline(s, timeout_s), *_binds(s))
         case "rolling_back":
@@ -152,33 +162,36 @@ def redrive(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
     return ()
 
 
-def _mig_destroy(s: GangState, a) -> Publish:
+def _mig_destroy(s: GangState, a: Assignment, attempt: int | None = None) -> Publish:
+    """Destroy what the node's mig-manager recorded for this pod and attempt (by owner: the
+    instance's uuid is the node's record, not ours)."""
     return Publish(S.mig_subject(a.node), MigDestroyRequested(
-        node=a.node, gang_id=s.gang_id, attempt=s.attempt, pod=a.pod, gpu=a.gpus[0] if a.gpus else 0,
-        instance_uuid=a.mig_instance_uuid))
+        node=a.node, gang_id=s.gang_id, attempt=s.attempt if attempt is None else attempt, pod=a.pod,
+        gpu=a.gpus[0] if a.gpus else 0))
 
 
-def compensation(s: GangState, step: str) -> tuple[Effect, ...]:
+def compensation(s: GangState, step: str, held: Held = ()) -> tuple[Effect, ...]:
     """The commands of compensation ``step`` (``mig`` or ``release``; ``unbind`` has none: it is
     the compensator's deletion of bound members). The release names the attempt's pods — its
     assignments, or its members when nothing was placed — exactly (contract C1)."""
     match step:
         case "mig":
-            return tuple(_mig_destroy(s, a) for a in s.assignments if a.mig_profile)
+            return tuple(_mig_destroy(s, a) for a in held if a.mig_profile)
         case "release":
-            pods = tuple(a.pod for a in s.assignments) or tuple(m.pod for m in saga.attempt_members(s))
+            pods = tuple(dict.fromkeys((*(a.pod for a in held), *(m.pod for m in saga.attempt_members(s)))))
             if pods:
                 return (Publish(S.placement_subject(s.gang_id), ReleaseRequested(
                     gang_id=s.gang_id, attempt=s.attempt, reason=s.reason, pods=pods)),)
     return ()
 
 
-def member_gone(before: GangState, pod: PodRef) -> tuple[Effect, ...]:
-    """Give back what a deleted member held: its MIG instance first (so the slot is never
-    rebooked while an instance sits in it), then its reservation of the current attempt."""
+def member_gone(before: GangState, pod: PodRef, held: Assignment | None = None) -> tuple[Effect, ...]:
+    """Give back what a deleted member held (``held``: its reservation, as the ledger has it):
+    its MIG instance first (so the slot is never rebooked while an instance sits in it), then
+    its reservation of the attempt that made it."""
     if before.attempt < 1:
         return ()
-    destroys = tuple(_mig_destroy(before, a) for a in before.assignments if a.pod == pod and a.mig_profile)
     attempt = next((r.attempt for r in before.running if r.pod == pod), before.attempt)
+    destroys = (_mig_destroy(before, held, attempt),) if held is not None and held.mig_profile else ()
     return (*destroys, Publish(S.placement_subject(before.gang_id), ReleaseRequested(
         gang_id=before.gang_id, attempt=attempt, reason="pod deleted", pods=(pod,))))

@@ -119,7 +119,9 @@ class PodIntake:
         if t is None or t.before is None:
             return
         log("member gone", gang=gang_id, pod=str(ref))
-        await self.driver.execute(effects.member_gone(t.before, ref))
+        alloc = self.driver.ledger.allocation(ref)
+        held = alloc.assignment if alloc is not None and alloc.gang_id == gang_id else None
+        await self.driver.execute(effects.member_gone(t.before, ref, held))
         new = t.after
         if not new.members:
             # A tombstone, not a deletion: the attempt counter survives, so a gang recreated

@@ -7,10 +7,10 @@ redelivered command, a duplicate reply, a reply for an old attempt or a pod even
 must produce. The side effects that follow a transition are data too (``effects.py``), carried
 out by ``driver.SagaDriver``.
 
-    waiting ──complete──▶ placing ──Placed──▶ preparing (any MIG) ──all MigReady──▶ binding
-    placing ──Placed (no MIG)──▶ binding ──all Bound──▶ scheduled
+    waiting ──complete──▶ placing ──Reserved──▶ preparing (any MIG) ──all MigReady──▶ binding
+    placing ──Reserved (no MIG)──▶ binding ──every member in BindsDone──▶ scheduled
     placing ──PlacementFailed──▶ backoff                     (nothing was reserved)
-    preparing/binding: MigFailed, BindFailed, deadline; placing: deadline
+    preparing/binding: MigFailed, a failure in BindsDone, deadline; placing: deadline
         ──▶ rolling_back ──compensations done──▶ backoff ──backoff over──▶ placing
 
 Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
@@ -25,14 +25,14 @@ import msgspec
 
 from phalanx_engine.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
-    BindFailed,
-    Bound,
+    BindsDone,
     GangDeadline,
     MemberSpec,
     MigFailed,
     MigReady,
-    Placed,
     PlacementFailed,
+    PodRef,
+    Reserved,
 )
 from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL
 from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_digest: part of the saga's vocabulary
@@ -97,7 +97,6 @@ def drop_member(s: GangState | None, pod) -> GangState | None:
         return None
     return replace(s, members=tuple(m for m in s.members if m.pod != pod),
                    bound=tuple(b for b in s.bound if b != pod),
-                   assignments=tuple(a for a in s.assignments if a.pod != pod),
                    running=tuple(r for r in s.running if r.pod != pod),
                    min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
 
@@ -141,21 +140,18 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
         return None
     if s.phase == "backoff" and now < s.backoff_until:
         return None
-    return replace(s, phase="placing", attempt=s.attempt + 1, assignments=(), bound=(), rollback_done=(),
+    return replace(s, phase="placing", attempt=s.attempt + 1, bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
                    running=running)
 
 
-def placed(s: GangState | None, ev: Placed) -> GangState | None:
-    """placing → preparing (some assignment has a MIG profile) or binding. The assignments
-    must be exactly one per member (by uid)."""
-    if s is None or s.attempt != ev.attempt or s.phase != "placing":
+def placed(s: GangState | None, ev: Reserved, *, mig: bool) -> GangState | None:
+    """placing → preparing (``mig``: some reservation of the attempt is a MIG slice) or
+    binding. The reply is a reference: the driver has read one reservation per attempt member
+    from the ledger before calling this."""
+    if s is None or s.attempt != ev.attempt or s.phase != "placing" or ev.members_digest != members_digest(s):
         return None
-    pods = [a.pod for a in ev.assignments]
-    if len(set(pods)) != len(pods) or set(pods) != {m.pod for m in attempt_members(s)}:
-        return None
-    mig = any(a.mig_profile for a in ev.assignments)
-    return replace(s, phase="preparing" if mig else "binding", assignments=ev.assignments)
+    return replace(s, phase="preparing" if mig else "binding")
 
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
@@ -176,31 +172,25 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
                    reserve_nodes=ev.reserve_nodes)
 
 
-def mig_ready(s: GangState | None, ev: MigReady) -> GangState | None:
-    """Put the instance into its assignment; preparing → binding once every MIG member is ready."""
-    if s is None or s.attempt != ev.attempt or s.phase != "preparing":
+def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangState | None:
+    """preparing → binding once every MIG reservation of the attempt has its instance ready
+    (``all_ready``: the driver read ``phx-mig``; the instances live there, not here)."""
+    if s is None or s.attempt != ev.attempt or s.phase != "preparing" or not all_ready:
         return None
-    changed = False
-    out = []
-    for a in s.assignments:
-        if a.pod == ev.pod and a.node == ev.node and a.mig_profile and a.mig_instance_uuid != ev.instance_uuid:
-            a = replace(a, mig_instance_uuid=ev.instance_uuid)
-            changed = True
-        out.append(a)
-    if not changed:
-        return None
-    done = all(a.mig_instance_uuid for a in out if a.mig_profile)
-    return replace(s, assignments=tuple(out), phase="binding" if done else "preparing")
+    return replace(s, phase="binding")
 
 
-def bound(s: GangState | None, ev: Bound) -> GangState | None:
-    """binding: one more member bound; → scheduled when every assignment is bound."""
-    if s is None or s.attempt != ev.attempt or s.phase != "binding" or ev.pod in s.bound:
+def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangState | None:
+    """binding: more members bound (the driver checked each against the cluster); →
+    scheduled when every member of the attempt is."""
+    if s is None or s.attempt != attempt or s.phase != "binding":
         return None
-    if not any(a.pod == ev.pod for a in s.assignments):
+    wanted = {m.pod for m in attempt_members(s)}
+    new = tuple(p for p in dict.fromkeys(pods) if p in wanted and p not in s.bound)
+    if not new:
         return None
-    now_bound = s.bound + (ev.pod,)
-    done = {a.pod for a in s.assignments} <= set(now_bound)
+    now_bound = s.bound + new
+    done = wanted <= set(now_bound)
     return replace(s, bound=now_bound, phase="scheduled" if done else "binding", reason="" if done else s.reason)
 
 
@@ -216,23 +206,25 @@ def member_deleted(s: GangState | None, attempt: int, pod) -> GangState | None:
     return fail(s, attempt, f"member {pod} was deleted", code="member_deleted")
 
 
-def _assigned(s: GangState | None, pod, node: str | None = None) -> bool:
-    return s is not None and any(a.pod == pod and (node is None or a.node == node) for a in s.assignments)
+def _in_attempt(s: GangState | None, pod) -> bool:
+    return s is not None and any(m.pod == pod for m in attempt_members(s))
 
 
 def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
-    """A MIG instance of one of the attempt's assignments failed: roll back."""
-    if not _assigned(s, ev.pod, ev.node):
+    """A MIG instance of one of the attempt's members failed: roll back."""
+    if not _in_attempt(s, ev.pod):
         return None
     return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", code="mig_failed",
                 phases=("preparing",))
 
 
-def bind_failed(s: GangState | None, ev: BindFailed) -> GangState | None:
-    """The bind of one of the attempt's assignments failed: roll back."""
-    if not _assigned(s, ev.pod):
+def bind_failed(s: GangState | None, ev: BindsDone) -> GangState | None:
+    """binder could not bind one of the attempt's members: roll back (the first failure names it)."""
+    failure = next((f for f in ev.failed if _in_attempt(s, f.pod)), None)
+    if failure is None:
         return None
-    return fail(s, ev.attempt, f"bind of {ev.pod} failed: {ev.reason}", code="bind_failed", phases=("binding",))
+    return fail(s, ev.attempt, f"bind of {failure.pod} failed: {failure.reason}", code="bind_failed",
+                phases=("binding",))
 
 
 def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
@@ -256,7 +248,7 @@ def compensated(s: GangState | None, attempt: int, step: str, *, now: float, bas
     if all(c in done for c in COMPENSATIONS):
         failures = s.failures + 1
         delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
-        s = replace(s, phase="backoff", failures=failures, backoff_until=now + delay, assignments=())
+        s = replace(s, phase="backoff", failures=failures, backoff_until=now + delay)
     return s
 
 

@@ -107,6 +107,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
     driver = coord.driver
     async with anyio.create_task_group() as tg:
         await tg.start(coord.store.run)
+        await tg.start(driver.ledger.run)
+        await tg.start(driver.mig.run)
         await tg.start(coord.queues.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,

@@ -45,7 +45,7 @@ from phalanx_proto.queues import (
     units_of_member,
     usage_key,
 )
-from phalanx_proto.state import Allocation, GangState, NodeLedger
+from phalanx_proto.state import Allocation, GangState, NodeLedger, attempt_members
 
 ORDER_EVERY_S = 0.5
 WAITING = ("waiting", "backoff", "placing")
@@ -135,12 +135,22 @@ class PlacementQueues:
             return
         for entry in self.cache.gangs:
             s: GangState = entry.value
-            if s.phase not in ("waiting", "backoff") or s.attempt < 1 or not s.fits_empty_cluster or not s.members:
-                continue
+            if s.phase not in ("waiting", "backoff", "placing") or s.attempt < 1 or not s.fits_empty_cluster \
+                    or not s.members or (s.phase == "placing" and self._reserved(s)):
+                continue  # a placing gang waits for GPUs too, until its reservation is in
             q = queue_of(s.members)
             spec = tree.get(q)
             if spec is not None and self.held(q) < spec.quota:
-                self._owed.append((q, s.members))
+                self._owed.append((q, attempt_members(s)))
+
+    def _reserved(self, s: GangState) -> bool:
+        """The cache holds a reservation of the gang's current attempt (assumed ones included)."""
+        for key in self.cache.gang_keys(s.gang_id):
+            ledger = self.cache.ledger_of(key)
+            if ledger is not None and any(a.gang_id == s.gang_id and a.attempt == s.attempt
+                                          for a in ledger.allocations.values()):
+                return True
+        return False
 
     def owed_now(self, queue: str, fits) -> tuple[str, ...]:
         """The queues below their quota, outside ``queue``'s line, with a waiting gang that

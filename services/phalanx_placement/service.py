@@ -8,7 +8,7 @@ each decision assumed into it before the next. Each gang's reservations then com
 own (pipelined, while the next cycle decides) in one atomic batch expecting the ledger
 revisions the decision read; a lost compare-and-set (another replica changed a node) drops the
 assumption, catches the ledger up from the watch and decides that request again. Redelivery is
-safe: if the ledger already holds this gang's attempt, the same ``Placed`` is sent again.
+safe: if the ledger already holds this gang's attempt, the same ``Reserved`` is sent again.
 
 Nothing is believed on its word (``checks.py``, docs/saga.md "Checks"): a request is carried
 out only for the attempt and the members the gang's record in ``phx-gangs`` names; a release
@@ -55,11 +55,11 @@ from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
     MemberSpec,
-    Placed,
     PlacementFailed,
     PlaceRequested,
     Released,
     ReleaseRequested,
+    Reserved,
     gang_decoder,
 )
 from phalanx_proto.queues import QueueUsage, usage_key
@@ -195,7 +195,7 @@ class Placement:
         existing = self._existing(ev, members)
         if existing is not None:
             log("placement already committed, replying again", gang=ev.gang_id, attempt=ev.attempt)
-            return _Reply(Placed(gang_id=ev.gang_id, attempt=ev.attempt, assignments=existing))
+            return _Reply(Reserved(gang_id=ev.gang_id, attempt=ev.attempt, members_digest=ev.members_digest))
         refusal = checks.check_decide(record)
         if refusal is not None:
             return refusal
@@ -337,7 +337,7 @@ class Placement:
         log("reserved", gang=ev.gang_id, attempt=ev.attempt,
             assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in placed),
             unchecked_nodes=",".join(decided.decision.unchecked))
-        await self._reply(w, Placed(gang_id=ev.gang_id, attempt=ev.attempt, assignments=placed))
+        await self._reply(w, Reserved(gang_id=ev.gang_id, attempt=ev.attempt, members_digest=ev.members_digest))
 
     async def _write(self, commit: Commit) -> None:
         """Send the commit's atomic batch: all nodes or none, each expecting the revision its

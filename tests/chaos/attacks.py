@@ -20,14 +20,14 @@ import msgspec
 from phalanx_bus import KvConflict
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    Assignment,
-    BindRequested,
-    Bound,
+    BindFailure,
+    BindPods,
+    BindsDone,
     MemberSpec,
-    Placed,
     PlaceRequested,
     PodRef,
     ReleaseRequested,
+    Reserved,
     uid_digest,
 )
 from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
@@ -58,15 +58,16 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
     s = rng.choice(states)
     match kind:
         case "placed":
-            moved = tuple(msgspec.structs.replace(a, gpus=tuple((g + 1) % 8 for g in a.gpus)) for a in s.assignments)
-            await forge(bus, S.placement_reply_subject(s.gang_id), Placed(gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2)
-                                                                or 1, assignments=moved))
+            digest = uid_digest(m.pod for m in s.members) if rng.random() < 0.5 else uuid.uuid4().hex[:16]
+            await forge(bus, S.placement_reply_subject(s.gang_id), Reserved(
+                gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2) or 1, members_digest=digest))
         case "bound":
             bound = [p for p in await sim.list_pods() if p.node_name]
             if bound:
                 p = rng.choice(bound)
-                await forge(bus, S.binder_reply_subject(s.gang_id), Bound(gang_id=s.gang_id, attempt=max(1, s.attempt),
-                                                                   pod=p.ref, node=p.node_name))
+                await forge(bus, S.binder_reply_subject(s.gang_id), BindsDone(
+                    gang_id=s.gang_id, attempt=max(1, s.attempt), bound=(p.ref,) if rng.random() < 0.5 else (),
+                    failed=() if rng.random() < 0.5 else (BindFailure(pod=p.ref, reason="forged"),)))
         case "release":
             allocs = [a for led in (await ledger(bus)).values() for a in led.allocations.values()]
             if allocs:
@@ -78,9 +79,8 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
             pending = [p for p in await sim.list_pods() if not p.node_name]
             if pending:
                 p = rng.choice(pending)
-                await forge(bus, S.binder_subject(s.gang_id), BindRequested(
-                    gang_id=s.gang_id, attempt=max(1, s.attempt),
-                    assignment=Assignment(pod=p.ref, node=rng.choice(("v100-a", "v100-b")), gpus=(rng.randrange(8),))))
+                await forge(bus, S.binder_subject(s.gang_id), BindPods(
+                    gang_id=s.gang_id, attempt=max(1, s.attempt), pods=(p.ref,)))
         case "request":
             phantom = MemberSpec(pod=PodRef(namespace="default", name="phantom", uid=uuid.uuid4().hex), gpus=8)
             await forge(bus, S.placement_subject(s.gang_id), PlaceRequested(

@@ -48,15 +48,15 @@ def _ev(event) -> bytes:
 
 def forgeries() -> dict[str, Forgery]:
     ref = E.PodRef(namespace="default", name="victim")
-    a = E.Assignment(pod=ref, node=OTHER, gpus=(0, 1))
     return {
-        "bind the victim to another node's GPUs": Forgery(S.binder_subject(VICTIM), _ev(
-            E.BindRequested(gang_id=VICTIM, attempt=1, assignment=a))),
+        "ask binder to bind the victim": Forgery(S.binder_subject(VICTIM), _ev(
+            E.BindPods(gang_id=VICTIM, attempt=1, pods=(ref,)))),
         "release the victim's reservation": Forgery(S.placement_subject(VICTIM), _ev(
             E.ReleaseRequested(gang_id=VICTIM, attempt=1, pods=(ref,)))),
         "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlaceRequested(gang_id=VICTIM, attempt=9))),
-        "answer Placed": Forgery(S.placement_reply_subject(VICTIM), _ev(E.Placed(gang_id=VICTIM, attempt=9, assignments=(a,)))),
-        "answer Bound": Forgery(S.binder_reply_subject(VICTIM), _ev(E.Bound(gang_id=VICTIM, attempt=9, pod=ref, node=OTHER))),
+        "answer Reserved": Forgery(S.placement_reply_subject(VICTIM), _ev(E.Reserved(gang_id=VICTIM, attempt=9))),
+        "answer BindsDone": Forgery(S.binder_reply_subject(VICTIM), _ev(E.BindsDone(gang_id=VICTIM, attempt=9,
+                                                                                    bound=(ref,)))),
         "destroy a MIG instance on its own node": Forgery(S.mig_subject(NODE), _ev(
             E.MigDestroyRequested(node=NODE, gang_id=VICTIM, pod=ref, gpu=0))),
         "destroy a MIG instance on another node": Forgery(S.mig_subject(OTHER), _ev(
@@ -113,11 +113,25 @@ def stack(tmp_path_factory):
         s.stop()
 
 
+def _node_part(value: bytes) -> object:
+    """A node state's fields that describe the node, not its pods (the value itself if it does
+    not decode: a forged one must show)."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return value
+    return {k: v for k, v in doc.items() if k not in ("phalanx_pods", "requested", "pods", "host_ports")} \
+        if isinstance(doc, dict) else value
+
+
 async def snapshot(bus: Bus) -> dict:
-    """Everything a forgery could change (heartbeats and dead letters excepted)."""
+    """Everything a forgery could change (heartbeats and dead letters excepted; a node's state
+    without what follows its pods, which its agent rewrites as they come and go, and without the
+    revision, since the agent also writes it again every ``--node-state-reassert-s``)."""
     out: dict = {}
     for bucket in (S.KV_LEDGER, S.KV_GANGS, S.KV_TOPOLOGY, S.KV_NODE_STATE, S.KV_MIG, S.KV_SIM_PODS, S.KV_SIM_NODES):
-        out[bucket] = {e.key: (e.revision, e.value) for e in await (await bus.kv(bucket)).items()}
+        out[bucket] = {e.key: _node_part(e.value) if bucket == S.KV_NODE_STATE else (e.revision, e.value)
+                       for e in await (await bus.kv(bucket)).items()}
     for stream in (S.STREAM_GANG, S.STREAM_NODE, S.STREAM_DEADLINE, S.STREAM_TOPOLOGY):
         out[stream] = (await bus.js.stream_info(stream)).state.last_seq
     out["streams"] = sorted(i.config.name for i in await bus.js.streams_info())

@@ -247,8 +247,7 @@ async def test_row_3_junk_under_the_ids_of_another_nodes_commands_drops_nothing(
                 gang_id=gang, attempt=1, members_digest=E.uid_digest([ref])).key()),
             "MIG prepare for a100-b": (node_agent, S.node_reply_subject(A), E.MigPrepareRequested(
                 node=B, gang_id=gang, attempt=1, pod=ref).key()),
-            "bind": (binder, S.binder_reply_subject(gang), E.BindRequested(
-                gang_id=gang, attempt=1, assignment=E.Assignment(pod=ref, node=B)).key()),
+            "bind": (binder, S.binder_reply_subject(gang), E.BindPods(gang_id=gang, attempt=1, pods=(ref,)).key()),
         }
         for who, subject, msg_id in ids.values():
             await who.js.publish(subject, b"junk", headers={"Nats-Msg-Id": msg_id})
@@ -386,7 +385,7 @@ async def test_row_8_an_adoption_and_a_bind_for_a_pending_pod_bind_nothing(stack
                                                                               reason="stolen credential"),
                                   msg_id=f"forged-{uuid.uuid4().hex}")
         await anyio.sleep(3)
-        await coordinator.publish(S.binder_subject(gang), E.BindRequested(gang_id=gang, attempt=1, assignment=a),
+        await coordinator.publish(S.binder_subject(gang), E.BindPods(gang_id=gang, attempt=1, pods=(pod.ref,)),
                                   msg_id=f"forged-{uuid.uuid4().hex}")
         await anyio.sleep(3)
         assert (await sim.get_pod(pod.ref)).node_name == ""

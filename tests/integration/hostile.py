@@ -13,6 +13,7 @@ import anyio
 from phalanx_bus import Bus, BusAuth
 from phalanx_kube.sim import KV_PODS, SimCluster
 from phalanx_proto import subjects as S
+from phalanx_proto.state import alloc_key
 from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_telemetry import exposition
 from stackutil import CLUSTER, audit_ledger, connect, gang_states, gpu_pod, ledger, seed_nodes, wait_until
@@ -105,10 +106,18 @@ async def scheduled(bus: Bus, sim: SimCluster, name: str):
     return pod, await wait_until(done, 45, what=f"{name} scheduled")
 
 
+async def held(bus: Bus, state) -> tuple:
+    """The assignments the ledger holds for the gang's current attempt, in member order (the
+    ledger is their one home)."""
+    by_key = {k: a.assignment for led in (await ledger(bus)).values() for k, a in led.allocations.items()
+              if (a.gang_id, a.attempt) == (state.gang_id, state.attempt)}
+    return tuple(by_key[alloc_key(m.pod)] for m in state.members if alloc_key(m.pod) in by_key)
+
+
 async def record(bus: Bus, sim: SimCluster):
     """What must not change: every allocation, every bound pod, every gang's phase and attempt."""
     allocations = {(node, k): v for node, led in (await ledger(bus)).items() for k, v in led.allocations.items()}
-    gangs = {g: (s.phase, s.attempt, s.assignments) for g, s in (await gang_states(bus)).items()}
+    gangs = {g: (s.phase, s.attempt, s.bound) for g, s in (await gang_states(bus)).items()}
     pods = {(p.namespace, p.name, p.uid): p.node_name for p in await sim.list_pods()}
     return allocations, gangs, pods
 

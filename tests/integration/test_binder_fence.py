@@ -20,7 +20,7 @@ from phalanx_kube import fence as F
 from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import KV_PODS, SimCluster, pod_key
 from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, BindRequested, NodeTopologyReported, PodRef, encoder
+from phalanx_proto.events import Assignment, BindPods, NodeTopologyReported, PodRef, encoder
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key
 from phalanx_proto.topology import Gpu, NodeTopology
 from stackutil import wait_until
@@ -115,10 +115,9 @@ async def gang(bus: Bus, cluster: SimCluster, name: str, nodes: list[str]) -> li
         pod = await cluster.apply_pod({"metadata": {"name": f"{name}-{i}", "namespace": "default"},
                                        "spec": {"schedulerName": "phalanx", "containers": [{"name": "c"}]}})
         out.append(Assignment(pod=pod.ref, node=node, gpus=(i,)))
-    await reserve(bus, f"default/{name}", 1, out)  # just before the commands: the mirror may lag
-    for a in out:
-        await bus.publish(S.binder_subject(f"default/{name}"), BindRequested(gang_id=f"default/{name}", attempt=1,
-                                                                            assignment=a))
+    await reserve(bus, f"default/{name}", 1, out)  # just before the command: the mirror may lag
+    await bus.publish(S.binder_subject(f"default/{name}"), BindPods(gang_id=f"default/{name}", attempt=1,
+                                                                    pods=tuple(a.pod for a in out)))
     return out
 
 
@@ -185,8 +184,8 @@ async def test_a_redelivered_bind_of_a_bound_pod_that_has_not_started_writes_its
         await bound(cluster, placed)
         lease = await cluster.get_lease(NS, F.lease_name(FENCED))
         await cluster.delete_lease(NS, lease.name)  # the entry lapsed (or binder died before the Binding)
-        await bus.publish(S.binder_subject("default/d"), BindRequested(gang_id="default/d", attempt=1,
-                                                                      assignment=placed[0]), msg_id="redelivered")
+        await bus.publish(S.binder_subject("default/d"), BindPods(gang_id="default/d", attempt=1,
+                                                                  pods=(placed[0].pod,)), msg_id="redelivered")
 
         async def fenced_again():
             return await fence_of(cluster, FENCED) == {"d-0": F.digest(encoder.encode(placed[0]).decode())}
@@ -200,7 +199,7 @@ async def test_a_bind_to_a_pod_that_edited_its_annotation_puts_back_what_the_led
             "spec": {"schedulerName": "phalanx", "containers": [{"name": "c"}]}})
         a = Assignment(pod=pod.ref, node=FENCED, gpus=(5,))
         await reserve(bus, "default/e", 1, [a])
-        await bus.publish(S.binder_subject("default/e"), BindRequested(gang_id="default/e", attempt=1, assignment=a))
+        await bus.publish(S.binder_subject("default/e"), BindPods(gang_id="default/e", attempt=1, pods=(a.pod,)))
         await bound(cluster, [a])
         text = (await cluster.get_pod(PodRef(namespace="default", name="e-0"))).annotations[ASSIGNMENT_ANNOTATION]
         assert (text, await fence_of(cluster, FENCED)) == (encoder.encode(a).decode(), {"e-0": F.digest(text)})

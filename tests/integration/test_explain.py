@@ -136,8 +136,8 @@ def test_events_prints_the_saga_of_a_new_pod_as_json_lines(stack):
         proc.terminate()
         proc.wait(10)
     kinds = [d["kind"] for d in seen]
-    for kind in ("placement.requested", "gang.placed", "bind.requested", "gang.bound", "gang.scheduled"):
+    for kind in ("placement.place", "gang.reserved", "bind.pods", "gang.binds_done", "gang.scheduled"):
         assert kind in kinds, kinds
-    assert kinds.index("placement.requested") < kinds.index("gang.placed") < kinds.index("gang.bound")
-    placed = next(d for d in seen if d["kind"] == "gang.placed")
+    assert kinds.index("placement.place") < kinds.index("gang.reserved") < kinds.index("gang.binds_done")
+    placed = next(d for d in seen if d["kind"] == "gang.reserved")
     assert placed["subject"].startswith("phx.gang.coord.") and placed["time"].endswith("Z")

@@ -10,20 +10,19 @@ One stack serves the whole module; every test uses its own pods and leaves the c
 from __future__ import annotations
 
 import anyio
-import msgspec
 import pytest
 
-from hostile import audited, cleaned_env, drained, forge, hostile_stack, record, scheduled
+from hostile import audited, cleaned_env, drained, forge, held, hostile_stack, record, scheduled
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    Assignment,
-    BindRequested,
-    Bound,
-    Placed,
+    BindFailure,
+    BindPods,
+    BindsDone,
     PlaceRequested,
     PodRef,
     ReleaseRequested,
+    Reserved,
     uid_digest,
 )
 from stackutil import audit_ledger, bound_pods, gang_states, gpu_pod, wait_until
@@ -43,31 +42,36 @@ async def env(stack):
         yield e
 
 
-async def test_a_placed_for_an_attempt_never_started_or_not_from_placement_changes_nothing(env):
+async def test_a_reserved_for_an_attempt_never_started_or_not_from_placement_changes_nothing(env):
     stack, bus, sim = env
     async with audited(bus):
         pod, state = await scheduled(bus, sim, "victim-a")
-        mine = state.assignments[0]
+        (mine,) = await held(bus, state)
         before = await record(bus, sim)
-        other_gpu = Assignment(pod=pod.ref, node=mine.node, gpus=((mine.gpus[0] + 1) % 8,))
+        ours = uid_digest([pod.ref])
         for forged in (
-            Placed(gang_id=state.gang_id, attempt=5, assignments=(other_gpu,)),      # never started
-            Placed(gang_id=state.gang_id, attempt=1, assignments=(other_gpu,)),      # not what the ledger holds
-            Placed(gang_id=state.gang_id, attempt=1, assignments=(mine,)),           # a replay of the real one
+            Reserved(gang_id=state.gang_id, attempt=5, members_digest=ours),          # never started
+            Reserved(gang_id=state.gang_id, attempt=1, members_digest=uid_digest([PodRef(
+                namespace="default", name="victim-a", uid="forged")])),                # not the attempt's members
+            Reserved(gang_id=state.gang_id, attempt=1, members_digest=ours),          # a replay of the real one
         ):
             await forge(bus, S.placement_reply_subject(state.gang_id), forged)
         await drained(bus, "gang-coordinator", "placement")
         assert await record(bus, sim) == before
         # Nobody else is put on the victim's GPU afterwards.
         _, other = await scheduled(bus, sim, "after-a")
-        assert (other.assignments[0].node, other.assignments[0].gpus) != (mine.node, mine.gpus)
+        (theirs,) = await held(bus, other)
+        assert (theirs.node, theirs.gpus) != (mine.node, mine.gpus)
 
 
-async def test_a_forged_placed_and_bind_for_a_placing_attempt_bind_nothing_onto_an_occupied_gpu(env):
+async def test_a_forged_reserved_and_bind_for_a_placing_attempt_bind_nothing(env):
+    """While placement is down, the intruder's attempt is placing with no reservation: a
+    forged ``Reserved`` finds none in the ledger, and a forged ``BindPods`` finds nothing to
+    bind the pod to (the command names pods only: no GPU to put it on)."""
     stack, bus, sim = env
     async with audited(bus):
         _, holder = await scheduled(bus, sim, "holder-b")
-        held = holder.assignments[0]
+        (taken,) = await held(bus, holder)
         await anyio.to_thread.run_sync(stack.kill, "placement")
         try:
             pod = await sim.apply_pod(gpu_pod("intruder-b", 1))
@@ -77,11 +81,10 @@ async def test_a_forged_placed_and_bind_for_a_placing_attempt_bind_nothing_onto_
                 return s if s is not None and s.phase == "placing" else None
 
             state = await wait_until(placing, 30)
-            onto_held = Assignment(pod=pod.ref, node=held.node, gpus=held.gpus)
-            await forge(bus, S.placement_reply_subject(state.gang_id), Placed(gang_id=state.gang_id, attempt=state.attempt,
-                                                                    assignments=(onto_held,)))
-            await forge(bus, S.binder_subject(state.gang_id), BindRequested(gang_id=state.gang_id, attempt=state.attempt,
-                                                                            assignment=onto_held))
+            await forge(bus, S.placement_reply_subject(state.gang_id), Reserved(
+                gang_id=state.gang_id, attempt=state.attempt, members_digest=uid_digest([pod.ref])))
+            await forge(bus, S.binder_subject(state.gang_id), BindPods(gang_id=state.gang_id, attempt=state.attempt,
+                                                                       pods=(pod.ref,)))
             await drained(bus, "gang-coordinator", "binder")
             assert (await sim.get_pod(pod.ref)).node_name == ""
             assert (await gang_states(bus))[state.gang_id].phase == "placing"
@@ -92,10 +95,10 @@ async def test_a_forged_placed_and_bind_for_a_placing_attempt_bind_nothing_onto_
             return (await bound_pods(sim)).get("default/intruder-b")
 
         node, gpus = await wait_until(bound, 45)
-        assert (node, gpus) != (held.node, held.gpus)
+        assert (node, gpus) != (taken.node, taken.gpus)
 
 
-async def test_a_bind_for_a_pod_outside_the_gang_or_onto_an_unknown_node_is_refused(env):
+async def test_a_bind_for_a_pod_outside_the_gang_or_of_another_attempt_is_refused(env):
     stack, bus, sim = env
     async with audited(bus):
         _, owner = await scheduled(bus, sim, "owner-c")
@@ -104,21 +107,20 @@ async def test_a_bind_for_a_pod_outside_the_gang_or_onto_an_unknown_node_is_refu
             "jobset.sigs.k8s.io/jobset-name": "incomplete-c", "aliyun.com/min-member": "2"}))
         await wait_until(lambda: _known(bus, "default/JobSet:incomplete-c"), 30)
         before = await record(bus, sim)
-        a = owner.assignments[0]
+        member = owner.members[0].pod
         for forged in (
-            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=outsider.ref)),
-            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, pod=waiting.ref)),
-            BindRequested(gang_id="default/JobSet:incomplete-c", attempt=1,
-                          assignment=Assignment(pod=waiting.ref, node="evil.node", gpus=(0,))),
-            BindRequested(gang_id=owner.gang_id, attempt=owner.attempt, assignment=msgspec.structs.replace(a, node="v100-b"
-                          if a.node == "v100-a" else "v100-a")),
+            BindPods(gang_id=owner.gang_id, attempt=owner.attempt, pods=(outsider.ref,)),   # no reservation
+            BindPods(gang_id=owner.gang_id, attempt=owner.attempt, pods=(waiting.ref,)),    # another gang's pod
+            BindPods(gang_id="default/JobSet:incomplete-c", attempt=1, pods=(waiting.ref,)),  # nothing placed
+            BindPods(gang_id=owner.gang_id, attempt=owner.attempt + 1, pods=(member,)),     # another attempt
+            BindPods(gang_id="default/JobSet:incomplete-c", attempt=1, pods=(member,)),     # another gang's pod
         ):
             await forge(bus, S.binder_subject(forged.gang_id), forged)
         await drained(bus, "binder", "gang-coordinator")
         assert await record(bus, sim) == before
 
 
-async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes_nothing(env):
+async def test_a_binds_done_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes_nothing(env):
     stack, bus, sim = env
     async with audited(bus):
         victim, vstate = await scheduled(bus, sim, "victim-d")
@@ -128,13 +130,12 @@ async def test_a_bound_naming_a_pod_that_is_not_a_member_of_that_attempt_deletes
         await kube_scheduler.bind(bystander.ref, "v100-b")  # Phalanx's adapter would refuse: not its pod
         bystander = await sim.get_pod(bystander.ref)
         before = await record(bus, sim)
-        node = vstate.assignments[0].node
         for forged in (
-            Bound(gang_id=other.gang_id, attempt=other.attempt, pod=victim.ref, node=node),   # a pod of another gang
-            Bound(gang_id=other.gang_id, attempt=other.attempt + 3, pod=victim.ref, node=node),  # never started
-            Bound(gang_id=vstate.gang_id, attempt=vstate.attempt, pod=bystander.ref, node="v100-b"),  # no member at all
-            Bound(gang_id=vstate.gang_id, attempt=vstate.attempt, pod=victim.ref,
-                  node="v100-b" if node == "v100-a" else "v100-a"),                          # not where it is bound
+            BindsDone(gang_id=other.gang_id, attempt=other.attempt, bound=(victim.ref,)),      # a pod of another gang
+            BindsDone(gang_id=other.gang_id, attempt=other.attempt + 3, bound=(victim.ref,)),  # never started
+            BindsDone(gang_id=vstate.gang_id, attempt=vstate.attempt, bound=(bystander.ref,)),  # no member at all
+            BindsDone(gang_id=other.gang_id, attempt=other.attempt, failed=(
+                BindFailure(pod=victim.ref, reason="forged"),)),                               # a failure not theirs
         ):
             await forge(bus, S.binder_reply_subject(forged.gang_id), forged)
         await drained(bus, "gang-coordinator")

@@ -30,11 +30,11 @@ from phalanx_proto.events import (
     MemberSpec,
     NodeHeartbeat,
     NodeTopologyReported,
-    Placed,
     PlaceRequested,
     PodRef,
     Released,
     ReleaseRequested,
+    Reserved,
     encoder,
     gang_decoder,
     uid_digest,
@@ -257,7 +257,7 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
                 await tg.start(lambda task_status: run_placement(me, Config(heartbeat_stale_s=600),
                                                                  task_status=task_status))
                 counting = True
-                while sum(isinstance(r, Placed) for r in replies) < len(requests):
+                while sum(isinstance(r, Reserved) for r in replies) < len(requests):
                     await anyio.sleep(0.05)
                 await gangs.put(S.gang_key("t/p0"), encoder.encode(GangState(
                     gang_id="t/p0", phase="backoff", attempt=1, members=first)))
@@ -266,14 +266,13 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
                 while not any(isinstance(r, Released) for r in replies):
                     await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
-        placed = [r for r in replies if isinstance(r, Placed)]
-        used = [(a.node, g) for r in placed for a in r.assignments for g in a.gpus]
-        assert len(used) == len(set(used)) == sum(1 + k % 3 for k in range(30))
-        nodes = {a.node for r in placed for a in r.assignments}
+        assert sum(isinstance(r, Reserved) for r in replies) == 30
         assert {k: counted[k] for k in WHOLE} == {"listing": 0, "watch": 0}, counted
+        ledger = {r.key: r.value for r in (await read_all(await admin.kv(S.KV_LEDGER), pattern="*"))[0]}
+        used = [(led.node, g) for led in ledger.values() for a in led.allocations.values() for g in a.assignment.gpus]
+        assert len(used) == len(set(used)) == sum(1 + k % 3 for k in range(1, 30))  # t/p0 released
         # The only single-key reads: the delete-marker lookup of a node's first ledger write.
-        assert counted["one key"] <= len(nodes), counted
-        ledger = {r.key: r.value for r in (await read_all(await admin.kv(S.KV_LEDGER)))[0]}
+        assert counted["one key"] <= len(ledger), counted
         assert not any(a.gang_id == "t/p0" for led in ledger.values() for a in led.allocations.values())
     finally:
         await sub.unsubscribe()
@@ -323,8 +322,9 @@ async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_p
                     await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
         assert all(w.error is None for w in waiting)
-        placed = [r for r in replies if isinstance(r, Placed)]
-        used = [(a.node, g) for r in placed for a in r.assignments for g in a.gpus]
+        placed = [r for r in replies if isinstance(r, Reserved)]
+        ledger = [r.value for r in (await read_all(await bus.kv(S.KV_LEDGER), pattern="*"))[0]]
+        used = [(led.node, g) for led in ledger for a in led.allocations.values() for g in a.assignment.gpus]
         assert len(placed) == 16 and len(used) == len(set(used)) == 24  # 3 nodes x 8 GPUs: the last four wait
     finally:
         await sub.unsubscribe()

@@ -1,5 +1,6 @@
 """The MIG step of the saga: gang-coordinator (in-process, real nats-server) asks the node for
-every MIG instance, waits for all ``MigReady``, binds with the instance uuid; a ``MigFailed``
+every MIG instance, waits until every one is recorded ready in ``phx-mig``, then asks binder
+for the members (binder reads each instance from ``phx-mig`` itself); a ``MigFailed``
 rolls the attempt back (destroy the attempt's instances, release the reservation). Placement
 and mig-manager are played by the test, so only the coordinator's side is under test."""
 
@@ -12,8 +13,25 @@ from phalanx_bus import Bus
 from phalanx_gang_coordinator.service import Config, run
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, MigFailed, MigReady, Placed, encoder, gang_decoder, node_decoder
-from phalanx_proto.state import Allocation, MigRecord, NodeLedger, NodeMig, alloc_key, mig_slot
+from phalanx_proto.events import (
+    Assignment,
+    MigFailed,
+    MigReady,
+    Reserved,
+    encoder,
+    gang_decoder,
+    node_decoder,
+    uid_digest,
+)
+from phalanx_proto.state import (
+    Allocation,
+    MigRecord,
+    NodeLedger,
+    NodeMig,
+    alloc_key,
+    mig_slot,
+    node_mig_decoder,
+)
 from stackutil import gang_states, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -47,7 +65,10 @@ async def mig_ready(bus: Bus, attempt: int, pod, gpu: int, uuid: str, msg_id: st
     coordinator checks)."""
     record = MigRecord(node="a100", gpu=gpu, start=4, profile="3g.20gb", gang_id=GANG, attempt=attempt, pod=pod,
                        state="ready", uuid=uuid)
-    await (await bus.kv(S.KV_MIG)).put("a100", encoder.encode(NodeMig(node="a100", instances={mig_slot(gpu, 4): record})))
+    kv = await bus.kv(S.KV_MIG)
+    entry = await kv.get("a100")
+    book = node_mig_decoder.decode(entry.value) if entry is not None else NodeMig(node="a100")
+    await kv.put("a100", encoder.encode(NodeMig(node="a100", instances={**book.instances, mig_slot(gpu, 4): record})))
     await bus.publish(S.node_reply_subject("a100"), MigReady(
         node="a100", gang_id=GANG, attempt=attempt, pod=pod, instance_uuid=uuid), msg_id=msg_id)
 
@@ -75,7 +96,8 @@ async def start_and_place(bus, sim, tg):
     ledger = NodeLedger(node="a100", allocations={
         alloc_key(a.pod): Allocation(gang_id=GANG, attempt=s.attempt, assignment=a) for a in assignments})
     await (await bus.kv(S.KV_LEDGER)).put(S.token("a100"), encoder.encode(ledger))
-    await bus.publish(S.placement_reply_subject(GANG), Placed(gang_id=GANG, attempt=s.attempt, assignments=assignments))
+    await bus.publish(S.placement_reply_subject(GANG), Reserved(gang_id=GANG, attempt=s.attempt,
+                                                                 members_digest=uid_digest(p.ref for p in pods)))
 
     async def preparing():
         st = (await gang_states(bus)).get(GANG)
@@ -105,10 +127,9 @@ async def test_every_mig_instance_is_prepared_before_binding_and_its_uuid_is_bou
                 st = (await gang_states(bus))[GANG]
                 return st if st.phase == "binding" else None
 
-            st = await wait_until(binding, 15)
-            assert [a.mig_instance_uuid for a in st.assignments] == ["MIG-0", "MIG-1"]
-            bind = await last(bus, S.STREAM_GANG, S.binder_subject(GANG), gang_decoder, "BindRequested")
-            assert bind.assignment.mig_instance_uuid in ("MIG-0", "MIG-1")
+            await wait_until(binding, 15)
+            bind = await last(bus, S.STREAM_GANG, S.binder_subject(GANG), gang_decoder, "BindPods")
+            assert bind.pods == tuple(p.ref for p in pods)
             tg.cancel_scope.cancel()
     finally:
         await bus.close()

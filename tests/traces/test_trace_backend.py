@@ -8,12 +8,12 @@ query API and checks that a gang attempt is ONE trace whose spans nest the way t
     placement           process phx.gang.placement.{gang}         (CONSUMER)
     placement             placement.decide                        (gang, attempt, nodes, GPUs)
     placement             placement.commit                        (the ledger batch)
-    placement             publish phx.gang.coord.{gang}           (PRODUCER, Placed)
+    placement             publish phx.gang.coord.{gang}           (PRODUCER, Reserved)
     gang-coordinator        process phx.gang.coord.{gang}         (CONSUMER)
-    gang-coordinator          … publish phx.gang.binder.{gang}    (PRODUCER, BindRequested)
+    gang-coordinator          … publish phx.gang.binder.{gang}    (PRODUCER, BindPods)
     binder                      process phx.gang.binder.{gang}    (CONSUMER)
     binder                        binder.bind                     (k8s.pod.name, k8s.namespace.name, k8s.node.name)
-    binder                        publish phx.gang.coord.{gang}   (PRODUCER, Bound)
+    binder                        publish phx.gang.coord.{gang}   (PRODUCER, BindsDone)
 
 Spans the gang-coordinator adds of its own (an attempt root span, saga-step spans) may sit
 above or between the coordinator's publish/process spans: the test only requires the trace's
@@ -178,25 +178,25 @@ async def test_a_scheduled_gang_is_one_trace_through_placement_and_binder_in_sag
         pb = _consumer(trace, trace.parent(bind), BINDER, "binder")
         if pb is None:
             return "binder.bind is not the child of binder's process span"
-        sb = _producer(trace.parent(pb), COORD, "bind.requested")
+        sb = _producer(trace.parent(pb), COORD, "bind.pods")
         if sb is None:
-            return "binder's process span is not the child of gang-coordinator's BindRequested publish"
+            return "binder's process span is not the child of gang-coordinator's BindPods publish"
         cp = next((a for a in trace.ancestors(sb) if _consumer(trace, a, COORD, "gang-coordinator")), None)
         if cp is None:
-            return "BindRequested was not published while gang-coordinator processed a reply"
-        sp = _producer(trace.parent(cp), PLACEMENT, "gang.placed")
+            return "BindPods was not published while gang-coordinator processed a reply"
+        sp = _producer(trace.parent(cp), PLACEMENT, "gang.reserved")
         if sp is None:
-            return "gang-coordinator's process span is not the child of placement's Placed publish"
+            return "gang-coordinator's process span is not the child of placement's Reserved publish"
         pp = _consumer(trace, trace.parent(sp), PLACEMENT, "placement")
         if pp is None:
-            return "Placed was not published from placement's process span"
-        if _producer(trace.parent(pp), COORD, "placement.requested") is None:
+            return "Reserved was not published from placement's process span"
+        if _producer(trace.parent(pp), COORD, "placement.place") is None:
             return "placement's process span is not the child of gang-coordinator's PlaceRequested publish"
         if not trace.find(name="placement.decide", service=PLACEMENT) or not trace.find(
                 name="placement.commit", service=PLACEMENT):
             return "placement.decide / placement.commit not (yet) in the trace"
-        if not [s for s in trace.spans if _producer(s, BINDER, "gang.bound") and pb in trace.ancestors(s)]:
-            return "binder's Bound publish not (yet) in the trace"
+        if not [s for s in trace.spans if _producer(s, BINDER, "gang.binds_done") and pb in trace.ancestors(s)]:
+            return "binder's BindsDone publish not (yet) in the trace"
         return None
 
     trace, bind = await _trace_with(jaeger, BINDER, "binder.bind", {"k8s.pod.name": ref.name}, complete)
@@ -218,7 +218,7 @@ async def test_a_scheduled_gang_is_one_trace_through_placement_and_binder_in_sag
     assert trace.parent(commit) == process_placement, outline
     assert process_placement.name == "process phx.gang.placement.{gang}", outline
     command = trace.parent(process_placement)
-    assert _producer(command, COORD, "placement.requested") is not None, outline
+    assert _producer(command, COORD, "placement.place") is not None, outline
     assert command.name == "publish phx.gang.placement.{gang}", outline
     assert command.tags["messaging.destination.template"] == "phx.gang.placement.{gang}", outline
     assert command.tags["messaging.operation.type"] == "send", outline
@@ -248,7 +248,7 @@ async def test_a_pod_that_does_not_fit_has_the_reason_on_its_decide_span(stack, 
         process = _consumer(trace, trace.parent(decide), PLACEMENT, "placement")
         if process is None:
             return "placement.decide is not the child of placement's process span"
-        if _producer(trace.parent(process), COORD, "placement.requested") is None:
+        if _producer(trace.parent(process), COORD, "placement.place") is None:
             return "placement's process span is not the child of gang-coordinator's command"
         if not [s for s in trace.spans if _producer(s, PLACEMENT, "gang.placement_failed")
                 and trace.parent(s) == process]:

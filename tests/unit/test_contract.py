@@ -18,18 +18,17 @@ ASSIGNMENT = E.Assignment(pod=POD, node="v100-a", gpus=(0, 1), gpu_uuids=("GPU-a
 SAMPLES = [
     E.GangAdmitted(gang_id="default/g", attempt=1, members=(POD,), min_member=1),
     E.PlaceRequested(gang_id="default/g", attempt=2, members_digest=E.uid_digest([POD])),
-    E.Placed(gang_id="default/g", attempt=3, assignments=(E.Assignment(
-        pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)),)),
-    E.Placed(gang_id="default/g", attempt=2, assignments=(ASSIGNMENT,)),
+    E.Reserved(gang_id="default/g", attempt=3, members_digest=E.uid_digest([POD])),
     E.PlacementFailed(gang_id="default/g", summary="0/2 nodes are available: 2 insufficient free GPUs.",
                       reasons={"insufficient free GPUs": 2}),
-    E.BindRequested(gang_id="default/g", assignment=ASSIGNMENT),
-    E.Bound(gang_id="default/g", pod=POD, node="v100-a"),
-    E.BindFailed(gang_id="default/g", pod=POD, reason="pod gone"),
+    E.BindPods(gang_id="default/g", pods=(POD,)),
+    E.BindsDone(gang_id="default/g", bound=(POD,)),
+    E.BindsDone(gang_id="default/g", failed=(E.BindFailure(pod=POD, reason="pod gone"),)),
     E.RollbackStarted(gang_id="default/g", reason="deadline"),
     E.ReleaseRequested(gang_id="default/g", reason="pod deleted", pods=(POD,)),
     E.Released(gang_id="default/g"),
-    E.GangScheduled(gang_id="default/g", assignments=(ASSIGNMENT,)),
+    E.GangScheduled(gang_id="default/g", assignments=(ASSIGNMENT, E.Assignment(
+        pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)))),
     E.GangPending(gang_id="default/g", reason="gang incomplete"),
     E.GangDeadline(gang_id="default/g", attempt=3),
     E.NodeHeartbeat(node="v100-a", generation=3, at=1.5),
@@ -58,12 +57,19 @@ def test_a_newer_sender_with_unknown_fields_is_still_understood(event):
 
 def test_tags_are_the_stable_names_subscribers_rely_on():
     assert [E.tag_of(t) for t in E.ALL_EVENTS] == [
-        "gang.admitted", "placement.place", "gang.placed", "gang.placement_failed", "bind.requested",
-        "gang.bound", "gang.bind_failed", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
+        "gang.admitted", "placement.place", "gang.reserved", "gang.placement_failed", "bind.pods",
+        "gang.binds_done", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed",
     ]
+
+
+def test_a_retired_tag_is_never_given_to_another_event():
+    assert set(E.RETIRED_TAGS) & {E.tag_of(t) for t in E.ALL_EVENTS} == set()
+    for tag in E.RETIRED_TAGS:
+        with pytest.raises(msgspec.ValidationError, match=f"Invalid value '{tag}'"):
+            E.gang_decoder.decode(json.dumps({"kind": tag, "gang_id": "g"}))
 
 
 def test_the_kind_field_carries_the_tag_on_the_wire():
@@ -99,12 +105,14 @@ def test_a_member_whose_constraints_break_the_contract_does_not_decode(member, w
 
 
 def test_idempotency_keys_differ_per_member_and_attempt():
-    a = E.BindRequested(gang_id="g", attempt=1, assignment=ASSIGNMENT)
-    b = E.BindRequested(gang_id="g", attempt=2, assignment=ASSIGNMENT)
-    other = E.BindRequested(gang_id="g", attempt=1, assignment=msgspec.structs.replace(
-        ASSIGNMENT, pod=E.PodRef(namespace="default", name="other")))
+    a = E.BindPods(gang_id="g", attempt=1, pods=(POD,))
+    b = E.BindPods(gang_id="g", attempt=2, pods=(POD,))
+    other = E.BindPods(gang_id="g", attempt=1, pods=(E.PodRef(namespace="default", name="other"),))
     assert len({a.key(), b.key(), other.key()}) == 3
-    assert a.key() == E.BindRequested(gang_id="g", attempt=1, assignment=ASSIGNMENT).key()
+    assert a.key() == E.BindPods(gang_id="g", attempt=1, pods=(POD,)).key()
+    done = E.BindsDone(gang_id="g", attempt=1, bound=(POD,))
+    failed = E.BindsDone(gang_id="g", attempt=1, failed=(E.BindFailure(pod=POD, reason="gone"),))
+    assert done.key() != failed.key()
 
 
 def test_a_recreated_pod_is_a_new_message_not_a_duplicate_of_the_old_one():
@@ -112,8 +120,8 @@ def test_a_recreated_pod_is_a_new_message_not_a_duplicate_of_the_old_one():
     new = msgspec.structs.replace(old, uid="u-new")
     member = E.MemberSpec(pod=old, gpus=1)
     pairs = [
-        (E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=old, node="n")),
-         E.BindRequested(gang_id="g", attempt=1, assignment=E.Assignment(pod=new, node="n"))),
+        (E.BindPods(gang_id="g", attempt=1, pods=(old,)), E.BindPods(gang_id="g", attempt=1, pods=(new,))),
+        (E.BindsDone(gang_id="g", attempt=1, bound=(old,)), E.BindsDone(gang_id="g", attempt=1, bound=(new,))),
         (E.PlaceRequested(gang_id="g", attempt=1, members_digest=E.uid_digest([member.pod])),
          E.PlaceRequested(gang_id="g", attempt=1, members_digest=E.uid_digest([new]))),
         (E.ReleaseRequested(gang_id="g", attempt=1, pods=(old,)), E.ReleaseRequested(gang_id="g", attempt=1, pods=(new,))),
@@ -127,7 +135,7 @@ def test_a_recreated_pod_is_a_new_message_not_a_duplicate_of_the_old_one():
 
 def test_kv_values_round_trip():
     state = GangState(gang_id="default/g", phase="binding", attempt=2, members=(E.MemberSpec(pod=POD, gpus=1),),
-                      assignments=(ASSIGNMENT,))
+                      bound=(POD,))
     assert gang_state_decoder.decode(E.encoder.encode(state)) == state
     assert msgspec.json.decode(E.encoder.encode(NodeLedger(node="n")), type=NodeLedger) == NodeLedger(node="n")
 

@@ -1,6 +1,6 @@
 """The saga's side effects as data (services/phalanx_gang_coordinator/effects.py), table-driven
-like the transitions: a transition (or a re-drive, a compensation, a member gone) in, the whole
-tuple of effects out."""
+like the transitions: a transition (or a re-drive, a compensation, a member gone) and what the
+ledger holds for the attempt in, the whole tuple of effects out."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from phalanx_gang_coordinator.effects import Compensate, Notify, Publish, Schedu
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
-    BindRequested,
+    BindPods,
     GangAdmitted,
     GangDeadline,
     GangPending,
@@ -43,15 +43,16 @@ def gang(phase="waiting", attempt=0, **kw) -> GangState:
 
 DIGEST = saga.members_digest(gang())
 PLACING = gang("placing", 2, attempt_started_at=900.0)
-BINDING = replace(PLACING, phase="binding", assignments=(A1, A2))
-PREPARING = replace(PLACING, phase="preparing", assignments=(M1, A2))
+BINDING = replace(PLACING, phase="binding")
+PREPARING = replace(PLACING, phase="preparing")
 ROLLING = replace(BINDING, phase="rolling_back", reason="not every member was ready within 180 s")
-BACKOFF = replace(ROLLING, phase="backoff", failures=1, backoff_until=NOW + 4, assignments=(),
-                  rollback_done=saga.COMPENSATIONS)
+BACKOFF = replace(ROLLING, phase="backoff", failures=1, backoff_until=NOW + 4, rollback_done=saga.COMPENSATIONS)
 DEADLINE = ScheduleDeadline(GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST), at=900.0 + TIMEOUT)
 REQUEST = Publish(S.placement_subject(G), PlaceRequested(gang_id=G, attempt=2, members_digest=DIGEST))
-BIND1 = Publish(S.binder_subject(G), BindRequested(gang_id=G, attempt=2, assignment=A1))
-BIND2 = Publish(S.binder_subject(G), BindRequested(gang_id=G, attempt=2, assignment=A2))
+BIND_ALL = Publish(S.binder_subject(G), BindPods(gang_id=G, attempt=2, pods=(P1, P2)))
+BIND2 = Publish(S.binder_subject(G), BindPods(gang_id=G, attempt=2, pods=(P2,)))
+HELD = (A1, A2)
+"""What the ledger holds for the attempt (what ``held`` means below, unless a row says)."""
 
 
 def pending(state, reason):
@@ -62,82 +63,84 @@ def pending(state, reason):
 
 ENTERED = [
     ("a new attempt schedules its deadline, announces itself and asks placement",
-     replace(PLACING, phase="backoff", attempt=1), PLACING,
+     replace(PLACING, phase="backoff", attempt=1), PLACING, (),
      (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
       REQUEST)),
     ("a backfill attempt's request is the same reference: the nodes to avoid are in its record",
-     replace(PLACING, phase="backoff", attempt=1), replace(PLACING, avoid_nodes=("n2",), avoid_for="default/big"),
+     replace(PLACING, phase="backoff", attempt=1), replace(PLACING, avoid_nodes=("n2",), avoid_for="default/big"), (),
      (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
       REQUEST)),
-    ("placed without MIG asks binder for every member", PLACING, BINDING, (BIND1, BIND2)),
+    ("placed without MIG asks binder for every member in one command", PLACING, BINDING, HELD, (BIND_ALL,)),
     ("placed with MIG asks the node for the instance only",
-     PLACING, PREPARING, (Publish(S.mig_subject("a100"), MigPrepareRequested(
+     PLACING, PREPARING, (M1, A2), (Publish(S.mig_subject("a100"), MigPrepareRequested(
          node="a100", gang_id=G, attempt=2, pod=P1, gpu=3, profile="3g.20gb", start=4)),)),
-    ("the last MigReady asks binder for every member",
-     PREPARING, replace(BINDING, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2)),
-     (Publish(S.binder_subject(G), BindRequested(gang_id=G, attempt=2, assignment=replace(M1, mig_instance_uuid="MIG-1"))),
-      BIND2)),
-    ("one more member bound publishes nothing", BINDING, replace(BINDING, bound=(P1,)), ()),
-    ("the last member bound announces the gang scheduled",
-     replace(BINDING, bound=(P1,)), replace(BINDING, phase="scheduled", bound=(P1, P2)),
+    ("the last MigReady asks binder for every member (binder reads the instance from phx-mig)",
+     PREPARING, BINDING, (replace(M1, mig_instance_uuid="MIG-1"), A2), (BIND_ALL,)),
+    ("one more member bound publishes nothing", BINDING, replace(BINDING, bound=(P1,)), HELD, ()),
+    ("the last member bound announces the gang scheduled, with where the ledger holds its members",
+     replace(BINDING, bound=(P1,)), replace(BINDING, phase="scheduled", bound=(P1, P2)), HELD,
      (Publish(S.status_subject(G), GangScheduled(gang_id=G, attempt=2, assignments=(A1, A2))),)),
-    ("a failed attempt announces the rollback and compensates", BINDING, ROLLING,
+    ("a failed attempt announces the rollback and compensates", BINDING, ROLLING, HELD,
      (Publish(S.status_subject(G), RollbackStarted(gang_id=G, attempt=2, reason=ROLLING.reason, members_digest=DIGEST)),
       Compensate(G, 2))),
-    ("the end of the rollback tells the pods why and when the next try is", ROLLING, BACKOFF,
+    ("the end of the rollback tells the pods why and when the next try is", ROLLING, BACKOFF, (),
      pending(BACKOFF, f"{ROLLING.reason} (attempt 2); next try in 4s")),
     ("a placement failure tells the pods the reason",
      PLACING, replace(PLACING, phase="backoff", failures=1, reason="0/2 nodes are available.", backoff_until=NOW + 1),
-     pending(replace(PLACING, phase="backoff", failures=1, reason="0/2 nodes are available.", backoff_until=NOW + 1),
-             "0/2 nodes are available. (attempt 2); next try in 1s")),
-    ("a compensation recorded mid-rollback publishes nothing", ROLLING, replace(ROLLING, rollback_done=("unbind",)), ()),
-    ("a member added while waiting publishes nothing", gang(members=MEMBERS[:1]), gang(), ()),
+     (), pending(replace(PLACING, phase="backoff", failures=1, reason="0/2 nodes are available.",
+                         backoff_until=NOW + 1), "0/2 nodes are available. (attempt 2); next try in 1s")),
+    ("a compensation recorded mid-rollback publishes nothing", ROLLING, replace(ROLLING, rollback_done=("unbind",)),
+     HELD, ()),
+    ("a member added while waiting publishes nothing", gang(members=MEMBERS[:1]), gang(), (), ()),
 ]
 
 
-@pytest.mark.parametrize(("name", "before", "after", "expected"), ENTERED, ids=[c[0] for c in ENTERED])
-def test_entered(name, before, after, expected):
-    assert effects.entered(before, after, now=NOW, timeout_s=TIMEOUT) == expected
+@pytest.mark.parametrize(("name", "before", "after", "held", "expected"), ENTERED, ids=[c[0] for c in ENTERED])
+def test_entered(name, before, after, held, expected):
+    assert effects.entered(before, after, now=NOW, timeout_s=TIMEOUT, held=held) == expected
 
 
 REDRIVE = [
-    ("a placing gang asks placement again and re-schedules its deadline", PLACING, (DEADLINE, REQUEST)),
-    ("a binding gang asks again only for the members not bound yet", replace(BINDING, bound=(P1,)), (DEADLINE, BIND2)),
-    ("a gang preparing MIG asks again only for instances not ready", replace(PREPARING, assignments=(
-        replace(M1, mig_instance_uuid="MIG-1"), replace(A2, mig_profile="1g.5gb", mig_start=0, node="a100"))),
+    ("a placing gang asks placement again and re-schedules its deadline", PLACING, (), (DEADLINE, REQUEST)),
+    ("a binding gang asks again only for the members not bound yet", replace(BINDING, bound=(P1,)), HELD,
+     (DEADLINE, BIND2)),
+    ("a gang preparing MIG asks again only for instances not ready", PREPARING,
+     (replace(M1, mig_instance_uuid="MIG-1"), replace(A2, mig_profile="1g.5gb", mig_start=0, node="a100")),
      (DEADLINE, Publish(S.mig_subject("a100"), MigPrepareRequested(
          node="a100", gang_id=G, attempt=2, pod=P2, gpu=1, profile="1g.5gb", start=0)))),
-    ("a rollback left half-done is continued", ROLLING, (Compensate(G, 2),)),
-    ("a scheduled gang waits for nothing", replace(BINDING, phase="scheduled"), ()),
-    ("a gang in backoff waits for nothing", BACKOFF, ()),
+    ("a rollback left half-done is continued", ROLLING, HELD, (Compensate(G, 2),)),
+    ("a scheduled gang waits for nothing", replace(BINDING, phase="scheduled"), HELD, ()),
+    ("a gang in backoff waits for nothing", BACKOFF, (), ()),
 ]
 
 
-@pytest.mark.parametrize(("name", "state", "expected"), REDRIVE, ids=[c[0] for c in REDRIVE])
-def test_redrive(name, state, expected):
-    assert effects.redrive(state, timeout_s=TIMEOUT) == expected
+@pytest.mark.parametrize(("name", "state", "held", "expected"), REDRIVE, ids=[c[0] for c in REDRIVE])
+def test_redrive(name, state, held, expected):
+    assert effects.redrive(state, timeout_s=TIMEOUT, held=held) == expected
 
 
 COMPENSATIONS = [
-    ("unbind has no command: the compensator deletes bound members itself", ROLLING, "unbind", ()),
-    ("mig destroys every MIG instance of the attempt", replace(ROLLING, assignments=(M1, A2)), "mig",
-     (Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),)),
-    ("release names the attempt's assigned pods exactly", ROLLING, "release",
+    ("unbind has no command: the compensator deletes bound members itself", ROLLING, "unbind", HELD, ()),
+    ("mig destroys what the node recorded for each MIG member of the attempt (by owner)", ROLLING, "mig",
+     (M1, A2), (Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),)),
+    ("release names the attempt's reserved pods exactly", ROLLING, "release", HELD,
      (Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason=ROLLING.reason, pods=(P1, P2))),)),
-    ("release of an attempt rolled back before placement names its members",
-     replace(ROLLING, assignments=()), "release",
+    ("release of an attempt rolled back before placement names its members", ROLLING, "release", (),
+     (Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason=ROLLING.reason, pods=(P1, P2))),)),
+    ("release also names a reserved pod that is no longer a member", replace(ROLLING, members=MEMBERS[1:]),
+     "release", HELD,
      (Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason=ROLLING.reason, pods=(P1, P2))),)),
 ]
 
 
-@pytest.mark.parametrize(("name", "state", "step", "expected"), COMPENSATIONS, ids=[c[0] for c in COMPENSATIONS])
-def test_compensation(name, state, step, expected):
-    assert effects.compensation(state, step) == expected
+@pytest.mark.parametrize(("name", "state", "step", "held", "expected"), COMPENSATIONS,
+                         ids=[c[0] for c in COMPENSATIONS])
+def test_compensation(name, state, step, held, expected):
+    assert effects.compensation(state, step, held) == expected
 
 
 def test_a_deleted_member_gives_back_its_mig_instance_then_its_reservation():
-    state = replace(BINDING, assignments=(M1, A2))
-    assert effects.member_gone(state, P1) == (
+    assert effects.member_gone(BINDING, P1, M1) == (
         Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),
         Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason="pod deleted", pods=(P1,))))
     assert effects.member_gone(gang(), P1) == ()
@@ -145,8 +148,11 @@ def test_a_deleted_member_gives_back_its_mig_instance_then_its_reservation():
 
 def test_a_running_member_deleted_during_a_later_attempt_releases_the_attempt_that_bound_it():
     state = replace(BINDING, attempt=5, running=(Running(pod=P1, attempt=2),))
-    assert effects.member_gone(state, P1) == (
+    assert effects.member_gone(state, P1, A1) == (
         Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason="pod deleted", pods=(P1,))),)
+    assert effects.member_gone(state, P1, M1) == (
+        Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),
+        Publish(S.placement_subject(G), ReleaseRequested(gang_id=G, attempt=2, reason="pod deleted", pods=(P1,))))
 
 
 def test_an_attempt_for_late_members_asks_placement_for_them_alone():

@@ -7,23 +7,21 @@ import pytest
 
 from phalanx_gang_coordinator import saga
 from phalanx_proto.events import (
-    Assignment,
-    BindFailed,
-    Bound,
+    BindFailure,
+    BindsDone,
     GangDeadline,
     MemberSpec,
     MigFailed,
     MigReady,
-    Placed,
     PlacementFailed,
     PodRef,
+    Reserved,
+    uid_digest,
 )
 from phalanx_proto.state import GangPart, GangState, Running
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
-A1, A2 = Assignment(pod=P1, node="n1", gpus=(0,)), Assignment(pod=P2, node="n1", gpus=(1,))
-M1 = Assignment(pod=P1, node="a100", gpus=(0,), mig_profile="3g.20gb", mig_start=4)
 MEMBERS = (MemberSpec(pod=P1, gpus=1), MemberSpec(pod=P2, gpus=1))
 BO = dict(base_s=1.0, max_s=60.0)
 replace = msgspec.structs.replace
@@ -38,10 +36,17 @@ DIGEST = saga.members_digest(gang())
 STRANGER = PodRef(namespace="default", name="w-0", uid="u-other")
 """A pod with a member's name but another uid (a recreated pod, or a forged one)."""
 PLACING = gang("placing", 2)
-BINDING = gang("binding", 2, assignments=(A1, A2))
-HALF_BOUND = gang("binding", 2, assignments=(A1, A2), bound=(P1,))
-PREPARING = gang("preparing", 2, assignments=(M1, A2))
-ROLLING = gang("rolling_back", 2, assignments=(A1, A2), reason="deadline")
+BINDING = gang("binding", 2)
+HALF_BOUND = gang("binding", 2, bound=(P1,))
+PREPARING = gang("preparing", 2)
+ROLLING = gang("rolling_back", 2, reason="deadline")
+RESERVED = Reserved(gang_id=G, attempt=2, members_digest=DIGEST)
+MIG_READY = MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")
+
+
+def binds(attempt=2, bound=(), failed=()):
+    return BindsDone(gang_id=G, attempt=attempt, bound=bound, failed=tuple(BindFailure(pod=p, reason=r) for p, r in failed))
+
 
 CASES = [
     # (name, transition, state, expected)
@@ -60,26 +65,26 @@ CASES = [
     ("an undeclared gang waits until it has been quiet for the settle time",
      lambda s: saga.start_attempt(s, now=11.0, settle_s=2), gang(min_member_declared=False, last_member_at=10.0),
      None),
-    ("Placed for the current attempt moves to binding",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1, A2))), PLACING, BINDING),
-    ("Placed with a MIG assignment moves to preparing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(M1, A2))), PLACING, PREPARING),
-    ("a duplicate Placed changes nothing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1, A2))), BINDING, None),
-    ("Placed for an old attempt changes nothing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=1, assignments=(A1, A2))), PLACING, None),
+    ("Reserved for the current attempt moves to binding",
+     lambda s: saga.placed(s, RESERVED, mig=False), PLACING, BINDING),
+    ("Reserved with a MIG slice among the reservations moves to preparing",
+     lambda s: saga.placed(s, RESERVED, mig=True), PLACING, PREPARING),
+    ("a duplicate Reserved changes nothing",
+     lambda s: saga.placed(s, RESERVED, mig=False), BINDING, None),
+    ("Reserved for an old attempt changes nothing",
+     lambda s: saga.placed(s, replace(RESERVED, attempt=1), mig=False), PLACING, None),
     ("PlacementFailed goes to backoff with the reason and a retry time",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes"), now=100.0, **BO),
      PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes", failure="placement_failed",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("PlacementFailed for an old attempt changes nothing",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=1), now=1.0, **BO), PLACING, None),
-    ("MigReady puts the instance into the assignment and, the last one, moves to binding",
-     lambda s: saga.mig_ready(s, MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")),
-     PREPARING, gang("binding", 2, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2))),
+    ("the MigReady after which every instance is recorded ready moves to binding",
+     lambda s: saga.mig_ready(s, MIG_READY, all_ready=True), PREPARING, BINDING),
+    ("a MigReady while other instances are not ready yet changes nothing",
+     lambda s: saga.mig_ready(s, MIG_READY, all_ready=False), PREPARING, None),
     ("a duplicate MigReady changes nothing",
-     lambda s: saga.mig_ready(s, MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")),
-     gang("binding", 2, assignments=(replace(M1, mig_instance_uuid="MIG-1"), A2)), None),
+     lambda s: saga.mig_ready(s, MIG_READY, all_ready=True), BINDING, None),
     ("MigFailed rolls back with its reason",
      lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=2, pod=P1, reason="no slot")),
      PREPARING, replace(PREPARING, phase="rolling_back", failure="mig_failed",
@@ -87,17 +92,18 @@ CASES = [
     ("MigFailed for an old attempt changes nothing",
      lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=1, pod=P1, reason="x")),
      PREPARING, None),
-    ("Bound records one member",
-     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P1, node="n1")), BINDING, HALF_BOUND),
-    ("the last Bound schedules the gang",
-     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P2, node="n1")), HALF_BOUND,
-     gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2))),
-    ("a duplicate Bound changes nothing",
-     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=P1, node="n1")), HALF_BOUND, None),
-    ("Bound for an old attempt changes nothing",
-     lambda s: saga.bound(s, Bound(gang_id=G, attempt=1, pod=P2, node="n1")), HALF_BOUND, None),
-    ("BindFailed rolls back",
-     lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=P2, reason="gone")), HALF_BOUND,
+    ("a member bound is recorded",
+     lambda s: saga.bound(s, 2, (P1,)), BINDING, HALF_BOUND),
+    ("the last member bound schedules the gang",
+     lambda s: saga.bound(s, 2, (P2,)), HALF_BOUND, gang("scheduled", 2, bound=(P1, P2))),
+    ("every member bound at once schedules the gang in one step",
+     lambda s: saga.bound(s, 2, (P2, P1)), BINDING, gang("scheduled", 2, bound=(P2, P1))),
+    ("a member reported bound twice changes nothing",
+     lambda s: saga.bound(s, 2, (P1,)), HALF_BOUND, None),
+    ("members bound for an old attempt change nothing",
+     lambda s: saga.bound(s, 1, (P2,)), HALF_BOUND, None),
+    ("a failure in BindsDone rolls back, naming the pod",
+     lambda s: saga.bind_failed(s, binds(failed=((P2, "gone"),))), HALF_BOUND,
      replace(HALF_BOUND, phase="rolling_back", failure="bind_failed", reason="bind of default/w-1 failed: gone")),
     ("the deadline of the running attempt rolls it back",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), replace(HALF_BOUND, timeout_s=30.0),
@@ -107,7 +113,7 @@ CASES = [
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=1, members_digest=DIGEST)), PLACING, None),
     ("the deadline of a scheduled gang is ignored",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)),
-     gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2)), None),
+     gang("scheduled", 2, bound=(P1, P2)), None),
     ("a deadline delivered twice changes nothing the second time",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), ROLLING, None),
     ("a compensation is recorded as done",
@@ -117,7 +123,7 @@ CASES = [
      lambda s: saga.compensated(s, 2, "unbind", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind",)), None),
     ("the last compensation moves to backoff",
      lambda s: saga.compensated(s, 2, "release", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind", "mig")),
-     replace(ROLLING, phase="backoff", rollback_done=saga.COMPENSATIONS, failures=1, assignments=(),
+     replace(ROLLING, phase="backoff", rollback_done=saga.COMPENSATIONS, failures=1,
              backoff_until=5.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a compensation for an old attempt changes nothing",
      lambda s: saga.compensated(s, 1, "unbind", now=5.0, **BO), ROLLING, None),
@@ -128,26 +134,28 @@ CASES = [
      lambda s: saga.add_member(s, MemberSpec(pod=replace(P1, uid="u9"), gpus=1), gang_id=G, min_member=2,
                                timeout_s=0, priority=0, now=1.0), gang(),
      replace(gang(), members=(MEMBERS[1], MemberSpec(pod=replace(P1, uid="u9"), gpus=1)), last_member_at=1.0)),
-    ("a deleted member is dropped with its assignment",
-     lambda s: saga.drop_member(s, P2), HALF_BOUND,
-     replace(HALF_BOUND, members=MEMBERS[:1], assignments=(A1,))),
+    ("a deleted member is dropped",
+     lambda s: saga.drop_member(s, P2), HALF_BOUND, replace(HALF_BOUND, members=MEMBERS[:1])),
+    ("a deleted bound member is dropped from the bound ones too",
+     lambda s: saga.drop_member(s, P1), HALF_BOUND, replace(HALF_BOUND, members=MEMBERS[1:], bound=())),
     ("deleting a pod that is not a member changes nothing",
      lambda s: saga.drop_member(s, PodRef(namespace="default", name="x")), HALF_BOUND, None),
     # Replies are checked against the record: only the attempt's own members, by uid.
-    ("a Placed that leaves a member out changes nothing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(A1,))), PLACING, None),
-    ("a Placed for a pod with a member's name but another uid changes nothing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=2, assignments=(replace(A1, pod=STRANGER), A2))),
+    ("a Reserved for other members (a digest that is not the attempt's) changes nothing",
+     lambda s: saga.placed(s, replace(RESERVED, members_digest=uid_digest([P1])), mig=False), PLACING, None),
+    ("a Reserved for a pod with a member's name but another uid changes nothing",
+     lambda s: saga.placed(s, replace(RESERVED, members_digest=uid_digest([STRANGER, P2])), mig=False),
      PLACING, None),
     ("a PlacementFailed naming other pods (another incarnation of the gang) changes nothing",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, members=(STRANGER, P2)), now=1.0, **BO),
      PLACING, None),
-    ("a BindFailed for a pod the attempt did not assign changes nothing",
-     lambda s: saga.bind_failed(s, BindFailed(gang_id=G, attempt=2, pod=STRANGER, reason="x")), HALF_BOUND, None),
-    ("a Bound for a pod the attempt did not assign changes nothing",
-     lambda s: saga.bound(s, Bound(gang_id=G, attempt=2, pod=STRANGER, node="n1")), BINDING, None),
-    ("a MigFailed for a pod on another node changes nothing",
-     lambda s: saga.mig_failed(s, MigFailed(node="n9", gang_id=G, attempt=2, pod=P1, reason="x")), PREPARING, None),
+    ("a failure for a pod that is not a member of the attempt changes nothing",
+     lambda s: saga.bind_failed(s, binds(failed=((STRANGER, "x"),))), HALF_BOUND, None),
+    ("a pod reported bound that is not a member of the attempt changes nothing",
+     lambda s: saga.bound(s, 2, (STRANGER,)), BINDING, None),
+    ("a MigFailed for a pod that is not a member of the attempt changes nothing",
+     lambda s: saga.mig_failed(s, MigFailed(node="a100", gang_id=G, attempt=2, pod=STRANGER, reason="x")),
+     PREPARING, None),
     ("the deadline of another incarnation of the gang (other members) is ignored",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest="0" * 16)), BINDING, None),
     ("a deadline without the members' digest is ignored",
@@ -170,11 +178,10 @@ CASES = [
 
 P3 = PodRef(namespace="default", name="w-2", uid="u2")
 M3 = MemberSpec(pod=P3, gpus=1)
-SCHEDULED = gang("scheduled", 2, assignments=(A1, A2), bound=(P1, P2))
+SCHEDULED = gang("scheduled", 2, bound=(P1, P2))
 LATE = replace(SCHEDULED, members=MEMBERS + (M3,))
-FOLLOW_UP = replace(LATE, phase="placing", attempt=3, assignments=(), bound=(), attempt_started_at=20.0,
+FOLLOW_UP = replace(LATE, phase="placing", attempt=3, bound=(), attempt_started_at=20.0,
                     running=(Running(pod=P1, attempt=2), Running(pod=P2, attempt=2)))
-A3 = Assignment(pod=P3, node="n2", gpus=(0,))
 
 
 def add(spec, **kw):
@@ -194,10 +201,14 @@ LATE_CASES = [
     ("a scheduled gang without late members starts nothing", lambda s: saga.start_attempt(s, now=20.0, settle_s=2),
      SCHEDULED, None),
     ("the follow-up attempt is placed for the late members alone",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=3, assignments=(A3,))), FOLLOW_UP,
-     replace(FOLLOW_UP, phase="binding", assignments=(A3,))),
-    ("a Placed of the follow-up that names a running member changes nothing",
-     lambda s: saga.placed(s, Placed(gang_id=G, attempt=3, assignments=(A1, A3))), FOLLOW_UP, None),
+     lambda s: saga.placed(s, Reserved(gang_id=G, attempt=3, members_digest=uid_digest([P3])), mig=False), FOLLOW_UP,
+     replace(FOLLOW_UP, phase="binding")),
+    ("a Reserved of the follow-up that names a running member changes nothing",
+     lambda s: saga.placed(s, Reserved(gang_id=G, attempt=3, members_digest=uid_digest([P1, P3])), mig=False),
+     FOLLOW_UP, None),
+    ("the follow-up is scheduled once its late members are bound",
+     lambda s: saga.bound(s, 3, (P3,)), replace(FOLLOW_UP, phase="binding"),
+     replace(FOLLOW_UP, phase="scheduled", bound=(P3,))),
     ("the follow-up's deadline names its own members",
      lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=3, members_digest=saga.members_digest(FOLLOW_UP))),
      FOLLOW_UP, replace(FOLLOW_UP, phase="rolling_back", reason="not every member was ready within the gang timeout",
@@ -206,7 +217,7 @@ LATE_CASES = [
      lambda s: saga.start_attempt(s, now=30.0, settle_s=2), replace(FOLLOW_UP, phase="backoff", backoff_until=25.0),
      replace(FOLLOW_UP, phase="placing", attempt=4, backoff_until=25.0, attempt_started_at=30.0)),
     ("a gang whose pods are all gone leaves a tombstone that keeps its attempt counter",
-     saga.tombstone, replace(SCHEDULED, members=(), assignments=(), bound=(), created_at=5.0),
+     saga.tombstone, replace(SCHEDULED, members=(), bound=(), created_at=5.0),
      GangState(gang_id=G, attempt=2, created_at=5.0, min_member=1)),
     ("a gang recreated under a tombstone's id goes on counting its attempts",
      add(M3, min_member=1), GangState(gang_id=G, attempt=2, min_member=1),
