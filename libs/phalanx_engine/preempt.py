@@ -22,15 +22,9 @@ from dataclasses import dataclass, field
 
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster
 from phalanx_engine.framework import Profile
+from phalanx_engine.preempt_order import Trials, placement_rank, plan_order
 from phalanx_engine.preempt_rules import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang
-from phalanx_engine.preempt_search import (
-    Search,
-    SearchBounds,
-    SearchStats,
-    Trials,
-    placement_rank,
-    plan_order,
-)
+from phalanx_engine.preempt_search import Search, SearchBounds, SearchStats
 from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
@@ -93,7 +87,8 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
     ``decide``; ``now``: unix seconds, for GPU-seconds (None: not counted). Raises nothing for
     data: a gang it cannot use is simply no candidate."""
     gangs = {g.gang_id: g for g in sorted(running, key=lambda g: g.gang_id)}
-    held = dict(held_by) if held_by is not None else _held(gangs.values())
+    units = {g: gang.units for g, gang in gangs.items()}
+    held = dict(held_by) if held_by is not None else _held(gangs.values(), units)
     rules = Rules(preemptor, tree, held)
     trials = Trials(cluster, preemptor.members, profile, avoid, gangs)
     fits = trials.decide(frozenset())
@@ -103,11 +98,11 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
     refused = rules.refusal()
     if refused is not None:
         return NoPlan(*refused, search=SearchStats(trials=trials.calls))
-    rule = {g: r for g, gang in gangs.items() if (r := rules.rule_for(gang, gang.units)) is not None}
+    rule = {g: r for g, gang in gangs.items() if (r := rules.rule_for(gang, units[g])) is not None}
     if not rule:
         return NoPlan("no-candidates", f"{limit}; {rules.nobody()}" if limit else rules.nobody(),
                       search=SearchStats(trials=trials.calls))
-    search = Search(rules, trials, cluster, gangs, rule, bounds, now)
+    search = Search(rules, trials, cluster, gangs, units, rule, bounds, now)
     found = search.run()
     stats = SearchStats(candidates=len(rule), domains=search.expanded, sets=len(search.offered),
                         trials=trials.calls, exact=search.exact)
@@ -124,11 +119,11 @@ def _victim(gang: RunningGang, rule: Rule) -> Victim:
                   pods=tuple(sorted(gang.pods, key=pod_key)))
 
 
-def _held(gangs: Iterable[RunningGang]) -> dict[str, int]:
+def _held(gangs: Iterable[RunningGang], units: Mapping[str, int]) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for g in gangs:
         for q in g.queues:
-            out[q] += g.units
+            out[q] += units[g.gang_id]
     return dict(out)
 
 
