@@ -46,7 +46,7 @@ class Preemptor:
     members: tuple[MemberSpec, ...]
     priority: int = 0
     queue: str = DEFAULT_QUEUE
-    policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
 
     @property
     def units(self) -> int:
@@ -96,7 +96,7 @@ class Rules:
 
     def refusal(self) -> tuple[str, str] | None:
         """(code, reason) when the preemptor may not preempt at all, else None."""
-        if self.preemptor.policy == NEVER:
+        if self.preemptor.preemption_policy == NEVER:
             return "preemption-policy-never", "its pods' preemptionPolicy is Never: it waits and never preempts"
         problem = self.tree.problem(self.preemptor.queue)
         if problem:

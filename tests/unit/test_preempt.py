@@ -55,7 +55,7 @@ class World:
 
 def wants(name: str, *gpus: int, priority: int = 10, queue: str = "default", policy: str = "PreemptLowerPriority"):
     members = tuple(pod(f"{name}-{i}" if len(gpus) > 1 else name).gpus(k).spec() for i, k in enumerate(gpus))
-    return Preemptor(gang_id=f"default/{name}", members=members, priority=priority, queue=queue, policy=policy)
+    return Preemptor(gang_id=f"default/{name}", members=members, priority=priority, queue=queue, preemption_policy=policy)
 
 
 def q(name: str, quota: float = 0, limit: float | None = None, parent: str = "", within: str = "LowerPriority",

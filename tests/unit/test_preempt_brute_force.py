@@ -93,7 +93,7 @@ def random_case(seed: int) -> Case:
     members = tuple(pod(f"p{i}").gpus(s).spec() for i, s in enumerate(sizes))
     preemptor = Preemptor(gang_id="default/p", members=members, priority=rng.randint(1, 3),
                           queue=rng.choice(list(chains)),
-                          policy="Never" if rng.random() < 0.05 else "PreemptLowerPriority")
+                          preemption_policy="Never" if rng.random() < 0.05 else "PreemptLowerPriority")
     return Case(seed, snapshot(*builders.values()), gangs, QueueTree.of(specs), preemptor)
 
 
@@ -141,7 +141,7 @@ def brute_force(case: Case) -> tuple[tuple[str, ...], Decision] | None:
     as_is = decide(without(case, ()), p.members)
     if isinstance(as_is, Decision) and allowed(case, held, ()):
         return (), as_is
-    if p.policy == "Never" or case.tree.problem(p.queue):
+    if p.preemption_policy == "Never" or case.tree.problem(p.queue):
         return None
     best = None
     for r in range(1, len(case.gangs) + 1):
