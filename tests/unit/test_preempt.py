@@ -44,6 +44,8 @@ class World:
         assignments = tuple(Assignment(pod=ref(f"{name}-{i}"), node=n, gpus=tuple(gpus))
                             for i, (n, *gpus) in enumerate(members))
         for a in assignments:
+            taken = {g for other in self.gangs for b in other.assignments if b.node == a.node for g in b.gpus}
+            assert not taken & set(a.gpus), f"{name}: GPUs {sorted(taken & set(a.gpus))} of {a.node} are taken"
             self.nodes[a.node].reserved(a)
         self.gangs.append(RunningGang(gang_id=f"ns/{name}", assignments=assignments, priority=priority,
                                       queues=(queue, *parents), started_at=started))
@@ -205,6 +207,20 @@ def test_reclaim_takes_a_gang_that_leaves_the_victim_queue_at_its_quota():
     got = plan(w, wants("p", 2, queue="team-a"), *teams())
     assert got == Plan(victims=(victim("b3", "reclaim", gpus=2, queue="team-b"),),
                        placement=Decision(assignments=(placed("p", "a", 0, 1),)), units=2 * G)
+
+
+def test_reclaim_never_takes_two_gangs_that_together_push_the_victim_queue_below_its_quota():
+    # team-b (quota 8) holds 12 in three 4-GPU gangs: any one may go, not two. An 8-GPU pod of
+    # team-a would need both gangs of node b; node a's other half is team-c's, at its quota.
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 4, 0)).gang("c", ("a", 4, 5, 6, 7), queue="team-c")
+    got = plan(w, wants("p", 8, queue="team-a"), *teams())
+    assert got == NoPlan("quota", "no set of the 3 gang(s) it may preempt (0 by priority, 3 by reclaim; 12 GPUs) both "
+                                  "lets it fit and keeps every queue's quota and limit (evicting all of them: queue "
+                                  "team-b would go below its quota 8 (it would hold 0 GPUs): reclaim takes only what a "
+                                  "queue holds beyond its quota)")
+    assert plan(w, wants("p", 4, queue="team-a"), *teams()) == Plan(
+        victims=(victim("b1", "reclaim", gpus=4, queue="team-b"),),
+        placement=Decision(assignments=(placed("p", "b", 0, 1, 2, 3),)), units=4 * G)
 
 
 def test_a_queue_at_its_quota_does_not_reclaim():

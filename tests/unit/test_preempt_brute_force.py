@@ -34,7 +34,7 @@ from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, PodRef, pod_key
 from phalanx_proto.queues import GPU_UNITS, QueueSpec, units_of_member
 
-CASES = 400
+CASES = 1000
 NOW = 10_000.0
 
 
