@@ -6,7 +6,7 @@ cluster view, the preemptor, the running gangs and the queue tree in; a ``Plan``
 * **The rules** (``preempt_rules``): ``preemptionPolicy: Never`` never preempts; within a
   queue, strictly lower priority (``withinQueue: LowerPriority``); across queues, reclaim by
   a queue below its quota from queues above theirs, never below them (``reclaim: Any``).
-* **The order** (``preempt_search.plan_order``): the lowest highest-victim priority, then the
+* **The order** (``preempt_order.plan_order``): the lowest highest-victim priority, then the
   fewest queue units evicted (GPUs × 700), then the fewest gangs, then the best placement for
   the preemptor (the engine's topology ranking), then the fewest GPU-seconds lost, then gang ids.
 * **The test** of a victim set is a real decision by the same engine and profile on the

@@ -36,7 +36,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phalanx_engine.decide import TIERS, Cluster, domain_of
 from phalanx_engine.preempt_order import Cost, Trials, plan_order
@@ -125,7 +125,7 @@ class Domain:
     inside: dict[str, int]
     """Pool gang → GPUs it holds in the domain."""
     bound: Cost = (0, 0, 0)
-    exact: bool = field(default=False)
+    exact: bool = False
     """Whether ``bound`` is the exact one (the slot bound checked) or the cheap one."""
 
 
