@@ -262,6 +262,13 @@ def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision
     return Decision(assignments=assignments, unchecked=tuple(unchecked))
 
 
+def domain_of(state: NodeState, tier: str) -> str:
+    """The network domain of ``state``'s node at ``tier`` (one of ``TIERS``), as gangs are
+    placed: its own name at the node tier; a node that reports no domain at a tier is alone
+    in it. The preemption planner forms its candidate domains with it."""
+    return _domain(state, tier)
+
+
 def _domain(state: NodeState, tier: str) -> str:
     t = state.view.tiers
     value = {"node": state.view.name, "hypernode": t.hypernode, "leaf": t.leaf, "netpod": t.netpod}[tier]

@@ -99,6 +99,11 @@ class NodeBuilder:
                                        node=self.name, gpus=(gpu,), mig_profile=profile, mig_start=start))
         return self
 
+    def reserved(self, assignment: Assignment) -> NodeBuilder:
+        """A reservation given whole (a running gang's member, with its own pod)."""
+        self._allocs.append(assignment)
+        return self
+
     def unreported(self) -> NodeBuilder:
         """The node agent has not reported the node's Kubernetes state."""
         self._kube = None

@@ -1,0 +1,183 @@
+"""The rules of preemption (docs/preemption.md, "The contract"): which running gangs a waiting
+gang may evict and under which rule, and whether a whole set of victims keeps every queue's
+quota and limit. Pure; the planner (``phalanx_engine.preempt``) asks them of every gang and
+every victim set it considers.
+
+* A gang whose pods say ``preemptionPolicy: Never`` never preempts.
+* **priority**: a gang of the preemptor's own queue with a strictly lower priority, when the
+  queue's ``spec.preemption.withinQueue`` is ``LowerPriority``.
+* **reclaim**: a gang of another queue, whatever its priority, when the preemptor's queue has
+  ``spec.preemption.reclaim: Any`` and holds less than its quota now.
+* A set of victims must leave, once the preemptor is placed and the victims are gone:
+  every queue on the preemptor's chain within its limit; with reclaim victims, every queue on
+  the preemptor's chain that the units enter from outside its subtree within its quota
+  ("receiving"); and every queue the units leave ("giving": on a victim's chain, not on the
+  preemptor's) at or above its quota. Queues that hold both ends of a move (the common
+  ancestors) see no change from it and are not checked for it.
+
+Amounts are queue units (``phalanx_proto.queues``: 700 per whole GPU). What a queue holds
+includes its subtree's gangs, as ``queues.held_by_queue`` sums it from ``Allocation.queues``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from phalanx_engine.queues import QueueTree
+from phalanx_proto.events import Assignment, MemberSpec, PodRef
+from phalanx_proto.queues import DEFAULT_QUEUE, QueueSpec, shown, units_of_assignment, units_of_member
+
+Rule = Literal["priority", "reclaim"]
+PRIORITY: Rule = "priority"
+RECLAIM: Rule = "reclaim"
+NEVER = "Never"
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """The gang that waits: the members placement could not place, its priority (the pods'
+    ``spec.priority``; the members agree), its queue, and its pods' ``preemptionPolicy``
+    (``PreemptLowerPriority``, Kubernetes' default, or ``Never``)."""
+
+    gang_id: str
+    members: tuple[MemberSpec, ...]
+    priority: int = 0
+    queue: str = DEFAULT_QUEUE
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+
+    @property
+    def units(self) -> int:
+        return sum(units_of_member(m) for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningGang:
+    """A gang holding reservations: every member's assignment (from the ledger), its priority,
+    the queues its reservations are charged to (``Allocation.queues``: its own queue first,
+    then the ancestors), and when it started (unix seconds; None when unknown)."""
+
+    gang_id: str
+    assignments: tuple[Assignment, ...]
+    priority: int = 0
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    started_at: float | None = None
+
+    @property
+    def queue(self) -> str:
+        return self.queues[0] if self.queues else DEFAULT_QUEUE
+
+    @property
+    def units(self) -> int:
+        return sum(units_of_assignment(a) for a in self.assignments)
+
+    @property
+    def pods(self) -> tuple[PodRef, ...]:
+        return tuple(a.pod for a in self.assignments)
+
+
+class Rules:
+    """The contract for one preemptor on one view of the queues (``held_by``: units each queue
+    holds, its subtree included)."""
+
+    def __init__(self, preemptor: Preemptor, tree: QueueTree, held_by: Mapping[str, int]) -> None:
+        self.preemptor = preemptor
+        self.tree = tree
+        self.held = held_by
+        self.chain = tree.chain(preemptor.queue) or (preemptor.queue,)
+        self.spec = tree.get(preemptor.queue) or QueueSpec(name=preemptor.queue)
+        self.need = preemptor.units
+
+    def _quota(self, queue: str) -> int:
+        spec = self.tree.get(queue)
+        return spec.quota if spec is not None else 0
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(code, reason) when the preemptor may not preempt at all, else None."""
+        if self.preemptor.preemption_policy == NEVER:
+            return "preemption-policy-never", "its pods' preemptionPolicy is Never: it waits and never preempts"
+        problem = self.tree.problem(self.preemptor.queue)
+        if problem:
+            return "queue-problem", problem
+        return None
+
+    @property
+    def reclaims(self) -> bool:
+        """The preemptor's queue may take from other queues: reclaim Any and below its quota now."""
+        return self.spec.reclaim != NEVER and self.held.get(self.preemptor.queue, 0) < self.spec.quota
+
+    def rule_for(self, gang: RunningGang, units: int) -> Rule | None:
+        """The rule under which ``gang`` (holding ``units``) may be a victim, or None. For reclaim
+        this checks the gang alone against its queues' quotas, a condition every set holding it
+        must also meet (more victims only take more)."""
+        if gang.gang_id == self.preemptor.gang_id or units <= 0:
+            return None
+        if gang.queue == self.preemptor.queue:
+            lower = gang.priority < self.preemptor.priority
+            return PRIORITY if lower and self.spec.within_queue != NEVER else None
+        if not self.reclaims:
+            return None
+        if any(q not in self.chain and self.held.get(q, 0) - units < self._quota(q) for q in gang.queues):
+            return None
+        return RECLAIM
+
+    def breaks(self, victims: Iterable[RunningGang], units: Mapping[str, int]) -> str:
+        """Which quota or limit the set breaks, as a sentence ("" when it keeps them all).
+        ``units``: each victim's units by gang id."""
+        victims = list(victims)
+        lost: dict[str, int] = defaultdict(int)
+        for v in victims:
+            for q in v.queues:
+                lost[q] += units[v.gang_id]
+
+        def after(q: str) -> int:
+            return self.held.get(q, 0) - lost[q] + (self.need if q in self.chain else 0)
+
+        for q in self.chain:
+            spec = self.tree.get(q)
+            if spec is not None and spec.limit is not None and after(q) > spec.limit:
+                return (f"queue {q} would pass its limit {shown(spec.limit)} (it would hold {shown(after(q))} "
+                        "GPUs with this gang)")
+        reclaimed = [v for v in victims if v.queue != self.preemptor.queue]
+        for q in self.chain:
+            receives = any(q not in v.queues for v in reclaimed)
+            if receives and after(q) > self._quota(q):
+                return (f"queue {q} would pass its quota {shown(self._quota(q))} (it would hold {shown(after(q))} "
+                        "GPUs with this gang): reclaim takes back only up to the quota")
+        for q in sorted({q for v in victims for q in v.queues if q not in self.chain}):
+            if after(q) < self._quota(q):
+                return (f"queue {q} would go below its quota {shown(self._quota(q))} (it would hold "
+                        f"{shown(after(q))} GPUs): reclaim takes only what a queue holds beyond its quota")
+        return ""
+
+    def tight(self) -> bool:
+        """Whether the preemptor's own chain may need victims for its accounting alone (a limit it
+        would pass, or a quota it would pass while reclaiming): then gangs that free no GPU where
+        it lands may still be needed, to make room in its queues."""
+        for q in self.chain:
+            spec = self.tree.get(q)
+            held = self.held.get(q, 0) + self.need
+            if spec is not None and spec.limit is not None and held > spec.limit:
+                return True
+            if self.reclaims and held > self._quota(q):
+                return True
+        return False
+
+    def nobody(self) -> str:
+        """Why no running gang may be preempted, both rules named."""
+        p, q = self.preemptor, self.preemptor.queue
+        if self.spec.within_queue == NEVER:
+            within = f"queue {q} does not preempt within itself (spec.preemption.withinQueue: Never)"
+        else:
+            within = f"no gang of queue {q} with a priority below {p.priority} holds GPUs"
+        held = self.held.get(q, 0)
+        if self.spec.reclaim == NEVER:
+            reclaim = f"queue {q} does not reclaim (spec.preemption.reclaim: Never)"
+        elif held >= self.spec.quota:
+            reclaim = (f"queue {q} is at or above its quota ({shown(held)} of {shown(self.spec.quota)} GPUs): "
+                       "it does not reclaim")
+        else:
+            reclaim = "no other queue holds a gang it could give up without going below its quota"
+        return f"no running gang may be preempted: {within}; {reclaim}"

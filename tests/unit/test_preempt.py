@@ -1,0 +1,323 @@
+"""The preemption planner (libs/phalanx_engine/preempt.py), table-driven on small clusters of
+real V100 topologies: the rules (preemptionPolicy, within a queue, reclaim across queues and
+the tree), the order (priority, GPUs, gangs, placement, GPU-seconds) and the reasons, each
+compared as a whole ``Plan`` or ``NoPlan``."""
+
+from __future__ import annotations
+
+import pytest
+from engine_builders import NodeBuilder, node, pod, snapshot
+
+from phalanx_engine.decide import Cluster
+from phalanx_engine.preempt import (
+    NoPlan,
+    Plan,
+    Preemptor,
+    RunningGang,
+    SearchBounds,
+    Victim,
+    plan_preemption,
+    running_gangs,
+)
+from phalanx_engine.queues import QueueTree
+from phalanx_engine.snapshot import Decision
+from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_proto.state import Allocation, NodeLedger
+
+G = GPU_UNITS
+
+
+def ref(name: str) -> PodRef:
+    return PodRef(namespace="ns", name=name, uid=f"uid-{name}")
+
+
+class World:
+    """Nodes with running gangs on exact GPUs: ``.gang("g", ("a", 0, 1), priority=3)``."""
+
+    def __init__(self, *nodes: NodeBuilder) -> None:
+        self.nodes = {n.name: n for n in nodes}
+        self.gangs: list[RunningGang] = []
+
+    def gang(self, name: str, *members: tuple, priority: int = 0, queue: str = "default",
+             parents: tuple[str, ...] = (), started: float | None = None) -> World:
+        assignments = tuple(Assignment(pod=ref(f"{name}-{i}"), node=n, gpus=tuple(gpus))
+                            for i, (n, *gpus) in enumerate(members))
+        for a in assignments:
+            taken = {g for other in self.gangs for b in other.assignments if b.node == a.node for g in b.gpus}
+            assert not taken & set(a.gpus), f"{name}: GPUs {sorted(taken & set(a.gpus))} of {a.node} are taken"
+            self.nodes[a.node].reserved(a)
+        self.gangs.append(RunningGang(gang_id=f"ns/{name}", assignments=assignments, priority=priority,
+                                      queues=(queue, *parents), started_at=started))
+        return self
+
+    def cluster(self) -> Cluster:
+        return Cluster.from_snapshot(snapshot(*self.nodes.values()))
+
+
+def wants(name: str, *gpus: int, priority: int = 10, queue: str = "default", policy: str = "PreemptLowerPriority"):
+    members = tuple(pod(f"{name}-{i}" if len(gpus) > 1 else name).gpus(k).spec() for i, k in enumerate(gpus))
+    return Preemptor(gang_id=f"default/{name}", members=members, priority=priority, queue=queue, preemption_policy=policy)
+
+
+def q(name: str, quota: float = 0, limit: float | None = None, parent: str = "", within: str = "LowerPriority",
+      reclaim: str = "Any") -> QueueSpec:
+    return QueueSpec(name=name, parent=parent, quota=round(quota * G), limit=None if limit is None else round(limit * G),
+                     within_queue=within, reclaim=reclaim)
+
+
+def placed(name: str, node_name: str, *gpus: int) -> Assignment:
+    return Assignment(pod=pod(name).spec().pod, node=node_name, gpus=gpus, gpu_uuids=("",) * len(gpus))
+
+
+def victim(name: str, rule: str, *, gpus: int, priority: int = 0, queue: str = "default", pods: int = 1) -> Victim:
+    return Victim(gang_id=f"ns/{name}", queue=queue, priority=priority, rule=rule, units=gpus * G,
+                  pods=tuple(ref(f"{name}-{i}") for i in range(pods)))
+
+
+def plan(world: World, preemptor: Preemptor, *queues: QueueSpec, **kw) -> Plan | NoPlan:
+    return plan_preemption(world.cluster(), preemptor, world.gangs, QueueTree.of(queues), **kw)
+
+
+def v100(name: str) -> NodeBuilder:
+    return node(name).gpus(8).tiers(netpod="np")
+
+
+def full(name: str, *taken: int) -> tuple:
+    """The GPUs of node ``name`` not in ``taken``: a filler gang's member."""
+    return (name, *(g for g in range(8) if g not in taken))
+
+
+CASES = [
+    pytest.param(
+        World(v100("a")).gang("low", ("a", 0, 1, 2, 3), priority=1).gang("keep", ("a", 4, 5, 6, 7), priority=50),
+        wants("p", 4), (),
+        Plan(victims=(victim("low", "priority", gpus=4, priority=1),),
+             placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G),
+        id="a gang evicts the lower-priority gang of its queue and takes its NVLink quad"),
+    pytest.param(
+        World(v100("a")).gang("peer", ("a", 0, 1, 2, 3), priority=10).gang("above", ("a", 4, 5, 6, 7), priority=11),
+        wants("p", 4), (),
+        NoPlan("no-candidates", "no running gang may be preempted: no gang of queue default with a priority below 10 "
+                                "holds GPUs; queue default is at or above its quota (8 of 0 GPUs): it does not reclaim"),
+        id="equal or higher priority in the same queue is never a victim"),
+    pytest.param(
+        World(v100("a")).gang("low", full("a"), priority=0), wants("p", 4, policy="Never"), (),
+        NoPlan("preemption-policy-never", "its pods' preemptionPolicy is Never: it waits and never preempts"),
+        id="preemptionPolicy Never waits with that reason"),
+    pytest.param(
+        World(v100("a")).gang("low", full("a"), priority=0, queue="t"), wants("p", 4, queue="t"),
+        (q("t", 8, within="Never"),),
+        NoPlan("no-candidates", "no running gang may be preempted: queue t does not preempt within itself "
+                                "(spec.preemption.withinQueue: Never); queue t is at or above its quota (8 of 8 GPUs): "
+                                "it does not reclaim"),
+        id="withinQueue Never turns priority preemption off"),
+    pytest.param(
+        World(v100("a")).gang("mid", ("a", 0, 1), priority=5).gang("low", ("a", 2, 3, 4, 5), priority=0)
+        .gang("keep", ("a", 6, 7), priority=50),
+        wants("p", 2), (),
+        Plan(victims=(victim("low", "priority", gpus=4),),
+             placement=Decision(assignments=(placed("p", "a", 2, 3),)), units=4 * G),
+        id="the lowest priority goes first even when it costs more GPUs"),
+    pytest.param(
+        World(v100("a")).gang("four", ("a", 0, 1, 2, 3)).gang("two", ("a", 4, 7)).gang("keep", ("a", 5, 6), priority=50),
+        wants("p", 2), (),
+        Plan(victims=(victim("two", "priority", gpus=2),),
+             placement=Decision(assignments=(placed("p", "a", 4, 7),)), units=2 * G),
+        id="among equal priorities the fewest GPUs go"),
+    pytest.param(
+        World(v100("a")).gang("pair-1", ("a", 0, 1)).gang("pair-2", ("a", 2, 3)).gang("quad", ("a", 4, 5, 6, 7)),
+        wants("p", 4), (),
+        Plan(victims=(victim("quad", "priority", gpus=4),),
+             placement=Decision(assignments=(placed("p", "a", 4, 5, 6, 7),)), units=4 * G),
+        id="among equal GPUs the fewest gangs go"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("a-cross", ("a", 0, 1, 4, 5)).gang("a-keep", ("a", 2, 3, 6, 7), priority=50)
+        .gang("b-quad", ("b", 0, 1, 2, 3)).gang("b-keep", ("b", 4, 5, 6, 7), priority=50),
+        wants("p", 4), (),
+        Plan(victims=(victim("b-quad", "priority", gpus=4),),
+             placement=Decision(assignments=(placed("p", "b", 0, 1, 2, 3),)), units=4 * G),
+        id="among equal costs the set that frees an NVLink quad wins over one across the sockets"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("old", ("a", 0, 1, 2, 3), started=1000.0).gang("a-keep", ("a", 4, 5, 6, 7), priority=50)
+        .gang("young", ("b", 0, 1, 2, 3), started=9000.0).gang("b-keep", ("b", 4, 5, 6, 7), priority=50),
+        wants("p", 4), (),
+        Plan(victims=(victim("young", "priority", gpus=4),),
+             placement=Decision(assignments=(placed("p", "b", 0, 1, 2, 3),)), units=4 * G, gpu_seconds=4 * 1000.0),
+        id="GPU-seconds break the last tie: the gang that started last loses less work"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("wide", ("a", 0, 1, 2, 3), ("b", 0, 1, 2, 3), priority=1)
+        .gang("a-keep", ("a", 4, 5, 6, 7), priority=50).gang("b-keep", ("b", 4, 5, 6, 7), priority=50),
+        wants("p", 4), (),
+        Plan(victims=(victim("wide", "priority", gpus=8, priority=1, pods=2),),
+             placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=8 * G),
+        id="a victim gang goes whole, every member, though one node of it would do"),
+    pytest.param(
+        World(v100("a")).gang("low", ("a", 0, 1, 2, 3)), wants("p", 4), (),
+        Plan(victims=(), placement=Decision(assignments=(placed("p", "a", 4, 5, 6, 7),))),
+        id="a gang that fits as the cluster is evicts nobody"),
+    pytest.param(
+        World(v100("a")).gang("low", full("a")), wants("p", 9), (),
+        NoPlan("does-not-fit", "evicting all 1 gang(s) it may preempt (1 by priority, 0 by reclaim; 8 GPUs) would still "
+                               "not let it fit: 0/1 nodes are available: 1 insufficient free GPUs."),
+        id="when evicting everything it may preempt would not help either the engine's reason is given"),
+]
+
+
+@pytest.mark.parametrize(("world", "preemptor", "queues", "expected"), CASES)
+def test_plans(world, preemptor, queues, expected):
+    assert plan(world, preemptor, *queues, now=10_000.0) == expected
+
+
+def teams(a_quota: float = 8, b_quota: float = 8, reclaim: str = "Any") -> tuple[QueueSpec, ...]:
+    return (q("team-a", a_quota, reclaim=reclaim), q("team-b", b_quota), q("team-c", 6))
+
+
+def b_borrows(*gangs: tuple[str, int, int], a_held: int = 0) -> World:
+    """Nodes a and b. team-b's gangs ``(name, GPUs, priority)`` fill node b from GPU 0, then node a
+    after team-a's own ``a_held`` GPUs (priority 100)."""
+    w = World(v100("a"), v100("b"))
+    if a_held:
+        w.gang("a-own", ("a", *range(a_held)), priority=100, queue="team-a")
+    free = [("b", g) for g in range(8)] + [("a", g) for g in range(a_held, 8)]
+    for name, gpus, priority in gangs:
+        mine, free = free[:gpus], free[gpus:]
+        w.gang(name, *[(n, *[g for m, g in mine if m == n]) for n in ("b", "a") if any(m == n for m, _ in mine)],
+               priority=priority, queue="team-b")
+    return w
+
+
+def test_a_queue_below_its_quota_reclaims_from_one_above_whatever_the_priority():
+    w = b_borrows(("b1", 4, 100), ("b2", 4, 100), ("b3", 4, 100), ("b4", 4, 100))
+    got = plan(w, wants("p", 4, priority=0, queue="team-a"), *teams())
+    assert got == Plan(victims=(victim("b1", "reclaim", gpus=4, priority=100, queue="team-b"),),
+                       placement=Decision(assignments=(placed("p", "b", 0, 1, 2, 3),)), units=4 * G)
+
+
+def test_reclaim_never_pushes_the_victim_queue_below_its_quota():
+    # team-b (quota 8) holds 10: only its 2-GPU gang can go; team-c sits at its quota.
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 2, 0)).gang("c", ("a", 2, 3, 4, 5, 6, 7), queue="team-c")
+    got = plan(w, wants("p", 4, queue="team-a"), *teams())
+    assert got == NoPlan("does-not-fit", "evicting all 1 gang(s) it may preempt (0 by priority, 1 by reclaim; 2 GPUs) "
+                                         "would still not let it fit: 0/2 nodes are available: 2 insufficient free GPUs.")
+
+
+def test_reclaim_takes_a_gang_that_leaves_the_victim_queue_at_its_quota():
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 2, 0)).gang("c", ("a", 2, 3, 4, 5, 6, 7), queue="team-c")
+    got = plan(w, wants("p", 2, queue="team-a"), *teams())
+    assert got == Plan(victims=(victim("b3", "reclaim", gpus=2, queue="team-b"),),
+                       placement=Decision(assignments=(placed("p", "a", 0, 1),)), units=2 * G)
+
+
+def test_reclaim_never_takes_two_gangs_that_together_push_the_victim_queue_below_its_quota():
+    # team-b (quota 8) holds 12 in three 4-GPU gangs: any one may go, not two. An 8-GPU pod of
+    # team-a would need both gangs of node b; node a's other half is team-c's, at its quota.
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 4, 0)).gang("c", ("a", 4, 5, 6, 7), queue="team-c")
+    got = plan(w, wants("p", 8, queue="team-a"), *teams())
+    assert got == NoPlan("quota", "no set of the 3 gang(s) it may preempt (0 by priority, 3 by reclaim; 12 GPUs) both "
+                                  "lets it fit and keeps every queue's quota and limit (evicting all of them: queue "
+                                  "team-b would go below its quota 8 (it would hold 0 GPUs): reclaim takes only what a "
+                                  "queue holds beyond its quota)")
+    assert plan(w, wants("p", 4, queue="team-a"), *teams()) == Plan(
+        victims=(victim("b1", "reclaim", gpus=4, queue="team-b"),),
+        placement=Decision(assignments=(placed("p", "b", 0, 1, 2, 3),)), units=4 * G)
+
+
+def test_a_queue_at_its_quota_does_not_reclaim():
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 4, 0), a_held=4)
+    got = plan(w, wants("p", 4, queue="team-a"), *teams(a_quota=4))
+    assert got == NoPlan("no-candidates", "no running gang may be preempted: no gang of queue team-a with a priority "
+                                          "below 10 holds GPUs; queue team-a is at or above its quota (4 of 4 GPUs): it "
+                                          "does not reclaim")
+
+
+def test_reclaim_never_turns_reclaim_off():
+    w = b_borrows(("b1", 8, 0), ("b2", 8, 0))
+    got = plan(w, wants("p", 4, queue="team-a"), *teams(reclaim="Never"))
+    assert got == NoPlan("no-candidates", "no running gang may be preempted: no gang of queue team-a with a priority "
+                                          "below 10 holds GPUs; queue team-a does not reclaim "
+                                          "(spec.preemption.reclaim: Never)")
+
+
+def test_a_queue_reclaims_only_up_to_its_quota():
+    w = b_borrows(("b1", 4, 0), ("b2", 4, 0), ("b3", 4, 0), a_held=4)
+    got = plan(w, wants("p", 4, queue="team-a"), *teams(a_quota=6))
+    assert got == NoPlan("quota", "no set of the 3 gang(s) it may preempt (0 by priority, 3 by reclaim; 12 GPUs) both "
+                                  "lets it fit and keeps every queue's quota and limit (evicting all of them: queue "
+                                  "team-a would pass its quota 6 (it would hold 8 GPUs with this gang): reclaim takes "
+                                  "back only up to the quota)")
+
+
+def test_a_child_reclaims_from_its_sibling_not_from_another_root_when_the_parent_is_at_its_quota():
+    # research (quota 4) = team-a (quota 4, holds 0) + team-b (quota 0, holds 4): research is at its
+    # quota. prod (quota 8) borrows 4. Taking prod's cheaper gang would lift research to 8, past its
+    # quota; taking team-b's stays inside research.
+    w = World(v100("a"), v100("b"))
+    w.gang("sib", ("a", 0, 1, 2, 3), priority=9, queue="team-b", parents=("research",))
+    w.gang("prod-1", ("a", 4, 5, 6, 7), priority=0, queue="prod").gang("prod-2", ("b", 0, 1, 2, 3), priority=0, queue="prod")
+    w.gang("prod-3", ("b", 4, 5, 6, 7), priority=0, queue="prod")
+    queues = (q("research", 4), q("team-a", 4, parent="research"), q("team-b", 0, parent="research"), q("prod", 8))
+    got = plan(w, wants("p", 4, priority=0, queue="team-a"), *queues)
+    assert got == Plan(victims=(victim("sib", "reclaim", gpus=4, priority=9, queue="team-b"),),
+                       placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G)
+
+
+def test_the_queue_limit_counts_the_gangs_it_evicts_of_its_own_queue():
+    # team-a (limit 8) holds 8 on node a; node b is free but a 4-GPU gang would take team-a to 12.
+    w = World(v100("a"), v100("b")).gang("old", ("a", 0, 1, 2, 3), queue="team-a").gang("old2", ("a", 4, 5, 6, 7), queue="team-a")
+    got = plan(w, wants("p", 4, queue="team-a"), q("team-a", 8, limit=8))
+    assert got == Plan(victims=(victim("old", "priority", gpus=4, queue="team-a"),),
+                       placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G)
+
+
+def test_a_gang_spread_over_nodes_evicts_what_it_needs_in_one_network_domain():
+    nodes = [node(n).gpus(8).tiers(hypernode=h, netpod="np") for n, h in (("a", "h1"), ("b", "h1"), ("c", "h2"), ("d", "h2"))]
+    w = World(*nodes)
+    w.gang("h1-low", ("a", *range(8)), ("b", *range(8)), priority=1)
+    w.gang("h2-c", ("c", *range(8)), priority=0).gang("h2-d", ("d", *range(8)), priority=2)
+    got = plan(w, wants("g", 8, 8, priority=5))
+    assert got == Plan(victims=(victim("h1-low", "priority", gpus=16, priority=1, pods=2),),
+                       placement=Decision(assignments=(placed("g-0", "a", *range(8)), placed("g-1", "b", *range(8)))),
+                       units=16 * G)
+
+
+def test_the_greedy_search_of_a_large_domain_keeps_the_cost_but_may_miss_the_best_placement():
+    # Eight 1-GPU gangs of priorities 0,1,2,0,1,2,0,1 on node a; a 4-GPU pod needs four gangs of
+    # priority at most 1. Greedy empties the node up to priority 1 and then drops, highest priority
+    # first and then by name, what it does not need: GPUs 0,3,6,7 (GPU 6 reaches 0 and 3 only over
+    # SYS). The exhaustive search finds the same cost with an NVLink ring: 0-3-7-4.
+    w = World(v100("a"), v100("b"))
+    for i in range(8):
+        w.gang(f"one-{i}", ("a", i), priority=i % 3)
+    w.gang("b-keep", ("b", *range(8)), priority=50)
+    greedy = plan(w, wants("p", 4), bounds=SearchBounds(exact_victims=0))
+    assert greedy == Plan(victims=tuple(victim(f"one-{i}", "priority", gpus=1, priority=i % 3) for i in (0, 3, 6, 7)),
+                          placement=Decision(assignments=(placed("p", "a", 0, 3, 6, 7),)), units=4 * G)
+    assert not greedy.search.exact
+    exact = plan(w, wants("p", 4))
+    assert exact == Plan(victims=tuple(victim(f"one-{i}", "priority", gpus=1, priority=i % 3) for i in (0, 3, 4, 7)),
+                         placement=Decision(assignments=(placed("p", "a", 0, 3, 4, 7),)), units=4 * G)
+    assert exact.search.exact
+
+
+def test_the_plan_leaves_the_cluster_it_was_given_untouched():
+    w = World(v100("a")).gang("low", ("a", 0, 1, 2, 3)).gang("keep", ("a", 4, 5, 6, 7), priority=50)
+    cluster = w.cluster()
+    before = ({n: sorted(st.free_whole()) for n, st in cluster.nodes.items()}, {k: set(v) for k, v in cluster.by_free.items()})
+    assert isinstance(plan_preemption(cluster, wants("p", 4), w.gangs, QueueTree.of([])), Plan)
+    assert ({n: sorted(st.free_whole()) for n, st in cluster.nodes.items()}, {k: set(v) for k, v in cluster.by_free.items()}) == before
+
+
+def test_running_gangs_are_read_from_the_ledgers_with_their_queues_priority_and_start():
+    a0 = Assignment(pod=ref("g-0"), node="a", gpus=(0,))
+    a1 = Assignment(pod=ref("g-1"), node="b", gpus=(1, 2))
+    solo = Assignment(pod=ref("solo"), node="a", gpus=(3,))
+    ledgers = [NodeLedger(node="a", allocations={"x": Allocation(gang_id="ns/g", attempt=1, assignment=a0,
+                                                                  queues=("team-a", "research")),
+                                                 "y": Allocation(gang_id="ns/solo", attempt=2, assignment=solo)}),
+               NodeLedger(node="b", allocations={"z": Allocation(gang_id="ns/g", attempt=1, assignment=a1,
+                                                                  queues=("team-a", "research"))})]
+    assert running_gangs(ledgers, {"ns/g": 7}, {"ns/g": 123.0}) == (
+        RunningGang(gang_id="ns/g", assignments=(a0, a1), priority=7, queues=("team-a", "research"), started_at=123.0),
+        RunningGang(gang_id="ns/solo", assignments=(solo,)),
+    )
