@@ -23,7 +23,7 @@ from phalanx_gang_coordinator import effects, fairness, saga
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
-from phalanx_gang_coordinator.store import GangStore, Transition
+from phalanx_gang_coordinator.store import Change, GangStore, Transition
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -69,6 +69,8 @@ class SagaDriver:
         self.gate: Callable[[GangState, float], fairness.Gate] = lambda state, now: fairness.Gate()
         """The fairness gate for ``state`` now (set by resync, which holds the queue)."""
         self._node_consumers: set[str] = set()
+        self.announced: set[tuple[str, int]] = set()
+        """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
 
     # -- effects -----------------------------------------------------------------------------
     def held(self, state: GangState, attempt: int | None = None) -> tuple[Assignment, ...]:
@@ -130,7 +132,7 @@ class SagaDriver:
         if t is None:
             return None
         await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
-                                           held=self.held(t.after)))
+                                           held=self.held(t.after), announce_now=self.config.announce_after_s <= 0))
         return t.after
 
     async def roll_back(self, gang_id: str, attempt: int) -> None:
@@ -146,6 +148,23 @@ class SagaDriver:
         await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.held(state)))
 
     # -- attempts ----------------------------------------------------------------------------
+    async def admit(self, gang_id: str, add: Change) -> Transition | None:
+        """Record new members (``add``, a ``saga.add_member`` fold) and, when that completes
+        the gang and nothing holds it back, start its attempt in the same compare-and-set: a
+        gang whose pods arrive together costs one write, not two. Returns what was stored."""
+        now = time.time()
+        current, _ = await self.store.load(gang_id, to_write=True)
+        added = add(current)
+        if added is not None and saga.start_attempt(added, now=now, settle_s=self.config.settle_s) is not None:
+            gate = self.gate(added, now)
+            if not (saga.queue_conflict(added) or gate.hold):
+                t = await self._start(gang_id, now, gate, prepare=add, members=len(added.members))
+                if t is not None:
+                    return t
+        t = await self.store.transition(gang_id, add)
+        await self.start(gang_id)
+        return t
+
     async def start(self, gang_id: str) -> None:
         """Start a new attempt when the gang is complete and waiting (or its backoff is over),
         or is scheduled and has late members, unless the fairness gate holds it back (its pods
@@ -163,29 +182,48 @@ class SagaDriver:
                 log("held back", gang=gang_id, reason=reason)
                 await self.execute(effects.pending(t.after, now))
             return
-        def start(s: GangState | None, trace_id: str = "") -> GangState | None:
-            new = saga.start_attempt(s, now=now, settle_s=self.config.settle_s, avoid=gate.avoid, avoid_for=gate.head)
-            return msgspec.structs.replace(new, trace_id=trace_id) if new is not None and trace_id else new
-
-        if start(current) is None:
+        if saga.start_attempt(current, now=now, settle_s=self.config.settle_s, avoid=gate.avoid,
+                              avoid_for=gate.head) is None:
             return  # not complete yet, or its backoff is not over: no trace, no write
-        # One trace per attempt: a root span whose context travels in every command's headers;
-        # its id goes into the record with the attempt, in one compare-and-set.
+        await self._start(gang_id, now, gate, members=len(current.members))
+
+    async def _start(self, gang_id: str, now: float, gate: fairness.Gate, *, prepare: Change | None = None,
+                     members: int = 0) -> Transition | None:
+        """Start the attempt (after ``prepare``, in the same compare-and-set) and carry out its
+        effects. One trace per attempt: a root span whose context travels in every command's
+        headers; its id goes into the record with the attempt."""
+        def start(s: GangState | None, trace_id: str) -> GangState | None:
+            if prepare is not None:
+                s = prepare(s) or s
+            new = saga.start_attempt(s, now=now, settle_s=self.config.settle_s, avoid=gate.avoid, avoid_for=gate.head)
+            return msgspec.structs.replace(new, trace_id=trace_id) if new is not None else None
+
         with tracer().start_as_current_span("gang.attempt", context=otel_context.Context(), attributes={
-                "phalanx.gang": gang_id, "phalanx.members": len(current.members),
-                "phalanx.min_member": current.min_member}) as span:
+                "phalanx.gang": gang_id, "phalanx.members": members}) as span:
             trace_id = format(span.get_span_context().trace_id, "032x")
             t = await self.store.transition(gang_id, lambda s: start(s, trace_id))
             if t is None:
                 span.set_attribute("phalanx.outcome", "not_started")
-                return
+                return None
             state = t.after
             span.set_attribute("phalanx.attempt", state.attempt)
+            span.set_attribute("phalanx.min_member", state.min_member)
             if gate.avoid:
                 log("backfill", gang=gang_id, head=gate.head, avoid=",".join(gate.avoid))
             metrics.GANG_ATTEMPTS.inc()
             log("attempt started", gang=gang_id, attempt=state.attempt, members=len(state.members), trace=trace_id)
             await self.apply(t)
+            return t
+
+    async def announce(self, state: GangState) -> None:
+        """An attempt that runs longer than ``announce_after_s``: schedule its deadline and tell
+        subscribers it started (``GangAdmitted``). Quicker ones never needed either: their
+        ``gang.scheduled`` or ``gang.pending`` says it all (docs/events.md, "Coalesced")."""
+        key = (state.gang_id, state.attempt)
+        if key in self.announced:
+            return
+        await self.execute(effects.announce(state, timeout_s=self.timeout_of(state)))
+        self.announced.add(key)
 
     # -- replies -----------------------------------------------------------------------------
     async def on_reply(self, event, delivery: Delivery) -> None:

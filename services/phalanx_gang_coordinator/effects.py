@@ -7,6 +7,7 @@ order; the idempotency key of every command is its message id, so carrying the s
 out twice (a redelivery, a crash before the ack, a re-drive) stores each command once.
 
     entered(before, after, held)   the effects of one transition (before → after)
+    announce(state)                an attempt taking a while: its deadline and GangAdmitted
     redrive(state, held)           what a running state waits for, again (same message ids)
     compensation(state, step, held) one compensation's effects (``unbind`` is carried out by
                                    the compensator itself, it needs the cluster)
@@ -117,18 +118,23 @@ def pending(s: GangState, now: float) -> tuple[Effect, ...]:
             Notify(tuple(m.pod for m in saga.attempt_members(s)), "FailedScheduling", reason))
 
 
+def announce(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
+    """An attempt that is taking a while: its deadline (a scheduled message) and ``GangAdmitted``."""
+    return (_deadline(s, timeout_s),
+            Publish(S.status_subject(s.gang_id), GangAdmitted(
+                gang_id=s.gang_id, attempt=s.attempt, members=tuple(m.pod for m in s.members), min_member=s.min_member)))
+
+
 def entered(before: GangState | None, after: GangState, *, now: float, timeout_s: float,
-            held: Held = ()) -> tuple[Effect, ...]:
+            held: Held = (), announce_now: bool = True) -> tuple[Effect, ...]:
     """The effects of the transition ``before → after`` (``timeout_s``: the attempt's deadline;
-    ``held``: the attempt's assignments as the ledger holds them)."""
+    ``held``: the attempt's assignments as the ledger holds them; ``announce_now``: a new attempt
+    schedules its deadline and publishes ``GangAdmitted`` at once — else the driver does so once
+    it has run ``announce_after_s``, and a quicker attempt never does)."""
     was = before.phase if before is not None and before.attempt == after.attempt else None
     match after.phase:
         case "placing" if was != "placing":
-            return (_deadline(after, timeout_s),
-                    Publish(S.status_subject(after.gang_id), GangAdmitted(
-                        gang_id=after.gang_id, attempt=after.attempt, members=tuple(m.pod for m in after.members),
-                        min_member=after.min_member)),
-                    _placement(after))
+            return (*(announce(after, timeout_s=timeout_s) if announce_now else ()), _placement(after))
         case "preparing" if was == "placing":
             return _mig_prepares(after, held)
         case "binding" if was in ("placing", "preparing"):

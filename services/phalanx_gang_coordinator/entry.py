@@ -31,6 +31,9 @@ def add_arguments(p) -> None:
                         "between replay the pod watch's view (default %(default)s)")
     p.add_argument("--queue-sync-s", type=float, default=2.0,
                    help="seconds between readings of the Queue objects and namespaces (default %(default)s)")
+    p.add_argument("--announce-after-s", type=float, default=1.0,
+                   help="an attempt still running after this long gets its deadline scheduled and gang.admitted "
+                        "published; quicker attempts publish neither (0: every attempt at once) (default %(default)s)")
     p.add_argument("--parallelism", type=int, default=16,
                    help="replies and pod events handled at once; one gang's one at a time, in order "
                         "(default %(default)s)")
@@ -47,5 +50,5 @@ async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) ->
                     backoff_max_s=args.backoff_max_s, settle_s=args.settle_s, starve_after_s=args.starve_after_s,
                     fairness=args.fairness, reconcile_s=args.reconcile_s,
                     tombstone_s=args.tombstone_s, full_resync_s=args.full_resync_s, parallelism=args.parallelism,
-                    queue_sync_s=args.queue_sync_s)
+                    queue_sync_s=args.queue_sync_s, announce_after_s=args.announce_after_s)
     await run(bus, cluster, config, task_status=task_status)

@@ -42,38 +42,62 @@ class PodIntake:
         self.notifier = notifier
         self.settle_s = settle_s
         self.queues = queues
+        self._queued: dict[str, list] = {}
+        """Gang key → pod events not yet handled (``watch``, ``_drain``)."""
 
     async def on_pod(self, pod: Pod) -> None:
         """Admit an unbound pod into its gang and start the gang if it is complete."""
-        if pod.node_name or pod.deleting:
-            return
-        try:
-            ident = identity(pod)
-            spec = member_spec(pod)
-        except InvalidMember as e:
-            warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
-            await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
-            return
-        if self.queues is not None:
-            queue, problem = self.queues.resolve(pod)
-            if problem:
-                warn("pod not admitted for its queue", pod=f"{pod.namespace}/{pod.name}", queue=queue, reason=problem)
-                metrics.QUEUE_ADMISSIONS_REFUSED.inc(reason=_refusal_kind(problem))
-                await self.notifier.once(pod, "FailedScheduling", problem)
-                return
-            spec = msgspec.structs.replace(spec, queue=queue)
+        await self.on_pods([pod])
+
+    async def on_pods(self, pods: list[Pod]) -> None:
+        """Admit unbound pods of one gang together: one compare-and-set records them all (and
+        starts the gang when they complete it). A pod Phalanx cannot take is told why alone."""
+        admitted: list[tuple[Pod, object, object]] = []
+        for pod in pods:
+            if pod.node_name or pod.deleting:
+                continue
+            try:
+                ident = identity(pod)
+                spec = member_spec(pod)
+            except InvalidMember as e:
+                warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
+                await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
+                continue
+            if self.queues is not None:
+                queue, problem = self.queues.resolve(pod)
+                if problem:
+                    warn("pod not admitted for its queue", pod=f"{pod.namespace}/{pod.name}", queue=queue,
+                         reason=problem)
+                    metrics.QUEUE_ADMISSIONS_REFUSED.inc(reason=_refusal_kind(problem))
+                    await self.notifier.once(pod, "FailedScheduling", problem)
+                    continue
+                spec = msgspec.structs.replace(spec, queue=queue)
+            admitted.append((pod, ident, spec))
+        for gang_id in dict.fromkeys(ident.gang_id for _, ident, _ in admitted):
+            await self._admit(gang_id, [(p, i, sp) for p, i, sp in admitted if i.gang_id == gang_id])
+
+    async def _admit(self, gang_id: str, arrivals: list[tuple[Pod, object, object]]) -> None:
         now = time.time()
+
+        def add(s: GangState | None) -> GangState | None:
+            changed = None
+            for _, ident, spec in arrivals:
+                new = saga.add_member(s, spec, gang_id=gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
+                                      priority=ident.priority, now=now, part=ident.part, jobs=ident.jobs)
+                if new is not None:
+                    s = changed = new
+            return changed
+
         try:
-            t = await self.store.transition(ident.gang_id, lambda s: saga.add_member(
-                s, spec, gang_id=ident.gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
-                priority=ident.priority, now=now, part=ident.part, jobs=ident.jobs))
+            t = await self.driver.admit(gang_id, add)
         except UnreadableRecord as e:
-            await self.notifier.once(pod, "FailedScheduling", f"gang {ident.gang_id}: its record cannot be read ({e.bad}); "
-                                                              "see `phalanx doctor`")
+            for pod, _, _ in arrivals:
+                await self.notifier.once(pod, "FailedScheduling", f"gang {gang_id}: its record cannot be read "
+                                                                  f"({e.bad}); see `phalanx doctor`")
             return
         if t is not None:
-            await self._tell_membership(pod, ident.min_member, t.after)
-        await self.driver.start(ident.gang_id)
+            for pod, ident, _ in arrivals:
+                await self._tell_membership(pod, ident.min_member, t.after)
 
     async def _tell_membership(self, pod: Pod, declared: int | None, s: GangState) -> None:
         """Tell the pod what its gang is when that is not plain (no silent guesses)."""
@@ -154,8 +178,27 @@ class PodIntake:
                         task_status.started()
                     continue
                 self._note_binding(ev.type, ev.pod)
-                job = partial(self.on_pod_deleted, ev.pod) if ev.type == "DELETED" else partial(self.on_pod, ev.pod)
-                await work.submit(_gang_of(ev.pod), job, ev.pod)
+                key = _gang_of(ev.pod)
+                queued = self._queued.setdefault(key, [])
+                queued.append(ev)
+                if len(queued) == 1:  # a job for this gang is not waiting yet: its drain takes what came since
+                    await work.submit(key, partial(self._drain, key), ev.pod)
+
+    async def _drain(self, key: str) -> None:
+        """The gang's pod events that arrived since its last job, in order: consecutive arrivals
+        admitted together (one write for a gang whose pods come at once), deletions one by one."""
+        events = self._queued.pop(key, [])
+        i = 0
+        while i < len(events):
+            if events[i].type == "DELETED":
+                await self.on_pod_deleted(events[i].pod)
+                i += 1
+                continue
+            j = i
+            while j < len(events) and events[j].type != "DELETED":
+                j += 1
+            await self.on_pods([ev.pod for ev in events[i:j]])
+            i = j
 
 
     def _note_binding(self, etype: str, pod: Pod) -> None:

@@ -2,7 +2,8 @@
 
 Every ``resync_s``: admit the pods the watch may have missed, forget members that are gone,
 tell the pods of a gang that has waited ``settle_s`` for more members why they wait, start gangs whose backoff is over (in queue order, through the fairness gate), re-publish the
-commands of a gang stalled in a running phase and continue an unfinished rollback.
+commands of a gang stalled in a running phase, continue an unfinished rollback, and announce
+an attempt that has run ``announce_after_s`` (its deadline and ``GangAdmitted``).
 
 The pods come from the pod watch's own view (``PodIntake.watched``), as an informer's resync
 replays its cache: a pod whose event failed is admitted on the next tick without asking the
@@ -79,6 +80,8 @@ class Resync:
         if unknown:
             states, _ = await self.store.all()
         self.queue = [s for s in states if s.phase != "scheduled" and s.members]
+        running = {(s.gang_id, s.attempt) for s in states if s.phase in saga.RUNNING}
+        self.driver.announced &= running  # forget the attempts that ended
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
         for state in sorted(states, key=saga.queue_key):
@@ -121,3 +124,5 @@ class Resync:
             await self.driver.start(state.gang_id)
         elif state.phase in saga.RUNNING + ("rolling_back",) and stalled:
             await self.driver.redrive(state)
+        elif state.phase in saga.RUNNING and now - state.attempt_started_at >= self.config.announce_after_s:
+            await self.driver.announce(state)

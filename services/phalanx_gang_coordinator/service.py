@@ -73,6 +73,9 @@ class Config:
     """Replies, and pod events, handled at once; one gang's one at a time, in order."""
     queue_sync_s: float = 2.0
     """Seconds between readings of the Queue objects and namespaces (docs/queues.md)."""
+    announce_after_s: float = 1.0
+    """An attempt still running after this long gets its deadline scheduled and its
+    ``GangAdmitted`` published (0: every attempt at once; docs/events.md, "Coalesced")."""
 
 
 @dataclass

@@ -12,7 +12,9 @@ bucket.
 
 A gang's state as this store last wrote or read it is kept with its revision (only
 gang-coordinator writes the bucket, one replica), so ``load`` and ``get`` read no KV entry
-while that is still the newest revision the mirror knows of the key; a change from elsewhere
+while that is still the newest revision the mirror knows of the key, nor, before a write, for a
+key the mirror has never seen (a new gang: its create fails if the key exists after all, and
+is retried); a change from elsewhere
 (the mirror shows a later revision, a value that does not decode included) makes it read the
 key again. Writes stay compare-and-set on that revision: a conflict reads the key afresh and
 applies the change again, so a stale copy costs one retry and never a lost update.
@@ -66,13 +68,18 @@ class GangStore:
         assert self.mirror is not None, "a store without a mirror has nothing to run"
         await self.mirror.run(task_status=task_status)
 
-    async def load(self, gang_id: str, *, fresh: bool = False) -> tuple[GangState | None, int | None]:
+    async def load(self, gang_id: str, *, fresh: bool = False,
+                   to_write: bool = False) -> tuple[GangState | None, int | None]:
         """The gang's state and revision; ``(None, None)`` when absent. Raises ``UnreadableRecord``.
-        ``fresh``: read the key even when the kept copy looks current."""
+        ``fresh``: read the key even when the kept copy looks current. ``to_write``: the caller
+        writes by compare-and-set on what it gets, so a key the mirror has never seen is taken
+        for absent without a read (were it there after all, the create fails and is retried)."""
         key = S.gang_key(gang_id)
         known = self._known.get(key)
         if known is not None and not fresh and known[1] >= self._mirrored_revision(key):
             return known
+        if known is None and not fresh and to_write and self._absent(key):
+            return None, None  # a new gang: its create is a compare-and-set, so a lagging mirror costs a retry
         rec = await read_one(self.kv, key)
         if rec is None or isinstance(rec, BadEntry):
             self._known.pop(key, None)
@@ -87,6 +94,11 @@ class GangStore:
         known = self._known.get(key)
         if known is None or known[1] < revision:
             self._known[key] = (state, revision)
+
+    def _absent(self, key: str) -> bool:
+        """The running mirror holds nothing for ``key``, good or bad."""
+        return self.mirror is not None and self.mirror.started and self.mirror.get(key) is None \
+            and key not in self.mirror.poisoned
 
     def _mirrored_revision(self, key: str) -> int:
         """The latest revision of ``key`` the mirror has seen (0: none, or no mirror running)."""
@@ -107,7 +119,7 @@ class GangStore:
         Returns the stored transition, or None when ``change`` declined."""
         key = S.gang_key(gang_id)
         for attempt in range(CAS_RETRIES):
-            state, rev = await self.load(gang_id, fresh=attempt > 0)
+            state, rev = await self.load(gang_id, fresh=attempt > 0, to_write=True)
             new = change(state)
             if new is None:
                 return None

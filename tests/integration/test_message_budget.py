@@ -26,8 +26,11 @@ SERVICES = ("placement", "gang-coordinator", "binder")
 SINGLES = 32
 GANG = 64
 BUDGET = {  # messages sent per pod, all three processes together, by kind; and the total
-    "single": {"event": 99, "kv_write": 99, "kv_read": 99, "ack": 99, "total": 999},
-    "gang64": {"event": 99, "kv_write": 99, "kv_read": 99, "ack": 99, "total": 999},
+    # Measured 2026-12-04 (docs/scale.md, "Messages per pod"): single-pod gangs 4 events, 4 KV
+    # writes, 4 acks, about 1.4 fetches, 0.1 KV reads: 14.5 in all (19.6 before the references
+    # and batches); a 64-pod gang 0.66 in all (8.0 before).
+    "single": {"event": 5, "kv_write": 4, "kv_read": 0.5, "ack": 4, "total": 16},
+    "gang64": {"event": 0.25, "kv_write": 0.5, "kv_read": 0.25, "ack": 0.25, "total": 1.0},
 }
 
 

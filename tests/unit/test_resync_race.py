@@ -59,6 +59,12 @@ class Intake:
 class Driver:
     gate = None
 
+    def __init__(self) -> None:
+        self.announced: set = set()
+
+    async def announce(self, state) -> None:
+        pass
+
     async def start(self, gang_id: str) -> None:
         pass
 
@@ -73,6 +79,7 @@ class Config:
     redrive_after_s = 5.0
     starve_after_s = 0.0
     fairness = "backfill"
+    announce_after_s = 1.0
 
 
 async def test_a_pod_admitted_while_the_resync_lists_is_not_taken_for_gone_and_a_deleted_one_is():

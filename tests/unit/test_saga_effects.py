@@ -66,6 +66,8 @@ ENTERED = [
      replace(PLACING, phase="backoff", attempt=1), PLACING, (),
      (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
       REQUEST)),
+    ("a new attempt announced later (announce_after_s) only asks placement",
+     replace(PLACING, phase="backoff", attempt=1), PLACING, "later", (REQUEST,)),
     ("a backfill attempt's request is the same reference: the nodes to avoid are in its record",
      replace(PLACING, phase="backoff", attempt=1), replace(PLACING, avoid_nodes=("n2",), avoid_for="default/big"), (),
      (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
@@ -97,7 +99,14 @@ ENTERED = [
 
 @pytest.mark.parametrize(("name", "before", "after", "held", "expected"), ENTERED, ids=[c[0] for c in ENTERED])
 def test_entered(name, before, after, held, expected):
-    assert effects.entered(before, after, now=NOW, timeout_s=TIMEOUT, held=held) == expected
+    now = held != "later"
+    assert effects.entered(before, after, now=NOW, timeout_s=TIMEOUT, held=held if now else (),
+                           announce_now=now) == expected
+
+
+def test_an_attempt_taking_a_while_is_announced_with_its_deadline():
+    assert effects.announce(PLACING, timeout_s=TIMEOUT) == (
+        DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)))
 
 
 REDRIVE = [
