@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from phalanx_proto.vocab import PHASES, RefusalRule
+
 DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """For pending→bound: seconds to minutes."""
@@ -304,11 +306,7 @@ KV_INVALID_ENTRIES = Gauge(
     ["bucket"], allowed={"bucket": KV_BUCKET_NAMES})
 
 # --- checks against the record (placement, binder, gang-coordinator) --------------------------
-REFUSAL_RULES = (
-    "unknown_gang", "stale_attempt", "unstarted_attempt", "not_members", "not_placing", "live_release",
-    "unnamed_release", "not_in_ledger", "foreign_scheduler", "unknown_node", "node_disabled", "not_bound",
-    "not_member", "not_recorded", "unreadable_record", "live_pod", "not_running_there", "adopted_reservation",
-)
+REFUSAL_RULES = tuple(RefusalRule)
 REFUSED = Counter(
     "phalanx_refused_messages_total",
     "Commands and replies refused because they do not match the record (ledger, gang record, cluster), by "
@@ -396,7 +394,6 @@ FENCE_BATCH_PODS = Histogram(
     "share a write).", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
 # --- gang-coordinator (called by its owner) ---------------------------------------------------
-PHASES = ("waiting", "placing", "preparing", "binding", "scheduled", "rolling_back", "backoff")
 ROLLBACK_REASONS = ("placement_failed", "bind_failed", "mig_failed", "deadline", "member_deleted", "other")
 GANG_ATTEMPTS = Counter("phalanx_gang_attempts_total", "Gang placement attempts started by gang-coordinator.")
 GANG_ROLLBACKS = Counter(

@@ -105,6 +105,9 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     bound: tuple[PodRef, ...] = ()
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
+    held: bool = False
+    """``reason`` says what holds the gang back from starting an attempt (the fairness gate, or
+    its members' queues), not how its last attempt ended; cleared when an attempt starts."""
     failure: str = ""
     """What ended the last failed attempt, as a code: ``placement_failed``, ``deadline``,
     ``bind_failed``, ``mig_failed``, ``member_deleted`` (a metric label; ``reason`` is the text)."""

@@ -65,6 +65,7 @@ from phalanx_kube.port import (
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_proto.state import alloc_key
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
@@ -107,35 +108,35 @@ class Binder:
         entry = self.topology.get(S.token(node))
         return entry is not None and entry.value.node == node and entry.value.device_plugin
 
-    def _check(self, ev: BindRequested) -> tuple[str, str] | Assignment:
+    def _check(self, ev: BindRequested) -> tuple[R, str] | Assignment:
         a = ev.assignment
         key = S.token(a.node)
         topo = self.topology.get(key)
         if topo is None or topo.value.node != a.node:
             bad = self.topology.poisoned.get(key)
-            return "unknown_node", (f"node {a.node!r} has no (readable) topology report in phx-topology"
+            return R.UNKNOWN_NODE, (f"node {a.node!r} has no (readable) topology report in phx-topology"
                                     + (f": {bad.error}" if bad else ""))
         if not topo.value.enabled:
-            return "node_disabled", f"node {a.node} is not enabled for Phalanx"
+            return R.NODE_DISABLED, f"node {a.node} is not enabled for Phalanx"
         bad = self.ledger.poisoned.get(key)
         if bad is not None:
-            return "unreadable_record", f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}"
+            return R.UNREADABLE_RECORD, f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}"
         entry = self.ledger.get(key)
         alloc = entry.value.allocations.get(alloc_key(a.pod)) if entry is not None else None
         if alloc is None or (alloc.gang_id, alloc.attempt) != (ev.gang_id, ev.attempt):
             held = f"gang {alloc.gang_id} attempt {alloc.attempt}" if alloc is not None else "nothing"
-            return "not_in_ledger", (f"the ledger holds {held} for {a.pod} (uid {a.pod.uid or '-'}) on {a.node}, "
+            return R.NOT_IN_LEDGER, (f"the ledger holds {held} for {a.pod} (uid {a.pod.uid or '-'}) on {a.node}, "
                                      f"not gang {ev.gang_id} attempt {ev.attempt}")
         if alloc.adopted:
-            return "adopted_reservation", (f"the ledger's reservation of {a.pod} on {a.node} was recorded for a pod "
+            return R.ADOPTED_RESERVATION, (f"the ledger's reservation of {a.pod} on {a.node} was recorded for a pod "
                                            "found bound there (an adoption), not by a placement decision: binder binds "
                                            "only what placement decided")
         recorded = msgspec.structs.replace(alloc.assignment, mig_instance_uuid=a.mig_instance_uuid)
         if recorded != a:
-            return "not_in_ledger", f"the command's assignment for {a.pod} differs from the ledger's"
+            return R.NOT_IN_LEDGER, f"the command's assignment for {a.pod} differs from the ledger's"
         return recorded
 
-    async def recorded(self, ev: BindRequested) -> tuple[str, str] | Assignment:
+    async def recorded(self, ev: BindRequested) -> tuple[R, str] | Assignment:
         """The assignment to bind: the ledger's allocation for exactly (gang, attempt, pod uid)
         on the command's node, when that node is known and enabled; else ``(rule, why)``.
 
@@ -143,10 +144,10 @@ class Binder:
         the command's ``mig_instance_uuid`` is kept, everything else comes from the ledger.
         Read from the mirrors; a miss catches the mirror up to the bucket and checks again."""
         checked = self._check(ev)
-        if isinstance(checked, Assignment) or checked[0] not in ("unknown_node", "not_in_ledger"):
+        if isinstance(checked, Assignment) or checked[0] not in (R.UNKNOWN_NODE, R.NOT_IN_LEDGER):
             return checked
         try:
-            await (self.topology if checked[0] == "unknown_node" else self.ledger).catch_up()
+            await (self.topology if checked[0] == R.UNKNOWN_NODE else self.ledger).catch_up()
         except MirrorLagging as e:
             raise TemporaryError(f"cannot check the bind yet: {e}", delay=1.0) from e
         return self._check(ev)
@@ -179,7 +180,7 @@ class Binder:
             if pod is None or (ref.uid and pod.uid != ref.uid):
                 raise PodGone(f"pod {ref} no longer exists")
             if not _ours(pod):
-                refused("foreign_scheduler", f"pod {ref} has schedulerName {pod.scheduler_name!r}, not Phalanx's",
+                refused(R.FOREIGN_SCHEDULER, f"pod {ref} has schedulerName {pod.scheduler_name!r}, not Phalanx's",
                         gang=ev.gang_id, attempt=ev.attempt)
                 span.set_attribute("phalanx.outcome", "refused")
                 return

@@ -40,8 +40,8 @@ from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import QueueUsage, shown
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.subjects import gang_key
+from phalanx_proto.vocab import OPEN
 
-IN_FLIGHT = ("placing", "preparing", "binding")
 _assignment = msgspec.json.Decoder(Assignment)
 
 
@@ -157,7 +157,7 @@ def _reservation(r: Reading, node: str, alloc: Allocation, by_uid: dict[str, Pod
     if pod.node_name == node:
         return None
     if state is not None and state.attempt == alloc.attempt and _member_of(state, ref) and (
-            state.phase in IN_FLIGHT or state.phase == "rolling_back"):
+            state.phase in OPEN):
         return None
     where = f"bound to {pod.node_name}" if pod.node_name else "not bound"
     phase = f"{state.phase} at attempt {state.attempt}" if state is not None else "gone"

@@ -26,6 +26,7 @@ from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Bound, PodRef
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
 COMPENSATION_LIMIT_S = 15.0
@@ -98,14 +99,14 @@ class Compensator:
         does not want it there."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.pod not in {m.pod for m in current.members}:
-            refused("not_member", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not a member of {ev.gang_id}",
+            refused(R.NOT_MEMBER, f"{ev.pod} (uid {ev.pod.uid or '-'}) is not a member of {ev.gang_id}",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         if current.phase in ("binding", "scheduled") and any(
                 a.pod == ev.pod and a.node == ev.node for a in current.assignments):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:
-            refused("foreign_scheduler", f"{ev.pod} has schedulerName {pod.scheduler_name!r}", gang=ev.gang_id)
+            refused(R.FOREIGN_SCHEDULER, f"{ev.pod} has schedulerName {pod.scheduler_name!r}", gang=ev.gang_id)
             return
         await self.notifier.event(ev.pod, "GangRollback", f"gang {ev.gang_id} attempt {ev.attempt} was rolled back "
                                                           "before this pod was bound; deleting it so its controller "

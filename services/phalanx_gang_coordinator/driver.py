@@ -40,6 +40,8 @@ from phalanx_proto.events import (
     ReleaseRequested,
 )
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, alloc_key, mig_slot
+from phalanx_proto.vocab import IDLE
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 WAKE = 8
@@ -117,13 +119,13 @@ class SagaDriver:
         are told why, once)."""
         now = time.time()
         current = await self.store.get(gang_id)
-        if current is None or not (current.phase in ("waiting", "backoff") or saga.late_members(current)):
+        if current is None or not (current.phase in IDLE or saga.late_members(current)):
             return
         gate = self.gate(current, now)
         reason = saga.queue_conflict(current) or gate.hold
         if reason:
-            t = await self.store.transition(gang_id, lambda s: None if s is None or s.reason == reason or s.phase not in (
-                "waiting", "backoff") else msgspec.structs.replace(s, reason=reason))
+            t = await self.store.transition(gang_id, lambda s: None if s is None or (s.held and s.reason == reason) or (
+                s.phase not in IDLE) else msgspec.structs.replace(s, reason=reason, held=True))
             if t is not None:
                 log("held back", gang=gang_id, reason=reason)
                 await self.execute(effects.pending(t.after, now))
@@ -218,7 +220,7 @@ class SagaDriver:
         ledger confirms it: the reservations must be there for (gang, attempt, pod uid)."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"Placed for attempt {ev.attempt}, which this gang never started",
+            refused(R.UNSTARTED_ATTEMPT, f"Placed for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         held = await self._recorded(ev.gang_id, ev.attempt, ev.assignments)
@@ -231,7 +233,7 @@ class SagaDriver:
                 await self.bus.publish(S.placement_subject(ev.gang_id), release, msg_id=f"{release.key()}:after-placed")
             return
         if len(held) != len(ev.assignments):
-            refused("not_recorded", f"{len(ev.assignments) - len(held)} of {len(ev.assignments)} assignment(s) are not "
+            refused(R.NOT_RECORDED, f"{len(ev.assignments) - len(held)} of {len(ev.assignments)} assignment(s) are not "
                                     "in the ledger for this gang attempt", gang=ev.gang_id, attempt=ev.attempt)
             return
         state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(s, ev)))
@@ -266,7 +268,7 @@ class SagaDriver:
         record = book.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) if book else None
         if record is None or record.state != "ready" or record.uuid != ev.instance_uuid or \
                 not record.owned_by(ev.gang_id, ev.attempt, ev.pod):
-            refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
+            refused(R.NOT_RECORDED, f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
                                     f"attempt {ev.attempt}", gang=ev.gang_id, node=ev.node)
             return False
         return True
@@ -277,7 +279,7 @@ class SagaDriver:
         undone (``Compensator.undo_late_bind``)."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"Bound for attempt {ev.attempt}, which this gang never started",
+            refused(R.UNSTARTED_ATTEMPT, f"Bound for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt, pod=str(ev.pod))
             return
         # The pod watch usually showed the binding already (a binding is never undone while
@@ -285,7 +287,7 @@ class SagaDriver:
         seen = bool(ev.pod.uid) and self.bound_seen.get(ev.pod.uid) == ev.node
         pod = None if seen else await self.cluster.get_pod(ev.pod)
         if not seen and (pod is None or pod.uid != ev.pod.uid or pod.node_name != ev.node):
-            refused("not_bound", f"{ev.pod} (uid {ev.pod.uid or '-'}) is not bound to {ev.node}",
+            refused(R.NOT_BOUND, f"{ev.pod} (uid {ev.pod.uid or '-'}) is not bound to {ev.node}",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         t = await self.store.transition(ev.gang_id, lambda s: saga.bound(s, ev))

@@ -14,15 +14,13 @@ import msgspec
 from phalanx_proto.events import AdoptRequested, PlacementRequested, ReleaseRequested
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.topology import NodeTopology
-
-LIVE = ("placing", "preparing", "binding", "scheduled")
-"""Phases in which the current attempt's reservations are in use."""
+from phalanx_proto.vocab import LIVE
+from phalanx_proto.vocab import RefusalRule as R
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    rule: str
-    """A value of ``phalanx_telemetry.metrics.REFUSAL_RULES``."""
+    rule: R
     why: str
 
 
@@ -30,16 +28,16 @@ def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal |
     """A request is for the gang's current attempt and names only members its record names
     (with the same request each)."""
     if record is None:
-        return Refusal("unknown_gang", f"no record of gang {ev.gang_id} in phx-gangs")
+        return Refusal(R.UNKNOWN_GANG, f"no record of gang {ev.gang_id} in phx-gangs")
     if ev.attempt > record.attempt:
-        return Refusal("unstarted_attempt", f"attempt {ev.attempt} was never started (the gang is at "
+        return Refusal(R.UNSTARTED_ATTEMPT, f"attempt {ev.attempt} was never started (the gang is at "
                                             f"attempt {record.attempt})")
     if ev.attempt < record.attempt:
-        return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
+        return Refusal(R.STALE_ATTEMPT, f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
     named = {_wire(m) for m in record.members}  # MemberSpec holds dicts: compare the wire form
     stray = [str(m.pod) for m in ev.members if _wire(m) not in named]
     if not ev.members or stray:
-        return Refusal("not_members", "the request names no member" if not ev.members else
+        return Refusal(R.NOT_MEMBERS, "the request names no member" if not ev.members else
                        f"{', '.join(stray[:5])}: not member(s) of the gang record with this request")
     return None
 
@@ -47,7 +45,7 @@ def check_request(record: GangState | None, ev: PlacementRequested) -> Refusal |
 def check_decide(record: GangState) -> Refusal | None:
     """A new decision is made only while the record says the attempt is placing."""
     if record.phase != "placing":
-        return Refusal("not_placing", f"the attempt is {record.phase}, not placing")
+        return Refusal(R.NOT_PLACING, f"the attempt is {record.phase}, not placing")
     return None
 
 
@@ -56,12 +54,12 @@ def check_release(record: GangState | None, ev: ReleaseRequested) -> Refusal | N
     that attempt is live (placing to scheduled): the coordinator drops a member, or rolls the
     attempt back, before it asks for a release."""
     if not ev.pods:
-        return Refusal("unnamed_release", "a release names (gang, attempt, pod uid) for each pod it frees")
+        return Refusal(R.UNNAMED_RELEASE, "a release names (gang, attempt, pod uid) for each pod it frees")
     if record is not None and record.attempt == ev.attempt and record.phase in LIVE:
         members = {m.pod for m in record.members}
         live = [str(p) for p in ev.pods if p in members]
         if live:
-            return Refusal("live_release", f"{', '.join(live[:5])} still member(s) of attempt {ev.attempt}, "
+            return Refusal(R.LIVE_RELEASE, f"{', '.join(live[:5])} still member(s) of attempt {ev.attempt}, "
                                            f"which is {record.phase}")
     return None
 
@@ -104,24 +102,24 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
     if key in ledger.allocations:
         return None
     if topology is None:
-        return Refusal("unknown_node", f"node {a.node} has no topology report")
+        return Refusal(R.UNKNOWN_NODE, f"node {a.node} has no topology report")
     if running is None or key not in running:
         why = "reports no Kubernetes state" if running is None else "does not report it running there"
-        return Refusal("not_running_there", f"{a.pod} (uid {a.pod.uid or '-'}): node {a.node}'s agent {why}; "
+        return Refusal(R.NOT_RUNNING_THERE, f"{a.pod} (uid {a.pod.uid or '-'}): node {a.node}'s agent {why}; "
                                             "a reservation is recorded only for a pod bound and running on the node")
     gpus = {g.index: g for g in topology.gpus}
     unknown = sorted(set(a.gpus) - set(gpus))
     if unknown or not a.gpus:
-        return Refusal("not_recorded", f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
+        return Refusal(R.NOT_RECORDED, f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
     wrong = sorted(i for i in a.gpus if gpus[i].mig_enabled != bool(a.mig_profile))
     if wrong:
         mode = "not in MIG mode" if a.mig_profile else "in MIG mode"
-        return Refusal("not_recorded", f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
+        return Refusal(R.NOT_RECORDED, f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
                                        f"{a.kind} assignment")
     new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True, queues=queues)
     conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
     if conflicts:
-        return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
+        return Refusal(R.NOT_RECORDED, f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
     return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})
 
 

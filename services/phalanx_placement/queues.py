@@ -46,9 +46,11 @@ from phalanx_proto.queues import (
     usage_key,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger
+from phalanx_proto.vocab import IDLE
 
 ORDER_EVERY_S = 0.5
-WAITING = ("waiting", "backoff", "placing")
+WAITING = IDLE | {"placing"}
+"""Phases of a gang that asks for GPUs it does not hold yet: its demand counts towards its queue's fair share."""
 
 
 def queue_of(members: Iterable[MemberSpec]) -> str:
@@ -135,7 +137,7 @@ class PlacementQueues:
             return
         for entry in self.cache.gangs:
             s: GangState = entry.value
-            if s.phase not in ("waiting", "backoff") or s.attempt < 1 or not s.fits_empty_cluster or not s.members:
+            if s.phase not in IDLE or s.attempt < 1 or not s.fits_empty_cluster or not s.members:
                 continue
             q = queue_of(s.members)
             spec = tree.get(q)

@@ -63,6 +63,7 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.queues import QueueUsage, usage_key
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
@@ -140,7 +141,7 @@ class Placement:
         """The gang's record from the mirror, or why the request is refused."""
         record = self.cache.gang(ev.gang_id)
         if isinstance(record, Poisoned):
-            return checks.Refusal("unreadable_record", f"{S.KV_GANGS}/{record.key} "
+            return checks.Refusal(R.UNREADABLE_RECORD, f"{S.KV_GANGS}/{record.key} "
                                                        f"(revision {record.revision}): {record.error}")
         return checks.check_request(record, ev) or record
 
@@ -350,7 +351,7 @@ class Placement:
         await self.cache.gangs.catch_up()  # a release is checked against the record as it is now
         record = self.cache.gang(ev.gang_id)
         if isinstance(record, Poisoned):
-            refused("unreadable_record", f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
+            refused(R.UNREADABLE_RECORD, f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
                     attempt=ev.attempt)
             return
         refusal = checks.check_release(record, ev)
@@ -379,7 +380,7 @@ class Placement:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
         if held:
-            refused("live_pod", f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
+            refused(R.LIVE_POD, f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
                                 "reservation is kept; the release is retried", gang=ev.gang_id, attempt=ev.attempt,
                     command="release")
             raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
@@ -394,7 +395,7 @@ class Placement:
         for _ in range(self.config.max_commit_retries):
             if key in self.cache.ledger.poisoned:
                 bad = self.cache.ledger.poisoned[key]
-                refused("unreadable_record", f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
+                refused(R.UNREADABLE_RECORD, f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
                         gang=ev.gang_id, pod=str(ev.assignment.pod))
                 return
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
