@@ -227,9 +227,9 @@ async def _print_decisions(bus, quiet: bool) -> None:
 
 async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
     """Poll until every submitted pod is bound, or its gang waits with a reason."""
-    from phalanx_kube.port import ASSIGNMENT_ANNOTATION
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
+    from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
     from phalanx_proto.state import gang_state_decoder
 
     gangs_kv = await bus.kv(S.KV_GANGS)

@@ -49,22 +49,24 @@ from phalanx_engine import mig, names
 from phalanx_engine.podspec import PodConstraints, parse_constraints
 from phalanx_engine.quantity import Bound, Violation, count, decimal, shown
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
+from phalanx_proto.kubeapi import (
+    ALIYUN_GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_MIB,
+    GPU_MEMORY_MIB_UNIT,
+    GPU_SLICE,
+    NVIDIA_GPU,
+    RDMA,
+    SCHEDULER_NAMES,
+)
 from phalanx_proto.state import MAX_GANG_MEMBERS
 
-SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
-NVIDIA_GPU = "nvidia.com/gpu"
-ALIYUN_GPU = "aliyun.com/gpu"
-GPU_CORE = "aliyun.com/gpu-core"
-GPU_MEMORY = "aliyun.com/gpu-memory"
-GPU_MEMORY_MIB = "aliyun.com/gpu-memory-mib"
-GPU_SLICE = "aliyun.com/gpu-slice"
-RDMA = "aliyun.com/rdma"
 REPLICA_LABEL = "replica"
 MIN_MEMBER_LABEL = "aliyun.com/min-member"
 VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
 VENDORS = ("nvidia", "amd", "ppu")
 SLICE_VALUES = (1, 2, 3, 4, 7)
-MIB_GRANULARITY = 128
 RDMA_MAX_GPUS = 8
 WHOLE_RESOURCES = (NVIDIA_GPU, ALIYUN_GPU)
 SHARE_RESOURCES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE)
@@ -423,11 +425,11 @@ def _value_rule(key: str, n: int) -> str:
                 "(seed FAQ Q1); give a percent from 1 to 100, or leave gpu-core out for no compute limit")
     if key == GPU_MEMORY and n < 1:
         return "gpu-memory is GiB of GPU memory and must be at least 1 (for less, use aliyun.com/gpu-memory-mib)"
-    if key == GPU_MEMORY_MIB and (n < MIB_GRANULARITY or n % MIB_GRANULARITY):
-        lower = max(MIB_GRANULARITY, n // MIB_GRANULARITY * MIB_GRANULARITY)
-        upper = max(MIB_GRANULARITY, -(-n // MIB_GRANULARITY) * MIB_GRANULARITY)
+    if key == GPU_MEMORY_MIB and (n < GPU_MEMORY_MIB_UNIT or n % GPU_MEMORY_MIB_UNIT):
+        lower = max(GPU_MEMORY_MIB_UNIT, n // GPU_MEMORY_MIB_UNIT * GPU_MEMORY_MIB_UNIT)
+        upper = max(GPU_MEMORY_MIB_UNIT, -(-n // GPU_MEMORY_MIB_UNIT) * GPU_MEMORY_MIB_UNIT)
         near = f"{lower}" if lower == upper else f"{lower} or {upper}"
-        return (f"gpu-memory-mib must be a positive multiple of {MIB_GRANULARITY} MiB (the MiB granularity, "
+        return (f"gpu-memory-mib must be a positive multiple of {GPU_MEMORY_MIB_UNIT} MiB (the MiB granularity, "
                 f"seed 3.5); the nearest allowed: {near}")
     if key == GPU_SLICE and n not in SLICE_VALUES:
         return "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"

@@ -55,7 +55,6 @@ from kubernetes_asyncio import client, config
 from phalanx_kube import nodewatch
 from phalanx_kube.kubequeues import KubeQueues
 from phalanx_kube.port import (
-    SCHEDULER_NAMES,
     BindConflict,
     KubeEvent,
     Lease,
@@ -71,6 +70,7 @@ from phalanx_kube.port import (
 )
 from phalanx_kube.ratelimit import KubeClientSettings, TokenBucket
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_telemetry import warn
 
 REQUEST_TIMEOUT_S = 30.0

@@ -18,9 +18,6 @@ import msgspec
 
 from phalanx_proto.events import PodRef
 
-SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
-ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
-
 
 class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """The part of a Pod that Phalanx reads. ``raw`` is the whole object as a dict."""

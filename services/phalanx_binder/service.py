@@ -53,17 +53,16 @@ from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
 from phalanx_kube import fence as F
-from phalanx_kube.port import (
+from phalanx_kube.port import BindConflict, ClusterPort, NotOurs, Pod, PodGone
+from phalanx_proto import subjects as S
+from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, gang_decoder
+from phalanx_proto.kubeapi import (
     ASSIGNMENT_ANNOTATION,
     SCHEDULER_NAMES,
-    BindConflict,
-    ClusterPort,
-    NotOurs,
-    Pod,
-    PodGone,
+    FenceEntry,
+    assignment_digest,
+    encode_assignment,
 )
-from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, BindFailed, BindRequested, Bound, encoder, gang_decoder
 from phalanx_proto.state import alloc_key
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, tracer, warn
@@ -188,7 +187,7 @@ class Binder:
                 raise BindConflict(f"pod {ref} is already bound to {pod.node_name}")
             already = pod.node_name == a.node
             settled = already and (pod.started or pod.terminal)  # the container has its devices (or never will)
-            text = encoder.encode(a).decode()
+            text = encode_assignment(a)
             if already and not settled and pod.annotations.get(ASSIGNMENT_ANNOTATION) != text:
                 await self.cluster.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: text})
             if not settled and self.fenced(a.node):
@@ -220,8 +219,8 @@ class Binder:
 
     async def _fence(self, ev: BindRequested, a: Assignment, text: str, ticket: Ticket | None) -> None:
         now = self.fences.clock()
-        entry = F.FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=F.digest(text),
-                             expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
+        entry = FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=assignment_digest(text),
+                           expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
         try:
             if ticket is None:  # the node's report began to say "device plugin" since the command came
                 with self.fences.coming(a.node) as ticket:

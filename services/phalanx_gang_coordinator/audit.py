@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from phalanx_engine.queues import QueueTree, usage_drift
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
+from phalanx_kube.port import Pod
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, decode_assignment
 from phalanx_proto.queues import QueueUsage, shown
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.subjects import gang_key
 from phalanx_proto.vocab import OPEN
-
-_assignment = msgspec.json.Decoder(Assignment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +236,7 @@ def _annotation(pod: Pod) -> Assignment | None:
     if not raw:
         return None
     try:
-        a = _assignment.decode(raw)
+        a = decode_assignment(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if (a.pod.namespace, a.pod.name) != (pod.namespace, pod.name) or a.node != pod.node_name or not a.gpus:

@@ -27,9 +27,10 @@ import anyio
 from phalanx_bus import Bus
 from phalanx_engine.nodekube import node_kube_state
 from phalanx_engine.quantity import Violation
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort, NodeObjects, Pod
+from phalanx_kube.port import ClusterPort, NodeObjects, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder, pod_key
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_telemetry import log, warn
 
 DEBOUNCE_S = 0.5

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import yaml
 
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import connect, gang_states, ref, seed_nodes, wait_until
 

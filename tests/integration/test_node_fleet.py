@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from phalanx_bus import Bus
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import SimCluster
 from phalanx_node_fleet.fleet import FleetConfig, run
 from phalanx_proto import subjects as S
@@ -27,6 +26,7 @@ from phalanx_proto.events import (
     PodRef,
     node_decoder,
 )
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.scheduling import HostPort, NodeKubeState
 from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_runtime.synthetic import synthetic_cluster, tier_labels
