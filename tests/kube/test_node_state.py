@@ -74,8 +74,10 @@ async def test_the_agent_reports_its_node_and_the_pods_phalanx_did_not_place_as_
             await state_becomes(idle)
 
             kube_api.create_pod(bound_pod("web", kube_ns, name, cpu="1500m", port=8080))
-            kube_api.create_pod(bound_pod("ours", kube_ns, name, cpu="7", phalanx=True))
-            busy = msgspec.structs.replace(idle, requested={"cpu": 1500}, pods=1, host_ports=(HostPort(port=8080),))
+            ours = kube_api.create_pod(bound_pod("ours", kube_ns, name, cpu="7", phalanx=True))
+            # Phalanx's own pod is not counted (it is in the ledger) but listed as running there
+            busy = msgspec.structs.replace(idle, requested={"cpu": 1500}, pods=1, host_ports=(HostPort(port=8080),),
+                                           phalanx_pods=(f"{kube_ns}/ours/{ours['metadata']['uid']}",))
             await state_becomes(busy)
 
             kube_api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True, "taints": [
