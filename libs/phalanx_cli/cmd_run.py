@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 import anyio
 
 from phalanx_kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, KubeClientSettings
-from phalanx_runtime.service import serve
+from phalanx_service.shell import serve
 
 SERVICES = {
     "topology-discovery": "phalanx_topology_discovery.entry",

@@ -61,7 +61,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
 
 class NodeObjects(msgspec.Struct, frozen=True, kw_only=True):
     """One node and the pods bound to it, of every scheduler, as the API holds them now (what
-    a node agent reports from: ``phalanx_engine.nodekube``)."""
+    a node agent reports from: ``phalanx_kubeobjects.nodekube``)."""
 
     node: Node | None
     pods: tuple[Pod, ...] = ()

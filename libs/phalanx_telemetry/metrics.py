@@ -4,7 +4,7 @@ exposition format (version 0.0.4), with no dependency beyond the standard librar
 Every metric Phalanx exports is declared here, at import, in the process-wide ``REGISTRY``,
 so the set of names is known statically (``tests/unit/test_dashboards.py`` checks each
 dashboard query against it) and the services only call ``inc``/``set``/``observe``.
-``phalanx_runtime.service.Health`` serves ``REGISTRY.render()`` on ``/metrics``.
+``phalanx_service.shell.Health`` serves ``REGISTRY.render()`` on ``/metrics``.
 
 Label sets are bounded: label names are fixed when a metric is declared, a label may list
 its allowed values (anything else is recorded as ``other``), and a metric holds at most

@@ -130,7 +130,7 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     min_member_declared: bool = True
     """False when no pod said min-member: the gang is the pods seen once the group is quiet."""
     parts: tuple[GangPart, ...] = ()
-    """A JobSet gang: its replicated jobs seen so far (``phalanx_engine.gangs.jobset_size``)."""
+    """A JobSet gang: its replicated jobs seen so far (``phalanx_kubeobjects.gangs.jobset_size``)."""
     jobs: int = 0
     """A JobSet gang: the JobSet's total Job count (its pods' ``global-replicas``)."""
     running: tuple[Running, ...] = ()

@@ -17,7 +17,7 @@ def _at_least_one(text: str) -> int:
 
 
 def _namespace(text: str) -> str:
-    from phalanx_engine.names import dns_label
+    from phalanx_kubeobjects.names import dns_label
 
     if not dns_label(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a DNS label: lower-case letters, digits "

@@ -23,7 +23,7 @@ import random
 
 import msgspec
 
-from phalanx_engine.gangs import jobset_size, merge_part
+from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindFailed,
     Bound,
@@ -59,7 +59,7 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
 
     ``min_member`` is what the pod says about the whole gang (None: nothing); a JobSet pod says
     its ``part`` and the JobSet's ``jobs`` instead, and the gang's size is
-    ``phalanx_engine.gangs.jobset_size`` of the parts seen. An entry without members (a
+    ``phalanx_kubeobjects.gangs.jobset_size`` of the parts seen. An entry without members (a
     tombstone of a gang whose pods all went) is taken up again, attempt counter and all.
 
     Not while an attempt runs or rolls back: an attempt's members stay the members it was

@@ -31,8 +31,8 @@ def add_arguments(p) -> None:
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    from phalanx_localstack.stack import ClusterFile
     from phalanx_node_fleet.fleet import FleetConfig, run
-    from phalanx_runtime.stack import ClusterFile
 
     nodes = ClusterFile.load(args.cluster_file).nodes
     config = FleetConfig(heartbeat_s=args.heartbeat_s, label_refresh_s=args.label_refresh_s,

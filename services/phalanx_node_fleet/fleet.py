@@ -36,6 +36,7 @@ import anyio
 
 from phalanx_bus import Bus, Delivery, Kv, PermanentError, consume
 from phalanx_kube.port import ClusterPort, Node, NodeObjects, Pod
+from phalanx_localstack.stack import ClusterNode, fake_mig_spec
 from phalanx_mig_manager.entry import devices_from
 from phalanx_mig_manager.service import KV_MIG, MigManager
 from phalanx_proto import subjects as S
@@ -47,7 +48,6 @@ from phalanx_proto.events import (
     encoder,
     node_decoder,
 )
-from phalanx_runtime.stack import ClusterNode, fake_mig_spec
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import Config as DiscoveryConfig

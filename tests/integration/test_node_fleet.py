@@ -13,6 +13,8 @@ import yaml
 
 from phalanx_bus import Bus
 from phalanx_kube.sim import SimCluster
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_localstack.synthetic import synthetic_cluster, tier_labels
 from phalanx_node_fleet.fleet import FleetConfig, run
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -28,8 +30,6 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.scheduling import HostPort, NodeKubeState
-from phalanx_runtime.stack import ClusterFile, Stack
-from phalanx_runtime.synthetic import synthetic_cluster, tier_labels
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.service import topology_from_file
 from stackutil import connect, gpu_pod, ref, seed_nodes, wait_until

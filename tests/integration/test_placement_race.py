@@ -10,11 +10,11 @@ import anyio
 import pytest
 
 from phalanx_engine.queues import expected_usage, held_by_queue
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_localstack.synthetic import synthetic_cluster
 from phalanx_proto import subjects as S
 from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, usage_key
 from phalanx_proto.state import usage_decoder
-from phalanx_runtime.stack import ClusterFile, Stack
-from phalanx_runtime.synthetic import synthetic_cluster
 from stackutil import (
     CLUSTER,
     audit_ledger,

@@ -27,10 +27,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx_runtime.children import popen_options
-from phalanx_runtime.inputs import ClusterFile, ClusterNode, load_workload
-from phalanx_runtime.localauth import LocalSecurity
-from phalanx_runtime.natsserver import NatsServer
+from phalanx_localstack.children import popen_options
+from phalanx_localstack.inputs import ClusterFile, ClusterNode, load_workload
+from phalanx_localstack.localauth import LocalSecurity
+from phalanx_localstack.natsserver import NatsServer
 from phalanx_telemetry import exposition
 
 __all__ = ["FLEET_ABOVE", "ClusterFile", "ClusterNode", "ServiceProc", "Stack", "StackError", "fake_mig_spec",

@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from phalanx_runtime.children import popen_options
-from phalanx_runtime.localauth import LocalSecurity, conf_string
+from phalanx_localstack.children import popen_options
+from phalanx_localstack.localauth import LocalSecurity, conf_string
 
 _FROM_ENV = object()
 

@@ -24,8 +24,8 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from phalanx_engine import names
 from phalanx_input import Invalid, Unreadable, yaml_file
+from phalanx_kubeobjects import names
 from phalanx_topology.model import MAX_GPU_MEMORY_MIB
 
 MAX_NODES = 100_000
@@ -173,7 +173,7 @@ def load_queues(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[tup
     """The Queue objects and the Namespaces (name, labels) of a YAML file for the simulated
     cluster, each Queue checked as the API server would (``Invalid`` naming the document and
     field; the tree is gang-coordinator's to check, as in a real cluster)."""
-    from phalanx_engine.queuespec import QueueObjectError, queue_from_object
+    from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 
     try:
         docs = yaml_file(path)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from phalanx_engine import podspec
-from phalanx_engine.quantity import NANO, Bound, Violation, cpu_millis, scaled, shown
+from phalanx_kubeobjects import podspec
+from phalanx_kubeobjects.quantity import NANO, Bound, Violation, cpu_millis, scaled, shown
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import CPU, NodeKubeState, Taint
 

@@ -4,10 +4,10 @@ Called by gang-coordinator (every pod it admits), by ``phalanx validate`` and by
 input is a plain dict as it comes from YAML or the Kubernetes API; the output is a frozen
 ``GpuRequest``, or a ``RequestError`` that lists every ``Violation`` found, each naming the
 field, the value and the rule. Node-side rules (MIG only on MIG-capable models, AMD whole
-GPUs only, memory that the GPU has) are in ``check_gpu_model``.
+GPUs only, memory that the GPU has) are the engine's (``phalanx_engine.gpumodel``).
 
 Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them).
-Values are Kubernetes quantities that must be integers, read by ``phalanx_engine.quantity``
+Values are Kubernetes quantities that must be integers, read by ``phalanx_kubeobjects.quantity``
 (ASCII digits; ``"1e0"`` is 1, ``"0.5"`` and ``"٤"`` are errors), each with an upper bound:
 
 =============================  =========================================================
@@ -45,9 +45,9 @@ from typing import Any
 
 import msgspec
 
-from phalanx_engine import mig, names
-from phalanx_engine.podspec import PodConstraints, parse_constraints
-from phalanx_engine.quantity import Bound, Violation, count, decimal, shown
+from phalanx_kubeobjects import names
+from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
+from phalanx_kubeobjects.quantity import Bound, Violation, count, decimal, shown
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.kubeapi import (
     ALIYUN_GPU,
@@ -315,40 +315,6 @@ def _rdma(per: list[_Container], whole: Mapping[str, int], spec: Mapping[str, An
             warnings.append(f"container {cn} uses RDMA without the IPC_LOCK capability; RDMA memory "
                             "registration may fail")
     return True
-
-
-def check_gpu_model(
-    request: GpuRequest, model: str, *, vendor: str = "nvidia", memory_mib: int = 0
-) -> tuple[Violation, ...]:
-    """Node-side rules: can a GPU of ``model`` (``vendor``, ``memory_mib`` total) serve the
-    request? Empty when it can; otherwise the violations, for the pod's pending reason."""
-    out: list[Violation] = []
-    if request.vendor and request.vendor != vendor:
-        out.append(Violation(f"metadata.annotations[{VENDOR_ANNOTATION}]", request.vendor,
-                             f"the GPU is a {vendor} {model}"))
-    if request.kind in (RequestKind.TDM, RequestKind.MIG) and vendor == "amd":
-        field, value = (GPU_SLICE, str(request.mig_slices)) if request.mig_slices else (
-            (GPU_CORE, str(request.core_pct)) if request.core_pct else (GPU_MEMORY, f"{request.memory_mib} MiB"))
-        out.append(Violation(field, value, f"AMD GPUs ({model}) take whole-GPU requests only (seed 3.5)"))
-    if request.kind is RequestKind.MIG and vendor != "amd":
-        slices = str(request.mig_slices)
-        table = mig.mig_table(model, memory_mib)
-        if not mig.mig_capable(model) or vendor != "nvidia":
-            out.append(Violation(GPU_SLICE, slices,
-                                 f"GPU model {model!r} does not support MIG; MIG needs a MIG-capable NVIDIA "
-                                 "model such as A100, A30, H100, H800, H200 or B200 (seed: A100 and H800)"))
-        elif table is None:
-            out.append(Violation(GPU_SLICE, slices, f"Phalanx has no MIG profile table for {model!r}, so it "
-                                                    "cannot choose a MIG profile and slot on it"))
-        elif mig.profile_for(table, request.mig_slices, request.memory_mib) is None:
-            names = ", ".join(p.name for p in table.profiles)
-            out.append(Violation(GPU_SLICE, f"{slices} with {request.memory_mib} MiB",
-                                 f"{table.model} has no MIG profile with {slices} compute slices and that much "
-                                 f"memory; its profiles are {names}"))
-    if request.kind is RequestKind.TDM and memory_mib and request.memory_mib > memory_mib:
-        out.append(Violation(GPU_MEMORY, f"{request.memory_mib} MiB",
-                             f"more GPU memory than a {model} has ({memory_mib} MiB)"))
-    return tuple(out)
 
 
 # --- helpers --------------------------------------------------------------------------------

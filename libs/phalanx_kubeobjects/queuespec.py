@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx_engine import names
+from phalanx_kubeobjects import names
 from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec
 
 RESOURCE = "nvidia.com/gpu"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx_bus.credentials import KeySet
-from phalanx_runtime.tlsca import TlsFiles, make_ca_and_server_cert
+from phalanx_bus.tlsca import TlsFiles, make_ca_and_server_cert
 
 ENV_DIR = "PHALANX_BUS_SECRETS_DIR"
 ENV_CREDS = "PHALANX_NATS_CREDS"

@@ -1,8 +1,10 @@
 """Synthetic clusters of many identical nodes with network tiers, for the simulator and the
 benchmarks (``phalanx up --synthetic 1000x8v100``, ``bench/scale.py``).
 
-A spec is ``<count>x<shape>``; a shape is one of ``SHAPES`` (a topology file of the examples
-plus the GPU model and memory a ``nvidia-smi topo -m`` file does not carry). Node ``i`` is
+A spec is ``<count>x<shape>``; a shape is one of ``SHAPES``: a topology file packaged with this
+module (``shapes/``, copies of three of ``examples/``, kept equal by
+``tests/unit/test_stack_fleet.py``) plus the GPU model and memory a ``nvidia-smi topo -m`` file
+does not carry. Node ``i`` is
 named ``<shape>-<i>`` (zero-padded) and labelled, as ``bench/placement_speed.py`` lays out its
 synthetic cluster, into HyperNodes of 8 nodes, leaf switches of 64 nodes and network-pods of
 512 nodes (``phalanx.io/hypernode``, ``phalanx.io/leaf-switch``, ``phalanx.io/network-pod``),
@@ -12,11 +14,13 @@ and enabled for Phalanx (``lj_runtimekit_enable=true``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
-from phalanx_runtime.stack import ClusterFile, ClusterNode, StackError
+from phalanx_localstack.stack import ClusterFile, ClusterNode, StackError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TOPOLOGIES = Path(str(files("phalanx_localstack") / "shapes"))
+"""The shapes' topology files: package data, on disk in any installed (not zipped) copy."""
 HYPERNODE, LEAF, NETPOD = 8, 64, 512
 """Nodes per HyperNode, per leaf switch and per network-pod."""
 MAX_NODES = 100_000
@@ -31,13 +35,11 @@ class Shape:
 
 
 SHAPES = {
-    "8v100": Shape(EXAMPLES / "clusters" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt",
-                   "Tesla V100-SXM2-16GB", 16384),
-    "8a100": Shape(EXAMPLES / "clusters" / "topology" / "hgx-a100_8x_NV12_1xmlx5_epyc7763_pleiades.txt",
-                   "NVIDIA A100-SXM4-40GB", 40960),
-    "8a100mig": Shape(EXAMPLES / "clusters" / "topology" / "hgx-a100_8x_NV12_1xmlx5_epyc7763_pleiades.txt",
-                      "NVIDIA A100-SXM4-40GB", 40960, mig_enabled=True),
-    "8h100": Shape(EXAMPLES / "topology" / "p5-8xH100-nvswitch.yaml", "NVIDIA H100 80GB HBM3", 81920),
+    "8v100": Shape(TOPOLOGIES / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt", "Tesla V100-SXM2-16GB", 16384),
+    "8a100": Shape(TOPOLOGIES / "hgx-a100_8x_NV12_1xmlx5_epyc7763_pleiades.txt", "NVIDIA A100-SXM4-40GB", 40960),
+    "8a100mig": Shape(TOPOLOGIES / "hgx-a100_8x_NV12_1xmlx5_epyc7763_pleiades.txt", "NVIDIA A100-SXM4-40GB", 40960,
+                      mig_enabled=True),
+    "8h100": Shape(TOPOLOGIES / "p5-8xH100-nvswitch.yaml", "NVIDIA H100 80GB HBM3", 81920),
 }
 
 

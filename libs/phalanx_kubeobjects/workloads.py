@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from phalanx_engine import gangs, names
-from phalanx_engine.quantity import Violation, integer, shown
-from phalanx_engine.requests import MAX_GANG, MIN_MEMBER_LABEL, GpuRequest, RequestError
+from phalanx_kubeobjects import gangs, names
+from phalanx_kubeobjects.quantity import Violation, integer, shown
+from phalanx_kubeobjects.requests import MAX_GANG, MIN_MEMBER_LABEL, GpuRequest, RequestError
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangPart
 

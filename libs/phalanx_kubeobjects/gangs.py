@@ -41,8 +41,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx_engine.quantity import Violation, decimal
-from phalanx_engine.requests import MAX_GANG, GpuRequest, RequestError, RequestKind, parse_pod
+from phalanx_kubeobjects.quantity import Violation, decimal
+from phalanx_kubeobjects.requests import MAX_GANG, GpuRequest, RequestError, RequestKind, parse_pod
 from phalanx_proto.state import GangPart
 
 GANG_MIN_MEMBER = "phalanx.io/gang-min-member"

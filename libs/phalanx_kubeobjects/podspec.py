@@ -30,8 +30,17 @@ from typing import Any
 
 import msgspec
 
-from phalanx_engine import names
-from phalanx_engine.quantity import NANO, Bound, Violation, count, cpu_millis, memory_bytes, scaled, shown
+from phalanx_kubeobjects import names
+from phalanx_kubeobjects.quantity import (
+    NANO,
+    Bound,
+    Violation,
+    count,
+    cpu_millis,
+    memory_bytes,
+    scaled,
+    shown,
+)
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import (
     CPU,

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx_engine.quantity import Violation, shown
+from phalanx_kubeobjects.quantity import Violation, shown
 
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
