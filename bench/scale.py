@@ -55,12 +55,12 @@ sys.path.insert(0, str(REPO / "tests" / "kube"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import kubeharness  # noqa: E402
-from kube_baseline import BindWatch  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
-from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
 
+from kube_baseline import BindWatch  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
+from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
 
 SERVICES = ("placement", "gang-coordinator", "binder")
 CREATORS = 8

@@ -34,8 +34,11 @@ def devices_from(spec: str, node: str = ""):
     if spec == "real":
         return NvmlMig()
     if spec.startswith("fake:"):
-        from phalanx_nvml.fake_mig import from_spec
-
+        try:  # the simulator's (sim/): in a checkout's environment, never in the image
+            from phalanx_nvmlfake.mig import from_spec
+        except ModuleNotFoundError:
+            raise ValueError("--nvml fake:... is the simulator's fake NVML, which this installation does not "
+                             "have (run the simulator from a checkout: make install)") from None
         return NvmlMig(from_spec(spec.removeprefix("fake:"), node=node))
     raise ValueError(f"--nvml must be 'real' or 'fake:<model>x<count>', not {spec!r}")
 

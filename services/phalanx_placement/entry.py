@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import anyio
 
 NEEDS_CLUSTER = False
@@ -17,11 +15,10 @@ def add_arguments(p) -> None:
                    "reports have flowed for --node-state-grace-s (default), always, or never (docs/placement.md)")
     p.add_argument("--node-state-grace-s", type=float, default=30.0,
                    help="seconds of reports before 'auto' refuses unreported nodes (default %(default)s)")
-    p.add_argument("--debug-decide-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_placement.service import Config, run
 
-    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s, decide_delay_s=args.debug_decide_delay_s,
+    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s,
                           node_state=args.node_state, node_state_grace_s=args.node_state_grace_s), task_status=task_status)

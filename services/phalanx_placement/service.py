@@ -46,7 +46,7 @@ from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.queues import usage_drift
 from phalanx_engine.snapshot import Decision, NoFit
-from phalanx_placement import checks
+from phalanx_placement import checks, testhooks
 from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
@@ -75,8 +75,6 @@ RELEASE_RETRY_S = 2.0
 class Config:
     heartbeat_stale_s: float = 15.0
     max_commit_retries: int = 20
-    decide_delay_s: float = 0.0
-    """Test only: sleep between deciding and committing, to widen replica races."""
     node_state: str = "auto"
     """When a node without a reported Kubernetes state (``NodeKubeState``) takes nothing:
     ``auto`` once reports have flowed for ``node_state_grace_s``, or ``required``/``optional``
@@ -300,8 +298,8 @@ class Placement:
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                     "k8s.node.name": sorted(led.node for led in commit.writes.values()
                                             if isinstance(led, NodeLedger))}) as span:
-                if self.config.decide_delay_s:
-                    await anyio.sleep(self.config.decide_delay_s)
+                if testhooks.DECIDE_DELAY_S:
+                    await anyio.sleep(testhooks.DECIDE_DELAY_S)
                 try:
                     await self._write(commit)
                 except KvConflict:

@@ -29,7 +29,7 @@ from phalanx_deviceplugin import delivery as dv
 from phalanx_kube import fence as F
 from phalanx_kube.port import ClusterPort
 from phalanx_localstack.stack import ClusterFile, Stack
-from phalanx_nvml.fake import gpu_uuid
+from phalanx_nvmlfake.nvml import gpu_uuid
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION

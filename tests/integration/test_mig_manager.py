@@ -13,7 +13,7 @@ import pytest
 from phalanx_bus import Bus
 from phalanx_bus.declare import declare_consumer
 from phalanx_nvml import NvmlMig
-from phalanx_nvml.fake_mig import FakeMigNvml, from_spec
+from phalanx_nvmlfake.mig import FakeMigNvml, from_spec
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,

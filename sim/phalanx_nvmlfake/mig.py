@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import pynvml
 
 from phalanx_engine.mig import TABLES, MigInstance, MigTable, mig_table
-from phalanx_nvml.fake import gpu_uuid
 from phalanx_nvml.mig import CI_PROFILE, GI_PROFILE
+from phalanx_nvmlfake.nvml import gpu_uuid
 
 E = pynvml.NVMLError
 
@@ -107,7 +107,7 @@ class FakeMigNvml:
     """Stands in for ``pynvml`` under ``NvmlMig``: ``NvmlMig(FakeMigNvml.of("H100-80GB", 2))``.
 
     UUIDs are those of the node's other fakes, so every part of a simulated node names a device
-    alike: a GPU's is ``phalanx_nvml.fake.gpu_uuid(node, "GPU<index>")`` (what topology
+    alike: a GPU's is ``phalanx_nvmlfake.nvml.gpu_uuid(node, "GPU<index>")`` (what topology
     discovery reports from the fake NVML, and so what placement writes in ``gpu_uuids`` and
     the device plugin advertises), and a MIG device's is derived from that GPU's UUID, the GPU
     instance id and the number of instances created so far: stable within a run, and new for

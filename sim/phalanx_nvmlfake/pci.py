@@ -1,4 +1,4 @@
-"""A PCIe tree that reproduces a topology's PCIe relations, for ``phalanx_nvml.fake``.
+"""A PCIe tree that reproduces a topology's PCIe relations, for ``phalanx_nvmlfake.nvml``.
 
 A matrix only says how devices relate, not where they sit. To run the real adapter on fake
 hardware, the fake needs PCI paths from which ``phalanx_nvml.pcie`` computes the same

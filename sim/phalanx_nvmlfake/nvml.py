@@ -23,8 +23,8 @@ from pathlib import Path
 import msgspec
 import pynvml
 
-from phalanx_nvml import fake_pci
 from phalanx_nvml.pcie import natural_key, normalize_bus_id
+from phalanx_nvmlfake import pci as fake_pci
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology.links import nvlink_count
 from phalanx_topology.model import parse_cpulist
