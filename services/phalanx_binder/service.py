@@ -65,19 +65,23 @@ from phalanx_proto.kubeapi import (
 )
 from phalanx_proto.state import alloc_key
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_service.config import namespace_name, option, whole_number
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
 
 
 @dataclass(frozen=True)
-class Settings:
-    parallelism: int = 16
-    """Bind commands handled at once."""
-    fence_namespace: str = "phalanx-system"
-    """Where the per-node fence leases live (the node agents read them there)."""
-    instance: str = ""
-    """This replica's name, the fence leases' holder (default: host name and process id)."""
+class Config:
+    """binder's configuration: each field is a flag of ``phalanx run binder`` (``phalanx_service.config``)."""
+
+    parallelism: int = option(16, "bind commands handled at once, as kube-scheduler binds asynchronously; the "
+                              "Kubernetes client's --kube-api-qps/--kube-api-burst still pace the requests",
+                              env="PHALANX_BIND_PARALLELISM", parse=whole_number(1, 1024))
+    fence_namespace: str = option("phalanx-system", "namespace of the per-node fence leases that the node agents' "
+                                  "device plugins read (docs/delivery.md)", env="POD_NAMESPACE", parse=namespace_name)
+    instance: str = option("", "this replica's name, written as the fence leases' holder (default: $POD_NAME, "
+                           "else host name and process id)")
 
 
 def default_instance() -> str:
@@ -235,7 +239,7 @@ def _ours(pod: Pod) -> bool:
     return pod.scheduler_name in SCHEDULER_NAMES
 
 
-async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *,
+async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run binder until cancelled; ready once both mirrors are listed and its durable consumer
     is live (the pod watch starts alongside and never holds binds up)."""
@@ -245,14 +249,14 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
         ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*")
         await tg.start(topology.run)
         await tg.start(ledger.run)
-        fences = NodeFences(tg, cluster, namespace=settings.fence_namespace,
-                            holder=settings.instance or default_instance())
+        fences = NodeFences(tg, cluster, namespace=config.fence_namespace,
+                            holder=config.instance or default_instance())
         binder = Binder(bus, cluster, topology=topology, ledger=ledger, fences=fences)
         binder.pods = PodWatch(cluster, fenced=binder.fenced, release=fences.release)
         tg.start_soon(binder.pods.run)
-        log("binder settings", parallelism=settings.parallelism, fence_namespace=settings.fence_namespace,
+        log("binder settings", parallelism=config.parallelism, fence_namespace=config.fence_namespace,
             holder=fences.holder)
         await tg.start(lambda task_status: consume(
             bus, stream=own.stream, durable=own.durable, filter_subject=own.filter, decoder=gang_decoder,
-            handler=binder.on_command, concurrency=settings.parallelism, task_status=task_status))
+            handler=binder.on_command, concurrency=config.parallelism, task_status=task_status))
         task_status.started()

@@ -48,7 +48,7 @@ from phalanx_engine.queues import usage_drift
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks, testhooks
 from phalanx_placement.cache import ClusterCache, Commit
-from phalanx_placement.nodestate import GRACE_S, NodeStates
+from phalanx_placement.nodestate import GRACE_S, POLICIES, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto import subjects as S
@@ -64,6 +64,7 @@ from phalanx_proto.events import (
 from phalanx_proto.queues import QueueUsage, usage_key
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_service.config import option
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
@@ -73,13 +74,15 @@ RELEASE_RETRY_S = 2.0
 
 @dataclass(frozen=True)
 class Config:
-    heartbeat_stale_s: float = 15.0
+    """placement's configuration; the fields with a flag are ``phalanx run placement``'s
+    (``phalanx_service.config``)."""
+
+    heartbeat_stale_s: float = option(15.0, "a node whose topology heartbeat is older than this is unavailable")
     max_commit_retries: int = 20
-    node_state: str = "auto"
-    """When a node without a reported Kubernetes state (``NodeKubeState``) takes nothing:
-    ``auto`` once reports have flowed for ``node_state_grace_s``, or ``required``/``optional``
-    (``nodestate.py``, docs/placement.md)."""
-    node_state_grace_s: float = GRACE_S
+    node_state: str = option("auto", "when a node whose agent has not reported its Kubernetes state takes "
+                             "nothing: 'auto' once reports have flowed for --node-state-grace-s, always "
+                             "('required'), or never ('optional') (docs/placement.md)", choices=POLICIES)
+    node_state_grace_s: float = option(GRACE_S, "seconds of reports before 'auto' refuses unreported nodes")
     cycle_max: int = 64
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
     usage_audit_s: float = 10.0

@@ -36,8 +36,8 @@ import anyio
 
 from phalanx_bus import Bus, Delivery, Kv, PermanentError, consume
 from phalanx_kube.port import ClusterPort, Node, NodeObjects, Pod
-from phalanx_localstack.stack import ClusterNode, fake_mig_spec
-from phalanx_mig_manager.entry import devices_from
+from phalanx_localstack.stack import ClusterFile, ClusterNode, fake_mig_spec
+from phalanx_mig_manager.devices import devices_from
 from phalanx_mig_manager.service import KV_MIG, MigManager
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -48,6 +48,7 @@ from phalanx_proto.events import (
     encoder,
     node_decoder,
 )
+from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import Config as DiscoveryConfig
@@ -58,19 +59,23 @@ DURABLE = "mig-manager-fleet"
 
 
 @dataclass(frozen=True)
-class FleetConfig:
-    heartbeat_s: float = 3.0
-    label_refresh_s: float = 30.0
-    state_refresh_s: float = 2.0
-    reconcile_s: float = 30.0
-    orphan_grace_s: float = 60.0
-    concurrency: int = 64
+class Config:
+    """The node fleet's configuration: each field is a flag of ``phalanx run node-fleet``."""
+
+    cluster_file: str = required("the simulated nodes (format: examples/clusters/2x8v100.yaml)")
+    heartbeat_s: float = option(3.0, "seconds between heartbeats")
+    label_refresh_s: float = option(30.0, "seconds between node listings; a label change is reported within this")
+    state_refresh_s: float = option(2.0, "seconds between checks for pod and node changes; the nodes' Kubernetes "
+                                    "states are reported again after one")
+    reconcile_s: float = option(30.0, "seconds between MIG reconciliation passes of the MIG nodes")
+    orphan_grace_s: float = option(60.0, "an instance owned by nothing is destroyed after this many seconds")
+    concurrency: int = option(64, "node reports and heartbeats in flight at once")
 
 
 class Fleet:
     """The agents of ``nodes``; ``run`` drives them."""
 
-    def __init__(self, bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], config: FleetConfig, *,
+    def __init__(self, bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], config: Config, *,
                  records: Kv, ledger: Kv) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -230,10 +235,11 @@ class Fleet:
                     warn("mig reconcile failed", node=manager.node, error=repr(e)[:300])
 
 
-async def run(bus: Bus, cluster: ClusterPort, nodes: Sequence[ClusterNode], config: FleetConfig = FleetConfig(), *,
-              task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run the fleet until cancelled (overview in the module docstring)."""
+async def run(bus: Bus, cluster: ClusterPort, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Run the fleet of ``config.cluster_file``'s nodes until cancelled (overview in the module
+    docstring)."""
     started = time.monotonic()
+    nodes = ClusterFile.load(config.cluster_file).nodes
     fleet = Fleet(bus, cluster, nodes, config, records=await bus.kv(KV_MIG), ledger=await bus.kv(S.KV_LEDGER))
     for manager in fleet.mig.values():
         await manager.reconcile()

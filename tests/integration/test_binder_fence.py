@@ -12,7 +12,7 @@ import anyio
 import msgspec
 import pytest
 
-from phalanx_binder.service import Settings
+from phalanx_binder.service import Config
 from phalanx_binder.service import run as run_binder
 from phalanx_bus import Bus
 from phalanx_bus.kv import Kv
@@ -99,7 +99,7 @@ async def binder(nats_private, monkeypatch, before=None):
     reads.clear()  # the test's own writes read the ledger
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(lambda task_status: run_binder(bus, cluster, Settings(parallelism=8, fence_namespace=NS,
+            await tg.start(lambda task_status: run_binder(bus, cluster, Config(parallelism=8, fence_namespace=NS,
                                                                                  instance="binder-test"),
                                                           task_status=task_status))
             yield bus, cluster, reads
