@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phalanx_kubeobjects import podspec
+from phalanx_kubeobjects.fields import as_list, as_map
 from phalanx_kubeobjects.quantity import NANO, Bound, Violation, cpu_millis, scaled, shown
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import CPU, NodeKubeState, Taint
@@ -37,21 +38,21 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
     """The state of ``node`` (a Node object) with ``pods`` (the pods bound to it that Phalanx
     did not place, as objects) counted as requested there, and ``placed`` (the pod keys of
     those Phalanx placed) listed as running there."""
-    meta, spec, status = _map(node.get("metadata")), _map(node.get("spec")), _map(node.get("status"))
+    meta, spec, status = as_map(node.get("metadata")), as_map(node.get("spec")), as_map(node.get("status"))
     allocatable = _allocatable(status)
     if isinstance(allocatable, Violation):
         return allocatable
-    labels = {k: v for k, v in _map(meta.get("labels")).items() if isinstance(k, str) and isinstance(v, str)}
+    labels = {k: v for k, v in as_map(meta.get("labels")).items() if isinstance(k, str) and isinstance(v, str)}
     taints = tuple(Taint(key=t["key"], value=t.get("value") or "", effect=t["effect"])
-                   for t in map(_map, _list(spec.get("taints")))
+                   for t in map(as_map, as_list(spec.get("taints")))
                    if isinstance(t.get("key"), str) and t.get("effect") in _EFFECTS
                    and isinstance(t.get("value") or "", str))
     requested: dict[str, int] = {}
     ports: list[K.HostPort] = []
     count = 0
     for pod in pods:
-        pspec = _map(pod.get("spec"))
-        if _map(pod.get("status")).get("phase") in TERMINAL:
+        pspec = as_map(pod.get("spec"))
+        if as_map(pod.get("status")).get("phase") in TERMINAL:
             continue
         count += 1
         for r, q in podspec.pod_requests(pspec).items():
@@ -73,7 +74,7 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
 
 
 def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:
-    raw = _map(status.get("allocatable"))
+    raw = as_map(status.get("allocatable"))
     out: dict[str, int] = {}
     for name, value in raw.items():
         field = f"status.allocatable[{shown(name)}]"
@@ -86,16 +87,8 @@ def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:
 
 
 def _ready(status: Mapping[str, Any]) -> K.ConditionStatus:
-    for c in map(_map, _list(status.get("conditions"))):
+    for c in map(as_map, as_list(status.get("conditions"))):
         if c.get("type") == "Ready":
             s = c.get("status")
             return s if s in _STATUSES else "Unknown"
     return "Unknown"
-
-
-def _map(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
-def _list(x: Any) -> list:
-    return x if isinstance(x, list) else []

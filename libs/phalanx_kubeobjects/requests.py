@@ -6,7 +6,9 @@ input is a plain dict as it comes from YAML or the Kubernetes API; the output is
 field, the value and the rule. Node-side rules (MIG only on MIG-capable models, AMD whole
 GPUs only, memory that the GPU has) are the engine's (``phalanx_engine.gpumodel``).
 
-Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them).
+Resource names (``spec.containers[*].resources.limits``; ``requests`` may only repeat them;
+each container's values and combinations are checked by ``containers``, the pod-level rules
+here).
 Values are Kubernetes quantities that must be integers, read by ``phalanx_kubeobjects.quantity``
 (ASCII digits; ``"1e0"`` is 1, ``"0.5"`` and ``"٤"`` are errors), each with an upper bound:
 
@@ -46,48 +48,32 @@ from typing import Any
 import msgspec
 
 from phalanx_kubeobjects import names
-from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
-from phalanx_kubeobjects.quantity import Bound, Violation, count, decimal, shown
-from phalanx_proto.events import MemberSpec, PodRef, RequestKind
-from phalanx_proto.kubeapi import (
-    ALIYUN_GPU,
-    GPU_CORE,
-    GPU_MEMORY,
-    GPU_MEMORY_MIB,
-    GPU_MEMORY_MIB_UNIT,
-    GPU_SLICE,
-    NVIDIA_GPU,
-    RDMA,
-    SCHEDULER_NAMES,
+from phalanx_kubeobjects.containers import (
+    MAX_GPUS,
+    RESOURCES,
+    WHOLE_RESOURCES,
+    Container,
+    Share,
+    containers,
+    is_share,
+    is_whole,
+    share_of,
+    share_text,
 )
+from phalanx_kubeobjects.fields import as_map, name_text, shown_value
+from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
+from phalanx_kubeobjects.quantity import Bound, Violation, decimal
+from phalanx_proto.events import MemberSpec, PodRef, RequestKind
+from phalanx_proto.kubeapi import NVIDIA_GPU, RDMA, SCHEDULER_NAMES
 from phalanx_proto.state import MAX_GANG_MEMBERS
 
 REPLICA_LABEL = "replica"
 MIN_MEMBER_LABEL = "aliyun.com/min-member"
 VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
 VENDORS = ("nvidia", "amd", "ppu")
-SLICE_VALUES = (1, 2, 3, 4, 7)
 RDMA_MAX_GPUS = 8
-WHOLE_RESOURCES = (NVIDIA_GPU, ALIYUN_GPU)
-SHARE_RESOURCES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE)
-RESOURCES = (*WHOLE_RESOURCES, *SHARE_RESOURCES, RDMA)
-MAX_GPUS = Bound(64, "a pod's GPUs are on one node, and no node has more than 64 GPUs")
-MAX_GPU_MEMORY_GIB = 1024
 MAX_GANG = Bound(MAX_GANG_MEMBERS, f"a gang has at most {MAX_GANG_MEMBERS} pods (the wire contract's bound: one "
                                    "decision commits at most 1,000 nodes)")
-MOST: Mapping[str, Bound] = {
-    NVIDIA_GPU: MAX_GPUS,
-    ALIYUN_GPU: MAX_GPUS,
-    GPU_CORE: Bound(100, "gpu-core is a percent of one GPU's compute"),
-    GPU_MEMORY: Bound(MAX_GPU_MEMORY_GIB, "gpu-memory is GiB of one GPU's memory, and no GPU has more than 1 TiB "
-                                          "(4 GiB is written \"4\", not \"4Gi\")"),
-    GPU_MEMORY_MIB: Bound(MAX_GPU_MEMORY_GIB * 1024, "gpu-memory-mib is MiB of one GPU's memory, and no GPU has more "
-                                                     "than 1 TiB"),
-    GPU_SLICE: Bound(max(SLICE_VALUES), "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"),
-    RDMA: Bound(1, "aliyun.com/rdma is a switch, not a NIC count: set it to \"1\" to place GPUs and RDMA NICs "
-                   "together, or leave it out"),
-}
-"""The upper bound of every resource Phalanx reads, with its rule."""
 
 
 class RequestError(ValueError):
@@ -162,12 +148,12 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     """
     if not isinstance(pod, Mapping):
         raise RequestError([Violation("(pod)", type(pod).__name__, "a pod must be a mapping")])
-    meta = _mapping(pod.get("metadata"))
-    spec = _mapping(pod.get("spec"))
-    labels = _mapping(meta.get("labels"))
+    meta = as_map(pod.get("metadata"))
+    spec = as_map(pod.get("spec"))
+    labels = as_map(meta.get("labels"))
     v: list[Violation] = list(names.check_metadata(meta))
-    name = _text(meta.get("name") or meta.get("generateName"))
-    pod_name = f"{_text(meta.get('namespace'))}/{name}" if meta.get("namespace") and name else name
+    name = name_text(meta.get("name") or meta.get("generateName"))
+    pod_name = f"{name_text(meta.get('namespace'))}/{name}" if meta.get("namespace") and name else name
     warnings: list[str] = []
 
     scheduler = str(spec.get("schedulerName") or "default-scheduler")
@@ -175,12 +161,12 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
         v.append(Violation("spec.schedulerName", scheduler,
                            "Phalanx schedules only pods whose schedulerName is 'phalanx' or "
                            "'lj-runtimekit-scheduler'; this pod would wait for another scheduler"))
-    per = _containers(spec, v)
+    per = containers(spec, v)
     whole, shares = _kinds(per, v)
     replica = _replica(labels, whole, shares, v)
     min_member = _label_int(labels, MIN_MEMBER_LABEL, MAX_GANG, v, "min-member is the number of pods in the gang")
     share = shares[0][1] if shares else None
-    vendor = _vendor(_mapping(meta.get("annotations")), whole, share, v)
+    vendor = _vendor(as_map(meta.get("annotations")), whole, share, v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
     constraints = parse_constraints(spec, RESOURCES, v, warnings)
     if v:
@@ -200,36 +186,7 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     return GpuRequest(kind=RequestKind.NONE, vendor=vendor, **common)
 
 
-_Container = tuple[str, dict[str, int], Mapping[str, Any]]  # name, valid asks, the container
-
-
-def _containers(spec: Mapping[str, Any], v: list[Violation]) -> list[_Container]:
-    containers = spec.get("containers")
-    if not isinstance(containers, list) or not containers:
-        v.append(Violation("spec.containers", _show(containers), "a pod needs at least one container"))
-        containers = []
-    inits = spec.get("initContainers") or []
-    if not isinstance(inits, list):
-        v.append(Violation("spec.initContainers", _show(inits), "must be a list of containers"))
-        inits = []
-    for section, items in (("containers", containers), ("initContainers", inits)):
-        v.extend(Violation(f"spec.{section}[{i}]", _show(c), "must be a container (a mapping)")
-                 for i, c in enumerate(items) if not isinstance(c, Mapping))
-    for i, c in enumerate(inits):
-        cname = _cname(c, i)
-        for key in _asks(c, cname, "initContainers", v):
-            v.append(Violation(f"spec.initContainers[{cname}].resources.limits[{key}]", _show(_limit(c, key)),
-                               "init containers cannot ask for GPU resources; ask in the main containers"))
-    per = []
-    for i, c in enumerate(containers):
-        cname = _cname(c, i)
-        asks = _asks(c, cname, "containers", v)
-        _check_container(cname, asks, v)
-        per.append((cname, asks, _mapping(c)))
-    return per
-
-
-def _kinds(per: list[_Container], v: list[Violation]) -> tuple[dict[str, int], list[tuple[str, _Share]]]:
+def _kinds(per: list[Container], v: list[Violation]) -> tuple[dict[str, int], list[tuple[str, Share]]]:
     """Whole GPUs per resource name (summed over containers) and each sharing container's
     share; violations when the pod mixes names, kinds or shares."""
     whole = {k: sum(a.get(k, 0) for _, a, _ in per) for k in WHOLE_RESOURCES if any(k in a for _, a, _ in per)}
@@ -237,9 +194,9 @@ def _kinds(per: list[_Container], v: list[Violation]) -> tuple[dict[str, int], l
         v.append(Violation("spec.containers", ", ".join(f"{k}={n}" for k, n in whole.items()),
                            "ask for whole GPUs under one name: nvidia.com/gpu (NVIDIA, community name) or "
                            "aliyun.com/gpu (any vendor), not both"))
-    shares = [(cn, _share_of(a)) for cn, a, _ in per if _is_share(a)]
-    whole_only = [cn for cn, a, _ in per if _is_whole(a) and not _is_share(a)]
-    share_only = [cn for cn, a, _ in per if _is_share(a) and not _is_whole(a)]
+    shares = [(cn, share_of(a)) for cn, a, _ in per if is_share(a)]
+    whole_only = [cn for cn, a, _ in per if is_whole(a) and not is_share(a)]
+    share_only = [cn for cn, a, _ in per if is_share(a) and not is_whole(a)]
     if whole_only and share_only:
         kinds = [f"{cn}={'whole' if cn in whole_only else 'share'}" for cn, _, _ in per
                  if cn in whole_only or cn in share_only]
@@ -247,14 +204,14 @@ def _kinds(per: list[_Container], v: list[Violation]) -> tuple[dict[str, int], l
                            "all containers of a pod must ask for the same kind of GPU: whole GPUs, or one "
                            "TDM/MIG share per GPU (seed 3.4: homogeneous requests only)"))
     if len({s for _, s in shares}) > 1:
-        v.append(Violation("spec.containers", "; ".join(f"{cn}: {_share_text(s)}" for cn, s in shares),
+        v.append(Violation("spec.containers", "; ".join(f"{cn}: {share_text(s)}" for cn, s in shares),
                            "heterogeneous per-GPU requests are not supported: every container that asks "
                            "for a GPU share must ask the same gpu-core/gpu-memory/gpu-slice, and the pod "
                            "label replica sets how many GPUs get that share (seed 3.4)"))
     return whole, shares
 
 
-def _replica(labels: Mapping[str, Any], whole: Mapping[str, int], shares: list[tuple[str, _Share]],
+def _replica(labels: Mapping[str, Any], whole: Mapping[str, int], shares: list[tuple[str, Share]],
              v: list[Violation]) -> int | None:
     replica = _label_int(labels, REPLICA_LABEL, MAX_GPUS, v, "replica is the number of GPUs")
     field = f"metadata.labels[{REPLICA_LABEL}]"
@@ -269,7 +226,7 @@ def _replica(labels: Mapping[str, Any], whole: Mapping[str, int], shares: list[t
     return replica
 
 
-def _vendor(annotations: Mapping[str, Any], whole: Mapping[str, int], share: _Share | None,
+def _vendor(annotations: Mapping[str, Any], whole: Mapping[str, int], share: Share | None,
             v: list[Violation]) -> str:
     vendor = str(annotations.get(VENDOR_ANNOTATION) or "")
     field = f"metadata.annotations[{VENDOR_ANNOTATION}]"
@@ -287,7 +244,7 @@ def _vendor(annotations: Mapping[str, Any], whole: Mapping[str, int], share: _Sh
     return vendor
 
 
-def _rdma(per: list[_Container], whole: Mapping[str, int], spec: Mapping[str, Any], gang: bool,
+def _rdma(per: list[Container], whole: Mapping[str, int], spec: Mapping[str, Any], gang: bool,
           v: list[Violation], warnings: list[str]) -> bool:
     """Whether the pod asks for RDMA; violations for RDMA without whole GPUs (1..8) or the
     host network, and for gang members without IPC_LOCK (a warning for single pods)."""
@@ -302,13 +259,13 @@ def _rdma(per: list[_Container], whole: Mapping[str, int], spec: Mapping[str, An
         v.append(Violation("spec.containers", str(sum(whole.values())),
                            f"with aliyun.com/rdma the pod asks for 1 to {RDMA_MAX_GPUS} whole GPUs"))
     if spec.get("hostNetwork") is not True:
-        v.append(Violation("spec.hostNetwork", _show(spec.get("hostNetwork", False)),
+        v.append(Violation("spec.hostNetwork", shown_value(spec.get("hostNetwork", False)),
                            "RDMA needs hostNetwork: true (seed 4.1)"))
     for cn, c in rdma:
         if "IPC_LOCK" in _capabilities(c):
             continue
         if gang:
-            v.append(Violation(f"spec.containers[{cn}].securityContext.capabilities.add", _show(_capabilities(c)),
+            v.append(Violation(f"spec.containers[{cn}].securityContext.capabilities.add", shown_value(_capabilities(c)),
                                "RDMA gang members need the IPC_LOCK capability, or RDMA memory registration "
                                "fails (seed 4.2)"))
         else:
@@ -345,140 +302,9 @@ def _constraints_text(c: PodConstraints) -> str:
     return ", ".join(parts)
 
 
-def _mapping(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
-def _show(raw: Any) -> str:
-    """A value for a violation: scalars as ``quantity.shown`` shows them, a list by its first
-    items (never recursing into nested values)."""
-    if raw is None:
-        return "None"
-    if isinstance(raw, list):
-        return "[" + ", ".join(shown(x) for x in raw[:8]) + (", ..." if len(raw) > 8 else "") + "]"
-    return shown(raw)
-
-
-def _text(raw: Any) -> str:
-    """A name as written ('' when it is not a string, cut when it is too long to be a name;
-    a violation says so)."""
-    if not isinstance(raw, str):
-        return ""
-    return raw if len(raw) <= names.SUBDOMAIN_MAX else shown(raw)
-
-
-def _cname(c: Any, i: int) -> str:
-    name = _mapping(c).get("name")
-    return shown(name) if isinstance(name, str) and name else str(i)
-
-
-def _limit(c: Any, key: str) -> Any:
-    res = _mapping(_mapping(c).get("resources"))
-    return _mapping(res.get("limits")).get(key, _mapping(res.get("requests")).get(key))
-
-
 def _capabilities(c: Mapping[str, Any]) -> list[str]:
-    caps = _mapping(_mapping(c.get("securityContext")).get("capabilities")).get("add") or []
+    caps = as_map(as_map(c.get("securityContext")).get("capabilities")).get("add") or []
     return [str(x) for x in caps] if isinstance(caps, list) else []
-
-
-def _value_rule(key: str, n: int) -> str:
-    """The rule ``n`` breaks for resource ``key``, or '' when it is fine."""
-    if key in WHOLE_RESOURCES and n < 1:
-        return f"{key} is a number of whole GPUs and must be at least 1 (leave it out to ask for none)"
-    if key == GPU_CORE and n == 0:
-        return ("gpu-core 0 is not allowed: it would make the GPU program in the container hang without output "
-                "(seed FAQ Q1); give a percent from 1 to 100, or leave gpu-core out for no compute limit")
-    if key == GPU_MEMORY and n < 1:
-        return "gpu-memory is GiB of GPU memory and must be at least 1 (for less, use aliyun.com/gpu-memory-mib)"
-    if key == GPU_MEMORY_MIB and (n < GPU_MEMORY_MIB_UNIT or n % GPU_MEMORY_MIB_UNIT):
-        lower = max(GPU_MEMORY_MIB_UNIT, n // GPU_MEMORY_MIB_UNIT * GPU_MEMORY_MIB_UNIT)
-        upper = max(GPU_MEMORY_MIB_UNIT, -(-n // GPU_MEMORY_MIB_UNIT) * GPU_MEMORY_MIB_UNIT)
-        near = f"{lower}" if lower == upper else f"{lower} or {upper}"
-        return (f"gpu-memory-mib must be a positive multiple of {GPU_MEMORY_MIB_UNIT} MiB (the MiB granularity, "
-                f"seed 3.5); the nearest allowed: {near}")
-    if key == GPU_SLICE and n not in SLICE_VALUES:
-        return "gpu-slice must be one of 1, 2, 3, 4, 7 (MIG compute slices)"
-    if key == RDMA and n != 1:
-        return MOST[RDMA].rule
-    return ""
-
-
-def _asks(c: Any, cname: str, section: str, v: list[Violation]) -> dict[str, int]:
-    """The valid Phalanx resources one container asks for; violations for the rest."""
-    res = _mapping(_mapping(c).get("resources"))
-    limits, requests = _mapping(res.get("limits")), _mapping(res.get("requests"))
-    asks: dict[str, int] = {}
-    for key in RESOURCES:
-        lfield = f"spec.{section}[{cname}].resources.limits[{key}]"
-        rfield = f"spec.{section}[{cname}].resources.requests[{key}]"
-        if key not in limits:
-            if key in requests:
-                v.append(Violation(rfield, _show(requests[key]),
-                                   "must be set in resources.limits; Kubernetes does not overcommit extended "
-                                   "resources, so requests may only repeat the limit"))
-            continue
-        raw = limits[key]
-        n = count(raw, lfield, most=MOST[key])
-        if isinstance(n, Violation):
-            v.append(n)
-            continue
-        if key in requests and count(requests[key], rfield, most=MOST[key]) != n:
-            v.append(Violation(rfield, _show(requests[key]), f"must equal the limit ({_show(raw)}) or be left out"))
-        rule = _value_rule(key, n)
-        if rule:
-            v.append(Violation(lfield, _show(raw), rule))
-            continue
-        asks[key] = n
-    return asks
-
-
-def _check_container(cname: str, asks: Mapping[str, int], v: list[Violation]) -> None:
-    path = f"spec.containers[{cname}].resources.limits"
-    whole = next((k for k in WHOLE_RESOURCES if k in asks), None)
-
-    def both(*keys: str) -> str:
-        return ", ".join(f"{k}={asks[k]}" for k in keys)
-
-    if whole:
-        for key, what in ((GPU_CORE, "a whole GPU has no compute limit; leave gpu-core out (seed 3.2)"),
-                          (GPU_MEMORY, "a whole GPU comes with all its memory; leave gpu-memory out"),
-                          (GPU_MEMORY_MIB, "a whole GPU comes with all its memory; leave gpu-memory-mib out"),
-                          (GPU_SLICE, "a MIG slice is part of one GPU; ask for one or the other")):
-            if key in asks:
-                v.append(Violation(path, both(whole, key),
-                                   f"{key} cannot be combined with a whole-GPU request ({whole}): {what}"))
-    if GPU_CORE in asks and GPU_SLICE in asks:
-        v.append(Violation(path, both(GPU_CORE, GPU_SLICE),
-                           "TDM (gpu-core) and MIG (gpu-slice) cannot be combined: they never share a GPU "
-                           "(seed 3.5); ask for one or the other"))
-    if GPU_MEMORY in asks and GPU_MEMORY_MIB in asks:
-        v.append(Violation(path, both(GPU_MEMORY, GPU_MEMORY_MIB),
-                           "give GPU memory once: aliyun.com/gpu-memory in GiB or aliyun.com/gpu-memory-mib "
-                           "in MiB"))
-
-
-def _is_whole(asks: Mapping[str, int]) -> bool:
-    return any(k in asks for k in WHOLE_RESOURCES)
-
-
-def _is_share(asks: Mapping[str, int]) -> bool:
-    return any(k in asks for k in SHARE_RESOURCES)
-
-
-_Share = tuple[int, int, int]  # core percent, memory MiB, MIG slices (0 = not asked)
-
-
-def _share_of(asks: Mapping[str, int]) -> _Share:
-    memory = asks.get(GPU_MEMORY, 0) * 1024 or asks.get(GPU_MEMORY_MIB, 0)
-    return (asks.get(GPU_CORE, 0), memory, asks.get(GPU_SLICE, 0))
-
-
-def _share_text(share: _Share) -> str:
-    core, memory, slices = share
-    parts = ([f"gpu-core={core}"] if core else []) + ([f"gpu-slice={slices}"] if slices else [])
-    parts += [f"memory={memory}MiB"] if memory else []
-    return " ".join(parts) or "none"
 
 
 def _label_int(labels: Mapping[str, Any], key: str, most: Bound, v: list[Violation], what: str) -> int | None:
@@ -491,4 +317,3 @@ def _label_int(labels: Mapping[str, Any], key: str, most: Bound, v: list[Violati
         v.append(Violation(n.field, n.value, f"{what}: {n.rule}"))
         return None
     return n
-

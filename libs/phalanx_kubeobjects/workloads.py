@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from phalanx_kubeobjects import gangs, names
+from phalanx_kubeobjects.fields import as_map, name_text
 from phalanx_kubeobjects.quantity import Violation, integer, shown
 from phalanx_kubeobjects.requests import MAX_GANG, MIN_MEMBER_LABEL, GpuRequest, RequestError
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
@@ -59,9 +60,9 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
     holds no pods (a Service, a ConfigMap). A part of the object that has the wrong shape (a
     ``replicatedJobs`` that is not a list) is a template holding the violation."""
     kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
-    name = _text(_mapping(obj.get("metadata")).get("name"))
+    name = name_text(as_map(obj.get("metadata")).get("name"))
     label = f"{kind or 'Pod'}/{name}" if name else f"{kind or 'Pod'} (unnamed)"
-    spec = _mapping(obj.get("spec"))
+    spec = as_map(obj.get("spec"))
     if kind == "List":
         return tuple(_list_items(obj, label))
     if kind == "Pod" or (not kind and "containers" in spec):
@@ -79,12 +80,12 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
                 out.append(_broken(label, path, rj, "must be a replicated job (a mapping)"))
                 continue
             rname = rj.get("name")
-            where = f"{label} spec.replicatedJobs[{_text(rname) or i}]"
-            t = _job_template(where, _mapping(_mapping(rj.get("template")).get("spec")), f"{path}.template.spec")
+            where = f"{label} spec.replicatedJobs[{name_text(rname) or i}]"
+            t = _job_template(where, as_map(as_map(rj.get("template")).get("spec")), f"{path}.template.spec")
             replicas = integer(rj.get("replicas", 1), f"{path}.replicas", most=MAX_GANG)
             if isinstance(replicas, Violation):
                 t = msgspec.structs.replace(t, violations=t.violations + (replicas,))
-            out.append(msgspec.structs.replace(t, role=_text(rname), replicas=replicas if isinstance(replicas, int)
+            out.append(msgspec.structs.replace(t, role=name_text(rname), replicas=replicas if isinstance(replicas, int)
                                                else 1))
         return tuple(out)
     if kind == "MPIJob":
@@ -92,11 +93,11 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
         if not isinstance(replicas, Mapping):
             return (_broken(label, "spec.mpiReplicaSpecs", replicas, "must be a map of role to replica spec"),)
         return tuple(PodTemplate(where=f"{label} spec.mpiReplicaSpecs[{shown(role)}]",
-                                 template=_mapping(_mapping(rs).get("template")), role=str(role).lower(),
-                                 replicas=_replicas(_mapping(rs).get("replicas")))
+                                 template=as_map(as_map(rs).get("template")), role=str(role).lower(),
+                                 replicas=_replicas(as_map(rs).get("replicas")))
                      for role, rs in replicas.items())
     if kind in _TEMPLATE_KINDS:
-        return (PodTemplate(where=label, template=_mapping(spec.get("template"))),)
+        return (PodTemplate(where=label, template=as_map(spec.get("template"))),)
     return None
 
 
@@ -122,7 +123,7 @@ def _job_template(where: str, job: Mapping[str, Any], path: str) -> PodTemplate:
     raw = job.get("parallelism", 1)
     parallelism = integer(raw, f"{path}.parallelism", most=MAX_GANG) if raw is not None else 1
     bad = (parallelism,) if isinstance(parallelism, Violation) else ()
-    return PodTemplate(where=where, template=_mapping(job.get("template")),
+    return PodTemplate(where=where, template=as_map(job.get("template")),
                        parallelism=0 if bad else parallelism, violations=bad)
 
 
@@ -157,7 +158,7 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
         if obj.get("kind") == "MPIJob" and t.role == "launcher" and not _phalanx(t.template):
             out.append(ObjectCheck(where=t.where, warnings=(
                 "not a gang member: the launcher asks for no GPU and is left to its scheduler "
-                f"({_mapping(t.template.get('spec')).get('schedulerName') or 'default-scheduler'})",)))
+                f"({as_map(t.template.get('spec')).get('schedulerName') or 'default-scheduler'})",)))
             continue
         try:
             req = gangs.gpu_member(t.template)
@@ -177,19 +178,8 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
     return tuple(out)
 
 
-def _mapping(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
-def _text(raw: Any) -> str:
-    """A name as written ('' when it is not a string, cut when too long to be a name)."""
-    if not isinstance(raw, str):
-        return ""
-    return raw if len(raw) <= names.SUBDOMAIN_MAX else shown(raw)
-
-
 def _phalanx(template: Mapping[str, Any]) -> bool:
-    return _mapping(template.get("spec")).get("schedulerName") in SCHEDULER_NAMES
+    return as_map(template.get("spec")).get("schedulerName") in SCHEDULER_NAMES
 
 
 class GangCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -212,8 +202,8 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     templates = pod_templates(obj) if kind in ("Job", "JobSet", "MPIJob") else None
     if not templates or any(t.violations for t in templates):
         return None
-    meta = _mapping(obj.get("metadata"))
-    ns, name = _text(meta.get("namespace")) or "default", _text(meta.get("name"))
+    meta = as_map(obj.get("metadata"))
+    ns, name = name_text(meta.get("namespace")) or "default", name_text(meta.get("name"))
     jobs = sum(t.replicas for t in templates) if kind == "JobSet" else 0
     parts: list[GangPart] = []
     declared: list[int] = []
@@ -222,15 +212,15 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     for t in templates:
         if not _phalanx(t.template):
             if kind == "JobSet":
-                v.append(Violation(f"{t.where} spec.schedulerName", str(_mapping(t.template.get("spec")).get(
+                v.append(Violation(f"{t.where} spec.schedulerName", str(as_map(t.template.get("spec")).get(
                     "schedulerName") or "default-scheduler"), "every replicated job of a JobSet gang is scheduled by "
                     "Phalanx, or the gang waits for the Jobs it never sees; or set phalanx.io/gang-min-member"))
             continue
-        tmeta = _mapping(t.template.get("metadata"))
-        labels = dict(_mapping(tmeta.get("labels")))
+        tmeta = as_map(t.template.get("metadata"))
+        labels = dict(as_map(tmeta.get("labels")))
         labels.update(_controller_labels(kind, name, t, jobs))
         try:
-            ident = gangs.identify(ns, name, labels, _mapping(tmeta.get("annotations")))
+            ident = gangs.identify(ns, name, labels, as_map(tmeta.get("annotations")))
         except RequestError:
             return None  # check_object names the bad value
         if ident.part is not None:
@@ -262,10 +252,10 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
 def _pod_gang(pod: Mapping[str, Any]) -> GangCheck | None:
     """A bare Pod's gang: a group it names, or itself alone (then a min-member it says is
     not used, and validate says so rather than "gang of N")."""
-    meta = _mapping(pod.get("metadata"))
-    labels, annotations = _mapping(meta.get("labels")), _mapping(meta.get("annotations"))
+    meta = as_map(pod.get("metadata"))
+    labels, annotations = as_map(meta.get("labels")), as_map(meta.get("annotations"))
     try:
-        ident = gangs.identify(_text(meta.get("namespace")) or "default", _text(meta.get("name")), labels, annotations)
+        ident = gangs.identify(name_text(meta.get("namespace")) or "default", name_text(meta.get("name")), labels, annotations)
     except RequestError:
         return None  # check_object names the bad value
     says = any(k in labels or k in annotations for k in (*gangs.MIN_MEMBER_KEYS, gangs.GANG_MIN_MEMBER))
