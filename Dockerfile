@@ -4,11 +4,11 @@
 #
 #   docker build -t ghcr.io/phalanx-scheduler/phalanx:0.1.0 .
 #
-# Two stages: the first builds the wheel (tools/image/wheel.sh: the packages only, no tests, no
-# benchmarks) and the wheels of its dependencies; the second installs them into a plain Python
-# with no compiler, no pip cache and no sources, and runs as an unprivileged user. The base is
-# pinned by version; pin it by digest too in a release pipeline (PYTHON_IMAGE=python:3.11.14-
-# slim-bookworm@sha256:...).
+# Two stages: the first builds the wheel (tools/image/wheel.sh: the packages of proto/, libs/ and
+# services/ only; no tests, no benchmarks, no simulator) and the wheels of its dependencies; the
+# second installs them into a plain Python with no compiler, no pip cache and no sources, and runs
+# as an unprivileged user. The base is pinned by version; pin it by digest too in a release
+# pipeline (PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

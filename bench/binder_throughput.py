@@ -36,6 +36,7 @@ import kubeharness  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from phalanx_bus import Bus  # noqa: E402
+from phalanx_localstack.natsserver import NatsServer  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
 from phalanx_proto.events import (  # noqa: E402
     Assignment,
@@ -48,7 +49,6 @@ from phalanx_proto.events import (  # noqa: E402
 )
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key  # noqa: E402
 from phalanx_proto.topology import Gpu, NodeTopology  # noqa: E402
-from phalanx_runtime.natsserver import NatsServer  # noqa: E402
 
 
 def requests_by_kind(api) -> Counter:

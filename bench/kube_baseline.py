@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "tests" / "kube"))
 import kubeharness  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
 
-from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
+from phalanx_localstack.stack import ClusterFile, Stack  # noqa: E402
 
 TOPOLOGY = REPO / "examples" / "clusters" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"
 SERVICES = ("topology-discovery", "gang-coordinator", "placement", "mig-manager", "binder")

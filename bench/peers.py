@@ -50,12 +50,12 @@ sys.path.insert(0, str(REPO / "tests" / "kube"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import kubeharness  # noqa: E402
-from kube_baseline import BindWatch  # noqa: E402
 from kubeharness import ControlPlane, fake_gpu_node  # noqa: E402
-from peers_backends import BACKENDS, Backend, Gang, Terminator, base_pod, say  # noqa: E402
-from procstat import cpu_seconds  # noqa: E402
 
+from kube_baseline import BindWatch  # noqa: E402
+from peers_backends import BACKENDS, Backend, Gang, Terminator, base_pod, say  # noqa: E402
 from phalanx_bench.peers import Layout, Member, gang_metrics, pct  # noqa: E402
+from procstat import cpu_seconds  # noqa: E402
 
 PEERS_BUILD = REPO / "tools" / "peers" / "build.sh"
 CREATORS = 8

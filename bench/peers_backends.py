@@ -31,8 +31,8 @@ import yaml
 from kubeharness import ControlPlane, HarnessError, KubeApi, _insecure_ctx, free_port
 
 from phalanx_bench.peers import LABELS, Layout
-from phalanx_runtime.inputs import ClusterFile, ClusterNode
-from phalanx_runtime.stack import Stack
+from phalanx_localstack.inputs import ClusterFile, ClusterNode
+from phalanx_localstack.stack import Stack
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "examples" / "clusters" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"

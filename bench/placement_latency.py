@@ -2,7 +2,7 @@
 own decision time on the same cluster (so no engine figure is read as the service's).
 
 For each N: a fresh real nats-server and one ``phalanx run placement`` process; N synthetic
-8 x V100 nodes (``phalanx_runtime.synthetic``: HyperNodes of 8, leaf switches of 64,
+8 x V100 nodes (``phalanx_localstack.synthetic``: HyperNodes of 8, leaf switches of 64,
 network-pods of 512) whose topology reports and heartbeats are written straight into KV
 (``phx-topology``, ``phx-heartbeat``) and heartbeats rewritten every 10 s, below placement's
 15 s staleness bound; no node agent runs, so none of their CPU is measured. Then one
@@ -36,6 +36,8 @@ import msgspec
 from phalanx_bus import Bus
 from phalanx_engine.decide import Cluster, decide, default_profile, place_snapshot
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
+from phalanx_localstack.natsserver import NatsServer
+from phalanx_localstack.synthetic import synthetic_cluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     MemberSpec,
@@ -47,8 +49,6 @@ from phalanx_proto.events import (
     gang_decoder,
 )
 from phalanx_proto.state import GangState, members_digest
-from phalanx_runtime.natsserver import NatsServer
-from phalanx_runtime.synthetic import synthetic_cluster
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.service import topology_from_file
 

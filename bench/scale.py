@@ -2,7 +2,7 @@
 
 For each node count N (default 100, 1,000, 5,000): one control plane (etcd, kube-apiserver
 v1.36.3, kwok; ``tests/kube/kubeharness.py``) with N kwok nodes of 8 GPUs, labelled into
-network tiers as ``phalanx_runtime.synthetic`` lays them out (HyperNodes of 8 nodes, leaf
+network tiers as ``phalanx_localstack.synthetic`` lays them out (HyperNodes of 8 nodes, leaf
 switches of 64, network-pods of 512). Two workloads, each run by both schedulers on the same
 API server, one scheduler at a time, the other stopped and every pod deleted in between:
 
@@ -61,14 +61,14 @@ sys.path.insert(0, str(REPO / "tests" / "kube"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import kubeharness  # noqa: E402
-from kube_baseline import BindWatch  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
+
+from kube_baseline import BindWatch  # noqa: E402
+from phalanx_localstack.stack import Stack  # noqa: E402
+from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
+from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
 from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
 from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot, share_table  # noqa: E402
-
-from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
-from phalanx_runtime.stack import Stack  # noqa: E402
-from phalanx_runtime.synthetic import synthetic_cluster  # noqa: E402
 
 SERVICES = ("placement", "gang-coordinator", "binder")
 CREATORS = 8

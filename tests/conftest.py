@@ -21,8 +21,8 @@ import os
 
 import pytest
 
-from phalanx_runtime.localauth import ENV_CA, ENV_CREDS, ENV_DIR, LocalSecurity
-from phalanx_runtime.natsserver import NatsServer
+from phalanx_localstack.localauth import ENV_CA, ENV_CREDS, ENV_DIR, LocalSecurity
+from phalanx_localstack.natsserver import NatsServer
 
 
 @pytest.fixture(scope="session", autouse=True)

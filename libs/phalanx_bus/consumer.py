@@ -13,13 +13,13 @@ handler inside one OpenTelemetry span whose parent is the publisher's ``tracepar
 Every dead letter carries the error and its origin in headers (``Phalanx-Error``,
 ``Phalanx-Original-Subject``, ``Phalanx-Original-Stream``, ``Phalanx-Cause``) and counts in
 ``phalanx_bus_dead_letters_total{consumer, cause}``, which ``deploy/prometheus/rules`` alerts
-on. Copies are rate-limited per consumer (``DLQ_RATE``/``DLQ_BURST``): a flood of junk on a
-consumer's subjects is counted in full (``phalanx_bus_dead_letters_dropped_total``) but stored
-only up to the rate, so it cannot fill the dead-letter stream with copies of itself. The consumer handles the last delivery itself rather than listening to the server's
-``MAX_DELIVERIES`` advisory: the advisory is a core-NATS message nobody stores, so it is lost
-whenever no subscriber is up, whereas the last delivery reaches a consumer like any other. A
-process that dies *during* a message's last delivery still loses it; what such a message would
-have done is repaired by gang-coordinator's reconciler (docs/saga.md, "The reconciler").
+on. Copies are rate-limited per consumer (``phalanx_bus.deadletter``): a flood of junk on a
+consumer's subjects is counted in full but stored only up to the rate. The consumer handles the
+last delivery itself rather than listening to the server's ``MAX_DELIVERIES`` advisory: the
+advisory is a core-NATS message nobody stores, so it is lost whenever no subscriber is up,
+whereas the last delivery reaches a consumer like any other. A process that dies *during* a
+message's last delivery still loses it; what such a message would have done is repaired by
+gang-coordinator's reconciler (docs/saga.md, "The reconciler").
 
 Handlers must be idempotent: JetStream delivers at least once.
 
@@ -55,6 +55,7 @@ import nats.js.errors
 from opentelemetry import trace
 
 from phalanx_bus.bus import Bus, destination_template
+from phalanx_bus.deadletter import record_dead_letter
 from phalanx_bus.declare import durable_config
 from phalanx_bus.errors import BusError
 from phalanx_bus.keyed import KeyedWork
@@ -95,30 +96,6 @@ RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 LAG_SAMPLE_S = 5.0
 DURABLE_POLL_S = 1.0
 """How often a consumer whose durable another identity creates looks for it."""
-DLQ_RATE = 10.0
-"""Dead letters stored per second per consumer, on average."""
-DLQ_BURST = 100
-"""Dead letters a consumer may store at once before the rate applies."""
-
-
-class _TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self._clock = rate, burst, clock
-        self._tokens, self._at = float(burst), clock()
-
-    def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-
-_dead_letter_budget: dict[str, _TokenBucket] = {}
 
 
 async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
@@ -149,22 +126,6 @@ def misaddressed(subject: str, event: Any) -> str:
     if "{gang}" in channel.template and gang and S.render(channel.template, gang=gang) != subject:
         return f"gang {gang!r} of the event is not the gang of subject {subject}"
     return ""
-
-
-async def _record_dead_letter(bus: Bus, stream: str, durable: str, msg, error: str, cause: str) -> None:
-    metrics.BUS_DEAD_LETTERS.inc(consumer=durable, cause=cause)
-    budget = _dead_letter_budget.setdefault(durable, _TokenBucket(DLQ_RATE, DLQ_BURST))
-    if not budget.take():
-        metrics.BUS_DEAD_LETTERS_DROPPED.inc(consumer=durable, cause=cause)
-        return
-    headers = {
-        "Phalanx-Error": error[:1000],
-        "Phalanx-Cause": cause,
-        "Phalanx-Original-Subject": msg.subject[:1000],
-        "Phalanx-Original-Stream": stream,
-        "Nats-Msg-Id": bus.msg_id(f"dlq:{stream}:{durable}:{msg.metadata.sequence.stream}"),
-    }
-    await bus.publish_raw(S.dead_letter_subject(stream, durable), msg.data, headers)
 
 
 async def consume(
@@ -321,7 +282,7 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         warn("undecodable message terminated", consumer=durable, subject=msg.subject,
              seq=meta.sequence.stream, error=str(e))
-        await _record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}", "undecodable")
+        await record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}", "undecodable")
         await msg.term()
         metrics.BUS_MESSAGES.inc(consumer=durable, kind="undecodable", outcome="term")
         return
@@ -330,7 +291,7 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
     if refused:
         warn("event not allowed on its subject terminated", consumer=durable, subject=msg.subject, kind=kind,
              seq=meta.sequence.stream, error=refused)
-        await _record_dead_letter(bus, stream, durable, msg, f"misaddressed: {refused}", "misaddressed")
+        await record_dead_letter(bus, stream, durable, msg, f"misaddressed: {refused}", "misaddressed")
         await msg.term()
         metrics.BUS_MESSAGES.inc(consumer=durable, kind=kind, outcome="term")
         return
@@ -366,7 +327,7 @@ async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler
         except PermanentError as e:
             span.set_attribute("phalanx.outcome", "terminated")
             warn("handler refused message", consumer=durable, kind=kind, error=str(e))
-            await _record_dead_letter(bus, stream, durable, msg, f"permanent: {e}", "permanent")
+            await record_dead_letter(bus, stream, durable, msg, f"permanent: {e}", "permanent")
             await msg.term()
             _observe(durable, kind, "term", started)
             return
@@ -395,7 +356,7 @@ async def _exhausted(bus: Bus, stream: str, durable: str, kind: str, msg, span, 
     span.set_attribute("phalanx.outcome", "dead_letter")
     log("message failed on its last delivery, dead-lettered", level=40, consumer=durable, kind=kind,
         subject=msg.subject, seq=msg.metadata.sequence.stream, deliveries=n, error=error)
-    await _record_dead_letter(bus, stream, durable, msg, f"failed on all {n} deliveries: {error}", "exhausted")
+    await record_dead_letter(bus, stream, durable, msg, f"failed on all {n} deliveries: {error}", "exhausted")
     await msg.term()
     _observe(durable, kind, "term", started)
 

@@ -68,7 +68,7 @@ def dns_names(namespace: str, service: str, domain: str) -> tuple[str, ...]:
 def bundle(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, bytes]]]:
     """Secret name -> (type, data): a fresh, consistent set."""
     from phalanx_bus.credentials import KeySet
-    from phalanx_runtime.tlsca import issue
+    from phalanx_bus.tlsca import issue
 
     keys = KeySet.generate()
     out = {f"{SECRET_PREFIX}auth": ("Opaque", {"auth.conf": keys.server_config().encode()}),

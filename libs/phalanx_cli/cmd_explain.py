@@ -99,9 +99,9 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
     """The report for one pod, or None when the pod does not exist. ``progress["connected"]``
     is set once NATS answered."""
     from phalanx_bus import read_all
-    from phalanx_kube.port import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
+    from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, SCHEDULER_NAMES
     from phalanx_proto.state import alloc_key
 
     async with AsyncExitStack() as stack:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from contextlib import AsyncExitStack
 import anyio
 
 from phalanx_kube.ratelimit import DEFAULT_BURST, DEFAULT_QPS, KubeClientSettings
-from phalanx_runtime.service import serve
+from phalanx_service.shell import serve
 
 SERVICES = {
     "topology-discovery": "phalanx_topology_discovery.entry",
@@ -30,7 +31,9 @@ SERVICES = {
     "binder": "phalanx_binder.entry",
     "node-fleet": "phalanx_node_fleet.entry",
 }
-"""``node-fleet`` is the simulator's stand-in for many nodes' agents (``phalanx_node_fleet``)."""
+"""``node-fleet`` is the simulator's stand-in for many nodes' agents (``phalanx_node_fleet``,
+under ``sim/``): installed in a checkout's environment, not in the image, where ``phalanx run``
+does not offer it."""
 
 
 def add_nats(p: argparse.ArgumentParser) -> None:
@@ -123,6 +126,8 @@ def register(sub) -> None:
                        description="Run one Phalanx service in the foreground until SIGTERM.")
     svc = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     for name, module in SERVICES.items():
+        if importlib.util.find_spec(module.partition(".")[0]) is None:
+            continue  # the simulator's node fleet, absent from the image
         entry = importlib.import_module(module)
         sp = svc.add_parser(name, help=entry.__doc__.strip().splitlines()[0])
         add_common(sp)

@@ -10,7 +10,7 @@ was read but is invalid (the field path is named) exits 1; nothing is started fo
 SIGTERM (what systemd, ``timeout`` and CI send) stops ``up`` as Ctrl-C does: every service,
 then the nats-server, then the temp dir is removed; a second signal during that shutdown is
 ignored. No child outlives ``up``: each runs in its own process group and, on Linux, gets
-SIGTERM if ``up`` itself is killed (``phalanx_runtime.children``). When the embedded
+SIGTERM if ``up`` itself is killed (``phalanx_localstack.children``). When the embedded
 nats-server dies, ``up`` says so and starts it again on the same port and store; the services
 reconnect to it.
 """
@@ -30,9 +30,9 @@ import anyio
 from phalanx_cli.cmd_run import CONNECT_BUDGET_S, BusUnreachable, connect_bus
 from phalanx_cli.terminal import safe
 from phalanx_input import Invalid
-from phalanx_runtime.inputs import load_queues
-from phalanx_runtime.stack import ClusterFile, Stack, StackError, load_workload
-from phalanx_runtime.synthetic import synthetic_cluster
+from phalanx_localstack.inputs import load_queues
+from phalanx_localstack.stack import ClusterFile, Stack, StackError, load_workload
+from phalanx_localstack.synthetic import synthetic_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_CLUSTER = EXAMPLES / "clusters" / "2x8v100.yaml"
@@ -227,9 +227,9 @@ async def _print_decisions(bus, quiet: bool) -> None:
 
 async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
     """Poll until every submitted pod is bound, or its gang waits with a reason."""
-    from phalanx_kube.port import ASSIGNMENT_ANNOTATION
     from phalanx_proto import subjects as S
     from phalanx_proto.events import PodRef
+    from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
     from phalanx_proto.state import gang_state_decoder
 
     gangs_kv = await bus.kv(S.KV_GANGS)

@@ -3,7 +3,7 @@
 Reads YAML files (multi-document; ``-`` is stdin) holding Pods, Jobs, JobSets
 (``spec.replicatedJobs[*].template.spec.template``), Kubeflow MPIJobs, Deployment-like
 objects or bare ``spec:`` snippets, and checks every pod template with
-``phalanx_engine.requests`` - the same code gang-coordinator runs. Queue objects
+``phalanx_kubeobjects.requests`` - the same code gang-coordinator runs. Queue objects
 (``scheduling.phalanx.io/v1alpha1``) are checked against the CRD's rules and, together, as a
 tree (a parent among the files, no cycle, children's quotas within the parent's). ``--gpu-model`` adds the
 node-side checks for one GPU model (MIG support, profiles, AMD whole-GPU only).
@@ -26,11 +26,11 @@ from typing import IO, Any
 import msgspec
 
 from phalanx_cli.terminal import safe
+from phalanx_engine.gpumodel import check_gpu_model
 from phalanx_engine.queues import tree_problems
-from phalanx_engine.queuespec import QueueObjectError, queue_from_object
-from phalanx_engine.requests import check_gpu_model
-from phalanx_engine.workloads import check_object, gang_check
 from phalanx_input import Unreadable, yaml_file
+from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
+from phalanx_kubeobjects.workloads import check_object, gang_check
 from phalanx_proto.queues import shown
 
 

@@ -24,6 +24,7 @@ from typing import Literal
 
 from phalanx_deviceplugin import devices as D
 from phalanx_proto.events import Assignment
+from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE, RDMA
 
 Isolation = Literal["hard", "mps", "advisory"]
 ISOLATION_ANNOTATION = "phalanx.io/isolation"
@@ -139,7 +140,7 @@ def rdma_edits(table: D.DeviceTable, a: Assignment, delivery: Delivery) -> tuple
     """Edits for ``aliyun.com/rdma``: the chosen NICs' device nodes; a reason when one of them
     has no device node on this node."""
     e = Edits()
-    nics = [t.split(":", 1)[1] for t in table.targets(D.RDMA, a)]
+    nics = [t.split(":", 1)[1] for t in table.targets(RDMA, a)]
     for nic in nics:
         nodes = rdma_nodes(delivery.sysfs_root, nic)
         if not nodes:
@@ -158,8 +159,8 @@ def carrier(a: Assignment, limits: dict[str, str], whole_name: str) -> str:
     if k == "whole":
         return whole_name
     if k == "mig":
-        return D.GPU_SLICE
-    for r in (D.GPU_CORE, D.GPU_MEMORY, D.GPU_MEMORY_MIB):
+        return GPU_SLICE
+    for r in (GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB):
         if r in limits:
             return r
-    return D.GPU_CORE
+    return GPU_CORE

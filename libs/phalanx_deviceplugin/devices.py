@@ -30,16 +30,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from phalanx_proto.events import Assignment
+from phalanx_proto.kubeapi import (
+    ALIYUN_GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_MIB,
+    GPU_MEMORY_MIB_UNIT,
+    GPU_SLICE,
+    NVIDIA_GPU,
+    RDMA,
+)
 from phalanx_proto.topology import NodeTopology
 
-NVIDIA_GPU = "nvidia.com/gpu"
-ALIYUN_GPU = "aliyun.com/gpu"
-GPU_CORE = "aliyun.com/gpu-core"
-GPU_MEMORY = "aliyun.com/gpu-memory"
-GPU_MEMORY_MIB = "aliyun.com/gpu-memory-mib"
-GPU_SLICE = "aliyun.com/gpu-slice"
-RDMA = "aliyun.com/rdma"
-MIB_UNIT = 128
 MIG_SLICES = 7
 MAX_ID = 63
 
@@ -81,7 +83,7 @@ class DeviceTable:
                 add(self.whole_name, [key])
                 add(GPU_CORE, (f"{key}-core-{k}" for k in range(100)))
             add(GPU_MEMORY, (f"{key}-mem-{k}" for k in range(g.memory_mib // 1024)))
-            add(GPU_MEMORY_MIB, (f"{key}-mib-{k}" for k in range(g.memory_mib // MIB_UNIT)))
+            add(GPU_MEMORY_MIB, (f"{key}-mib-{k}" for k in range(g.memory_mib // GPU_MEMORY_MIB_UNIT)))
         for n in topo.nics:
             if n.rdma and topo.gpus:
                 dev = self._nic_device[n.name]

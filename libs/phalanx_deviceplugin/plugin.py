@@ -23,13 +23,12 @@ from typing import Protocol
 import msgspec
 
 from phalanx_deviceplugin import delivery as dv
-from phalanx_deviceplugin.devices import RDMA, DeviceTable
+from phalanx_deviceplugin.devices import DeviceTable
 from phalanx_deviceplugin.served import ServedStore
 from phalanx_kube import fence as F
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort, Pod
+from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto.events import Assignment, PodRef
-
-_assignment = msgspec.json.Decoder(Assignment)
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, RDMA, Fence, assignment_digest, decode_assignment
 
 
 class Refused(Exception):
@@ -98,7 +97,7 @@ class Plugin:
         self.clock = clock
 
     # -- identification ----------------------------------------------------------------------
-    async def _fence(self) -> tuple[F.Fence | None, str]:
+    async def _fence(self) -> tuple[Fence | None, str]:
         lease = await self.cluster.get_lease(self.fence_namespace, F.lease_name(self.node))
         try:
             return F.read(lease, self.node, self.clock()), ""
@@ -147,7 +146,7 @@ class Plugin:
         why = "; ".join(problems) or fence_problem or "no pod of the fence is waiting for its devices"
         raise Refused(f"{resource}: no pod that Phalanx bound to {self.node} is being admitted ({why})")
 
-    def _vouch(self, fence: F.Fence | None, pod: Pod, problems: list[str]) -> Admitting | None:
+    def _vouch(self, fence: Fence | None, pod: Pod, problems: list[str]) -> Admitting | None:
         text = pod.annotations.get(ASSIGNMENT_ANNOTATION)
         problem, source = f"{pod.namespace}/{pod.name} is not in the fence", "fence"
         if fence is not None and fence.entry(pod.uid) is not None:
@@ -155,20 +154,20 @@ class Plugin:
                                now=self.clock())
         if problem:
             rec = self.served.get(pod.uid)
-            if rec is not None and text is not None and F.digest(text) == rec.digest:
+            if rec is not None and text is not None and assignment_digest(text) == rec.digest:
                 problem, source = "", "record"
         if problem or text is None:
             problems.append(problem or f"{pod.namespace}/{pod.name} has no assignment")
             return None
         try:
-            a = _assignment.decode(text)
+            a = decode_assignment(text)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             problems.append(f"{pod.namespace}/{pod.name}: {ASSIGNMENT_ANNOTATION} is invalid: {e}")
             return None
         if (a.pod.uid and a.pod.uid != pod.uid) or a.node != self.node:
             problems.append(f"{pod.namespace}/{pod.name}: the assignment is for uid {a.pod.uid} on {a.node}")
             return None
-        return Admitting(pod=pod, assignment=a, digest=F.digest(text), vouched_by=source)
+        return Admitting(pod=pod, assignment=a, digest=assignment_digest(text), vouched_by=source)
 
     # -- the RPCs -------------------------------------------------------------------------------
     async def preferred(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:

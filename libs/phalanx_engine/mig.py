@@ -2,7 +2,7 @@
 given GPU model, where on the GPU its instance may start, and which start keeps larger
 profiles possible.
 
-Used by ``phalanx_engine.requests.check_gpu_model`` (is the request possible on this model
+Used by ``phalanx_engine.gpumodel.check_gpu_model`` (is the request possible on this model
 at all), by the placement service (GPU and start slot for a MIG member), and by the fake
 NVML adapter (the same placement rules). Pure data and functions.
 

@@ -2,7 +2,7 @@
 
 A ``coordination.k8s.io/v1`` Lease ``phalanx-fence-<node>`` in the Phalanx namespace, written
 only by binder (RBAC: no pod, user or node agent can write it). Its annotation
-``phalanx.io/fence`` holds a ``Fence``: for each pod between its Binding and its admission by
+``phalanx.io/fence`` holds a ``Fence`` (``phalanx_proto.kubeapi``, the wire format): for each pod between its Binding and its admission by
 the kubelet, the pod's uid, namespace/name, the SHA-256 of the ``phalanx.io/assignment``
 annotation binder wrote on it, and an expiry. The plugin serves a pod only if the fence names
 its uid, the entry has not expired, the lease is held (renewed within its duration), and the
@@ -26,42 +26,27 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
 from phalanx_kube.port import ClusterPort, Lease, LeaseConflict
+from phalanx_proto.kubeapi import (
+    ASSIGNMENT_ANNOTATION,
+    FENCE_ANNOTATION,
+    MAX_FENCE_ENTRIES,
+    Fence,
+    FenceEntry,
+    assignment_digest,
+    decode_fence,
+    encode_fence,
+)
 
-FENCE_ANNOTATION = "phalanx.io/fence"
 LEASE_PREFIX = "phalanx-fence-"
 ENTRY_TTL_S = 300.0
 """How long binder lets a bound pod wait for its admission before the entry lapses."""
 LEASE_DURATION_S = 600
-MAX_ENTRIES = 256
 _NAME_OK = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
-class FenceEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    uid: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
-    digest: Annotated[str, msgspec.Meta(pattern="^sha256:[0-9a-f]{64}$")]
-    expires: float
-    batch: str = ""
-    """The gang attempt (``<gang>#<attempt>``) the pod was bound in; informative."""
-
-
-class Fence(msgspec.Struct, frozen=True, kw_only=True):
-    node: str
-    pods: Annotated[tuple[FenceEntry, ...], msgspec.Meta(max_length=MAX_ENTRIES)] = ()
-    v: int = 1
-
-    def entry(self, uid: str) -> FenceEntry | None:
-        return next((e for e in self.pods if e.uid == uid), None)
-
-
-_decoder = msgspec.json.Decoder(Fence)
-_encoder = msgspec.json.Encoder()
 
 
 class FenceError(ValueError):
@@ -77,11 +62,6 @@ def lease_name(node: str) -> str:
     return LEASE_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:40]
 
 
-def digest(assignment_annotation: str) -> str:
-    """The digest binder records for the exact annotation text it wrote."""
-    return "sha256:" + hashlib.sha256(assignment_annotation.encode("utf-8")).hexdigest()
-
-
 def read(lease: Lease | None, node: str, now: float) -> Fence:
     """The fence a lease holds, or ``FenceError`` naming what is wrong with it."""
     if lease is None:
@@ -93,7 +73,7 @@ def read(lease: Lease | None, node: str, now: float) -> Fence:
     if raw is None:
         raise FenceError(f"fence lease {lease.namespace}/{lease.name} has no {FENCE_ANNOTATION} annotation")
     try:
-        fence = _decoder.decode(raw)
+        fence = decode_fence(raw)
     except msgspec.ValidationError as e:
         raise FenceError(f"fence lease {lease.namespace}/{lease.name}: {FENCE_ANNOTATION} is invalid: {e}") from e
     except msgspec.DecodeError as e:
@@ -113,25 +93,21 @@ def verify(fence: Fence, *, uid: str, namespace: str, name: str, annotation: str
     if e.expires <= now:
         return f"fence entry of pod {namespace}/{name} expired {now - e.expires:.0f}s ago"
     if annotation is None:
-        return f"pod {namespace}/{name} has no phalanx.io/assignment annotation"
-    if digest(annotation) != e.digest:
-        return (f"pod {namespace}/{name}: phalanx.io/assignment differs from what binder wrote "
-                f"(digest {digest(annotation)[:19]}…, fence has {e.digest[:19]}…)")
+        return f"pod {namespace}/{name} has no {ASSIGNMENT_ANNOTATION} annotation"
+    if assignment_digest(annotation) != e.digest:
+        return (f"pod {namespace}/{name}: {ASSIGNMENT_ANNOTATION} differs from what binder wrote "
+                f"(digest {assignment_digest(annotation)[:19]}…, fence has {e.digest[:19]}…)")
     return ""
 
 
 # -- binder's side (pure; binder does the compare-and-set) ---------------------------------------
-def encode(fence: Fence) -> str:
-    return _encoder.encode(fence).decode()
-
-
 def admit(fence: Fence, entries: list[FenceEntry], now: float) -> Fence:
     """The fence with ``entries`` added (replacing entries of the same uid) and lapsed ones
-    pruned. Raises ``FenceError`` past ``MAX_ENTRIES``."""
+    pruned. Raises ``FenceError`` past ``MAX_FENCE_ENTRIES``."""
     uids = {e.uid for e in entries}
     kept = [e for e in prune(fence, now).pods if e.uid not in uids]
-    if len(kept) + len(entries) > MAX_ENTRIES:
-        raise FenceError(f"fence of node {fence.node} would list more than {MAX_ENTRIES} pods")
+    if len(kept) + len(entries) > MAX_FENCE_ENTRIES:
+        raise FenceError(f"fence of node {fence.node} would list more than {MAX_FENCE_ENTRIES} pods")
     return msgspec.structs.replace(fence, pods=tuple(kept + list(entries)))
 
 
@@ -196,7 +172,7 @@ async def change(cluster: ClusterPort, *, namespace: str, node: str, holder: str
                 return Written(lease, False)
             body = Lease(namespace=namespace, name=name, holder=holder, duration_s=LEASE_DURATION_S,
                          acquired=lease.acquired if lease and lease.holder == holder else now, renewed=now,
-                         annotations={FENCE_ANNOTATION: encode(fence)},
+                         annotations={FENCE_ANNOTATION: encode_fence(fence)},
                          resource_version=lease.resource_version if lease else "")
             return Written(await (cluster.update_lease(body) if lease is not None else cluster.create_lease(body)), True)
         except LeaseConflict:

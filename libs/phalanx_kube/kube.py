@@ -12,9 +12,10 @@ round-trip costs time on the watch, and the Binding subresource, whose response 
 
 Mapping of the port's rules onto the API:
 
-* pods: list + watch with ``spec.schedulerName!=default-scheduler`` (a field selector cannot
-  OR our two names; the rest is filtered here), ``allowWatchBookmarks``, a re-list on
-  ``410 Gone``, exponential backoff on errors;
+* pods: list + watch (``phalanx_kube.reflector``: bookmarks, a re-list on ``410 Gone``, jittered
+  backoff on errors) with ``spec.schedulerName!=default-scheduler`` (a field selector cannot
+  OR our two names; the rest is filtered here), turned into ``PodEvent``s by
+  ``phalanx_kube.podtable``;
 * a uid in a ``PodRef`` is a precondition: patches carry ``metadata.uid`` (a mismatch is a
   422 on ``metadata.uid``, reported as ``PodGone`` like the simulator), the Binding carries it
   too (409, re-read to tell "already bound here" from a conflict), deletes use
@@ -22,8 +23,8 @@ Mapping of the port's rules onto the API:
 * every request (a watch's start included) first waits for the client-side rate limiter,
   ``--kube-api-qps``/``--kube-api-burst`` as in kube-scheduler (``phalanx_kube.ratelimit``), and
   the HTTP connection pool is sized to the burst;
-* events are core/v1 Events named after (pod uid, reason, message), so a repeat, from any
-  process, bumps ``count`` of the same object (get + patch with the resourceVersion read).
+* events (``phalanx_kube.kubeevents``), leases (``kubeleases``) and queues (``kubequeues``) are
+  mixed into ``KubeCluster`` from their own modules.
 
 RBAC this needs (``deploy/k8s/rbac.yaml`` grants each service only its part): pods
 get/list/watch/patch/delete, pods/binding create, pods/status patch, events create/get/patch,
@@ -35,31 +36,26 @@ node agent: get).
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
-import hashlib
 import os
-import random
 import socket
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any
 
-import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 
 from phalanx_kube import nodewatch
+from phalanx_kube.apitime import epoch, iso
+from phalanx_kube.kubeevents import KubeEvents
+from phalanx_kube.kubeleases import KubeLeases
 from phalanx_kube.kubequeues import KubeQueues
+from phalanx_kube.podtable import PodTable
 from phalanx_kube.port import (
-    SCHEDULER_NAMES,
     BindConflict,
-    KubeEvent,
-    Lease,
-    LeaseConflict,
     Node,
     NodeObjects,
     Pod,
@@ -70,17 +66,13 @@ from phalanx_kube.port import (
     pod_from_dict,
 )
 from phalanx_kube.ratelimit import KubeClientSettings, TokenBucket
+from phalanx_kube.reflector import Listed, Reflector, Watched
 from phalanx_proto.events import PodRef
-from phalanx_telemetry import warn
+from phalanx_proto.kubeapi import SCHEDULER_NAMES
 
 REQUEST_TIMEOUT_S = 30.0
-WATCH_TIMEOUT_S = (240, 300)
-"""The server ends each watch after a random time in this range; the loop then resumes it."""
-EVENT_COMPONENT = "phalanx"
 OURS_SEEN_LIMIT = 200_000
 """Pod uids remembered as ours (``_our_uid``); the oldest is forgotten first."""
-MESSAGE_LIMIT = 1024
-"""The apiserver rejects Event messages above 1 KiB when ``eventTime`` is set."""
 
 _decode = msgspec.json.decode
 DEFAULT_SETTINGS = KubeClientSettings()
@@ -96,24 +88,10 @@ class KubeApiError(RuntimeError):
         super().__init__(f"{what}: HTTP {status} {self.reason}: {self.body.get('message', body)}")
 
 
-def _iso(t: float, micro: bool = False) -> str:
-    d = dt.datetime.fromtimestamp(t, dt.UTC)
-    return d.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
-
-
-def _epoch(s: str | None) -> float:
-    if not s:
-        return 0.0
-    try:
-        return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 def pod_from_api(obj: dict[str, Any]) -> Pod:
     """A ``Pod`` from an API object; ``created`` is ``metadata.creationTimestamp``."""
     pod = pod_from_dict(obj)
-    return msgspec.structs.replace(pod, created=_epoch((obj.get("metadata") or {}).get("creationTimestamp")))
+    return msgspec.structs.replace(pod, created=epoch((obj.get("metadata") or {}).get("creationTimestamp")))
 
 
 def _uid_mismatch(e: KubeApiError) -> bool:
@@ -121,7 +99,7 @@ def _uid_mismatch(e: KubeApiError) -> bool:
     return e.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
 
 
-class KubeCluster(KubeQueues):
+class KubeCluster(KubeQueues, KubeEvents, KubeLeases):
     """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
     ``await close()`` (or ``async with``) releases the HTTP session."""
 
@@ -188,134 +166,37 @@ class KubeCluster(KubeQueues):
     def _ours(self, obj: dict[str, Any]) -> bool:
         return ((obj.get("spec") or {}).get("schedulerName") or "default-scheduler") in self.scheduler_names
 
-    async def _list_raw(self) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        token, rv = None, ""
-        while True:
-            kw: dict[str, Any] = {"limit": 500}
-            if token:
-                kw["_continue"] = token
-            if self._field_selector:
-                kw["field_selector"] = self._field_selector
-            _, body = await self._call("list pods", self._core.list_pod_for_all_namespaces, **kw)
-            meta = body.get("metadata") or {}
-            rv = rv or meta.get("resourceVersion", "")
-            items += [o for o in body.get("items") or [] if self._ours(o)]
-            token = meta.get("continue")
-            if not token:
-                return items, rv
+    def _pods(self) -> Reflector:
+        return Reflector("pods", self._core.list_pod_for_all_namespaces, call=self._call, acquire=self._acquire,
+                         field_selector=self._field_selector, keep=self._ours)
 
     async def list_pods(self) -> list[Pod]:
-        items, _ = await self._list_raw()
+        items, _ = await self._pods().list()
         return sorted((pod_from_api(o) for o in items), key=lambda p: (p.created, p.namespace, p.name))
 
     async def watch_pods(self) -> AsyncIterator[PodEvent | None]:
-        """List (ADDED…, then ``None``), then watch from the list's resourceVersion. A watch that
-        ends, or breaks, is resumed from the last resourceVersion seen (bookmarks keep it fresh),
-        after a backoff when it broke; ``410 Gone`` triggers a re-list, which reports what changed
-        meanwhile (ADDED/MODIFIED/DELETED) and then ``None`` again."""
-        known: dict[tuple[str, str], Pod] = {}
-        rv: str | None = None
-        delay = 0.5
-        while True:
-            try:
-                if rv is None:
-                    items, rv = await self._list_raw()
-                    events = self._relist_diff(known, items)
-                    for pod in known.values():
-                        self._seen(pod)
-                    for ev in events:
-                        yield ev
-                    yield None
-                started, seen = time.monotonic(), 0
-                async with aclosing(self._watch_stream(rv)) as stream:
-                    async for etype, obj in stream:
-                        delay, seen = 0.5, seen + 1
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        if etype == "ERROR":
-                            raise Gone() if obj.get("code") == 410 else KubeApiError(
-                                int(obj.get("code") or 0), obj, "watch pods")
-                        if etype in ("ADDED", "MODIFIED", "DELETED") and self._ours(obj):
-                            pod = pod_from_api(obj)
-                            if etype == "DELETED":
-                                self._ours_seen.pop(pod.uid, None)
-                            else:
-                                self._seen(pod)
-                            for ev in self._apply(known, etype, pod):
-                                yield ev
-                if not seen and time.monotonic() - started < 1.0:
-                    raise ConnectionError("the watch ended at once")  # back off, do not spin
-            except asyncio.CancelledError:
-                raise
-            except Gone:
-                rv = None
-            except Exception as e:  # noqa: BLE001 - API server away or stream broken: back off, resume
-                pause = delay * (0.75 + 0.5 * random.random())
-                warn("pod watch failed", error=repr(e)[:300], retry_s=round(pause, 2))
-                await asyncio.sleep(pause)
-                delay = min(delay * 2, 10.0)
-
-    @staticmethod
-    def _apply(known: dict[tuple[str, str], Pod], etype: str, pod: Pod) -> list[PodEvent]:
-        key = (pod.namespace, pod.name)
-        if etype == "DELETED":
-            known.pop(key, None)
-            return [PodEvent(type="DELETED", pod=pod)]
-        out = []
-        old = known.get(key)
-        if old is not None and old.uid != pod.uid:  # deleted and recreated between two events
-            out.append(PodEvent(type="DELETED", pod=old))
-            old = None
-        known[key] = pod
-        out.append(PodEvent(type="MODIFIED" if old is not None else "ADDED", pod=pod))
-        return out
-
-    def _relist_diff(self, known: dict[tuple[str, str], Pod], items: list[dict[str, Any]]) -> list[PodEvent]:
-        events: list[PodEvent] = []
-        fresh = {}
-        for obj in items:
-            pod = pod_from_api(obj)
-            fresh[(pod.namespace, pod.name)] = pod
-        for key in [k for k in known if k not in fresh or known[k].uid != fresh[k].uid]:
-            events.append(PodEvent(type="DELETED", pod=known.pop(key)))
-        for key, pod in sorted(fresh.items(), key=lambda kv: (kv[1].created, kv[0])):
-            old = known.get(key)
-            rv_of = lambda p: (p.raw.get("metadata") or {}).get("resourceVersion")  # noqa: E731
-            if old is None:
-                events.append(PodEvent(type="ADDED", pod=pod))
-            elif rv_of(old) != rv_of(pod):
-                events.append(PodEvent(type="MODIFIED", pod=pod))
-            known[key] = pod
-        return events
-
-    async def _watch_stream(self, rv: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """One watch request: yields (type, object) until the server ends it."""
-        server_timeout = random.randint(*WATCH_TIMEOUT_S)
-        kw: dict[str, Any] = {"watch": True, "resource_version": rv, "allow_watch_bookmarks": True,
-                              "timeout_seconds": server_timeout}
-        if self._field_selector:
-            kw["field_selector"] = self._field_selector
-        if self._limiter is not None:
-            await self._limiter.acquire()
-        resp = await self._core.list_pod_for_all_namespaces(
-            _preload_content=False, **kw,
-            _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=server_timeout + 30))
-        try:
-            if resp.status == 410:
-                raise Gone()
-            if resp.status != 200:
-                data = await resp.read()
-                raise KubeApiError(resp.status, _safe_decode(data), "watch pods")
-            buf = b""
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        ev = _decode(line)
-                        yield ev.get("type", ""), ev.get("object") or {}
-        finally:
-            resp.release()
+        """List (ADDED…, then ``None``), then watch (``phalanx_kube.reflector``); after every
+        re-list (``410 Gone``), what changed meanwhile (ADDED/MODIFIED/DELETED), then ``None``
+        again."""
+        table = PodTable(pod_from_api)
+        async with aclosing(self._pods().changes()) as changes:
+            async for change in changes:
+                match change:
+                    case Listed(items=items):
+                        events = table.relisted(items)
+                        for pod in table.known.values():
+                            self._seen(pod)
+                        for ev in events:
+                            yield ev
+                        yield None
+                    case Watched(type=etype, obj=obj):
+                        pod = pod_from_api(obj)
+                        if etype == "DELETED":
+                            self._ours_seen.pop(pod.uid, None)
+                        else:
+                            self._seen(pod)
+                        for ev in table.watched(etype, pod):
+                            yield ev
 
     async def get_pod(self, ref: PodRef) -> Pod | None:
         status, body = await self._call(f"get pod {ref}", self._core.read_namespaced_pod, ref.name, ref.namespace,
@@ -412,54 +293,6 @@ class KubeCluster(KubeQueues):
         await self._call(f"delete pod {ref}", self._core.delete_namespaced_pod, ref.name, ref.namespace,
                          body=opts, ok=(404, 409))
 
-    # -- events ----------------------------------------------------------------------------
-    async def record_event(self, ref: PodRef, *, reason: str, message: str,
-                           type: Literal["Normal", "Warning"] = "Normal") -> None:
-        message = message[:MESSAGE_LIMIT]
-        digest = hashlib.sha256(f"{ref.uid}\0{reason}\0{message}".encode()).hexdigest()[:16]
-        name = f"{ref.name[:200]}.{digest}"
-        now = time.time()
-        uid = ref.uid
-        if not uid:
-            pod = await self.get_pod(ref)
-            uid = pod.uid if pod else ""
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": ref.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name,
-                               **({"uid": uid} if uid else {})},
-            "reason": reason, "message": message, "type": type, "count": 1,
-            "firstTimestamp": _iso(now), "lastTimestamp": _iso(now), "eventTime": _iso(now, micro=True),
-            "source": {"component": EVENT_COMPONENT}, "reportingComponent": EVENT_COMPONENT,
-            "reportingInstance": self._instance, "action": "Scheduling",
-        }
-        status, _ = await self._call(f"create event for {ref}", self._core.create_namespaced_event, ref.namespace,
-                                     event, ok=(409,))
-        if status != 409:
-            return
-        for _ in range(10):  # the same event again: bump its count, resourceVersion as precondition
-            _, current = await self._call(f"read event {name}", self._core.read_namespaced_event, name, ref.namespace)
-            bump = {"metadata": {"resourceVersion": (current.get("metadata") or {}).get("resourceVersion")},
-                    "count": int(current.get("count") or 1) + 1, "lastTimestamp": _iso(time.time())}
-            status, _ = await self._call(f"bump event {name}", self._core.patch_namespaced_event, name,
-                                         ref.namespace, bump, _content_type="application/merge-patch+json",
-                                         ok=(409,))
-            if status != 409:
-                return
-        raise RuntimeError(f"event {ref.namespace}/{name}: too many concurrent updates")
-
-    async def list_events(self, ref: PodRef) -> list[KubeEvent]:
-        sel = f"involvedObject.kind=Pod,involvedObject.name={ref.name}"
-        _, body = await self._call(f"list events of {ref}", self._core.list_namespaced_event, ref.namespace,
-                                   field_selector=sel)
-        items = sorted(body.get("items") or [], key=lambda e: (
-            _epoch(e.get("eventTime")) or _epoch(e.get("firstTimestamp")),
-            _epoch((e.get("metadata") or {}).get("creationTimestamp")), (e.get("metadata") or {}).get("name", "")))
-        return [KubeEvent(reason=e.get("reason") or "", message=e.get("message") or "",
-                          type="Warning" if e.get("type") == "Warning" else "Normal", count=int(e.get("count") or 1),
-                          at=_epoch(e.get("lastTimestamp")) or _epoch(e.get("eventTime")))
-                for e in items]
-
     async def set_scheduled_condition(self, ref: PodRef, *, status: bool, reason: str, message: str) -> None:
         cond = {"type": "PodScheduled", "status": "True" if status else "False", "reason": reason,
                 "message": message}
@@ -468,7 +301,7 @@ class KubeCluster(KubeQueues):
             raise PodGone(f"pod {ref} not found")
         old = [c for c in (pod.raw.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
         if not old or old[0].get("status") != cond["status"]:
-            cond["lastTransitionTime"] = _iso(time.time())
+            cond["lastTransitionTime"] = iso(time.time())
         await self._patch_pod(ref, {"status": {"conditions": [cond]}}, status=True)
 
     # -- nodes -----------------------------------------------------------------------------
@@ -492,7 +325,7 @@ class KubeCluster(KubeQueues):
 
     async def watch_node(self, name: str) -> AsyncIterator[NodeObjects]:
         """List + watch of the node and of its pods (``phalanx_kube.nodewatch``)."""
-        async with aclosing(nodewatch.follow(self._core, name, self._call, self._acquire)) as updates:
+        async with aclosing(nodewatch.follow(self._core, name, call=self._call, acquire=self._acquire)) as updates:
             async for objs in updates:
                 yield objs
 
@@ -507,68 +340,6 @@ class KubeCluster(KubeQueues):
                                      _content_type="application/merge-patch+json", ok=(404,))
         if status == 404:
             raise KeyError(f"node {name} not found")
-
-    # -- leases ----------------------------------------------------------------------------
-    @staticmethod
-    def _lease_body(lease: Lease) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace,
-                                "annotations": dict(lease.annotations)}
-        if lease.resource_version:
-            meta["resourceVersion"] = lease.resource_version
-        spec: dict[str, Any] = {"holderIdentity": lease.holder, "leaseDurationSeconds": lease.duration_s}
-        if lease.acquired:
-            spec["acquireTime"] = _iso(lease.acquired, micro=True)
-        if lease.renewed:
-            spec["renewTime"] = _iso(lease.renewed, micro=True)
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
-
-    @staticmethod
-    def _lease_of(obj: dict[str, Any]) -> Lease:
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        return Lease(namespace=meta.get("namespace") or "", name=meta.get("name") or "",
-                     holder=spec.get("holderIdentity") or "", duration_s=int(spec.get("leaseDurationSeconds") or 0),
-                     acquired=_epoch(spec.get("acquireTime")), renewed=_epoch(spec.get("renewTime")),
-                     annotations=dict(meta.get("annotations") or {}), resource_version=meta.get("resourceVersion") or "")
-
-    async def get_lease(self, namespace: str, name: str) -> Lease | None:
-        status, body = await self._call(f"get lease {namespace}/{name}", self._coordination.read_namespaced_lease,
-                                        name, namespace, ok=(404,))
-        return None if status == 404 else self._lease_of(body)
-
-    async def create_lease(self, lease: Lease) -> Lease:
-        body = self._lease_body(msgspec.structs.replace(lease, resource_version=""))
-        status, created = await self._call(f"create lease {lease.namespace}/{lease.name}",
-                                           self._coordination.create_namespaced_lease, lease.namespace, body, ok=(409,))
-        if status == 409:
-            raise LeaseConflict(f"lease {lease.namespace}/{lease.name} exists")
-        return self._lease_of(created)
-
-    async def update_lease(self, lease: Lease) -> Lease:
-        """A JSON patch, not a PUT: a PUT re-creates a deleted lease (leases allow create on
-        update), a patch of a missing one is a 404; the ``resourceVersion`` it sets is the
-        apiserver's precondition (409 when the lease changed)."""
-        what = f"lease {lease.namespace}/{lease.name}"
-        if not lease.resource_version:
-            raise LeaseConflict(f"{what}: no resource_version to update from")
-        body = self._lease_body(lease)
-        patch = [{"op": "add", "path": "/metadata/resourceVersion", "value": lease.resource_version},
-                 {"op": "add", "path": "/metadata/annotations", "value": body["metadata"]["annotations"]},
-                 {"op": "add", "path": "/spec", "value": body["spec"]}]
-        status, updated = await self._call(f"update {what}", self._coordination.patch_namespaced_lease, lease.name,
-                                           lease.namespace, patch, _content_type="application/json-patch+json",
-                                           ok=(404, 409))
-        if status in (404, 409):
-            raise LeaseConflict(f"{what} {'is gone' if status == 404 else 'changed since ' + lease.resource_version}")
-        return self._lease_of(updated)
-
-    async def delete_lease(self, namespace: str, name: str, *, resource_version: str = "") -> None:
-        opts: dict[str, Any] = {}
-        if resource_version:
-            opts["preconditions"] = {"resourceVersion": resource_version}
-        status, _ = await self._call(f"delete lease {namespace}/{name}", self._coordination.delete_namespaced_lease,
-                                     name, namespace, body=opts, ok=(404, 409))
-        if status == 409:
-            raise LeaseConflict(f"lease {namespace}/{name} changed since {resource_version}")
 
 
 def _without_env_lookups(api_client: client.ApiClient, cfg: client.Configuration) -> client.ApiClient:
@@ -585,10 +356,6 @@ def _without_env_lookups(api_client: client.ApiClient, cfg: client.Configuration
     if hasattr(session, "_trust_env"):
         session._trust_env = False
     return api_client
-
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): re-list."""
 
 
 def _safe_decode(data: bytes) -> Any:

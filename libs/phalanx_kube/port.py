@@ -18,9 +18,6 @@ import msgspec
 
 from phalanx_proto.events import PodRef
 
-SCHEDULER_NAMES = ("phalanx", "lj-runtimekit-scheduler")
-ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
-
 
 class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """The part of a Pod that Phalanx reads. ``raw`` is the whole object as a dict."""
@@ -64,7 +61,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
 
 class NodeObjects(msgspec.Struct, frozen=True, kw_only=True):
     """One node and the pods bound to it, of every scheduler, as the API holds them now (what
-    a node agent reports from: ``phalanx_engine.nodekube``)."""
+    a node agent reports from: ``phalanx_kubeobjects.nodekube``)."""
 
     node: Node | None
     pods: tuple[Pod, ...] = ()

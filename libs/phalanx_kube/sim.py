@@ -24,7 +24,6 @@ import msgspec
 
 from phalanx_bus import Bus, KvConflict
 from phalanx_kube.port import (
-    SCHEDULER_NAMES,
     BindConflict,
     KubeEvent,
     Lease,
@@ -41,6 +40,7 @@ from phalanx_kube.port import (
 from phalanx_kube.simqueues import SimQueues
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.subjects import token
 
 KV_PODS = S.KV_SIM_PODS

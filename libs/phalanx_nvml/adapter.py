@@ -51,7 +51,7 @@ class NvmlDiscovery:
     """``TopologySource`` over NVML and sysfs.
 
     ``nvml`` is the pynvml module (default) or anything with its functions, such as
-    ``phalanx_nvml.fake.FakeNvml``; ``sysfs_root`` is where ``sys/`` is found (``/``);
+    ``phalanx_nvmlfake.nvml.FakeNvml``; ``sysfs_root`` is where ``sys/`` is found (``/``);
     ``cpu_words`` is the size of the CPU mask asked for, in 64-CPU words."""
 
     def __init__(self, nvml: Any = None, *, sysfs_root: str | Path = "/", cpu_words: int = 16) -> None:

@@ -2,7 +2,7 @@
 
 A GPU is unhealthy when NVML cannot find it by UUID or a basic query on it fails (fallen off
 the bus, ``GPU_IS_LOST``, an XID that took it down); when NVML itself cannot start, every GPU
-is. Tests run the same code on ``phalanx_nvml.fake.FakeNvml`` (``lost`` marks GPUs as gone).
+is. Tests run the same code on ``phalanx_nvmlfake.nvml.FakeNvml`` (``lost`` marks GPUs as gone).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ adapter ``NvmlMig``.
 mig-manager (one per MIG node) creates a GPU instance of a profile at the start slot placement
 chose, with one compute instance spanning it, reads back the MIG device UUID, lists what exists
 and destroys instances. ``NvmlMig`` does that with pynvml (nvidia-ml-py's names);
-``phalanx_nvml.fake_mig.FakeMigNvml`` stands in for the pynvml module in CI with the same
+``phalanx_nvmlfake.mig.FakeMigNvml`` stands in for the pynvml module in CI with the same
 functions, shapes and error codes. MIG mode is only ever read here, never set.
 
 NVML's vocabulary: a *GPU instance* (GI) owns memory slices ``[start, start+size)``; a *compute

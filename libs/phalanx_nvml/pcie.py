@@ -11,7 +11,7 @@ NVML knows how GPUs relate to each other, but not NICs. For a NIC the adapter re
 * different host bridges: ``NODE`` or ``SYS``, decided by the caller (it knows how GPUs on
   those bridges relate, from NVML) or, for a bridge without GPUs, by NUMA node.
 
-``sysfs_root`` lets tests (and ``phalanx_nvml.fake``) point all of this at a temporary tree.
+``sysfs_root`` lets tests (and ``phalanx_nvmlfake.nvml``) point all of this at a temporary tree.
 """
 
 from __future__ import annotations

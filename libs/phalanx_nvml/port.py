@@ -1,6 +1,6 @@
 """The port topology-discovery reads a node's hardware through (style rule 1: one small
 Protocol). ``phalanx_nvml.adapter.NvmlDiscovery`` is the real adapter; tests run that same
-adapter on ``phalanx_nvml.fake.FakeNvml`` instead of the NVIDIA driver."""
+adapter on ``phalanx_nvmlfake.nvml.FakeNvml`` instead of the NVIDIA driver."""
 
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from phalanx_proto.vocab import RefusalRule
+
 _LOG = logging.getLogger("phalanx")
 _service = "phalanx"
 
@@ -62,11 +64,13 @@ def warn(event: str, **kv: object) -> None:
     log(event, level=logging.WARNING, **kv)
 
 
-def refused(rule: str, why: str, **kv: object) -> None:
+def refused(rule: RefusalRule | str, why: str, **kv: object) -> None:
     """A message refused because it does not match the record: one warning naming the rule and
-    the reason, and ``phalanx_refused_messages_total{rule}``. Nothing else happens."""
+    the reason, and ``phalanx_refused_messages_total{rule}``. Nothing else happens. Raises
+    ``ValueError`` for a rule that is not a ``RefusalRule`` (a string is read as its value)."""
     from phalanx_telemetry import metrics
 
+    rule = RefusalRule(rule)
     metrics.REFUSED.inc(rule=rule)
     warn("refused", rule=rule, why=why, **kv)
 

@@ -1,6 +1,6 @@
 """Reading a Prometheus text exposition (a ``/metrics`` page) with ``prometheus_client``'s parser.
 
-``phalanx_runtime.stack`` waits on placement's ``phalanx_placement_nodes`` with it, and the tests
+``phalanx_localstack.stack`` waits on placement's ``phalanx_placement_nodes`` with it, and the tests
 and benchmarks read the services' and the API server's ``/metrics`` through it. Writing the page
 stays ``phalanx_telemetry.metrics`` (bounded label sets, the dropped-series counter).
 """

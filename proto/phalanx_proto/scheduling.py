@@ -26,7 +26,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 Amount = Annotated[int, msgspec.Meta(ge=0)]
 
 # Bounds on what one pod carries (the API server has none this tight; a pod beyond them is
-# refused by ``phalanx_engine.podspec`` with the bound's rule, and a wire value beyond them
+# refused by ``phalanx_kubeobjects.podspec`` with the bound's rule, and a wire value beyond them
 # does not decode). They keep a gang's record and request within a message.
 MAX_RESOURCES = 32
 MAX_TOLERATIONS = 64

@@ -106,6 +106,9 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Members of the current attempt bound so far (their assignments: the ledger's)."""
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
+    held: bool = False
+    """``reason`` says what holds the gang back from starting an attempt (the fairness gate, or
+    its members' queues), not how its last attempt ended; cleared when an attempt starts."""
     failure: str = ""
     """What ended the last failed attempt, as a code: ``placement_failed``, ``deadline``,
     ``bind_failed``, ``mig_failed``, ``member_deleted`` (a metric label; ``reason`` is the text)."""
@@ -128,7 +131,7 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     min_member_declared: bool = True
     """False when no pod said min-member: the gang is the pods seen once the group is quiet."""
     parts: tuple[GangPart, ...] = ()
-    """A JobSet gang: its replicated jobs seen so far (``phalanx_engine.gangs.jobset_size``)."""
+    """A JobSet gang: its replicated jobs seen so far (``phalanx_kubeobjects.gangs.jobset_size``)."""
     jobs: int = 0
     """A JobSet gang: the JobSet's total Job count (its pods' ``global-replicas``)."""
     running: tuple[Running, ...] = ()

@@ -33,6 +33,7 @@ import anyio
 
 from phalanx_kube import fence as F
 from phalanx_kube.port import ClusterPort, Lease
+from phalanx_proto.kubeapi import FenceEntry
 from phalanx_telemetry import log, metrics, warn
 
 LINGER_S = 1.0
@@ -51,7 +52,7 @@ class _Round:
 class _Node:
     name: str
     coming: int = 0
-    adds: dict[str, F.FenceEntry] = field(default_factory=dict)
+    adds: dict[str, FenceEntry] = field(default_factory=dict)
     removes: set[str] = field(default_factory=set)
     round: _Round | None = None
     writing: bool = False
@@ -117,7 +118,7 @@ class NodeFences:
             t.node.coming -= 1
             t.node.poke()
 
-    async def fence(self, ticket: Ticket, entry: F.FenceEntry) -> None:
+    async def fence(self, ticket: Ticket, entry: FenceEntry) -> None:
         """Return once a write listing ``entry`` succeeded; raise that write's error."""
         n = ticket.node
         n.adds[entry.uid] = entry
@@ -167,7 +168,7 @@ class NodeFences:
         finally:
             n.writing = False
 
-    async def _write_once(self, n: _Node, adds: list[F.FenceEntry], removes: set[str]) -> None:
+    async def _write_once(self, n: _Node, adds: list[FenceEntry], removes: set[str]) -> None:
         now = self.clock()
         out = await F.change(self.cluster, namespace=self.namespace, node=n.name, holder=self.holder, now=now,
                              add=adds, remove=removes, known=n.lease)

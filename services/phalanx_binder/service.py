@@ -58,18 +58,26 @@ from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
 from phalanx_bus.ledger import LedgerBook
 from phalanx_kube import fence as F
-from phalanx_kube.port import (
+from phalanx_kube.port import BindConflict, ClusterPort, NotOurs, Pod, PodGone
+from phalanx_proto import subjects as S
+from phalanx_proto.events import (
+    Assignment,
+    BindFailure,
+    BindPods,
+    BindsDone,
+    PodRef,
+    gang_decoder,
+)
+from phalanx_proto.kubeapi import (
     ASSIGNMENT_ANNOTATION,
     SCHEDULER_NAMES,
-    BindConflict,
-    ClusterPort,
-    NotOurs,
-    Pod,
-    PodGone,
+    FenceEntry,
+    assignment_digest,
+    encode_assignment,
 )
-from phalanx_proto import subjects as S
-from phalanx_proto.events import Assignment, BindFailure, BindPods, BindsDone, PodRef, encoder, gang_decoder
 from phalanx_proto.state import NodeMig, mig_slot
+from phalanx_proto.vocab import RefusalRule as R
+from phalanx_service.config import namespace_name, option, whole_number
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
@@ -83,13 +91,16 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class Settings:
-    parallelism: int = 16
-    """Bind commands handled at once."""
-    fence_namespace: str = "phalanx-system"
-    """Where the per-node fence leases live (the node agents read them there)."""
-    instance: str = ""
-    """This replica's name, the fence leases' holder (default: host name and process id)."""
+class Config:
+    """binder's configuration: each field is a flag of ``phalanx run binder`` (``phalanx_service.config``)."""
+
+    parallelism: int = option(16, "bind commands handled at once, as kube-scheduler binds asynchronously; the "
+                              "Kubernetes client's --kube-api-qps/--kube-api-burst still pace the requests",
+                              env="PHALANX_BIND_PARALLELISM", parse=whole_number(1, 1024))
+    fence_namespace: str = option("phalanx-system", "namespace of the per-node fence leases that the node agents' "
+                                  "device plugins read (docs/delivery.md)", env="POD_NAMESPACE", parse=namespace_name)
+    instance: str = option("", "this replica's name, written as the fence leases' holder (default: $POD_NAME, "
+                           "else host name and process id)")
 
 
 def default_instance() -> str:
@@ -226,7 +237,7 @@ class Binder:
             if pod is None or (ref.uid and pod.uid != ref.uid):
                 raise PodGone(f"pod {ref} no longer exists")
             if not _ours(pod):
-                refused("foreign_scheduler", f"pod {ref} has schedulerName {pod.scheduler_name!r}, not Phalanx's",
+                refused(R.FOREIGN_SCHEDULER, f"pod {ref} has schedulerName {pod.scheduler_name!r}, not Phalanx's",
                         gang=ev.gang_id, attempt=ev.attempt)
                 span.set_attribute("phalanx.outcome", "refused")
                 return None
@@ -234,7 +245,7 @@ class Binder:
                 raise BindConflict(f"pod {ref} is already bound to {pod.node_name}")
             already = pod.node_name == a.node
             settled = already and (pod.started or pod.terminal)  # the container has its devices (or never will)
-            text = encoder.encode(a).decode()
+            text = encode_assignment(a)
             if already and not settled and pod.annotations.get(ASSIGNMENT_ANNOTATION) != text:
                 await self.cluster.annotate_pod(ref, {ASSIGNMENT_ANNOTATION: text})
             if not settled and self.fenced(a.node):
@@ -263,8 +274,8 @@ class Binder:
 
     async def _fence(self, ev: BindPods, a: Assignment, text: str, ticket: Ticket | None) -> None:
         now = self.fences.clock()
-        entry = F.FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=F.digest(text),
-                             expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
+        entry = FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name, digest=assignment_digest(text),
+                           expires=now + F.ENTRY_TTL_S, batch=f"{ev.gang_id}#{ev.attempt}")
         try:
             if ticket is None:  # the node's report began to say "device plugin" since the command came
                 with self.fences.coming(a.node) as ticket:
@@ -279,7 +290,7 @@ def _ours(pod: Pod) -> bool:
     return pod.scheduler_name in SCHEDULER_NAMES
 
 
-async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *,
+async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run binder until cancelled; ready once both mirrors are listed and its durable consumer
     is live (the pod watch starts alongside and never holds binds up)."""
@@ -291,14 +302,14 @@ async def run(bus: Bus, cluster: ClusterPort, settings: Settings = Settings(), *
         await tg.start(topology.run)
         await tg.start(ledger.run)
         await tg.start(mig.run)
-        fences = NodeFences(tg, cluster, namespace=settings.fence_namespace,
-                            holder=settings.instance or default_instance())
+        fences = NodeFences(tg, cluster, namespace=config.fence_namespace,
+                            holder=config.instance or default_instance())
         binder = Binder(bus, cluster, topology=topology, ledger=ledger, mig=mig, fences=fences)
         binder.pods = PodWatch(cluster, fenced=binder.fenced, release=fences.release)
         tg.start_soon(binder.pods.run)
-        log("binder settings", parallelism=settings.parallelism, fence_namespace=settings.fence_namespace,
+        log("binder settings", parallelism=config.parallelism, fence_namespace=config.fence_namespace,
             holder=fences.holder)
         await tg.start(lambda task_status: consume(
             bus, stream=own.stream, durable=own.durable, filter_subject=own.filter, decoder=gang_decoder,
-            handler=binder.on_command, concurrency=settings.parallelism, task_status=task_status))
+            handler=binder.on_command, concurrency=config.parallelism, task_status=task_status))
         task_status.started()

@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from phalanx_engine.queues import QueueTree, usage_drift
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
+from phalanx_kube.port import Pod
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, decode_assignment
 from phalanx_proto.queues import QueueUsage, shown
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
 from phalanx_proto.subjects import gang_key
-
-IN_FLIGHT = ("placing", "preparing", "binding")
-_assignment = msgspec.json.Decoder(Assignment)
+from phalanx_proto.vocab import OPEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +156,7 @@ def _reservation(r: Reading, node: str, alloc: Allocation, by_uid: dict[str, Pod
     if pod.node_name == node:
         return None
     if state is not None and state.attempt == alloc.attempt and _member_of(state, ref) and (
-            state.phase in IN_FLIGHT or state.phase == "rolling_back"):
+            state.phase in OPEN):
         return None
     where = f"bound to {pod.node_name}" if pod.node_name else "not bound"
     phase = f"{state.phase} at attempt {state.attempt}" if state is not None else "gone"
@@ -237,7 +236,7 @@ def _annotation(pod: Pod) -> Assignment | None:
     if not raw:
         return None
     try:
-        a = _assignment.decode(raw)
+        a = decode_assignment(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if (a.pod.namespace, a.pod.name) != (pod.namespace, pod.name) or a.node != pod.node_name or not a.gpus:

@@ -27,8 +27,9 @@ import anyio
 from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
-from phalanx_kube.port import SCHEDULER_NAMES, ClusterPort, NotOurs, Pod
+from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
 from phalanx_telemetry import log, metrics, refused, warn
 

@@ -42,6 +42,7 @@ from phalanx_proto.events import (
     Reserved,
 )
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members, mig_slot
+from phalanx_proto.vocab import IDLE
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 WAKE = 8
@@ -171,13 +172,13 @@ class SagaDriver:
         are told why, once)."""
         now = time.time()
         current = await self.store.get(gang_id)
-        if current is None or not (current.phase in ("waiting", "backoff") or saga.late_members(current)):
+        if current is None or not (current.phase in IDLE or saga.late_members(current)):
             return
         gate = self.gate(current, now)
         reason = saga.queue_conflict(current) or gate.hold
         if reason:
-            t = await self.store.transition(gang_id, lambda s: None if s is None or s.reason == reason or s.phase not in (
-                "waiting", "backoff") else msgspec.structs.replace(s, reason=reason))
+            t = await self.store.transition(gang_id, lambda s: None if s is None or (s.held and s.reason == reason) or (
+                s.phase not in IDLE) else msgspec.structs.replace(s, reason=reason, held=True))
             if t is not None:
                 log("held back", gang=gang_id, reason=reason)
                 await self.execute(effects.pending(t.after, now))

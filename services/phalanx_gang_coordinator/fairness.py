@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from phalanx_gang_coordinator.saga import queue_key
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import IDLE
 
 MODES = ("backfill", "strict")
 
@@ -41,7 +42,7 @@ class Gate:
 
 def head_of(others: list[GangState]) -> GangState | None:
     """The head of the queue among ``others``, or None."""
-    waiting = [o for o in others if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster]
+    waiting = [o for o in others if o.phase in IDLE and o.attempt >= 1 and o.fits_empty_cluster]
     return min(waiting, key=queue_key) if waiting else None
 
 

@@ -1,6 +1,6 @@
 """Gang identity and member requests of the pods gang-coordinator sees.
 
-The rules are ``phalanx_engine.gangs`` (docs/saga.md, "Gang identity and min-member"), the
+The rules are ``phalanx_kubeobjects.gangs`` (docs/saga.md, "Gang identity and min-member"), the
 same code ``phalanx validate`` runs on pod templates; this module adds what only the running
 coordinator reads: the per-gang timeout annotation and the pod's priority.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phalanx_engine import gangs as rules
-from phalanx_engine.quantity import Bound, decimal
-from phalanx_engine.requests import RequestError, Violation
 from phalanx_kube.port import Pod
+from phalanx_kubeobjects import gangs as rules
+from phalanx_kubeobjects.quantity import Bound, decimal
+from phalanx_kubeobjects.requests import RequestError, Violation
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangPart
 
@@ -24,7 +24,7 @@ MAX_TIMEOUT = Bound(int(MAX_GANG_TIMEOUT_S), "a gang waits at most a week for it
 class GangIdentity:
     gang_id: str
     kind: str
-    """PodGroup, JobSet, MPIJob, Job or Pod (``phalanx_engine.gangs.KINDS``)."""
+    """PodGroup, JobSet, MPIJob, Job or Pod (``phalanx_kubeobjects.gangs.KINDS``)."""
     min_member: int | None
     """The whole gang's size where the pod says it; None when it does not (a JobSet's pods say
     their ``part`` instead)."""
@@ -56,7 +56,7 @@ def identity(pod: Pod) -> GangIdentity:
 
 
 def member_spec(pod: Pod) -> MemberSpec:
-    """The wire request of one pod, parsed by ``phalanx_engine.gangs.gpu_member`` (whole,
+    """The wire request of one pod, parsed by ``phalanx_kubeobjects.gangs.gpu_member`` (whole,
     multi-GPU, TDM, MIG, RDMA; a pod without GPU is no member). Raises ``InvalidMember`` with
     every violation."""
     try:

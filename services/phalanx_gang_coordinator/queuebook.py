@@ -2,7 +2,7 @@
 brought onto the bus, and the queue each pod is in (docs/queues.md).
 
 * **Sync.** Every ``sync_s`` it lists the Queues and the namespaces, reads each Queue
-  (``phalanx_engine.queuespec``: the CRD's rules), checks the tree (a parent that exists, no
+  (``phalanx_kubeobjects.queuespec``: the CRD's rules), checks the tree (a parent that exists, no
   cycle, children's quotas within the parent's) and writes each queue's ``QueueSpec`` — its
   problem included — to KV ``phx-queues``, where placement reads it. A Queue that is gone
   leaves the bucket.
@@ -25,8 +25,8 @@ import anyio
 
 from phalanx_bus import Bus, KvMirror
 from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
-from phalanx_engine.queuespec import QueueObjectError, queue_from_object
 from phalanx_kube.port import ClusterPort, Pod
+from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.queues import (

@@ -27,6 +27,7 @@ from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import IDLE, OPEN
 from phalanx_telemetry import log, metrics
 
 
@@ -120,9 +121,9 @@ class Resync:
                 now - state.created_at >= self.config.settle_s:
             await self.intake.tell_incomplete(state, now)
         stalled = now - state.updated_at > self.config.redrive_after_s
-        if state.phase in ("waiting", "backoff") or saga.late_members(state):
+        if state.phase in IDLE or saga.late_members(state):
             await self.driver.start(state.gang_id)
-        elif state.phase in saga.RUNNING + ("rolling_back",) and stalled:
+        elif state.phase in OPEN and stalled:
             await self.driver.redrive(state)
         elif state.phase in saga.RUNNING and now - state.attempt_started_at >= self.config.announce_after_s:
             await self.driver.announce(state)

@@ -23,7 +23,7 @@ import random
 
 import msgspec
 
-from phalanx_engine.gangs import jobset_size, merge_part
+from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindsDone,
     GangDeadline,
@@ -43,10 +43,10 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
     attempt_members,
     members_digest,
 )
+from phalanx_proto.vocab import IDLE, OPEN, RUNNING
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
-RUNNING = ("placing", "preparing", "binding")
 
 replace = msgspec.structs.replace
 
@@ -65,7 +65,7 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
 
     ``min_member`` is what the pod says about the whole gang (None: nothing); a JobSet pod says
     its ``part`` and the JobSet's ``jobs`` instead, and the gang's size is
-    ``phalanx_engine.gangs.jobset_size`` of the parts seen. An entry without members (a
+    ``phalanx_kubeobjects.gangs.jobset_size`` of the parts seen. An entry without members (a
     tombstone of a gang whose pods all went) is taken up again, attempt counter and all.
 
     Not while an attempt runs or rolls back: an attempt's members stay the members it was
@@ -74,7 +74,7 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
     if s is None or not s.members:
         s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now, attempt=s.attempt if s else 0,
                       min_member_declared=min_member is not None)
-    if spec in s.members or s.phase in RUNNING + ("rolling_back",):
+    if spec in s.members or s.phase in OPEN:
         return None
     members = tuple(m for m in s.members if m.pod.name != spec.pod.name or m.pod.namespace != spec.pod.namespace)
     members += (spec,)
@@ -136,13 +136,13 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
         if not late_members(s):
             return None
         running += tuple(Running(pod=p, attempt=s.attempt) for p in s.bound if any(m.pod == p for m in s.members))
-    elif s.phase not in ("waiting", "backoff") or not complete(s, now, settle_s):
+    elif s.phase not in IDLE or not complete(s, now, settle_s):
         return None
     if s.phase == "backoff" and now < s.backoff_until:
         return None
     return replace(s, phase="placing", attempt=s.attempt + 1, bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
-                   running=running)
+                   running=running, held=False)
 
 
 def placed(s: GangState | None, ev: Reserved, *, mig: bool) -> GangState | None:
@@ -259,7 +259,7 @@ def next_compensation(s: GangState) -> str | None:
 
 def pending_reason(s: GangState, now: float) -> str:
     """What the pods say while the gang waits: attempt count and last failure."""
-    if s.reason.startswith("held back"):
+    if s.held:
         return s.reason if s.attempt == 0 else f"{s.reason} (attempt {s.attempt} was the last)"
     if s.phase == "waiting" or s.attempt == 0:
         have, need = len(s.members), s.min_member

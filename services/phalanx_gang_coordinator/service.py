@@ -35,6 +35,7 @@ import anyio
 
 from phalanx_bus import Bus, KvMirror, consume
 from phalanx_gang_coordinator.driver import SagaDriver
+from phalanx_gang_coordinator.fairness import MODES
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
@@ -44,6 +45,7 @@ from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
 from phalanx_proto.events import gang_decoder, node_decoder
+from phalanx_service.config import option
 
 DURABLE = "gang-coordinator"
 DURABLE_NODE = "gang-coordinator-node"
@@ -52,30 +54,33 @@ DURABLE_DEADLINE = "gang-coordinator-deadline"
 
 @dataclass(frozen=True)
 class Config:
-    resync_s: float = 2.0
-    full_resync_s: float = 30.0
-    """How often resync lists the pods from the API server rather than the watch's view."""
-    redrive_after_s: float = 5.0
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    default_timeout_s: float = 180.0
-    settle_s: float = 2.0
-    """An undeclared gang (no min-member) starts once no member arrived for this long."""
-    starve_after_s: float = 60.0
-    """A head-of-line gang waiting longer than this is protected from starvation (0: off)."""
-    fairness: str = "backfill"
-    """How a starving head of the queue is protected (``fairness.MODES``: backfill, strict)."""
-    reconcile_s: float = 5.0
-    """Seconds between reconciler passes (0: no reconciler in this replica)."""
-    tombstone_s: float = 3600.0
-    """How long the entry of a gang whose pods are all gone keeps its attempt counter."""
-    parallelism: int = 16
-    """Replies, and pod events, handled at once; one gang's one at a time, in order."""
-    queue_sync_s: float = 2.0
-    """Seconds between readings of the Queue objects and namespaces (docs/queues.md)."""
-    announce_after_s: float = 1.0
-    """An attempt still running after this long gets its deadline scheduled and its
-    ``GangAdmitted`` published (0: every attempt at once; docs/events.md, "Coalesced")."""
+    """gang-coordinator's configuration: each field is a flag of ``phalanx run gang-coordinator``
+    (``phalanx_service.config``), its help the field's meaning."""
+
+    resync_s: float = option(2.0, "seconds between pod re-lists")
+    full_resync_s: float = option(30.0, "seconds between resync passes that list the pods from the API server; "
+                                  "the passes in between replay the pod watch's view")
+    redrive_after_s: float = option(5.0, "re-publish the commands of a gang without progress for this long")
+    backoff_base_s: float = option(1.0, "first retry delay")
+    backoff_max_s: float = option(60.0, "largest retry delay")
+    default_timeout_s: float = option(180.0, "attempt deadline when the pods set no "
+                                      "phalanx.io/gang-timeout-seconds")
+    settle_s: float = option(2.0, "a gang without min-member starts after no member arrived for this long")
+    starve_after_s: float = option(60.0, "a head-of-line gang waiting this long is protected from starvation; "
+                                   "0 turns it off")
+    fairness: str = option("backfill", "how a starving head of the queue is protected: 'backfill' lets later "
+                           "gangs run on nodes its placement does not need, 'strict' holds them all back (FIFO)",
+                           choices=MODES)
+    reconcile_s: float = option(5.0, "seconds between reconciler passes (ledger vs gang records vs bound pods; "
+                                "one replica at a time holds its lease); 0 runs no reconciler here")
+    tombstone_s: float = option(3600.0, "keep the entry of a gang whose pods are all gone this long, so a gang "
+                                "recreated under its id never reuses an attempt number")
+    parallelism: int = option(16, "replies and pod events handled at once; one gang's one at a time, in order")
+    queue_sync_s: float = option(2.0, "seconds between readings of the Queue objects and namespaces "
+                                 "(docs/queues.md)")
+    announce_after_s: float = option(1.0, "an attempt still running after this long gets its deadline scheduled "
+                                     "and gang.admitted published; quicker attempts publish neither (0: every "
+                                     "attempt at once)")
 
 
 @dataclass

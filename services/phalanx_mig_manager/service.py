@@ -43,6 +43,7 @@ from phalanx_bus import (
     consume,
     read_one,
 )
+from phalanx_mig_manager.devices import devices_from
 from phalanx_nvml import MigDevices, MigError, MigInstanceInfo
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -54,9 +55,21 @@ from phalanx_proto.events import (
     node_decoder,
 )
 from phalanx_proto.state import MigRecord, NodeMig, mig_slot
+from phalanx_service.config import option, required
 from phalanx_telemetry import log, warn
 
 KV_MIG = S.KV_MIG
+
+
+@dataclass(frozen=True)
+class Config:
+    """mig-manager's configuration: each field is a flag of ``phalanx run mig-manager``."""
+
+    node: str = required("this node's name", env="NODE_NAME")
+    nvml: str = option("real", "'real' (the driver), or 'fake:<model>x<count>[@off][,...]' (tests and the "
+                       "simulator only: phalanx_mig_manager.devices)", env="PHALANX_MIG_NVML")
+    reconcile_s: float = option(30.0, "seconds between reconciliation passes")
+    orphan_grace_s: float = option(60.0, "an instance owned by nothing is destroyed after this many seconds")
 """Ownership records of MIG instances: one ``NodeMig`` per node, under the node's token (a
 node's agent may write its own node's key only)."""
 CAS_RETRIES = 20
@@ -364,19 +377,22 @@ async def _reconcile_loop(manager: MigManager, every_s: float, *, task_status=an
             warn("mig reconcile failed", node=manager.node, error=repr(e))
 
 
-async def run(bus: Bus, node: str, devices: MigDevices, *, reconcile_s: float = 30.0, orphan_grace_s: float = 60.0,
-              clock: Callable[[], float] = time.monotonic, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Run mig-manager for ``node`` until cancelled; ready once it has reconciled once. Its
-    durable consumer is made by gang-coordinator before the node's first MIG command (a node
-    agent may create no consumer: docs/security.md); until then it waits for it, and the
-    commands wait in the stream."""
+async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED, devices: MigDevices | None = None,
+              clock: Callable[[], float] = time.monotonic) -> None:
+    """Run mig-manager for ``config.node`` until cancelled; ready once it has reconciled once.
+    Its durable consumer is made by gang-coordinator before the node's first MIG command (a
+    node agent may create no consumer: docs/security.md); until then it waits for it, and the
+    commands wait in the stream. ``devices`` and ``clock`` are the tests' (default: what
+    ``config.nvml`` names, and the monotonic clock)."""
+    node = config.node
     own = S.durable("mig-manager-{node}", node)
     records = await bus.kv(S.KV_MIG)
     ledger = await bus.kv(S.KV_LEDGER)
-    manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=orphan_grace_s, clock=clock)
+    devices = devices if devices is not None else devices_from(config.nvml, node)
+    manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=config.orphan_grace_s, clock=clock)
     await manager.reconcile()
     async with anyio.create_task_group() as tg:
-        await tg.start(_reconcile_loop, manager, reconcile_s)
+        await tg.start(_reconcile_loop, manager, config.reconcile_s)
         tg.start_soon(lambda: consume(
             bus, stream=own.stream, durable=own.durable, filter_subject=own.filter,
             decoder=node_decoder, handler=manager.on_command, create=False))

@@ -20,15 +20,13 @@ from phalanx_proto.state import (
     members_digest,
 )
 from phalanx_proto.topology import NodeTopology
-
-LIVE = ("placing", "preparing", "binding", "scheduled")
-"""Phases in which the current attempt's reservations are in use."""
+from phalanx_proto.vocab import LIVE
+from phalanx_proto.vocab import RefusalRule as R
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    rule: str
-    """A value of ``phalanx_telemetry.metrics.REFUSAL_RULES``."""
+    rule: R
     why: str
 
 
@@ -37,9 +35,9 @@ def check_request(record: GangState | None, ev: PlaceRequested) -> Refusal | Non
     places (``members_digest``): the members themselves are read from the record, never
     from the command."""
     if record is None:
-        return Refusal("unknown_gang", f"no record of gang {ev.gang_id} in phx-gangs")
+        return Refusal(R.UNKNOWN_GANG, f"no record of gang {ev.gang_id} in phx-gangs")
     if ev.attempt > record.attempt:
-        return Refusal("unstarted_attempt", f"attempt {ev.attempt} was never started (the gang is at "
+        return Refusal(R.UNSTARTED_ATTEMPT, f"attempt {ev.attempt} was never started (the gang is at "
                                             f"attempt {record.attempt})")
     if ev.attempt < record.attempt:
         return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
@@ -54,7 +52,7 @@ def check_request(record: GangState | None, ev: PlaceRequested) -> Refusal | Non
 def check_decide(record: GangState) -> Refusal | None:
     """A new decision is made only while the record says the attempt is placing."""
     if record.phase != "placing":
-        return Refusal("not_placing", f"the attempt is {record.phase}, not placing")
+        return Refusal(R.NOT_PLACING, f"the attempt is {record.phase}, not placing")
     return None
 
 
@@ -63,12 +61,12 @@ def check_release(record: GangState | None, ev: ReleaseRequested) -> Refusal | N
     that attempt is live (placing to scheduled): the coordinator drops a member, or rolls the
     attempt back, before it asks for a release."""
     if not ev.pods:
-        return Refusal("unnamed_release", "a release names (gang, attempt, pod uid) for each pod it frees")
+        return Refusal(R.UNNAMED_RELEASE, "a release names (gang, attempt, pod uid) for each pod it frees")
     if record is not None and record.attempt == ev.attempt and record.phase in LIVE:
         members = {m.pod for m in record.members}
         live = [str(p) for p in ev.pods if p in members]
         if live:
-            return Refusal("live_release", f"{', '.join(live[:5])} still member(s) of attempt {ev.attempt}, "
+            return Refusal(R.LIVE_RELEASE, f"{', '.join(live[:5])} still member(s) of attempt {ev.attempt}, "
                                            f"which is {record.phase}")
     return None
 
@@ -111,23 +109,23 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
     if key in ledger.allocations:
         return None
     if topology is None:
-        return Refusal("unknown_node", f"node {a.node} has no topology report")
+        return Refusal(R.UNKNOWN_NODE, f"node {a.node} has no topology report")
     if running is None or key not in running:
         why = "reports no Kubernetes state" if running is None else "does not report it running there"
-        return Refusal("not_running_there", f"{a.pod} (uid {a.pod.uid or '-'}): node {a.node}'s agent {why}; "
+        return Refusal(R.NOT_RUNNING_THERE, f"{a.pod} (uid {a.pod.uid or '-'}): node {a.node}'s agent {why}; "
                                             "a reservation is recorded only for a pod bound and running on the node")
     gpus = {g.index: g for g in topology.gpus}
     unknown = sorted(set(a.gpus) - set(gpus))
     if unknown or not a.gpus:
-        return Refusal("not_recorded", f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
+        return Refusal(R.NOT_RECORDED, f"GPU(s) {unknown or '[]'} do not exist on {a.node}")
     wrong = sorted(i for i in a.gpus if gpus[i].mig_enabled != bool(a.mig_profile))
     if wrong:
         mode = "not in MIG mode" if a.mig_profile else "in MIG mode"
-        return Refusal("not_recorded", f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
+        return Refusal(R.NOT_RECORDED, f"GPU(s) {wrong} of {a.node} are {mode}: they cannot hold {a.pod}'s "
                                        f"{a.kind} assignment")
     new = Allocation(gang_id=ev.gang_id, attempt=ev.attempt, assignment=a, adopted=True, queues=queues)
     conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
     if conflicts:
-        return Refusal("not_recorded", f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
+        return Refusal(R.NOT_RECORDED, f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
     return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})
 

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
-
 import anyio
+
+from phalanx_service.config import add_arguments as _flags
+from phalanx_service.config import from_args
 
 NEEDS_CLUSTER = False
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--heartbeat-stale-s", type=float, default=15.0,
-                   help="a node whose topology heartbeat is older than this is unavailable (default %(default)s)")
-    p.add_argument("--node-state", choices=("auto", "required", "optional"), default="auto",
-                   help="when a node whose agent has not reported its Kubernetes state takes nothing: 'auto' once "
-                   "reports have flowed for --node-state-grace-s (default), always, or never (docs/placement.md)")
-    p.add_argument("--node-state-grace-s", type=float, default=30.0,
-                   help="seconds of reports before 'auto' refuses unreported nodes (default %(default)s)")
-    p.add_argument("--debug-decide-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    from phalanx_placement.service import Config
+
+    _flags(p, Config)
 
 
 async def start(args, bus, cluster, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     from phalanx_placement.service import Config, run
 
-    await run(bus, Config(heartbeat_stale_s=args.heartbeat_stale_s, decide_delay_s=args.debug_decide_delay_s,
-                          node_state=args.node_state, node_state_grace_s=args.node_state_grace_s), task_status=task_status)
+    await run(bus, from_args(Config, args), task_status=task_status)

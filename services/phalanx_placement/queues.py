@@ -46,9 +46,11 @@ from phalanx_proto.queues import (
     usage_key,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, attempt_members
+from phalanx_proto.vocab import IDLE
 
 ORDER_EVERY_S = 0.5
-WAITING = ("waiting", "backoff", "placing")
+WAITING = IDLE | {"placing"}
+"""Phases of a gang that asks for GPUs it does not hold yet: its demand counts towards its queue's fair share."""
 
 
 def queue_of(members: Iterable[MemberSpec]) -> str:

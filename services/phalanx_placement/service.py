@@ -46,9 +46,9 @@ from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.queues import usage_drift
 from phalanx_engine.snapshot import Decision, NoFit
-from phalanx_placement import checks
+from phalanx_placement import checks, testhooks
 from phalanx_placement.cache import ClusterCache, Commit
-from phalanx_placement.nodestate import GRACE_S, NodeStates
+from phalanx_placement.nodestate import GRACE_S, POLICIES, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto import subjects as S
@@ -64,6 +64,8 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.queues import QueueUsage, usage_key
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
+from phalanx_proto.vocab import RefusalRule as R
+from phalanx_service.config import option
 from phalanx_telemetry import allocation, log, metrics, refused, tracer, warn
 
 DURABLE = "placement"
@@ -73,15 +75,15 @@ RELEASE_RETRY_S = 2.0
 
 @dataclass(frozen=True)
 class Config:
-    heartbeat_stale_s: float = 15.0
+    """placement's configuration; the fields with a flag are ``phalanx run placement``'s
+    (``phalanx_service.config``)."""
+
+    heartbeat_stale_s: float = option(15.0, "a node whose topology heartbeat is older than this is unavailable")
     max_commit_retries: int = 20
-    decide_delay_s: float = 0.0
-    """Test only: sleep between deciding and committing, to widen replica races."""
-    node_state: str = "auto"
-    """When a node without a reported Kubernetes state (``NodeKubeState``) takes nothing:
-    ``auto`` once reports have flowed for ``node_state_grace_s``, or ``required``/``optional``
-    (``nodestate.py``, docs/placement.md)."""
-    node_state_grace_s: float = GRACE_S
+    node_state: str = option("auto", "when a node whose agent has not reported its Kubernetes state takes "
+                             "nothing: 'auto' once reports have flowed for --node-state-grace-s, always "
+                             "('required'), or never ('optional') (docs/placement.md)", choices=POLICIES)
+    node_state_grace_s: float = option(GRACE_S, "seconds of reports before 'auto' refuses unreported nodes")
     cycle_max: int = 64
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
     usage_audit_s: float = 10.0
@@ -147,7 +149,7 @@ class Placement:
         """The gang's record from the mirror, or why the request is refused."""
         record = self.cache.gang(ev.gang_id)
         if isinstance(record, Poisoned):
-            return checks.Refusal("unreadable_record", f"{S.KV_GANGS}/{record.key} "
+            return checks.Refusal(R.UNREADABLE_RECORD, f"{S.KV_GANGS}/{record.key} "
                                                        f"(revision {record.revision}): {record.error}")
         return checks.check_request(record, ev) or record
 
@@ -307,8 +309,8 @@ class Placement:
                     "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt,
                     "k8s.node.name": sorted(led.node for led in commit.writes.values()
                                             if isinstance(led, NodeLedger))}) as span:
-                if self.config.decide_delay_s:
-                    await anyio.sleep(self.config.decide_delay_s)
+                if testhooks.DECIDE_DELAY_S:
+                    await anyio.sleep(testhooks.DECIDE_DELAY_S)
                 try:
                     await self._write(commit)
                 except KvConflict:
@@ -358,7 +360,7 @@ class Placement:
         await self.cache.gangs.catch_up()  # a release is checked against the record as it is now
         record = self.cache.gang(ev.gang_id)
         if isinstance(record, Poisoned):
-            refused("unreadable_record", f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
+            refused(R.UNREADABLE_RECORD, f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
                     attempt=ev.attempt)
             return
         refusal = checks.check_release(record, ev)
@@ -387,7 +389,7 @@ class Placement:
             raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
         if held:
-            refused("live_pod", f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
+            refused(R.LIVE_POD, f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
                                 "reservation is kept; the release is retried", gang=ev.gang_id, attempt=ev.attempt,
                     command="release")
             raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
@@ -402,7 +404,7 @@ class Placement:
         for _ in range(self.config.max_commit_retries):
             if key in self.cache.ledger.poisoned:
                 bad = self.cache.ledger.poisoned[key]
-                refused("unreadable_record", f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
+                refused(R.UNREADABLE_RECORD, f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
                         gang=ev.gang_id, pod=str(ev.assignment.pod))
                 return
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)

@@ -5,7 +5,7 @@ KV ``phx-node-state`` under the node's token, for placement's non-GPU filters.
 leaves out the pods Phalanx placed (they carry the assignment annotation and are in the
 ledger with their requests) from what the filters count, lists them apart as what runs there
 (``NodeKubeState.phalanx_pods``: placement frees no reservation of a pod listed there), builds
-the state (``phalanx_engine.nodekube``) and writes it when it differs from what this reporter
+the state (``phalanx_kubeobjects.nodekube``) and writes it when it differs from what this reporter
 last wrote. Every ``REASSERT_S`` it also reads its key back and writes the state again when
 the stored value is not its own (deleted, lost with a server's disk): a node's record never
 stays gone because nothing on the node changed. A Node that is gone, or one whose state breaks
@@ -25,11 +25,12 @@ from contextlib import aclosing
 import anyio
 
 from phalanx_bus import Bus
-from phalanx_engine.nodekube import node_kube_state
-from phalanx_engine.quantity import Violation
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort, NodeObjects, Pod
+from phalanx_kube.port import ClusterPort, NodeObjects, Pod
+from phalanx_kubeobjects.nodekube import node_kube_state
+from phalanx_kubeobjects.quantity import Violation
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder, pod_key
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_telemetry import log, warn
 
 DEBOUNCE_S = 0.5

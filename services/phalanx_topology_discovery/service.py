@@ -33,22 +33,61 @@ from phalanx_kube.port import ClusterPort, Node
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
+from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.kubestate import DEBOUNCE_S, REASSERT_S, NodeStateReporter
 
 ENABLE_LABEL = "lj_runtimekit_enable"
 ACK_LABEL = "ack.node.gpu.schedule"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+STATE_DIR = "/var/lib/phalanx/deviceplugin"
+PLUGIN = "device plugin (docs/delivery.md)"
+"""The ``--help`` group of the device plugin's flags."""
 
 
 @dataclass(frozen=True)
 class Config:
-    node: str
-    heartbeat_s: float = 3.0
+    """topology-discovery's configuration: each field but ``node_state`` is a flag of ``phalanx
+    run topology-discovery`` (``phalanx_service.config``)."""
+
+    node: str = required("this node's name", env="NODE_NAME")
+    topology_file: str | None = option(None, "read the topology from an 'nvidia-smi topo -m' or Phalanx YAML file "
+                                       "instead of NVML", env="PHALANX_TOPOLOGY_FILE")
+    gpu_model: str = option("", "GPU model for a topology file that does not name it (nvidia-smi topo -m prints "
+                            "no model)")
+    gpu_memory_mib: int = option(0, "GPU memory (MiB) for a topology file without it")
+    mig_enabled: bool = option(False, "mark the file's MIG-capable GPUs as in MIG mode (NVML reports the real mode)")
+    heartbeat_s: float = option(3.0, "seconds between heartbeats")
     node_state: bool = True
     """Report the node's Kubernetes state to ``phx-node-state`` (``kubestate``)."""
-    node_state_debounce_s: float = DEBOUNCE_S
-    node_state_reassert_s: float = REASSERT_S
+    node_state_debounce_s: float = option(DEBOUNCE_S, "at most one report of the node's Kubernetes state per this "
+                                          "many seconds")
+    node_state_reassert_s: float = option(REASSERT_S, "read the stored Kubernetes state back this often and write "
+                                          "it again if it is not this node's (deleted, lost)")
+    advertise: str = option("auto", "how the node's GPU resources reach the kubelet: 'device-plugin' serves them "
+                            "(a real node; the DaemonSet sets this), 'node-status' patches them into the Node status "
+                            "(the simulator and kwok, which have no kubelet); 'auto' = device-plugin when the "
+                            "kubelet's registration socket exists", env="PHALANX_ADVERTISE",
+                            choices=("auto", "device-plugin", "node-status"), group=PLUGIN)
+    device_plugin_dir: str = option(DEVICE_PLUGIN_DIR, "the kubelet's device-plugin directory",
+                                    env="PHALANX_DEVICE_PLUGIN_DIR", group=PLUGIN)
+    pod_resources_socket: str = option(POD_RESOURCES_SOCKET, "the kubelet's PodResources socket",
+                                       env="PHALANX_POD_RESOURCES_SOCKET", group=PLUGIN)
+    state_dir: str = option(STATE_DIR, "where the plugin keeps what it served, across restarts",
+                            env="PHALANX_STATE_DIR", group=PLUGIN)
+    fence_namespace: str = option("phalanx-system", "namespace of binder's per-node fence leases",
+                                  env="POD_NAMESPACE", group=PLUGIN)
+    cdi: bool = option(True, "name GPUs in NVIDIA_VISIBLE_DEVICES instead of CDI (only where the node has no "
+                       "CDI; see docs/delivery.md for why env-var delivery is not access control)", flag="--no-cdi",
+                       group=PLUGIN)
+    sysfs_root: str = option("/", "the directory holding the host's sys/ (RDMA device nodes of the chosen NICs are "
+                             "read from <root>/sys/class/infiniband)", env="PHALANX_SYSFS_ROOT", group=PLUGIN)
+    mps_pipe_dir: str = option("", "the node's MPS control daemon pipe directory, if it runs one", group=PLUGIN)
+    mps_active_thread_pct: int = option(0, "the MPS daemon's default active thread percentage (what it enforces "
+                                        "on every client)", group=PLUGIN)
+    mps_pinned_mem_mib: int = option(0, "the MPS daemon's default pinned device memory limit in MiB", group=PLUGIN)
 
 
 def enabled_by_labels(labels: dict[str, str]) -> bool:
@@ -162,13 +201,49 @@ class Discovery:
                 warn("report failed", node=self.config.node, error=repr(e))
 
 
-async def run(bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology], *,
-              agent: Callable[[anyio.abc.TaskGroup], ResourceAgent] | None = None,
-              task_status=anyio.TASK_STATUS_IGNORED) -> None:
+def reader(config: Config) -> Callable[[], NodeTopology]:
+    """Where the topology comes from: ``config.topology_file`` (read once), else NVML."""
+    if config.topology_file:
+        topo = topology_from_file(config.topology_file, config.node, gpu_model=config.gpu_model,
+                                  gpu_memory_mib=config.gpu_memory_mib, mig_enabled=config.mig_enabled)
+        return lambda: topo
+    from phalanx_nvml import NvmlDiscovery
+
+    nvml = NvmlDiscovery()
+    return lambda: nvml.discover(config.node)
+
+
+def plugin_agent(config: Config, cluster: ClusterPort) -> Callable[[anyio.abc.TaskGroup], ResourceAgent] | None:
+    """The device plugin agent's factory, or None when the resources go into the Node status
+    (``config.advertise``)."""
+    from phalanx_deviceplugin import agent as A
+    from phalanx_deviceplugin import delivery as dv
+
+    mode = config.advertise
+    if mode == "auto":
+        mode = "device-plugin" if A.kubelet_present(config.device_plugin_dir) else "node-status"
+    if mode == "node-status":
+        return None
+    mps = (dv.Mps(config.mps_pipe_dir, config.mps_active_thread_pct, config.mps_pinned_mem_mib)
+           if config.mps_pipe_dir else None)
+    plugin = A.AgentConfig(node=config.node, socket_dir=config.device_plugin_dir,
+                           pod_resources_socket=config.pod_resources_socket, state_dir=config.state_dir,
+                           fence_namespace=config.fence_namespace,
+                           delivery=dv.Delivery(cdi=config.cdi, mps=mps, sysfs_root=config.sysfs_root))
+    unhealthy = lambda uuids: frozenset()  # noqa: E731 - a topology file has no NVML to ask
+    if not config.topology_file:
+        from phalanx_nvml.health import NvmlHealth
+
+        unhealthy = NvmlHealth().unhealthy
+    return lambda tg: A.PluginAgent(tg, cluster, plugin, unhealthy)
+
+
+async def run(bus: Bus, cluster: ClusterPort, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run topology-discovery until cancelled; ready once the first topology report and the
-    first Kubernetes-state report are stored. ``agent``
-    builds the device plugin agent in the service's task group; without it the resources are
-    patched into the Node status."""
+    first Kubernetes-state report are stored. The topology comes from ``reader(config)``; the
+    device plugin agent (``plugin_agent``) runs in the service's task group, or, without one,
+    the resources are patched into the Node status."""
+    read, agent = reader(config), plugin_agent(config, cluster)
     async with anyio.create_task_group() as tg:
         discovery = Discovery(bus, cluster, config, read, agent(tg) if agent else None)
         await discovery.report_once()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks import attack, cure, node_attack, streams_over_their_limits, wait_for_zero_findings  # noqa: E402
 
 from hostile import scrape  # noqa: E402
-from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
+from phalanx_localstack.stack import ClusterFile, Stack  # noqa: E402
 from stackutil import (  # noqa: E402
     CLUSTER,
     audit_ledger,

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from phalanx_bus import Bus  # noqa: E402
 from phalanx_kube.sim import SimCluster  # noqa: E402
+from phalanx_localstack.natsserver import NatsCluster  # noqa: E402
+from phalanx_localstack.stack import ClusterFile, Stack  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
-from phalanx_runtime.natsserver import NatsCluster  # noqa: E402
-from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
 from stackutil import CLUSTER, audit_ledger, bound_pods, gang_pod, gang_states, seed_nodes  # noqa: E402
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]

@@ -19,8 +19,8 @@ from dpkit import MIG_UUID, UUIDS, Binder, assignment, node_topology, pod, rdma_
 
 from phalanx_deviceplugin import delivery as dv
 from phalanx_deviceplugin.agent import AgentConfig, PluginAgent
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.deviceplugin]
 GPU = "nvidia.com/gpu"

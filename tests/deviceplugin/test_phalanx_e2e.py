@@ -27,13 +27,14 @@ from kubeharness import HarnessError, start_control_plane, unique
 from phalanx_bus import Bus
 from phalanx_deviceplugin import delivery as dv
 from phalanx_kube import fence as F
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, ClusterPort
-from phalanx_nvml.fake import gpu_uuid
+from phalanx_kube.port import ClusterPort
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_nvmlfake.nvml import gpu_uuid
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.state import mig_slot, node_mig_decoder
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
-from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_topology import yamlfmt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.deviceplugin, pytest.mark.e2e]

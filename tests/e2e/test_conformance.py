@@ -31,9 +31,9 @@ from kubeharness import ControlPlane, KubeApi, fake_gpu_node, start_control_plan
 
 from phalanx_bus import Bus
 from phalanx_bus.records import read_all
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.scheduling import NodeKubeState
-from phalanx_runtime.stack import ClusterFile, Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from kubecontrollers import delete_workloads, wait_for
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
 from test_seed_examples import EXAMPLES, SERVICES, condition
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 
 pytestmark = pytest.mark.e2e
 

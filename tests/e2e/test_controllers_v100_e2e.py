@@ -17,7 +17,7 @@ from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
 from test_controllers_e2e import JOBSET, bound, gpus_used, jobset, live
 from test_seed_examples import SERVICES, TOPOLOGY, condition
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 
 pytestmark = pytest.mark.e2e
 

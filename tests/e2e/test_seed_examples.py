@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import yaml
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
 from test_seed_examples import EXAMPLES, SERVICES, TIERS, TOPOLOGY, condition, seed_pod, wait_for
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 
 pytestmark = pytest.mark.e2e
 

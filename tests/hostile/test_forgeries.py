@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from hostile import Forgery, as_identity, attempt  # noqa: E402
 from phalanx_bus import Bus, BusAuth, BusError  # noqa: E402
+from phalanx_localstack.stack import ClusterFile, Stack  # noqa: E402
 from phalanx_proto import events as E  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
 from phalanx_proto.state import NodeLedger  # noqa: E402
-from phalanx_runtime.stack import ClusterFile, Stack  # noqa: E402
 from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.hostile, pytest.mark.anyio]

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from hostile import Forgery, as_identity, attempt, audited, scrape  # noqa: E402
 from phalanx_bus import Bus  # noqa: E402
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION  # noqa: E402
+from phalanx_localstack.stack import OWNER_FILE, WORKDIR_PREFIX, ClusterFile, Stack, remove_stale_workdirs  # noqa: E402
 from phalanx_proto import events as E  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION  # noqa: E402
 from phalanx_proto.state import alloc_key  # noqa: E402
-from phalanx_runtime.stack import OWNER_FILE, WORKDIR_PREFIX, ClusterFile, Stack, remove_stale_workdirs  # noqa: E402
 from stackutil import connect, gang_states, gpu_pod, ledger, seed_nodes, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.hostile, pytest.mark.anyio]

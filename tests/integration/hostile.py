@@ -12,9 +12,9 @@ import anyio
 
 from phalanx_bus import Bus, BusAuth
 from phalanx_kube.sim import KV_PODS, SimCluster
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.state import alloc_key
-from phalanx_runtime.stack import ClusterFile, Stack
 from phalanx_telemetry import exposition
 from stackutil import CLUSTER, audit_ledger, connect, gang_states, gpu_pod, ledger, seed_nodes, wait_until
 

@@ -10,10 +10,10 @@ import anyio
 
 from phalanx_bus import Bus
 from phalanx_bus.records import read_all
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.state import BucketRule, NodeLedger, ledger_decoder
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"

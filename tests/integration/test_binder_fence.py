@@ -12,15 +12,15 @@ import anyio
 import msgspec
 import pytest
 
-from phalanx_binder.service import Settings
+from phalanx_binder.service import Config
 from phalanx_binder.service import run as run_binder
 from phalanx_bus import Bus
 from phalanx_bus.kv import Kv
 from phalanx_kube import fence as F
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import KV_PODS, SimCluster, pod_key
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindPods, NodeTopologyReported, PodRef, encoder
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, assignment_digest
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key
 from phalanx_proto.topology import Gpu, NodeTopology
 from stackutil import wait_until
@@ -99,7 +99,7 @@ async def binder(nats_private, monkeypatch, before=None):
     reads.clear()  # the test's own writes read the ledger
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(lambda task_status: run_binder(bus, cluster, Settings(parallelism=8, fence_namespace=NS,
+            await tg.start(lambda task_status: run_binder(bus, cluster, Config(parallelism=8, fence_namespace=NS,
                                                                                  instance="binder-test"),
                                                           task_status=task_status))
             yield bus, cluster, reads
@@ -148,7 +148,7 @@ async def test_a_gangs_binds_share_one_fence_write_per_node_and_nothing_is_bound
         assert all(p.annotations[ASSIGNMENT_ANNOTATION] == encoder.encode(a).decode()
                    for a, p in zip(placed, pods.values(), strict=True))
         assert await fence_of(cluster, FENCED) == {
-            a.pod.name: F.digest(pods[a.pod.name].annotations[ASSIGNMENT_ANNOTATION]) for a in placed[:4]}
+            a.pod.name: assignment_digest(pods[a.pod.name].annotations[ASSIGNMENT_ANNOTATION]) for a in placed[:4]}
         assert cluster.writes == [("create", F.lease_name(FENCED))]  # one write for the gang; none for kwok-node
         assert cluster.fenced_at_bind == {f"g-{i}": i < 4 for i in range(6)}
         assert reads == []  # the checks read the mirrors, never an entry
@@ -169,7 +169,7 @@ async def test_fence_entries_go_as_soon_as_their_pods_start_end_or_are_deleted(n
         await (await bus.kv(KV_PODS)).delete(pod_key("default", "r-2"))
 
         async def only_r3():
-            return await fence_of(cluster, FENCED) == {"r-3": F.digest(encoder.encode(placed[3]).decode())}
+            return await fence_of(cluster, FENCED) == {"r-3": assignment_digest(encoder.encode(placed[3]).decode())}
         await wait_until(only_r3, 30, what="r-0, r-1 and r-2 released")
         await (await bus.kv(KV_PODS)).delete(pod_key("default", "r-3"))
 
@@ -188,7 +188,7 @@ async def test_a_redelivered_bind_of_a_bound_pod_that_has_not_started_writes_its
                                                                   pods=(placed[0].pod,)), msg_id="redelivered")
 
         async def fenced_again():
-            return await fence_of(cluster, FENCED) == {"d-0": F.digest(encoder.encode(placed[0]).decode())}
+            return await fence_of(cluster, FENCED) == {"d-0": assignment_digest(encoder.encode(placed[0]).decode())}
         await wait_until(fenced_again, 30, what="the entry written again")
 
 
@@ -202,4 +202,4 @@ async def test_a_bind_to_a_pod_that_edited_its_annotation_puts_back_what_the_led
         await bus.publish(S.binder_subject("default/e"), BindPods(gang_id="default/e", attempt=1, pods=(a.pod,)))
         await bound(cluster, [a])
         text = (await cluster.get_pod(PodRef(namespace="default", name="e-0"))).annotations[ASSIGNMENT_ANNOTATION]
-        assert (text, await fence_of(cluster, FENCED)) == (encoder.encode(a).decode(), {"e-0": F.digest(text)})
+        assert (text, await fence_of(cluster, FENCED)) == (encoder.encode(a).decode(), {"e-0": assignment_digest(text)})

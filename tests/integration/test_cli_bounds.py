@@ -15,8 +15,8 @@ import pytest
 
 from phalanx_bus import Bus
 from phalanx_cli.main import main
+from phalanx_localstack.natsserver import NatsServer, free_port
 from phalanx_proto.events import GangPending
-from phalanx_runtime.natsserver import NatsServer, free_port
 
 pytestmark = pytest.mark.integration
 

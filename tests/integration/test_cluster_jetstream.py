@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from phalanx_bus import Bus, KvConflict, kv_atomic_write
+from phalanx_localstack.natsserver import NatsCluster
 from phalanx_proto import events as E
 from phalanx_proto import subjects as S
-from phalanx_runtime.natsserver import NatsCluster
 
 pytestmark = pytest.mark.anyio
 

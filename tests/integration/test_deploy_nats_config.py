@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from phalanx_runtime.natsserver import find_nats_server
+from phalanx_localstack.natsserver import find_nats_server
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 

@@ -14,8 +14,8 @@ import time
 import anyio
 import pytest
 
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
-from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ import pytest
 
 from phalanx_bus import Bus, KvMirror, MirrorLagging
 from phalanx_bus.mirror import MirrorEntry
+from phalanx_localstack.natsserver import free_port
 from phalanx_proto import subjects as S
 from phalanx_proto.state import NodeLedger, ledger_problem
-from phalanx_runtime.natsserver import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

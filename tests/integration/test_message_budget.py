@@ -17,8 +17,8 @@ import anyio
 import pytest
 
 from hostile import scrape
-from phalanx_runtime.stack import Stack
-from phalanx_runtime.synthetic import synthetic_cluster
+from phalanx_localstack.stack import Stack
+from phalanx_localstack.synthetic import synthetic_cluster
 from stackutil import audit_ledger, connect, gang_pod, gang_states, gpu_pod, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -7,7 +7,7 @@ import urllib.request
 import anyio
 import pytest
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_telemetry import exposition
 from stackutil import CLUSTER, connect, gpu_pod, seed_nodes, wait_until
 

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 import yaml
 
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from stackutil import connect, gang_states, ref, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

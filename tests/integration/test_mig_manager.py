@@ -13,7 +13,7 @@ import pytest
 from phalanx_bus import Bus
 from phalanx_bus.declare import declare_consumer
 from phalanx_nvml import NvmlMig
-from phalanx_nvml.fake_mig import FakeMigNvml, from_spec
+from phalanx_nvmlfake.mig import FakeMigNvml, from_spec
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
@@ -91,12 +91,12 @@ def prepare(gpu=0, profile="3g.20gb", start=4, attempt=1, pod=POD) -> MigPrepare
 
 
 async def with_manager(bus, fake: FakeMigNvml, body, *, clock=None, grace=60.0, reconcile_s=3600.0):
-    from phalanx_mig_manager.service import run
+    from phalanx_mig_manager.service import Config, run
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             manager = await tg.start(lambda task_status: run(
-                bus, NODE, NvmlMig(fake), reconcile_s=reconcile_s, orphan_grace_s=grace,
+                bus, Config(node=NODE, reconcile_s=reconcile_s, orphan_grace_s=grace), devices=NvmlMig(fake),
                 clock=clock or Clock(), task_status=task_status))
             await body(manager)
             tg.cancel_scope.cancel()

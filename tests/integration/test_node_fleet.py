@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from phalanx_bus import Bus
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_kube.sim import SimCluster
-from phalanx_node_fleet.fleet import FleetConfig, run
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_localstack.synthetic import synthetic_cluster, tier_labels
+from phalanx_node_fleet.fleet import Config, run
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     MigDestroyed,
@@ -27,9 +28,8 @@ from phalanx_proto.events import (
     PodRef,
     node_decoder,
 )
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.scheduling import HostPort, NodeKubeState
-from phalanx_runtime.stack import ClusterFile, Stack
-from phalanx_runtime.synthetic import synthetic_cluster, tier_labels
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.service import topology_from_file
 from stackutil import connect, gpu_pod, ref, seed_nodes, wait_until
@@ -49,20 +49,21 @@ async def bus(nats_private):
     await b.close()
 
 
-async def fleet_of(bus: Bus, cluster: ClusterFile, tg, **config):
+async def fleet_of(bus: Bus, cluster: ClusterFile, tg, tmp_path, **config):
     sim = await SimCluster.open(bus)
     for node in cluster.node_objects():
         await sim.apply_node(node)
+    path = str(cluster.dump(tmp_path / "fleet-cluster.yaml"))
     with anyio.fail_after(120):
-        fleet = await tg.start(lambda task_status: run(bus, sim, cluster.nodes, FleetConfig(**config),
+        fleet = await tg.start(lambda task_status: run(bus, sim, Config(cluster_file=path, **config),
                                                        task_status=task_status))
     return fleet, sim
 
 
-async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beats_under_its_own_key(bus):
+async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beats_under_its_own_key(bus, tmp_path):
     cluster = synthetic_cluster("200x8v100")
     async with anyio.create_task_group() as tg:
-        fleet, sim = await fleet_of(bus, cluster, tg, heartbeat_s=0.5, label_refresh_s=0.5)
+        fleet, sim = await fleet_of(bus, cluster, tg, tmp_path, heartbeat_s=0.5, label_refresh_s=0.5)
         topo = {e.key: msgspec.json.decode(e.value, type=NodeTopologyReported)
                 for e in await (await bus.kv(S.KV_TOPOLOGY)).items()}
         n = cluster.nodes[37]
@@ -126,10 +127,10 @@ async def replies(bus: Bus, n: int) -> list:
     return out
 
 
-async def test_a_fleet_answers_mig_commands_for_its_mig_node_and_for_a_node_without_mig(bus):
+async def test_a_fleet_answers_mig_commands_for_its_mig_node_and_for_a_node_without_mig(bus, tmp_path):
     cluster = ClusterFile.load(MIG_CLUSTER)
     async with anyio.create_task_group() as tg:
-        fleet, _ = await fleet_of(bus, cluster, tg)
+        fleet, _ = await fleet_of(bus, cluster, tg, tmp_path)
         assert sorted(m.node for m in fleet.mig.values()) == ["a100-mig"]
         prepare = MigPrepareRequested(node="a100-mig", gang_id="default/g", pod=POD, gpu=0, profile="3g.20gb", start=4)
         await bus.publish(S.mig_subject("a100-mig"), prepare)
@@ -144,10 +145,10 @@ async def test_a_fleet_answers_mig_commands_for_its_mig_node_and_for_a_node_with
         tg.cancel_scope.cancel()
 
 
-async def test_a_mig_command_for_a_node_outside_the_fleet_is_dead_lettered(bus):
+async def test_a_mig_command_for_a_node_outside_the_fleet_is_dead_lettered(bus, tmp_path):
     cluster = ClusterFile.load(MIG_CLUSTER)
     async with anyio.create_task_group() as tg:
-        await fleet_of(bus, cluster, tg)
+        await fleet_of(bus, cluster, tg, tmp_path)
         await bus.publish(S.mig_subject("ghost"), MigDestroyRequested(node="ghost", gang_id="default/g", pod=POD))
         sub = await bus.js.subscribe("phx.dlq.>", stream=S.STREAM_DEAD_LETTER, ordered_consumer=True)
         try:

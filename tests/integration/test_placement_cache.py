@@ -20,6 +20,7 @@ from phalanx_bus import Bus, BusAuth, KvConflict, kv_atomic_write
 from phalanx_bus.records import read_all
 from phalanx_engine.decide import Cluster
 from phalanx_engine.snapshot import NodeView, Snapshot
+from phalanx_localstack.synthetic import synthetic_cluster
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.service import Config
@@ -41,7 +42,6 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
-from phalanx_runtime.synthetic import synthetic_cluster
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.service import topology_from_file
 

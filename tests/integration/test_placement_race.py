@@ -10,11 +10,12 @@ import anyio
 import pytest
 
 from phalanx_engine.queues import expected_usage, held_by_queue
+from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_localstack.synthetic import synthetic_cluster
+from phalanx_placement.testhooks import DECIDE_DELAY_ENV
 from phalanx_proto import subjects as S
 from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, usage_key
 from phalanx_proto.state import usage_decoder
-from phalanx_runtime.stack import ClusterFile, Stack
-from phalanx_runtime.synthetic import synthetic_cluster
 from stackutil import (
     CLUSTER,
     audit_ledger,
@@ -28,12 +29,13 @@ from stackutil import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
+DECIDE_DELAY_50MS = {DECIDE_DELAY_ENV: "0.05"}
+"""placement's test hook: 50 ms between deciding and committing, so the replicas' races happen."""
 
 
 async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(tmp_path):
     stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"), replicas={"placement": 2},
-                  service_args={"placement": ["--debug-decide-delay-s", "0.05"]})
+                  env=DECIDE_DELAY_50MS)
     stack.start_nats()
     try:
         bus, sim = await connect(stack)
@@ -88,8 +90,8 @@ async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(t
 
 async def test_two_placement_replicas_on_a_thousand_fleet_nodes_never_double_book(tmp_path):
     stack = Stack(synthetic_cluster("1000x8v100"), workdir=str(tmp_path / "stack"), replicas={"placement": 2},
-                  fleet=True, service_args={
-                      "placement": ["--debug-decide-delay-s", "0.02", "--heartbeat-stale-s", "120"],
+                  fleet=True, env={DECIDE_DELAY_ENV: "0.02"}, service_args={
+                      "placement": ["--heartbeat-stale-s", "120"],
                       "node-fleet": ["--heartbeat-s", "20", "--label-refresh-s", "3600"]})
     stack.start_nats()
     try:
@@ -132,8 +134,7 @@ async def test_two_placement_replicas_racing_never_push_a_queue_past_its_limit(t
     the queue's usage record as for the nodes, and at no poll does the ledger hold more than 6
     GPUs for team-r; what it holds is exactly what the usage record says."""
     stack = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"), replicas={"placement": 2},
-                  service_args={"placement": ["--debug-decide-delay-s", "0.05"],
-                                "gang-coordinator": ["--queue-sync-s", "0.3"]})
+                  env=DECIDE_DELAY_50MS, service_args={"gang-coordinator": ["--queue-sync-s", "0.3"]})
     stack.start_nats()
     try:
         bus, sim = await connect(stack)

@@ -156,7 +156,7 @@ async def test_a_gang_whose_members_name_different_queues_waits_with_that_reason
 
 
 def test_the_queue_tree_is_refused_in_the_spec_a_problem_names():
-    from phalanx_engine.queuespec import queue_from_object
+    from phalanx_kubeobjects.queuespec import queue_from_object
 
     spec = queue_from_object(msgspec.json.decode(msgspec.json.encode(queue("bad", 9, 4))))
     assert spec.problem == "spec.resources[nvidia.com/gpu]: quota must not exceed limit"

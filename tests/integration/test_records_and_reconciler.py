@@ -20,9 +20,9 @@ import msgspec
 import pytest
 
 from hostile import audited, cleaned_env, held, hostile_stack, phalanx, scheduled, scrape
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, PodRef, encoder
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.state import RECONCILER_REPORT_KEY, NodeLedger, reconciler_report_decoder
 from stackutil import CLUSTER, bound_pods, connect, gang_pod, gang_states, gpu_pod, ledger, ref, wait_until
 

@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 from stackutil import (
     CLUSTER,
     audit_ledger,

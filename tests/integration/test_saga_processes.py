@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from phalanx_runtime.stack import ClusterFile, Stack
+from phalanx_localstack.stack import ClusterFile, Stack
 from stackutil import (
     CLUSTER,
     audit_ledger,

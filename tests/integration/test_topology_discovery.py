@@ -7,11 +7,11 @@ import anyio
 import msgspec
 import pytest
 
+from phalanx_localstack.inputs import SIMULATED_ALLOCATABLE
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeTopologyReported
 from phalanx_proto.scheduling import NodeKubeState
-from phalanx_runtime.inputs import SIMULATED_ALLOCATABLE
-from phalanx_runtime.stack import ClusterFile, Stack
 from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_nodes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -125,7 +125,7 @@ async def nats_accepts(workdir: Path, secrets: dict[str, dict[str, bytes]], name
     the hook's CA; the admin's JetStream account info (the proof its credential is the admin's)."""
     import nats
 
-    from phalanx_runtime.natsserver import NatsServer
+    from phalanx_localstack.natsserver import NatsServer
 
     d = workdir / "nats-check"
     d.mkdir(exist_ok=True)

@@ -10,8 +10,10 @@ import pytest
 from kubeharness import gpu_pod
 
 from phalanx_kube.kube import KubeCluster, pod_from_api
+from phalanx_kube.podtable import PodTable
 from phalanx_kube.port import PodEvent
 from phalanx_kube.ratelimit import KubeClientSettings
+from phalanx_kube.reflector import Reflector
 
 pytestmark = pytest.mark.e2e
 
@@ -23,46 +25,48 @@ def obj(name: str, uid: str, rv: str, ns: str = "ns") -> dict:
 
 
 def test_a_relist_reports_what_changed_while_the_watch_was_away():
-    known = {("ns", p.name): p for p in map(pod_from_api, [obj("same", "u1", "10"), obj("changed", "u2", "11"),
-                                                            obj("gone", "u3", "12"), obj("recreated", "u4", "13")])}
+    table = PodTable(pod_from_api)
+    table.relisted([obj("same", "u1", "10"), obj("changed", "u2", "11"), obj("gone", "u3", "12"),
+                    obj("recreated", "u4", "13")])
     fresh = [obj("same", "u1", "10"), obj("changed", "u2", "20"), obj("recreated", "u5", "21"), obj("new", "u6", "22")]
-    events = KubeCluster._relist_diff(None, known, fresh)  # type: ignore[arg-type]
+    events = table.relisted(fresh)
     assert [(e.type, e.pod.name, e.pod.uid) for e in events] == [
         ("DELETED", "gone", "u3"), ("DELETED", "recreated", "u4"),
         ("MODIFIED", "changed", "u2"), ("ADDED", "new", "u6"), ("ADDED", "recreated", "u5"),
     ]
-    assert sorted((k, p.uid) for k, p in known.items()) == [
+    assert sorted((k, p.uid) for k, p in table.known.items()) == [
         (("ns", "changed"), "u2"), (("ns", "new"), "u6"), (("ns", "recreated"), "u5"), (("ns", "same"), "u1")]
 
 
 def test_a_pod_recreated_between_two_watch_events_is_reported_deleted_then_added():
-    known = {("ns", "p"): pod_from_api(obj("p", "old", "1"))}
-    events = KubeCluster._apply(known, "MODIFIED", pod_from_api(obj("p", "new", "2")))
+    table = PodTable(pod_from_api)
+    table.relisted([obj("p", "old", "1")])
+    events = table.watched("MODIFIED", pod_from_api(obj("p", "new", "2")))
     assert [(e.type, e.pod.uid) for e in events] == [("DELETED", "old"), ("ADDED", "new")]
 
 
 @pytest.mark.anyio
-async def test_a_watch_answered_with_410_gone_re_lists_and_reports_none_again(kube, kube_api, kube_ns):
+async def test_a_watch_answered_with_410_gone_re_lists_and_reports_none_again(kube, kube_api, kube_ns, monkeypatch):
     """A real API server with a fresh watch cache serves even resourceVersion 1, so the expiry is
     injected as the ERROR event the server sends once etcd has compacted the revision."""
     kube_api.create_pod(gpu_pod("listed", kube_ns))
     cluster = await KubeCluster.open(str(kube.kubeconfig))
-    real_list, real_stream, lists = cluster._list_raw, cluster._watch_stream, []
+    real_list, real_stream, lists = Reflector.list, Reflector.watch, []
 
-    async def counted_list():
+    async def counted_list(self):
         lists.append(1)
-        return await real_list()
+        return await real_list(self)
 
-    async def expired_once(rv):
+    async def expired_once(self, rv):
         if len(lists) == 1:
             yield "ERROR", {"kind": "Status", "code": 410, "reason": "Expired",
                             "message": f"too old resource version: {rv}"}
             return
-        async for item in real_stream(rv):
+        async for item in real_stream(self, rv):
             yield item
 
-    cluster._list_raw = counted_list  # type: ignore[method-assign]
-    cluster._watch_stream = expired_once  # type: ignore[method-assign]
+    monkeypatch.setattr(Reflector, "list", counted_list)
+    monkeypatch.setattr(Reflector, "watch", expired_once)
     seen: list[str] = []
     watch = cluster.watch_pods()
     try:

@@ -16,8 +16,8 @@ from kubeharness import fake_gpu_node, unique
 from phalanx_bus import Bus
 from phalanx_bus.bus import BusAuth
 from phalanx_kube.kube import KubeCluster
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
 from phalanx_proto import subjects as S
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 

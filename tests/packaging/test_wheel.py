@@ -32,7 +32,8 @@ def test_the_wheel_holds_the_packages_and_no_tests_or_benchmarks(wheel):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {"phalanx_cli", "phalanx_bus", "phalanx_kube", "phalanx_placement", "phalanx_binder",
             "phalanx_gang_coordinator", "phalanx_topology_discovery", "phalanx_mig_manager", "phalanx_proto"} <= tops
-    assert not tops & {"phalanx_bench", "tests", "bench", "examples", "deploy", "tools"}, tops
+    assert not tops & {"phalanx_bench", "phalanx_node_fleet", "phalanx_nvmlfake", "tests", "bench", "sim", "examples",
+                       "deploy", "tools"}, tops
 
 
 def test_the_wheel_installs_into_a_clean_virtualenv_and_phalanx_runs_from_it(wheel, tmp_path):
@@ -49,6 +50,7 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_phalanx_runs_from_it(whe
         return done.stdout
 
     assert all(cmd in phalanx("--help") for cmd in ("run", "bus", "explain", "validate"))
+    assert "binder" in phalanx("run", "--help") and "node-fleet" not in phalanx("run", "--help"), "no simulator"
     assert "--rotation" in phalanx("bus", "kube-secrets", "--help")  # the chart's hook Job
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import phalanx_cli; print(phalanx_cli.__file__)"],
                            capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=60).stdout
@@ -66,4 +68,4 @@ def test_the_dockerfile_builds_a_small_pinned_non_root_image_from_the_wheel():
     health = re.search(r"^HEALTHCHECK .*\n.*127\.0\.0\.1:8080/healthz", text, re.M)
     assert health and "PHALANX_HEALTH_ADDR=0.0.0.0:8080" in text, "the /healthz the chart's probes use"
     assert re.search(r'^ENTRYPOINT \["phalanx"\]$', text, re.M)
-    assert not re.search(r"^COPY (tests|bench|examples)", text, re.M)
+    assert not re.search(r"^COPY (tests|bench|sim|examples)", text, re.M)

@@ -31,10 +31,10 @@ from jaegerharness import Jaeger, JaegerMissing, Span, Trace
 
 from phalanx_bus import Bus
 from phalanx_kube.sim import SimCluster
+from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import GangState, gang_state_decoder
-from phalanx_runtime.stack import ClusterFile, Stack
 
 pytestmark = [pytest.mark.traces, pytest.mark.anyio]
 

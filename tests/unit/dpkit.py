@@ -20,8 +20,9 @@ from typing import Any
 import msgspec
 
 from phalanx_kube import fence as F
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Lease, LeaseConflict, Pod, pod_from_dict
+from phalanx_kube.port import Lease, LeaseConflict, Pod, pod_from_dict
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, FenceEntry, assignment_digest
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
 NODE = "gpu-node-1"
@@ -146,8 +147,8 @@ class Binder:
         for a in batch:
             text = msgspec.json.encode(a).decode()
             await self.cluster.annotate_pod(a.pod, {ASSIGNMENT_ANNOTATION: text})
-            entries.append(F.FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name,
-                                        digest=F.digest(text), expires=now + F.ENTRY_TTL_S))
+            entries.append(FenceEntry(uid=a.pod.uid, namespace=a.pod.namespace, name=a.pod.name,
+                                      digest=assignment_digest(text), expires=now + F.ENTRY_TTL_S))
         await F.fence_pods(self.cluster, namespace=self.namespace, node=self.node, entries=entries,
                            holder="binder-test", now=now)
         for a in batch:

@@ -13,6 +13,7 @@ from phalanx_binder.pods import PodWatch
 from phalanx_kube import fence as F
 from phalanx_kube.port import Lease, PodEvent, pod_from_dict
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import FenceEntry, assignment_digest
 
 pytestmark = pytest.mark.anyio
 NS = "phalanx-system"
@@ -52,8 +53,8 @@ class CountingCluster(MemCluster):
         return await super().delete_lease(namespace, name, resource_version=resource_version)
 
 
-def entry(uid: str) -> F.FenceEntry:
-    return F.FenceEntry(uid=uid, namespace="default", name=f"pod-{uid}", digest=F.digest(uid), expires=NOW + 300)
+def entry(uid: str) -> FenceEntry:
+    return FenceEntry(uid=uid, namespace="default", name=f"pod-{uid}", digest=assignment_digest(uid), expires=NOW + 300)
 
 
 async def listed(cluster: MemCluster, node: str) -> list[str]:

@@ -10,6 +10,7 @@ from phalanx_deviceplugin import delivery as dv
 from phalanx_deviceplugin.devices import DeviceTable
 from phalanx_kube import fence as F
 from phalanx_kube.port import Lease
+from phalanx_proto.kubeapi import FENCE_ANNOTATION, Fence, FenceEntry, assignment_digest, encode_fence
 
 TABLE = DeviceTable(node_topology())
 A = UUIDS[0]
@@ -60,11 +61,11 @@ def test_check_names_what_does_not_match(resource, ids, want):
 # -- the fence -------------------------------------------------------------------------------------
 def lease(fence_json: str, *, renewed: float = 100.0, duration: int = 600) -> Lease:
     return Lease(namespace="phalanx-system", name=F.lease_name(NODE), holder="binder-0", duration_s=duration,
-                 renewed=renewed, annotations={F.FENCE_ANNOTATION: fence_json})
+                 renewed=renewed, annotations={FENCE_ANNOTATION: fence_json})
 
 
-ENTRY = F.FenceEntry(uid="u1", namespace="default", name="p1", digest=F.digest('{"a":1}'), expires=500.0)
-GOOD = F.encode(F.Fence(node=NODE, pods=(ENTRY,)))
+ENTRY = FenceEntry(uid="u1", namespace="default", name="p1", digest=assignment_digest('{"a":1}'), expires=500.0)
+GOOD = encode_fence(Fence(node=NODE, pods=(ENTRY,)))
 
 
 @pytest.mark.parametrize(("lease_", "problem"), [
@@ -72,7 +73,7 @@ GOOD = F.encode(F.Fence(node=NODE, pods=(ENTRY,)))
     pytest.param(lease(GOOD, renewed=0.0, duration=10), "expired", id="the holder stopped renewing"),
     pytest.param(lease("{not json"), "is not JSON", id="garbage"),
     pytest.param(lease('{"node":"gpu-node-1","pods":[{"uid":"u1"}]}'), "is invalid", id="an entry missing fields"),
-    pytest.param(lease(F.encode(F.Fence(node="other"))), "is for node 'other'", id="another node's fence"),
+    pytest.param(lease(encode_fence(Fence(node="other"))), "is for node 'other'", id="another node's fence"),
 ])
 def test_a_fence_that_cannot_be_used_is_an_error_naming_why(lease_, problem):
     with pytest.raises(F.FenceError, match=problem):
@@ -94,10 +95,10 @@ def test_verify_trusts_only_what_binder_recorded(uid, ns, name, text, now, want)
 
 def test_admit_replaces_an_entry_of_the_same_uid_and_release_and_prune_drop_entries():
     old = msgspec.structs.replace(ENTRY, expires=150.0)
-    other = F.FenceEntry(uid="u2", namespace="default", name="p2", digest=ENTRY.digest, expires=120.0)
-    fence = F.Fence(node=NODE, pods=(old, other))
+    other = FenceEntry(uid="u2", namespace="default", name="p2", digest=ENTRY.digest, expires=120.0)
+    fence = Fence(node=NODE, pods=(old, other))
     assert F.admit(fence, [ENTRY], now=130.0).pods == (ENTRY,)  # u2 lapsed, u1 replaced
-    assert F.release(F.Fence(node=NODE, pods=(ENTRY, other)), {"u1"}, now=100.0).pods == (other,)
+    assert F.release(Fence(node=NODE, pods=(ENTRY, other)), {"u1"}, now=100.0).pods == (other,)
     assert F.lease_name("n" * 300).startswith(F.LEASE_PREFIX) and len(F.lease_name("n" * 300)) < 64
 
 
@@ -161,11 +162,11 @@ async def test_binders_fence_writes_batch_replace_release_and_delete_the_lease_w
     from dpkit import MemCluster
 
     cluster = MemCluster()
-    e = [F.FenceEntry(uid=f"u{i}", namespace="default", name=f"p{i}", digest=ENTRY.digest, expires=400.0)
+    e = [FenceEntry(uid=f"u{i}", namespace="default", name=f"p{i}", digest=ENTRY.digest, expires=400.0)
          for i in range(3)]
     kw = {"namespace": "phalanx-system", "node": NODE, "holder": "binder-0"}
     await F.fence_pods(cluster, entries=e[:2], now=100.0, **kw)  # a gang's two pods: one write
-    await F.fence_pods(cluster, entries=[e[2], msgspec.structs.replace(e[0], digest=F.digest("new"))], now=110.0, **kw)
+    await F.fence_pods(cluster, entries=[e[2], msgspec.structs.replace(e[0], digest=assignment_digest("new"))], now=110.0, **kw)
     assert await _fence_of(cluster) == ("u1", "u2", "u0")
     lease = await cluster.get_lease("phalanx-system", F.lease_name(NODE))
     assert (lease.holder, lease.duration_s, lease.acquired, lease.renewed) == ("binder-0", F.LEASE_DURATION_S, 100.0, 110.0)

@@ -17,9 +17,9 @@ from phalanx_deviceplugin.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from phalanx_deviceplugin.plugin import Plugin
 from phalanx_deviceplugin.served import ServedStore
 from phalanx_deviceplugin.server import Devices, KubeletSession, PodResourcesClient
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION
-from phalanx_nvml.fake import FakeMachine, FakeNvml
 from phalanx_nvml.health import NvmlHealth
+from phalanx_nvmlfake.nvml import FakeMachine, FakeNvml
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 
 pytestmark = pytest.mark.anyio
 GPU = "nvidia.com/gpu"

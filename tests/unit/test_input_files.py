@@ -12,7 +12,7 @@ import pytest
 
 from phalanx_cli.main import main
 from phalanx_input import MAX_DEPTH, Invalid, Unreadable, read_text, yaml_documents
-from phalanx_runtime.inputs import ClusterFile, load_workload
+from phalanx_localstack.inputs import ClusterFile, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 PODS = ROOT / "examples" / "pods"

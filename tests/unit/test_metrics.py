@@ -9,7 +9,7 @@ import pytest
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.topology import Gpu, NodeTopology
 from phalanx_telemetry import allocation, exposition, metrics
-from phalanx_telemetry.metrics import Counter, Gauge, Histogram, MetricError, Registry
+from phalanx_telemetry.prom import Counter, Gauge, Histogram, MetricError, Registry
 
 
 def fresh() -> Registry:

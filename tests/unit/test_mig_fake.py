@@ -8,7 +8,7 @@ import pytest
 
 from phalanx_engine.mig import TABLES, MigInstance
 from phalanx_nvml import MigError, MigInstanceInfo, NvmlMig
-from phalanx_nvml.fake_mig import FakeMigNvml, from_spec
+from phalanx_nvmlfake.mig import FakeMigNvml, from_spec
 
 
 def mig(model: str = "A100-40GB", count: int = 1, *, enabled: bool = True) -> tuple[NvmlMig, FakeMigNvml]:
@@ -142,7 +142,7 @@ def test_a_spec_can_mix_models_and_mig_modes():
 
 
 def test_a_nodes_fake_names_its_gpus_as_topology_discovery_does_and_every_create_gets_a_new_mig_uuid():
-    from phalanx_nvml.fake import gpu_uuid
+    from phalanx_nvmlfake.nvml import gpu_uuid
 
     fake = from_spec("A100-40GBx2", node="node-a")
     m = NvmlMig(fake)

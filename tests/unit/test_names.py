@@ -1,18 +1,18 @@
-"""The API server's naming rules (``phalanx_engine.names``): pod names, namespaces, label keys
+"""The API server's naming rules (``phalanx_kubeobjects.names``): pod names, namespaces, label keys
 and values, annotation keys, each violation naming the field and the rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.names import (
+from phalanx_kubeobjects.names import (
     LABEL_RULE,
     QUALIFIED_RULE,
     SUBDOMAIN_RULE,
     VALUE_RULE,
     check_metadata,
 )
-from phalanx_engine.quantity import Violation
+from phalanx_kubeobjects.quantity import Violation
 
 
 def cases(*rows: tuple) -> list:

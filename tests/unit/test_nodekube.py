@@ -1,12 +1,12 @@
-"""A node's Kubernetes state as its agent reports it (``phalanx_engine.nodekube``): from the Node
+"""A node's Kubernetes state as its agent reports it (``phalanx_kubeobjects.nodekube``): from the Node
 and the pods bound to it, read as kube-scheduler reads them."""
 
 from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.nodekube import node_kube_state
-from phalanx_engine.quantity import Violation
+from phalanx_kubeobjects.nodekube import node_kube_state
+from phalanx_kubeobjects.quantity import Violation
 from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
 
 

@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from phalanx_nvml import DiscoveryError, NvmlDiscovery, NvmlUnavailable
-from phalanx_nvml.fake import FakeMachine, FakeNvml
+from phalanx_nvmlfake.nvml import FakeMachine, FakeNvml
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology import load_file
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.podspec import PodConstraints, parse_constraints
-from phalanx_engine.quantity import Violation
-from phalanx_engine.requests import RESOURCES
+from phalanx_kubeobjects.containers import RESOURCES
+from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
+from phalanx_kubeobjects.quantity import Violation
 from phalanx_proto.scheduling import HostPort, NodeSelectorRequirement, NodeSelectorTerm, Toleration
 
 GIB = 1 << 30

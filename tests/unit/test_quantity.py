@@ -1,11 +1,11 @@
-"""Kubernetes quantities (``phalanx_engine.quantity``): the API server's grammar, its zero-forms
+"""Kubernetes quantities (``phalanx_kubeobjects.quantity``): the API server's grammar, its zero-forms
 and caps, the exact integers Phalanx derives, and the bounds that name their rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.quantity import (
+from phalanx_kubeobjects.quantity import (
     GRAMMAR,
     MEMORY_MOST,
     Bound,

@@ -8,8 +8,9 @@ import msgspec
 import pytest
 
 from phalanx_gang_coordinator.audit import Adopt, Evict, Finding, Forget, Reading, Release, Report, audit
-from phalanx_kube.port import ASSIGNMENT_ANNOTATION, Pod
+from phalanx_kube.port import Pod
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, encoder
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key
 
 G = "default/train"

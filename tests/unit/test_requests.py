@@ -10,17 +10,17 @@ import pytest
 import yaml
 
 from phalanx_cli.main import main
-from phalanx_engine.gangs import NO_GPU_RULE
-from phalanx_engine.podspec import PodConstraints
-from phalanx_engine.requests import (
+from phalanx_engine.gpumodel import check_gpu_model
+from phalanx_kubeobjects.gangs import NO_GPU_RULE
+from phalanx_kubeobjects.podspec import PodConstraints
+from phalanx_kubeobjects.requests import (
     GpuRequest,
     RequestError,
     RequestKind,
     Violation,
-    check_gpu_model,
     parse_pod,
 )
-from phalanx_engine.workloads import GangCheck, ObjectCheck, check_object, gang_check, pod_templates
+from phalanx_kubeobjects.workloads import GangCheck, ObjectCheck, check_object, gang_check, pod_templates
 from phalanx_proto.events import MemberSpec, PodRef
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_engine import names
-from phalanx_engine.gangs import GangSize, jobset_size
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_kube.port import pod_from_dict
+from phalanx_kubeobjects import names
+from phalanx_kubeobjects.gangs import GangSize, jobset_size
 from phalanx_proto.events import MemberSpec, PodRef
 from phalanx_proto.scheduling import HostPort, Toleration
 from phalanx_proto.state import GangPart

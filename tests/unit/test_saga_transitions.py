@@ -270,3 +270,13 @@ def test_the_pending_reason_shows_the_attempt_and_the_last_failure():
              backoff_until=14.0)
     assert saga.pending_reason(s, 10.0) == "0/2 nodes are available: 2 insufficient free GPUs. (attempt 3); next try in 4s"
     assert saga.pending_reason(replace(gang(), members=MEMBERS[:1]), 0) == "gang incomplete: 1/2 members present"
+
+
+def test_a_hold_is_shown_as_a_hold_by_its_flag_and_never_by_its_text():
+    hold = "the gang's members name different queues (a, b): a gang is placed within one queue"
+    held = gang("backoff", 2, failures=2, reason=hold, held=True, backoff_until=14.0)
+    assert saga.pending_reason(held, 10.0) == f"{hold} (attempt 2 was the last)"
+    failed = gang("backoff", 2, failures=2, reason="held back by a node: 0/2 nodes are available", backoff_until=14.0)
+    assert saga.pending_reason(failed, 10.0) == "held back by a node: 0/2 nodes are available (attempt 2); next try in 4s"
+    started = saga.start_attempt(replace(held, backoff_until=0.0), now=20.0, settle_s=2)
+    assert started is not None and not started.held, "an attempt that starts is no longer held back"

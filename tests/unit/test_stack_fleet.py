@@ -3,10 +3,12 @@ synthetic clusters the benchmarks and ``phalanx up --synthetic`` use."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from phalanx_runtime.stack import FLEET_ABOVE, ClusterFile, Stack, StackError
-from phalanx_runtime.synthetic import synthetic_cluster
+from phalanx_localstack.stack import FLEET_ABOVE, ClusterFile, Stack, StackError
+from phalanx_localstack.synthetic import SHAPES, TOPOLOGIES, synthetic_cluster
 
 SERVICES = ["placement", "binder", "gang-coordinator"]
 
@@ -49,3 +51,11 @@ def test_a_synthetic_cluster_has_named_nodes_in_nested_network_tiers_and_survive
 def test_a_bad_synthetic_spec_is_refused_naming_the_rule(spec, message):
     with pytest.raises(StackError, match=message):
         synthetic_cluster(spec)
+
+
+def test_the_synthetic_shapes_topologies_are_packaged_and_equal_to_the_examples_they_copy():
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for name, shape in SHAPES.items():
+        assert shape.topology.is_relative_to(TOPOLOGIES), f"{name} is read from the package, not from examples/"
+        (original,) = examples.rglob(shape.topology.name)
+        assert shape.topology.read_bytes() == original.read_bytes(), f"{name}: the packaged copy drifted"

@@ -9,7 +9,7 @@ import pytest
 
 from phalanx_cli import cmd_topology, main
 from phalanx_nvml import NvmlDiscovery
-from phalanx_nvml.fake import FakeMachine, FakeNvml
+from phalanx_nvmlfake.nvml import FakeMachine, FakeNvml
 from phalanx_topology import load_file
 
 ROOT = Path(__file__).parent.parent.parent

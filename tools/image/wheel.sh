@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Phalanx wheel that the container image installs: the packages under proto/, libs/
-# and services/ without the benchmark-only phalanx_bench, no tests, no bench scripts.
+# and services/; not sim/ (the node fleet, the fake NVML), bench/, the tests or the examples.
 #
 #   tools/image/wheel.sh OUTDIR [SOURCE]   # SOURCE: the repository root (default: this checkout)
 #
@@ -16,7 +16,7 @@ cp "$src/pyproject.toml" "$src/README.md" "$stage/"
 for d in proto libs services; do
 	mkdir -p "$stage/$d"
 	(cd "$src/$d" && find . -name __pycache__ -prune -o -name '*.egg-info' -prune -o -type f -print0 |
-		grep -zv '^./phalanx_bench/' | xargs -0 cp --parents -t "$stage/$d")
+		xargs -0 cp --parents -t "$stage/$d")
 done
 mkdir -p "$out"
 "$python" -m pip wheel --quiet --no-deps --wheel-dir "$out" "$stage"

@@ -1,0 +1,172 @@
+"""Which gang a pod is in and how many pods that gang has: the one rule gang-coordinator applies
+to every pod it sees and ``phalanx validate`` applies to every pod template of a workload
+(docs/saga.md, "Gang identity and min-member").
+
+Keys, first match wins; the gang id is ``<namespace>/<Kind>:<name>`` for a group and
+``<namespace>/<pod>`` for a pod alone. A Kind begins with a capital letter and holds a ``:``;
+pod names have neither, so a group id never equals a pod's, nor its ``phx-gangs`` key
+(``subjects.gang_key`` keeps capitals and turns ``:`` into ``_``, which pod names lack too):
+
+1. label ``scheduling.x-k8s.io/pod-group``, ``pod-group.scheduling.sigs.k8s.io/name`` or
+   ``pod-group.scheduling.sigs.k8s.io`` → ``PodGroup:<name>`` (scheduler-plugins, ACK);
+2. annotation ``scheduling.k8s.io/group-name`` → ``PodGroup:<name>`` (Volcano, arena ``--gang``);
+3. label ``jobset.sigs.k8s.io/jobset-name`` → ``JobSet:<name>``: the whole JobSet, every
+   replicated job and every replica, is one gang;
+4. label ``training.kubeflow.org/job-name`` → ``MPIJob:<name>`` (Kubeflow MPIJob workers);
+5. label ``batch.kubernetes.io/job-name`` → ``Job:<name>`` (a plain ``batch/v1`` Job);
+6. otherwise the pod alone, a gang of one.
+
+min-member, the number of pods of the gang:
+
+* ``phalanx.io/gang-min-member`` (label or annotation) is the whole gang's size, for any kind,
+  and wins over everything below;
+* a JobSet's pods say their own Job's size (``aliyun.com/min-member`` = the Job's
+  ``parallelism``, seed rule 4.2) and, set by the JobSet controller, their replicated job's
+  name and replica count and the JobSet's total Job count (``global-replicas``). The gang is
+  the sum over replicated jobs of replicas × min-member — exactly what ``validate`` computes
+  from the JobSet spec. Until a pod of every Job has been seen, each unseen Job counts one
+  pod, so the gang waits;
+* any other group: ``aliyun.com/min-member``, ``scheduling.x-k8s.io/min-member`` or
+  ``pod-group.scheduling.sigs.k8s.io/min-available``;
+* none of these: the gang is the pods present once none arrived for the settle time (stated
+  on the pods, never silent); a pod alone is a gang of one whatever it says.
+
+Members are GPU pods: a pod that asks for no GPU (an MPIJob launcher) is refused with the
+advice to give it the default scheduler, so min-member counts GPU pods (MPI workers) only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx_kubeobjects.quantity import Violation, decimal
+from phalanx_kubeobjects.requests import MAX_GANG, GpuRequest, RequestError, RequestKind, parse_pod
+from phalanx_proto.state import GangPart
+
+GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
+MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member",
+                   "pod-group.scheduling.sigs.k8s.io/min-available")
+GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name",
+                "pod-group.scheduling.sigs.k8s.io")
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOBSET_JOBS = "jobset.sigs.k8s.io/global-replicas"
+MPIJOB_NAME = "training.kubeflow.org/job-name"
+MPIJOB_ROLE = "training.kubeflow.org/job-role"
+JOB_NAME = "batch.kubernetes.io/job-name"
+KINDS = ("PodGroup", "JobSet", "MPIJob", "Job", "Pod")
+NO_GPU_RULE = ("Phalanx schedules GPU pods only: ask for nvidia.com/gpu, aliyun.com/gpu, gpu-core/gpu-memory or "
+               "gpu-slice, or give a pod without GPUs (an MPIJob launcher) schedulerName default-scheduler; it is "
+               "not a gang member")
+
+
+@dataclass(frozen=True, slots=True)
+class GangIdentity:
+    """The gang of one pod. ``min_member`` is the gang's size where the pod says it for the
+    whole gang, None otherwise; a JobSet pod says its ``part`` instead (its replicated job:
+    Jobs and pods per Job) and ``jobs``, the JobSet's total Job count."""
+
+    gang_id: str
+    kind: str
+    min_member: int | None
+    part: GangPart | None = None
+    jobs: int = 0
+
+
+def gang_id(namespace: str, kind: str, name: str) -> str:
+    """``<ns>/<Kind>:<name>`` for a group, ``<ns>/<pod>`` for a pod alone."""
+    return f"{namespace}/{name}" if kind == "Pod" else f"{namespace}/{kind}:{name}"
+
+
+def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> GangIdentity:
+    """The gang of a pod (or pod template) with these names, labels and annotations. Raises
+    ``RequestError`` naming the field and rule for a count that is not a whole number in bounds."""
+    def said(key: str) -> str | None:
+        for where in (labels, annotations):
+            if isinstance(where.get(key), str) and where[key]:
+                return where[key]
+        return None
+
+    kind, group = "Pod", name
+    for key in GROUP_LABELS:
+        if isinstance(labels.get(key), str) and labels[key]:
+            kind, group = "PodGroup", labels[key]
+            break
+    else:
+        if isinstance(annotations.get(GROUP_ANNOTATION), str) and annotations[GROUP_ANNOTATION]:
+            kind, group = "PodGroup", annotations[GROUP_ANNOTATION]
+        else:
+            for key, k in ((JOBSET_NAME, "JobSet"), (MPIJOB_NAME, "MPIJob"), (JOB_NAME, "Job")):
+                if isinstance(labels.get(key), str) and labels[key]:
+                    kind, group = k, labels[key]
+                    break
+    v: list[Violation] = []
+    explicit = _count(said(GANG_MIN_MEMBER), GANG_MIN_MEMBER, v)
+    declared = next((_count(said(k), k, v) for k in MIN_MEMBER_KEYS if said(k) is not None), None)
+    part, jobs = None, 0
+    if kind == "JobSet":
+        replicas = _count(said(JOBSET_REPLICAS), JOBSET_REPLICAS, v)
+        jobs = _count(said(JOBSET_JOBS), JOBSET_JOBS, v) or 0
+        part = GangPart(name=str(said(JOBSET_REPLICATED_JOB) or ""), jobs=replicas or 1, members=declared or 0)
+        declared = None
+    if v:
+        raise RequestError(v, f"{namespace}/{name}")
+    if kind == "Pod":
+        return GangIdentity(gang_id(namespace, kind, group), kind, 1)
+    return GangIdentity(gang_id(namespace, kind, group), kind, explicit or declared, part, jobs)
+
+
+def _count(raw: str | None, key: str, v: list[Violation]) -> int | None:
+    if raw is None:
+        return None
+    n = decimal(raw, f"metadata.labels[{key}]", most=MAX_GANG)
+    if isinstance(n, Violation):
+        v.append(Violation(n.field, n.value, f"min-member is the number of pods in the gang: {n.rule}"))
+        return None
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class GangSize:
+    """How many pods a gang needs: ``members`` (a lower bound while ``known`` is False because
+    some Job of a JobSet has no pod yet); ``declared`` False when no pod says (settle rule)."""
+
+    members: int
+    declared: bool
+    known: bool = True
+
+
+def jobset_size(parts: Iterable[GangPart], jobs: int) -> GangSize:
+    """A JobSet's gang: Σ replicas × pods per Job over its replicated jobs. A replicated job
+    that does not say its pods per Job makes the gang undeclared; Jobs not yet seen (``jobs``,
+    the JobSet's Job count, minus the Jobs of the replicated jobs seen) count one pod each."""
+    parts = list(parts)
+    if not parts or any(p.members <= 0 for p in parts):
+        return GangSize(members=0, declared=False)
+    seen = sum(p.jobs for p in parts)
+    missing = max(0, jobs - seen)
+    return GangSize(members=sum(p.jobs * p.members for p in parts) + missing, declared=True, known=missing == 0)
+
+
+def merge_part(parts: tuple[GangPart, ...], part: GangPart) -> tuple[GangPart, ...]:
+    """``parts`` with ``part`` in (by replicated job name; the larger pods-per-Job wins)."""
+    old = next((p for p in parts if p.name == part.name), None)
+    if old is not None and old.jobs >= part.jobs and old.members >= part.members:
+        return parts
+    if old is not None:
+        part = GangPart(name=part.name, jobs=max(old.jobs, part.jobs), members=max(old.members, part.members))
+    return tuple(sorted((*[p for p in parts if p.name != part.name], part), key=lambda p: p.name))
+
+
+def gpu_member(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuRequest:
+    """The request of a gang member (``requests.parse_pod``); a pod asking for no GPU is not
+    one: ``RequestError`` with ``NO_GPU_RULE``."""
+    req = parse_pod(pod, require_scheduler=require_scheduler)
+    if req.kind is RequestKind.NONE:
+        raise RequestError((Violation("spec.containers[*].resources.limits", "no GPU resource", NO_GPU_RULE),),
+                           req.pod)
+    return req

@@ -1,0 +1,94 @@
+"""A node's ``NodeKubeState`` from its Kubernetes objects: the Node and the pods bound to it
+that Phalanx did not place (the caller leaves Phalanx's own out; they are in the ledger).
+
+What the node agent (topology-discovery, or the simulator's node fleet) reports to
+placement for the non-GPU filters, read the way kube-scheduler reads it:
+
+* **allocatable**: ``status.allocatable`` (a resource only in ``capacity`` is 0, as kube-scheduler
+  reads it), cpu in millicores, every other resource in whole units rounded up (``Quantity.Value``);
+* **taints, labels, unschedulable**: ``spec.taints``, ``metadata.labels``,
+  ``spec.unschedulable``; a taint with an effect the API server would refuse is left out;
+* **Ready**: the ``Ready`` condition's status (``Unknown`` without one);
+* **requested, pods, host ports**: summed over the pods that are not terminal (``Succeeded`` /
+  ``Failed`` pods hold nothing, as in kube-scheduler's cache), through ``podspec``.
+
+The result respects the wire bounds (``phalanx_proto.scheduling.MAX_NODE_*``) or is a
+``Violation`` naming the bound; nothing raises on a malformed object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from phalanx_kubeobjects import podspec
+from phalanx_kubeobjects.fields import as_list, as_map
+from phalanx_kubeobjects.quantity import NANO, Bound, Violation, cpu_millis, scaled, shown
+from phalanx_proto import scheduling as K
+from phalanx_proto.scheduling import CPU, NodeKubeState, Taint
+
+AMOUNT_MOST = Bound(2**62, "no node offers 2^62 units of one resource")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_STATUSES = ("True", "False", "Unknown")
+TERMINAL = ("Succeeded", "Failed")
+
+
+def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
+                    placed: tuple[str, ...] = ()) -> NodeKubeState | Violation:
+    """The state of ``node`` (a Node object) with ``pods`` (the pods bound to it that Phalanx
+    did not place, as objects) counted as requested there, and ``placed`` (the pod keys of
+    those Phalanx placed) listed as running there."""
+    meta, spec, status = as_map(node.get("metadata")), as_map(node.get("spec")), as_map(node.get("status"))
+    allocatable = _allocatable(status)
+    if isinstance(allocatable, Violation):
+        return allocatable
+    labels = {k: v for k, v in as_map(meta.get("labels")).items() if isinstance(k, str) and isinstance(v, str)}
+    taints = tuple(Taint(key=t["key"], value=t.get("value") or "", effect=t["effect"])
+                   for t in map(as_map, as_list(spec.get("taints")))
+                   if isinstance(t.get("key"), str) and t.get("effect") in _EFFECTS
+                   and isinstance(t.get("value") or "", str))
+    requested: dict[str, int] = {}
+    ports: list[K.HostPort] = []
+    count = 0
+    for pod in pods:
+        pspec = as_map(pod.get("spec"))
+        if as_map(pod.get("status")).get("phase") in TERMINAL:
+            continue
+        count += 1
+        for r, q in podspec.pod_requests(pspec).items():
+            requested[r] = requested.get(r, 0) + q
+        ports.extend(podspec.pod_host_ports(pspec))
+    for what, n, most in (("metadata.labels", len(labels), K.MAX_NODE_LABELS),
+                          ("spec.taints", len(taints), K.MAX_NODE_TAINTS),
+                          ("status.allocatable", len(allocatable), K.MAX_NODE_RESOURCES),
+                          ("requests of the node's pods", len(requested), K.MAX_NODE_RESOURCES),
+                          ("host ports of the node's pods", len(ports), K.MAX_NODE_HOST_PORTS),
+                          ("Phalanx's pods on the node", len(placed), K.MAX_NODE_PODS)):
+        if n > most:
+            return Violation(what, f"{n} entries", f"Phalanx reports at most {most} per node")
+    return NodeKubeState(allocatable=allocatable, labels=labels, taints=taints,
+                         unschedulable=spec.get("unschedulable") is True, ready=_ready(status),
+                         requested=dict(sorted(requested.items())), pods=count,
+                         host_ports=tuple(sorted(set(ports), key=lambda p: (p.port, p.protocol, p.host_ip))),
+                         phalanx_pods=placed)
+
+
+def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:
+    raw = as_map(status.get("allocatable"))
+    out: dict[str, int] = {}
+    for name, value in raw.items():
+        field = f"status.allocatable[{shown(name)}]"
+        got = cpu_millis(value, field, most=AMOUNT_MOST) if name == CPU else \
+            scaled(value, field, unit_nanos=NANO, most=AMOUNT_MOST)
+        if isinstance(got, Violation):
+            return got
+        out[str(name)] = got
+    return dict(sorted(out.items()))
+
+
+def _ready(status: Mapping[str, Any]) -> K.ConditionStatus:
+    for c in map(as_map, as_list(status.get("conditions"))):
+        if c.get("type") == "Ready":
+            s = c.get("status")
+            return s if s in _STATUSES else "Unknown"
+    return "Unknown"

@@ -1,1 +1,0 @@
-"""phalanx_runtime."""
