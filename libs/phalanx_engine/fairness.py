@@ -45,8 +45,10 @@ def queue_of(s: GangState) -> str:
 
 def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:
     """Exponential backoff with jitter: base·2^(failures-1), capped, times 0.75..1.25. The
-    jitter is seeded by gang and failure count, so replicas, restarts and simulations agree."""
-    raw = min(max_s, base_s * 2 ** max(0, failures - 1))
+    jitter is seeded by gang and failure count, so replicas, restarts and simulations agree.
+    The exponent stops at 64: gang-coordinator's copy raises OverflowError from 1,025 failures
+    on (2**1024 is no float), about 17 hours of waiting at the default 60 s cap."""
+    raw = min(max_s, base_s * 2 ** min(64, max(0, failures - 1)))
     return raw * (0.75 + 0.5 * random.Random(f"{gang_id}:{failures}").random())
 
 

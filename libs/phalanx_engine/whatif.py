@@ -294,18 +294,20 @@ def _where(p: Probing, fits: Decision | None) -> dict[str, str]:
 
 
 def busy_gpus(cluster: Cluster, assignments: tuple[Assignment, ...]) -> int:
-    """GPUs the assignments use that cannot take them in ``cluster`` as it is now."""
+    """GPUs that would have to be freed for ``assignments``: per node, the whole GPUs they take
+    beyond those free now, and the shared or MIG GPUs they take that cannot take them now."""
     n = 0
+    whole: dict[str, int] = {}
     for a in assignments:
         st = cluster.nodes.get(a.node)
         if st is None:
             continue
+        if a.kind is RequestKind.WHOLE:
+            whole[a.node] = whole.get(a.node, 0) + len(a.gpus)
+            continue
         for g in a.gpus:
-            if a.kind is RequestKind.WHOLE:
-                n += g not in st.free_whole()
-            else:
-                n += g in st.whole or g in st.mig_inst or st.core.get(g, 0) + a.core_pct > 100
-    return n
+            n += g in st.whole or g in st.mig_inst or st.core.get(g, 0) + a.core_pct > 100
+    return n + sum(max(0, k - len(cluster.nodes[name].free_whole())) for name, k in whole.items())
 
 
 def _holders(p: Probing, pods: frozenset[PodRef], assignments: tuple[Assignment, ...]) -> tuple[Holder, ...]:

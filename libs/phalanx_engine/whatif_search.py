@@ -134,11 +134,12 @@ def _release_in(p: Probing, names: list[str]) -> Answer | None:
     holders = _holders(p, pods, fits.assignments)
     gpus = busy_gpus(p.cluster, fits.assignments)
     where = _where(p, fits)
-    place = f"{TIER_NAMES.get(where['tier'], 'cluster')} {where['domain']}".rstrip()
+    place = (f"on node {where['domain']}" if where["tier"] == "node"
+             else f"in {TIER_NAMES.get(where['tier'], 'the cluster')} {where['domain']}".rstrip())
     if gpus:
-        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free in {place} (held by {_gangs(holders)})"
+        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free {place} (held by {_gangs(holders)})"
     else:
-        text = f"would start once {_gangs(holders)} end{'s' if len(holders) == 1 else ''} (what it needs in {place})"
+        text = f"would start once {_gangs(holders)} end{'s' if len(holders) == 1 else ''} (what it needs {place})"
     return Answer(probe="wait", text=text, starts=p.queue_lets(p.members), gpus=gpus, holders=holders,
                   minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **where)
 
