@@ -80,8 +80,9 @@ def register(sub) -> None:
                                                       f"to {TEXT_ROWS}); JSON, the first N (default {JSON_ROWS})")
     out.add_argument("--pending", type=int, default=20, metavar="N",
                      help="pending gangs explained at the end, with what would start them (default %(default)s)")
-    out.add_argument("--whatif-budget-ms", type=float, default=50.0,
-                     help="time the counterfactual probes may take per pending gang (default %(default)s; 0 none)")
+    out.add_argument("--whatif-decisions", type=int, default=200, metavar="N",
+                     help="engine decisions the counterfactual probes may take per pending gang (a budget in "
+                          "decisions keeps the output the same on any machine; default %(default)s; 0 none)")
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=main)
 
@@ -106,9 +107,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"phalanx sim: {len(sim.views)} nodes, {sim.capacity // 700} GPUs, {len(sim.outcomes)} gangs; "
               f"running ...", file=sys.stderr, flush=True)
     sim.run()
-    budget = args.whatif_budget_ms / 1000
     rows = _rows(args.gangs, json_out=args.json)
-    doc = report.document(sim, gangs=rows, pending_limit=args.pending, budget_s=budget, extra=setup["extra"](sim))
+    doc = report.document(sim, gangs=rows, pending_limit=args.pending, decisions=args.whatif_decisions,
+                          extra=setup["extra"](sim))
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
@@ -216,8 +217,7 @@ def _inputs(args: argparse.Namespace) -> dict:
     sample = (parse_duration(args.sample) if args.sample else
               max(1.0, round(horizon / 500)) if horizon else 60.0)
     config = SimConfig(starve_after_s=args.starve_after_s, fairness=args.fairness, backoff_base_s=args.backoff_base_s,
-                       backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact,
-                       whatif_budget_s=args.whatif_budget_ms / 1000)
+                       backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact)
     progress = None if args.quiet else _progress(horizon, len(gangs))
     sim = loop.Simulation(views, gangs, tree, config, progress=progress)
     return {"sim": sim, "extra": extra, "title": title}

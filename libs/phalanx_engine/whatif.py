@@ -114,15 +114,16 @@ class Probing:
     ``decide`` is the only way a probe asks the engine (it keeps the deadline)."""
 
     def __init__(self, cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile,
-                 ctx: ProbeContext, deadline: float, clock: Callable[[], float]) -> None:
+                 ctx: ProbeContext, deadline: float, clock: Callable[[], float],
+                 max_decisions: int | None = None) -> None:
         self.cluster, self.members, self.profile, self.ctx = cluster, members, profile, ctx
-        self.deadline, self.clock = deadline, clock
+        self.deadline, self.clock, self.max_decisions = deadline, clock, max_decisions
         self.decisions = 0
 
     def decide(self, members: tuple[MemberSpec, ...], cluster: Cluster | None = None, *,
                loosest: str | None = None) -> Decision | None:
         """The engine's decision on ``cluster`` (default: the gang's), or None when nothing fits."""
-        if self.clock() > self.deadline:
+        if self.clock() > self.deadline or (self.max_decisions is not None and self.decisions >= self.max_decisions):
             raise OutOfTime
         self.decisions += 1
         got = decide(self.cluster if cluster is None else cluster, members, self.profile, explain=False,
@@ -164,14 +165,16 @@ class Probing:
 
 def what_if(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE,
             ctx: ProbeContext = ProbeContext(), *, budget_s: float = DEFAULT_BUDGET_S,
-            clock: Callable[[], float] = time.perf_counter) -> WhatIf:
+            clock: Callable[[], float] = time.perf_counter, max_decisions: int | None = None) -> WhatIf:
     """Every probe's answer for a gang that did not fit ``cluster`` (which is not changed), in
-    ``PROBES`` order, within ``budget_s`` seconds of ``clock``. Never raises for a gang the
-    engine can decide; a probe out of time is named in ``cut``."""
+    ``PROBES`` order, within ``budget_s`` seconds of ``clock`` and at most ``max_decisions``
+    engine decisions (a budget in decisions gives the same answers on any machine: the
+    simulator's). Never raises for a gang the engine can decide; a probe out of budget is named
+    in ``cut``, with every probe after it."""
     from phalanx_engine import whatif_search as search
 
     started = clock()
-    p = Probing(cluster, members, profile, ctx, started + budget_s, clock)
+    p = Probing(cluster, members, profile, ctx, started + budget_s, clock, max_decisions)
     steps: tuple[tuple[str, Callable[[Probing], list[Answer]]], ...] = (
         ("queue", probe_queue), ("wait", search.probe_wait), ("preempt", probe_preempt), ("tier", probe_tier),
         ("model", search.probe_model), ("smaller", search.probe_smaller), ("fewer", search.probe_fewer))

@@ -50,8 +50,6 @@ class SimConfig:
     """Virtual seconds between samples of utilisation and queue shares."""
     exact: bool = False
     """Decide every retry, even one nothing could have changed for (docs/whatif.md)."""
-    whatif_budget_s: float = 0.05
-    """Counterfactual probes per gang still pending at the end (0: none)."""
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")

@@ -81,7 +81,7 @@ def summary(sim: Simulation) -> dict[str, Any]:
     }
 
 
-def pending(sim: Simulation, *, limit: int, budget_s: float) -> list[dict[str, Any]]:
+def pending(sim: Simulation, *, limit: int, decisions: int) -> list[dict[str, Any]]:
     """The gangs still waiting at the end (at most ``limit``, longest waiting first): the
     engine's reason, as placement would give it, and the counterfactual answers."""
     waiting = sorted((s for q in sim.pending.values() for s in q.values()), key=lambda s: (s.created_at, s.gang_id))
@@ -98,17 +98,20 @@ def pending(sim: Simulation, *, limit: int, budget_s: float) -> list[dict[str, A
             decide(sim.cluster, m, sim.profile, explain=False), Decision))
         ctx = ProbeContext(holders=holders, now=sim.now, avoid=frozenset(s.avoid_nodes),
                            queue=QueueView(tree=sim.tree, held=dict(sim.held), owed=kept))
-        answers = what_if(sim.cluster, s.members, sim.profile, ctx, budget_s=budget_s) if budget_s > 0 else None
+        answers = None
+        if decisions > 0:  # a budget in decisions, not seconds: the same answers on any machine
+            answers = msgspec.structs.replace(what_if(sim.cluster, s.members, sim.profile, ctx, budget_s=float("inf"),
+                                                      max_decisions=decisions), spent_ms=0.0)
         out.append({"gang": s.gang_id, "queue": queue_of(s.members), "waiting_s": round(sim.now - s.created_at, 3),
                     "attempts": sim.outcomes[s.gang_id].attempts, "reason": reason,
                     "whatif": msgspec.to_builtins(answers) if answers is not None else None})
     return out
 
 
-def document(sim: Simulation, *, gangs: int | None, pending_limit: int, budget_s: float,
+def document(sim: Simulation, *, gangs: int | None, pending_limit: int, decisions: int,
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole result as one JSON-able document (``gangs``: rows listed, None for all)."""
-    rows = [gang_row(o) for o in sorted(sim.outcomes.values(), key=lambda o: (o.gang.arrival_s, o.gang.gang_id))]
+    rows = [gang_row(o) for o in sorted(sim.outcomes.values(), key=lambda o: o.gang.arrival_s)]  # stable: as submitted
     return {
         "summary": summary(sim) | (extra or {}),
         "samples": [{"t": s.t, "allocated_gpus": s.allocated, "stranded_gpus": s.stranded, "pending": s.pending,
@@ -117,7 +120,7 @@ def document(sim: Simulation, *, gangs: int | None, pending_limit: int, budget_s
                     for s in sim.samples],
         "gangs": rows if gangs is None else rows[:gangs],
         "gangs_listed": len(rows) if gangs is None else min(gangs, len(rows)),
-        "pending": pending(sim, limit=pending_limit, budget_s=budget_s),
+        "pending": pending(sim, limit=pending_limit, decisions=decisions),
     }
 
 
