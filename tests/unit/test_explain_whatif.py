@@ -27,7 +27,7 @@ def test_a_record_carrying_answers_is_shown_under_what_if():
     doc = whatif_doc(SimpleNamespace(whatif=ANSWERS))
     assert doc["answers"][1]["holders"] == [{"gang_id": "a/train-7", "gpus": 2}, {"gang_id": "b/exp-2", "gpus": 1}]
     lines = render(report(doc)).splitlines()
-    assert lines[3:7] == [
+    assert lines[4:8] == [
         "What if:",
         "  needs 2 more GPUs of headroom under queue team's limit 8, and room in the cluster (not enough alone)",
         "  would start if 3 GPUs free in network-pod p1 (held by gangs a/train-7, b/exp-2)",
