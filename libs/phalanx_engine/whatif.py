@@ -119,6 +119,9 @@ class Probing:
         self.cluster, self.members, self.profile, self.ctx = cluster, members, profile, ctx
         self.deadline, self.clock, self.max_decisions = deadline, clock, max_decisions
         self.decisions = 0
+        self._built: dict[tuple[str, tuple[PodRef, ...]], NodeState] = {}
+        """Node states without some reservations, built once per probe run (decisions copy
+        the states they change, so one state serves every released cluster it is part of)."""
 
     def decide(self, members: tuple[MemberSpec, ...], cluster: Cluster | None = None, *,
                loosest: str | None = None) -> Decision | None:
@@ -153,9 +156,14 @@ class Probing:
         nodes: dict[str, NodeState] = {}
         for n in names:
             st = self.cluster.nodes[n]
-            if any(a.pod in pods for a in st.view.allocations):
-                view = replace(st.view, allocations=tuple(a for a in st.view.allocations if a.pod not in pods))
-                st = NodeState(view)
+            gone = tuple(a.pod for a in st.view.allocations if a.pod in pods)
+            if gone:
+                key = (n, gone)
+                built = self._built.get(key)
+                if built is None:
+                    view = replace(st.view, allocations=tuple(a for a in st.view.allocations if a.pod not in pods))
+                    built = self._built[key] = NodeState(view)
+                st = built
             nodes[n] = st
         return Cluster(nodes=nodes, total=len(nodes))
 
@@ -187,7 +195,8 @@ def what_if(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile 
             cut = [n for n, _ in steps[i:]]
             break
     answers.sort(key=lambda a: PROBES.index(a.probe))
-    return WhatIf(answers=tuple(answers), spent_ms=round((clock() - started) * 1000, 3), cut=tuple(cut))
+    return WhatIf(answers=tuple(answers), spent_ms=round((clock() - started) * 1000, 3), decisions=p.decisions,
+                  cut=tuple(cut))
 
 
 def top_line(result: WhatIf) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from phalanx_engine.decide import TIER_NAMES, _domain
+from phalanx_engine.decide import TIER_NAMES, TIERS, _domain
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
 from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
@@ -57,33 +57,33 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | N
 
 
 def probe_wait(p: Probing) -> list[Answer]:
-    """Which GPUs must be free, and which running gangs hold them (module docstring)."""
+    """Which GPUs must be free, and which running gangs hold them (module docstring): tiers
+    from the tightest whose domains can hold the gang at all (a single pod: nodes) up to the
+    loosest the gang may span, the first tier with an answer wins."""
     single = len(p.members) == 1
-    tier = "node" if single else p.ctx.loosest
-    domains: dict[str, list[str]] = {}
-    for name, st in p.cluster.nodes.items():
-        if name not in p.ctx.avoid:
-            domains.setdefault(_domain(st, tier), []).append(name)
     need = sum(m.gpus for m in p.members if m.kind is RequestKind.WHOLE)
-
-    def short(names: list[str]) -> int:
-        return max(0, need - sum(len(p.cluster.nodes[n].free_whole()) for n in names))
-
-    ranked = sorted((short(ns), d) for d, ns in domains.items()
-                    if sum(p.cluster.nodes[n].whole_capacity() for n in ns) >= need)
     first = Member.of(p.members[0])
-    best: Answer | None = None
-    tried = 0
-    for _, d in ranked:
-        if tried >= (2 * MAX_DOMAINS if single else MAX_DOMAINS):
-            break
-        if single and not _could(p, first, domains[d][0]):
-            continue  # a node the member can never use (a taint, a selector, too few GPUs)
-        tried += 1
-        got = _release_in(p, sorted(domains[d]))
-        if got is not None and (best is None or (got.gpus, len(got.holders)) < (best.gpus, len(best.holders))):
-            best = got
-    return [best] if best is not None else []
+    for tier in ("node",) if single else TIERS[:TIERS.index(p.ctx.loosest) + 1]:
+        domains: dict[str, list[str]] = {}
+        for name, st in p.cluster.nodes.items():
+            if name not in p.ctx.avoid:
+                domains.setdefault(_domain(st, tier), []).append(name)
+        ranked = sorted((max(0, need - sum(len(p.cluster.nodes[n].free_whole()) for n in ns)), d)
+                        for d, ns in domains.items() if sum(p.cluster.nodes[n].whole_capacity() for n in ns) >= need)
+        best: Answer | None = None
+        tried = 0
+        for short, d in ranked:
+            if tried >= (2 * MAX_DOMAINS if single else MAX_DOMAINS) or (best is not None and best.gpus <= short):
+                break  # no domain further down can need fewer GPUs freed than it lacks
+            if single and not _could(p, first, domains[d][0]):
+                continue  # a node the member can never use (a taint, a selector, too few GPUs)
+            tried += 1
+            got = _release_in(p, sorted(domains[d]))
+            if got is not None and (best is None or (got.gpus, len(got.holders)) < (best.gpus, len(best.holders))):
+                best = got
+        if best is not None:
+            return [best]
+    return []
 
 
 def _could(p: Probing, member: Member, name: str) -> bool:

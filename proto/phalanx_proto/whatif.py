@@ -65,6 +65,8 @@ class WhatIf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     answers: tuple[Answer, ...] = ()
     spent_ms: float = 0.0
+    decisions: int = 0
+    """Engine decisions the probes made."""
     cut: tuple[str, ...] = ()
 
     def top(self) -> str:
