@@ -47,6 +47,9 @@ from phalanx_sim.model import SimConfig, SimGang
 
 DEFAULTS = SimConfig()
 END, ARRIVE, RETRY = 0, 1, 2
+NO_FIT = "does not fit"
+"""A refusal's reason during the run (the engine's own, with every node's status, is computed
+for the gangs still pending at the end: ``report.pending``)."""
 RELEASES_CHECKED = 64
 """A retry of a gang of one checks at most this many releases' nodes instead of deciding again."""
 """Event kinds, in the order they are handled at one instant."""
@@ -222,12 +225,12 @@ class Simulation:
                                            f"kept for queue(s) {', '.join(kept)}, below quota, whose gangs wait for them",
                                      fits_empty=False)
         if not self.config.exact and self._still_refused(s):
-            return self._refused(t, s, s.reason, *self._on_empty(s))
+            return self._refused(t, s, s.reason or NO_FIT, *self._on_empty(s))
         self.decisions += 1
         got = decide(self.cluster, s.members, self.profile, explain=False, avoid=s.avoid_nodes)
         if not isinstance(got, Decision):
             self._refused_at[_key(s)] = (self.epoch, s.avoid_nodes)
-            return self._refused(t, s, "does not fit", *self._on_empty(s))
+            return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self._start(t, s, got.assignments)
 
     def _still_refused(self, s: GangState) -> bool:

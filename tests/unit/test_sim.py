@@ -229,3 +229,16 @@ def test_the_command_reads_an_invalid_pod_as_exit_1(tmp_path, capsys):
                  "[{name: c, image: x, resources: {limits: {aliyun.com/gpu-core: '0'}}}]}\n")
     assert cli(["sim", "--synthetic", "1x8v100", "--workload", str(f), "--quiet"]) == 1
     assert "gpu-core 0 is not allowed" in capsys.readouterr().err
+
+
+def test_retries_refused_without_deciding_change_nothing():
+    import random
+
+    rng = random.Random(3)
+    gangs = [gang(f"g{k}", rng.choice([1, 2, 4, 8]), at=rng.uniform(0, 600), runs=rng.uniform(30, 400),
+                  members=rng.choice([1, 1, 1, 2, 3])) for k in range(80)]
+    nodes = [node(f"n{i}").gpus(8).tiers(hypernode=f"h{i // 2}", netpod="p") for i in range(4)]
+    quick, exact = (run(nodes, gangs, config=SimConfig(starve_after_s=60, sample_s=30, exact=x)) for x in (False, True))
+    assert quick.decisions < exact.decisions
+    assert [(o.start, o.end, o.tier, o.domain, o.reason) for o in quick.outcomes.values()] == \
+        [(o.start, o.end, o.tier, o.domain, o.reason) for o in exact.outcomes.values()]
