@@ -68,6 +68,7 @@ def summary(sim: Simulation) -> dict[str, Any]:
         "virtual_s": sim.now, "nodes": len(sim.views), "gpus": cap,
         "gangs": {"arrived": len(arrived), "started": len(started), "finished": sum(o.end is not None for o in arrived),
                   "pending_at_end": sum(o.start is None and not o.gang.refused for o in arrived),
+                  "pending_unfit": sum(not s.fits_empty_cluster for q in sim.pending.values() for s in q.values()),
                   "not_admitted": sum(bool(o.gang.refused) for o in arrived)},
         "wait_s": _waits(arrived),
         "tiers": {t: n for t, n in sorted(Counter(o.tier for o in started).items(), key=lambda kv: TIERS.index(kv[0]))},
@@ -94,6 +95,9 @@ def pending(sim: Simulation, *, limit: int, decisions: int) -> list[dict[str, An
     for s in waiting[:limit]:
         decision = decide(sim.cluster, s.members, sim.profile, avoid=s.avoid_nodes)
         reason = decision.summary if isinstance(decision, NoFit) else sim.outcomes[s.gang_id].reason
+        if s.avoid_nodes:  # as gang-coordinator words it (saga.placement_failed)
+            reason += (f" (backfill behind {s.avoid_for}, first in queue and waiting too long: "
+                       f"{', '.join(s.avoid_nodes)})")
         kept = owed(sim.tree, queue_of(s.members), candidates, lambda m: isinstance(
             decide(sim.cluster, m, sim.profile, explain=False), Decision))
         ctx = ProbeContext(holders=holders, now=sim.now, avoid=frozenset(s.avoid_nodes),
@@ -136,7 +140,8 @@ def text(doc: dict[str, Any], *, gangs: int | None) -> str:
     lines = [f"cluster: {s['nodes']} nodes, {s['gpus']:g} GPUs; virtual time {clock(s['virtual_s'])}; "
              f"{s['decisions']} engine decisions",
              f"gangs: {g['arrived']} arrived, {g['started']} started, {g['finished']} finished, "
-             f"{g['pending_at_end']} pending at the end, {g['not_admitted']} not admitted",
+             f"{g['pending_at_end']} pending at the end ({g['pending_unfit']} of them fit no empty cluster), "
+             f"{g['not_admitted']} not admitted",
              f"wait: mean {_t(w['mean'])}, p50 {_t(w['p50'])}, p90 {_t(w['p90'])}, p99 {_t(w['p99'])}, "
              f"max {_t(w['max'])}",
              "placement tier: " + (", ".join(f"{t} {n}" for t, n in s["tiers"].items()) or "-")
