@@ -26,7 +26,6 @@ Pure Python (standard library); ``--plot`` draws with matplotlib through ``phala
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import random
 import statistics
@@ -39,7 +38,6 @@ from pathlib import Path
 from phalanx_bench import engine_replay
 from phalanx_bench.plotting import PlotUnavailable, Series, line_plot
 from phalanx_bench.sharepack import (
-    MILLI,
     POLICIES,
     PhalanxPack,
     PodRequest,
@@ -49,13 +47,13 @@ from phalanx_bench.sharepack import (
     make_policy,
 )
 from phalanx_engine.decide import default_profile
+from phalanx_sim import trace as sim_trace
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE_DIR = REPO.parent / "shared" / "fixtures" / "traces" / "alibaba-gpu-v2023"
-NODE_FILE = "openb_node_list_gpu_node.csv"
-POD_FILE = "openb_pod_list_default.csv"
+NODE_FILE, POD_FILE = sim_trace.NODE_FILE, sim_trace.POD_FILE
 FIRST_SEED = 42
-TUNE_RATIO = 1.3
+TUNE_RATIO = sim_trace.TUNE_RATIO
 ENGINE_POLICIES = ("engine", "engine-mix")
 ALL_POLICIES = (*POLICIES, *ENGINE_POLICIES)
 LABELS = {"random": "Random fit", "bestfit": "Best fit", "fgd": "FGD", "phalanx": "Phalanx",
@@ -70,46 +68,17 @@ class Trace:
 
 
 def load_trace(trace_dir: Path, pod_file: str = POD_FILE) -> Trace:
-    nodes = []
-    with open(trace_dir / NODE_FILE, newline="") as f:
-        for row in csv.DictReader(f):
-            nodes.append((row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), int(row["gpu"]),
-                          row["model"] or None))
-    pods = []
-    with open(trace_dir / pod_file, newline="") as f:
-        for row in csv.DictReader(f):
-            count, milli = int(row["num_gpu"]), int(row["gpu_milli"])
-            if count == 0:
-                milli = 0
-            spec = (row.get("gpu_spec") or "").strip()
-            models = frozenset(spec.split("|")) if spec else None
-            pods.append(PodRequest(int(row["cpu_milli"]), int(row["memory_mib"]), milli, count, models))
-    return Trace(tuple(nodes), tuple(pods))
+    nodes, pods = sim_trace.read_trace(trace_dir, pod_file)
+    return Trace(nodes, tuple(PodRequest(p.cpu_milli, p.memory_mib, p.gpu_milli, p.gpu_count, p.models) for p in pods))
 
 
 def workload(trace: Trace, seed: int) -> tuple[list[int], list[int]]:
-    """(node order, pod sequence as indices into trace.pods) for one seed.
-
-    ``order[k]`` is the tie-break rank of node k (lower wins). The pod sequence is the whole
-    list shuffled, then uniform draws appended until the next draw would take the summed GPU
-    request past TUNE_RATIO x capacity.
-    """
-    rng = random.Random(seed)
-    n = len(trace.nodes)
-    order = list(range(n))
-    rng.shuffle(order)
-    seq = list(range(len(trace.pods)))
-    rng.shuffle(seq)
-    capacity = sum(node[3] for node in trace.nodes) * MILLI
-    target = TUNE_RATIO * capacity
-    demand = sum(trace.pods[i].total_gpu_milli for i in seq)
-    while True:
-        i = rng.randrange(len(trace.pods))
-        if demand + trace.pods[i].total_gpu_milli > target:
-            break
-        demand += trace.pods[i].total_gpu_milli
-        seq.append(i)
-    return order, seq
+    """(node order, pod sequence as indices into trace.pods) for one seed
+    (``phalanx_sim.trace.packing_sequence``, which ``phalanx sim --trace-mode packing`` replays
+    too): ``order[k]`` is the tie-break rank of node k (lower wins); the pod sequence is the
+    whole list shuffled, then uniform draws appended until the next draw would take the summed
+    GPU request past TUNE_RATIO x capacity."""
+    return sim_trace.packing_sequence(trace.nodes, trace.pods, seed)
 
 
 def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: float | None = None,
@@ -150,14 +119,8 @@ def replay(trace: Trace, mix: TargetMix, policy_name: str, seed: int, stop_at: f
 def _result(policy_name: str, seed: int, sums: dict[int, list[float]], pods: int, failed: int,
             seconds: float) -> dict:
     curve = {p: 100 * s / c for p, (s, c) in sorted(sums.items())}
-
-    def at(p: int) -> float | None:
-        if p in curve:
-            return curve[p]
-        near = [sums[q] for q in (p - 1, p, p + 1) if q in sums]
-        return 100 * sum(s for s, _ in near) / sum(c for _, c in near) if near else None
-
-    return {"policy": policy_name, "seed": seed, "alloc_100": at(100), "alloc_130": at(130),
+    at = sim_trace.allocation_at
+    return {"policy": policy_name, "seed": seed, "alloc_100": at(sums, 100), "alloc_130": at(sums, 130),
             "pods": pods, "failed": failed, "seconds": seconds, "curve": curve}
 
 

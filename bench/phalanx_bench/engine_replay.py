@@ -14,46 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from functools import cache
 
 from phalanx_bench.sharepack import MILLI, PodRequest
 from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.packing import ShapeMix
-from phalanx_engine.snapshot import Decision, NodeView, Snapshot
-from phalanx_proto.events import MemberSpec, PodRef
-from phalanx_proto.scheduling import NodeKubeState
-from phalanx_proto.topology import Gpu, NodeTopology
+from phalanx_engine.snapshot import Decision
+from phalanx_sim import trace
 
-_POD_LIMIT = 1 << 30
-
-
-@cache
-def _topology(gpus: int, model: str) -> NodeTopology:
-    devs = tuple(Gpu(index=i, name=f"GPU{i}", model=model) for i in range(gpus))
-    relations = {a.name: {b.name: "PHB" for b in devs if b is not a} for a in devs}
-    return NodeTopology(node="", gpus=devs, relations=relations)
-
-
-def snapshot(nodes: Sequence[tuple[str, int, int, int, str | None]], ranked: Sequence[int]) -> Snapshot:
-    """Trace nodes (name, cpu milli, memory MiB, GPUs, model) as views, in ``ranked`` order."""
-    views = []
-    for rank, k in enumerate(ranked):
-        sn, cpu, mem, gpus, model = nodes[k]
-        kube = NodeKubeState(allocatable={"cpu": cpu, "memory": mem << 20, "pods": _POD_LIMIT}, ready="True")
-        views.append(NodeView(name=f"{rank:04d}-{sn}", topology=_topology(gpus, model or ""), kube=kube))
-    return Snapshot(nodes=tuple(views))
-
-
-def member(pod: PodRequest, k: int) -> MemberSpec:
-    """One trace pod as the wire request."""
-    requests = {n: v for n, v in (("cpu", pod.cpu_milli), ("memory", pod.memory_mib << 20)) if v}
-    ref = PodRef(namespace="trace", name=f"p{k}")
-    if pod.gpu_count == 0:
-        return MemberSpec(pod=ref, requests=requests)
-    if pod.gpu_milli < MILLI:
-        return MemberSpec(pod=ref, gpus=1, core_pct=pod.gpu_milli // 10, requests=requests)
-    return MemberSpec(pod=ref, gpus=pod.gpu_count, requests=requests)
+# The trace as the engine sees it (views, requests) lives in phalanx_sim.trace, which
+# ``phalanx sim`` reads too; re-exported here for the bench.
+snapshot, member = trace.snapshot, trace.member
 
 
 def mix_of(pods: Sequence[PodRequest]) -> ShapeMix:

@@ -9,7 +9,11 @@ lines, or one JSON document with ``--json``:
      "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "members", "bound", "queue"} | null,
      "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
      "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}],
-     "unreadable_records": [str]}
+     "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null}
+
+``whatif``: what would start a pending gang (``phalanx_engine.whatif``, docs/whatif.md), when
+its record carries the answers (a ``whatif`` field of the gang record, ``phalanx_proto.whatif.WhatIf``);
+null otherwise. The text form lists them under ``What if:``, the first that starts the gang first.
 
 A gang record in ``phx-gangs`` that cannot be read is skipped and listed in
 ``unreadable_records`` (``phalanx doctor`` lists every bucket); every other pod is explained.
@@ -155,6 +159,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
     else:
         reason = f"gang {state.phase}"
     trace_id = state.trace_id if state is not None and state.trace_id else None
+    whatif = whatif_doc(state) if state is not None and not pod.node_name else None
     base = args.traces_url.rstrip("/")
     return {
         "pod": {"namespace": namespace, "name": name, "uid": pod.uid, "scheduler_name": pod.scheduler_name,
@@ -174,7 +179,17 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         "events": [{"type": e.type, "reason": e.reason, "message": e.message, "count": e.count, "at": e.at}
                    for e in events],
         "unreadable_records": [str(b) for b in bad],
+        "whatif": whatif,
     }
+
+
+def whatif_doc(state: Any) -> dict[str, Any] | None:
+    """The counterfactual answers a gang record carries, as JSON (None when it carries none:
+    records written before placement computed them, or a gang that is not pending)."""
+    whatif = getattr(state, "whatif", None)
+    if whatif is None or not getattr(whatif, "answers", None):
+        return None
+    return msgspec.json.decode(msgspec.json.encode(whatif))
 
 
 def _stamp(at: float) -> str:
@@ -194,6 +209,12 @@ def render(r: dict[str, Any]) -> str:
                      f"{len(g['members'])} member(s) (min {g['min_member']}), {len(g['bound'])} bound, "
                      f"queue {g['queue']}")
     lines.append(f"Reason:      {r['reason'] or '-'}")
+    answers = (r.get("whatif") or {}).get("answers") or []
+    if answers:
+        lines.append("What if:")
+        lines += [f"  {a['text']}" + ("" if a.get("starts", True) else " (not enough alone)") for a in answers]
+        if r["whatif"].get("cut"):
+            lines.append(f"  (out of time before: {', '.join(r['whatif']['cut'])})")
     a = r["assignment"]
     if a:
         parts = [f"node {a.get('node', '-')}", f"GPUs {','.join(map(str, a.get('gpus') or [])) or '-'}"]

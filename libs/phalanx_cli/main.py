@@ -21,6 +21,7 @@ COMMANDS = [
     "phalanx_cli.cmd_place",
     "phalanx_cli.cmd_topology",
     "phalanx_cli.cmd_explain",
+    "phalanx_cli.cmd_sim",
     "phalanx_cli.cmd_doctor",
     "phalanx_cli.cmd_queues",
     "phalanx_cli.cmd_events",

@@ -232,7 +232,7 @@ def _place_share(profile: Profile, cluster: Cluster, member: Member, avoid: Coll
 
 
 def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE, *,
-           explain: bool = True, avoid: Collection[str] = frozenset()) -> Decision | NoFit:
+           explain: bool = True, avoid: Collection[str] = frozenset(), loosest: str = "netpod") -> Decision | NoFit:
     """Place every member or none. ``cluster`` is not modified. With ``explain=False`` a
     ``NoFit`` carries no per-node statuses (and says resolvable): for callers that only need
     the answer, such as a simulation placing thousands of pods.
@@ -240,7 +240,10 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
     ``avoid``: nodes this decision must leave alone (kept for a gang ahead in the queue,
     docs/saga.md). The ``NoFit`` shows them as ``kept for a gang ahead in the queue`` where
     they would otherwise take the member, and they count for ``NoFit.resolvable``: they are
-    busy, not unsuitable."""
+    busy, not unsuitable.
+
+    ``loosest``: the widest network tier a gang may span (one of ``TIERS``); R8's rule, and the
+    default, is one network-pod. The counterfactual probes (``whatif``) pass a tighter one."""
     if not members:
         return Decision(assignments=())
     avoid = frozenset(avoid)
@@ -254,7 +257,7 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
         if got is None:
             return _no_fit(profile, cluster, gang, avoid=avoid) if explain else NoFit(total_nodes=cluster.total)
         return _decision(cluster, (got,))
-    return _decide_gang(profile, cluster, gang, explain, avoid)
+    return _decide_gang(profile, cluster, gang, explain, avoid, loosest)
 
 
 def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision:
@@ -276,11 +279,11 @@ def _domain(state: NodeState, tier: str) -> str:
 
 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
-                 avoid: frozenset[str]) -> Decision | NoFit:
+                 avoid: frozenset[str], loosest: str = "netpod") -> Decision | NoFit:
     need = sum(m.units for m in members)
     ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
-    for tier in TIERS:
+    for tier in TIERS[:TIERS.index(loosest) + 1]:
         domains: dict[str, list[NodeState]] = {}
         # One-node domains that cannot hold the gang's whole GPUs are skipped through the
         # free-GPU index (what GangGpuCapacity would say of them), as kube-scheduler's
@@ -299,8 +302,9 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
                 return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
     if not explain:
         return NoFit(total_nodes=cluster.total)
-    detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one network-pod"
-              + ("" if tried_any else "; no network-pod has that many free"))
+    where = TIER_NAMES[loosest]
+    detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one {where}"
+              + ("" if tried_any else f"; no {where} has that many free"))
     return _no_fit(profile, cluster, members, detail, avoid)
 
 

@@ -139,3 +139,14 @@ class StrandingScore:
             after = {g: m - (min(m, milli) if g in a.gpus else 0) for g, m in before.items()}
             x = (self._f(cpu_free, before) - self._f(cpu_after, after)) / 1000
         return 0 if x < -700 else int(1.0 / (1.0 + math.exp(-x)) * 100)
+
+
+def stranded_milli(node: NodeState, cpu_per_gpu: float = CPU_PER_GPU_MILLI) -> float:
+    """``S(n)``: the node's free GPU milli its free CPU cannot feed at ``cpu_per_gpu`` CPU
+    millicores per GPU milli (0 without reported Kubernetes state). What ``phalanx sim``
+    reports as stranded GPUs (divided by 1000)."""
+    kube = node.view.kube
+    if kube is None:
+        return 0.0
+    cpu_free = kube.allocatable.get(CPU, 0) - node.requested.get(CPU, 0)
+    return max(0.0, sum(free_milli(node).values()) - cpu_free / cpu_per_gpu)

@@ -282,3 +282,41 @@ def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[
             return {gangs.MPIJOB_NAME: name, gangs.MPIJOB_ROLE: t.role}
         case _:
             return {gangs.JOB_NAME: name}
+
+
+def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pods a workload object's controllers would make, labelled as they label them (the
+    labels ``gangs.identify`` reads): a Pod itself, a Job's ``parallelism`` pods, every
+    replicated Job's pods of a JobSet, an MPIJob's pods per replica role; a ``List``'s items'.
+    Pods are named ``<object>-<role>-<job>-<index>`` (the controllers add a random suffix).
+    Templates with violations (``check_object`` names them) and pods not scheduled by Phalanx
+    are left out. Used by ``phalanx sim``, which submits what a cluster would see."""
+    kind = obj.get("kind")
+    if kind == "List":
+        return [p for item in obj.get("items") or () if isinstance(item, Mapping) for p in expand_pods(item)]
+    templates = pod_templates(obj)
+    if not templates:
+        return []
+    meta = as_map(obj.get("metadata"))
+    name, ns = name_text(meta.get("name")) or "unnamed", name_text(meta.get("namespace")) or "default"
+    if kind == "Pod" or (not kind and "containers" in as_map(obj.get("spec"))):
+        pod = dict(obj)
+        pod["metadata"] = {**meta, "namespace": ns, "name": name}
+        return [pod] if _phalanx(pod) else []
+    jobs = sum(t.replicas for t in templates) if kind == "JobSet" else 0
+    out = []
+    for t in templates:
+        if t.violations or not _phalanx(t.template):
+            continue
+        tmeta = as_map(t.template.get("metadata"))
+        labels = {**as_map(tmeta.get("labels")), **_controller_labels(kind, name, t, jobs)}
+        per_job = max(1, t.parallelism) if kind in ("Job", "JobSet") else 1
+        count = t.replicas if kind in ("JobSet", "MPIJob") else 1
+        for j in range(count):
+            for i in range(per_job):
+                role = f"-{t.role}" if t.role else ""
+                pod_name = f"{name}{role}-{j}-{i}" if kind == "JobSet" else (
+                    f"{name}{role}-{j}" if kind == "MPIJob" else f"{name}-{i}")
+                out.append({**t.template, "apiVersion": "v1", "kind": "Pod",
+                            "metadata": {**tmeta, "name": pod_name, "namespace": ns, "labels": dict(labels)}})
+    return out

@@ -4,6 +4,7 @@ file mode."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -41,3 +42,20 @@ def load_file(path: str | Path, *, node: str | None = None) -> NodeTopology:
         topo = yamlfmt.loads(text, source=f"yaml:{path}")
         return msgspec.structs.replace(topo, node=node) if node else topo
     return parse_topo_matrix(text, node=node or Path(path).stem, source=f"topo-matrix:{path}")
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str) -> NodeTopology:
+    return load_file(path)
+
+
+def topology_from_file(path: str, node: str, *, gpu_model: str = "", gpu_memory_mib: int = 0,
+                       mig_enabled: bool = False) -> NodeTopology:
+    """``node``'s topology from an ``nvidia-smi topo -m`` or Phalanx YAML file, with what the
+    file does not say filled in (a topo -m matrix names no model or memory; NVML reports the
+    real MIG mode). Each file is parsed once per process: a node fleet (or ``phalanx sim``)
+    serves thousands of simulated nodes from a handful of files. Raises as ``load_file``."""
+    topo = _parsed(str(path))
+    gpus = tuple(msgspec.structs.replace(g, model=g.model or gpu_model, memory_mib=g.memory_mib or gpu_memory_mib,
+                                         mig_enabled=g.mig_enabled or mig_enabled) for g in topo.gpus)
+    return msgspec.structs.replace(topo, node=node, gpus=gpus)

@@ -68,3 +68,16 @@ def _inherit(tier: str, value: str) -> str:
     if value.startswith(("node:", "hypernode:", "leaf:")):
         return value
     return f"{tier}:{value}"
+
+
+ENABLE_LABEL = "lj_runtimekit_enable"
+ACK_LABEL = "ack.node.gpu.schedule"
+
+
+def enabled_by_labels(labels: dict[str, str]) -> bool:
+    """R10/R11: ``lj_runtimekit_enable=true`` or ``ack.node.gpu.schedule=topology`` enables a
+    node; ``ack.node.gpu.schedule=default`` hands it back to regular scheduling."""
+    ack = labels.get(ACK_LABEL)
+    if ack == "default":
+        return False
+    return labels.get(ENABLE_LABEL) == "true" or ack == "topology"

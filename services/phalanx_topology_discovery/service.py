@@ -35,11 +35,10 @@ from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
 from phalanx_proto.topology import NodeTopology
 from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
-from phalanx_topology.tiers import tiers_from_labels
+from phalanx_topology.files import topology_from_file  # noqa: F401 - re-exported (phalanx sim reads it there)
+from phalanx_topology.tiers import ACK_LABEL, ENABLE_LABEL, enabled_by_labels, tiers_from_labels  # noqa: F401
 from phalanx_topology_discovery.kubestate import DEBOUNCE_S, REASSERT_S, NodeStateReporter
 
-ENABLE_LABEL = "lj_runtimekit_enable"
-ACK_LABEL = "ack.node.gpu.schedule"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 STATE_DIR = "/var/lib/phalanx/deviceplugin"
@@ -88,34 +87,6 @@ class Config:
     mps_active_thread_pct: int = option(0, "the MPS daemon's default active thread percentage (what it enforces "
                                         "on every client)", group=PLUGIN)
     mps_pinned_mem_mib: int = option(0, "the MPS daemon's default pinned device memory limit in MiB", group=PLUGIN)
-
-
-def enabled_by_labels(labels: dict[str, str]) -> bool:
-    """R10/R11: ``lj_runtimekit_enable=true`` or ``ack.node.gpu.schedule=topology`` enables a
-    node; ``ack.node.gpu.schedule=default`` hands it back to regular scheduling."""
-    ack = labels.get(ACK_LABEL)
-    if ack == "default":
-        return False
-    return labels.get(ENABLE_LABEL) == "true" or ack == "topology"
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed(path: str) -> NodeTopology:
-    from phalanx_topology import load_file
-
-    return load_file(path)
-
-
-def topology_from_file(path: str, node: str, *, gpu_model: str = "", gpu_memory_mib: int = 0,
-                       mig_enabled: bool = False) -> NodeTopology:
-    """``node``'s topology from an ``nvidia-smi topo -m`` or Phalanx YAML file, with what the
-    file does not say filled in (a topo -m matrix names no model or memory; NVML reports the
-    real MIG mode). Each file is parsed once per process: a node fleet serves thousands of
-    simulated nodes from a handful of files."""
-    topo = _parsed(str(path))
-    gpus = tuple(msgspec.structs.replace(g, model=g.model or gpu_model, memory_mib=g.memory_mib or gpu_memory_mib,
-                                         mig_enabled=g.mig_enabled or mig_enabled) for g in topo.gpus)
-    return msgspec.structs.replace(topo, node=node, gpus=gpus)
 
 
 def extended_resources(topo: NodeTopology) -> dict[str, str]:

@@ -1,0 +1,95 @@
+"""gang-coordinator's order rules, pure: which waiting gang starts an attempt now, how long a
+failed one backs off, and which gangs are woken when GPUs are released (docs/saga.md, "Order
+and fairness"; docs/queues.md, "Who goes first").
+
+These are the rules of ``services/phalanx_gang_coordinator`` (``saga.queue_key``,
+``saga.backoff_delay``, ``fairness.gate``, ``driver.SagaDriver.wake``) moved here unchanged so
+that ``phalanx sim`` runs the same code as the service; gang-coordinator is to import them from
+here (its copies are then deleted). Every function takes ``GangState`` records, the service's own.
+
+Queue order is ``queue_key``: higher priority first, then earlier arrival. The **head** is the
+first gang in that order that has tried at least once, waits (``waiting``/``backoff``) and
+could fit the cluster were it empty. Once the head has waited longer than ``starve_after_s``
+it is *starving* and protected, in one of two modes:
+
+* ``backfill`` (default; reserve-and-backfill, as HPC batch schedulers do): a gang behind the
+  head still starts, but its attempt may not use the nodes the head's last failed placement
+  would have used on the empty cluster (``reserve_nodes``); a head whose reserve is unknown
+  holds the gangs behind it back, as in strict mode.
+* ``strict`` (FIFO): a gang behind the head is held back until the head is scheduled.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from phalanx_proto.queues import DEFAULT_QUEUE
+from phalanx_proto.state import GangState
+
+MODES = ("backfill", "strict")
+WAKE = 8
+"""Gangs retried at once when GPUs are released."""
+
+
+def queue_key(s: GangState) -> tuple:
+    """The documented order: higher ``spec.priority`` first, then earlier arrival."""
+    return (-s.priority, s.created_at, s.gang_id)
+
+
+def queue_of(s: GangState) -> str:
+    """The queue a gang's members name (``default`` when none)."""
+    return next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
+
+
+def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:
+    """Exponential backoff with jitter: base·2^(failures-1), capped, times 0.75..1.25. The
+    jitter is seeded by gang and failure count, so replicas, restarts and simulations agree.
+    The exponent stops at 64: gang-coordinator's copy raises OverflowError from 1,025 failures
+    on (2**1024 is no float), about 17 hours of waiting at the default 60 s cap."""
+    raw = min(max_s, base_s * 2 ** min(64, max(0, failures - 1)))
+    return raw * (0.75 + 0.5 * random.Random(f"{gang_id}:{failures}").random())
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What the gate says about one gang: ``hold`` (non-empty: do not start; the pods are told
+    this), else start, on any node but ``avoid`` (kept for the starving head ``head``)."""
+
+    hold: str = ""
+    avoid: tuple[str, ...] = ()
+    head: str = ""
+
+
+def head_of(others: Iterable[GangState]) -> GangState | None:
+    """The head of the queue among ``others``, or None."""
+    waiting = [o for o in others if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster]
+    return min(waiting, key=queue_key) if waiting else None
+
+
+def gate(s: GangState, others: Iterable[GangState], *, now: float, starve_after_s: float,
+         mode: str = "backfill") -> Gate:
+    """May ``s`` start now, and where, given the other gangs of its queue?"""
+    if starve_after_s <= 0:
+        return Gate()
+    head = head_of(others)
+    if head is None or head.gang_id == s.gang_id or queue_key(s) < queue_key(head):
+        return Gate()
+    if now - head.created_at <= starve_after_s:
+        return Gate()
+    if mode == "backfill" and head.reserve_nodes:
+        return Gate(avoid=head.reserve_nodes, head=head.gang_id)
+    return Gate(hold=f"held back behind {head.gang_id}, first in queue and waiting too long (fairness)",
+                head=head.gang_id)
+
+
+def wake_order(states: Iterable[GangState], *, now: float, below_quota: Callable[[str], bool],
+               limit: int = WAKE) -> list[GangState]:
+    """GPUs were released: the gangs that try again now instead of at the end of their
+    backoff — at most ``limit`` of those backing off after a failed placement, queues below
+    their quota first, then by priority and arrival (as kube-scheduler moves unschedulable
+    pods back to its active queue on a cluster event)."""
+    waiting = [s for s in states if s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now]
+    waiting.sort(key=lambda s: (not below_quota(queue_of(s)), queue_key(s)))
+    return waiting[:limit]

@@ -1,0 +1,361 @@
+"""The virtual-time run: gangs arrive, try, back off, start and end as the services would
+handle them, on one engine ``Cluster`` (docs/whatif.md, "The model").
+
+Overview. Events are (time, order, kind, gang) in one heap; at each time the run ends the gangs
+due to end (their reservations released; up to ``WAKE`` gangs backing off are woken, queues
+below quota first — gang-coordinator's ``wake``), admits the gangs arriving, takes the gangs
+whose retry is due, and runs one scheduling cycle over every gang due now:
+
+1. gang-coordinator's fairness gate (``fairness.gate``) holds a gang back or names the nodes
+   it must avoid; a held gang asks again after ``resync_s``;
+2. placement's cycle order (``queueorder.cycle_key``: queue furthest below its fair share,
+   priority, arrival), then per gang: its queue's limit (``queueorder.refusal``), the borrow
+   gate (``queueorder.borrowing``/``owed``), the engine's decision (``decide``);
+3. a gang that fits starts now (placing, binding and start-up take no time) and ends after its
+   duration; one that does not backs off (``fairness.backoff_delay``), knowing, as placement
+   tells it, whether it would fit the empty cluster and where.
+
+A retry that nothing could have changed for is refused without deciding again: the same nodes
+to avoid and no reservation released since its last refusal (the engine refuses a fuller
+cluster what it refused an emptier one), or, for a gang of one — remembered by its request's
+shape, so it holds for another pod asking the same — no node released since that passes the
+member's filters (exact: a single member fits where some node passes them);
+``SimConfig.exact`` decides every retry anyway.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from msgspec.structs import replace as evolve
+
+from phalanx_engine import fairness, queueorder
+from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
+from phalanx_engine.framework import Member, Profile
+from phalanx_engine.packing import stranded_milli
+from phalanx_engine.queues import QueueTree
+from phalanx_engine.snapshot import Decision, NodeView, Snapshot
+from phalanx_engine.status import Status
+from phalanx_engine.whatif import tier_of
+from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.queues import GPU_UNITS, units_of_assignment
+from phalanx_proto.state import GangState
+from phalanx_sim.model import SimConfig, SimGang
+
+DEFAULTS = SimConfig()
+END, ARRIVE, RETRY = 0, 1, 2
+NO_FIT = "does not fit"
+"""A refusal's reason during the run (the engine's own, with every node's status, is computed
+for the gangs still pending at the end: ``report.pending``)."""
+RELEASES_CHECKED = 64
+"""A retry of a gang of one checks at most this many releases' nodes instead of deciding again."""
+"""Event kinds, in the order they are handled at one instant."""
+
+
+@dataclass
+class Outcome:
+    """What happened to one gang."""
+
+    gang: SimGang
+    start: float | None = None
+    end: float | None = None
+    tier: str = ""
+    domain: str = ""
+    nodes: int = 0
+    split: bool = False
+    """Placed at a looser network tier than the empty cluster would give it."""
+    attempts: int = 0
+    reason: str = ""
+
+
+@dataclass
+class Sample:
+    t: float
+    allocated: float
+    """GPUs allocated (whole-GPU equivalents: a share counts its core %, MIG its slices)."""
+    stranded: float
+    """Free GPU capacity its node's free CPU cannot feed (``packing.stranded_milli``), in GPUs."""
+    pending: int
+    pending_gpus: float
+    running: int
+    queues: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per queue: (GPUs held, fair share in GPUs)."""
+
+
+class Simulation:
+    """One run. ``run()`` once; then ``outcomes``, ``samples`` and ``cluster`` (as it ended)."""
+
+    def __init__(self, nodes: Sequence[NodeView], gangs: Sequence[SimGang], tree: QueueTree,
+                 config: SimConfig = DEFAULTS, profile: Profile = DEFAULT_PROFILE,
+                 progress: Callable[[Simulation, float], None] | None = None) -> None:
+        self.views = {v.name: v for v in nodes}
+        self.cluster = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
+        self.empty = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
+        self.capacity = sum(len(v.topology.gpus) for v in nodes if v.enabled) * GPU_UNITS
+        self.tree, self.config, self.profile, self.progress = tree, config, profile, progress
+        self.outcomes = {g.gang_id: Outcome(g) for g in gangs}
+        self.records: dict[str, GangState] = {}
+        self.pending: dict[str, dict[str, GangState]] = {}
+        """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
+        self.held: dict[str, int] = {}
+        self.waiting_units: dict[str, int] = {}
+        self.running: dict[str, tuple[Assignment, ...]] = {}
+        self.owner: dict[PodRef, str] = {}
+        self.samples: list[Sample] = []
+        self.now = 0.0
+        self.epoch = 0
+        self.decisions = 0
+        self._events: list[tuple[float, int, int, str]] = []
+        self._seq = 0
+        self._changes = 0
+        """Arrivals and ends still in the heap (without any, only retries are left)."""
+        self._arrival: dict[str, int] = {}
+        self._refused_at: dict[str | bytes, tuple[int, tuple[str, ...]]] = {}
+        """Per gang (a gang of one: per request shape), the release count and the nodes it
+        avoided at its last refusal."""
+        self._released: list[frozenset[str]] = []
+        """The nodes each release freed, in order (``epoch`` counts them)."""
+        self._empty_memo: dict[tuple[bytes, ...], tuple[bool, tuple[str, ...], str]] = {}
+        for g in sorted(gangs, key=lambda g: g.arrival_s):  # stable: at one instant, in the order submitted
+            self._arrival[g.gang_id] = len(self._arrival)
+            if not g.refused:
+                self._push(g.arrival_s, ARRIVE, g.gang_id)
+            else:
+                self.outcomes[g.gang_id].reason = g.refused
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> Simulation:
+        next_sample = 0.0
+        last_report = time.monotonic()
+        horizon = self.config.horizon_s
+        while self._events:
+            t = self._events[0][0]
+            if horizon is not None and t > horizon:
+                break
+            if horizon is None and not self._changes:
+                break  # only retries are left: nothing arrives or ends, so nothing can change
+            while next_sample <= t:
+                self._sample(next_sample)
+                next_sample += self.config.sample_s
+            self.now = t
+            self._instant(t)
+            if self.progress is not None and time.monotonic() - last_report >= 2.0:
+                last_report = time.monotonic()
+                self.progress(self, t)
+        end = horizon if horizon is not None else self.now
+        while next_sample <= end:
+            self._sample(next_sample)
+            next_sample += self.config.sample_s
+        self.now = end
+        return self
+
+    def _push(self, t: float, kind: int, gang_id: str) -> None:
+        self._seq += 1
+        self._changes += kind != RETRY
+        heapq.heappush(self._events, (t, kind, self._seq, gang_id))
+
+    def _instant(self, t: float) -> None:
+        """Everything due at ``t``: ends, arrivals, retries, then one cycle."""
+        due: dict[str, None] = {}
+        while self._events and self._events[0][0] == t:
+            _, kind, _, gang_id = heapq.heappop(self._events)
+            self._changes -= kind != RETRY
+            if kind == END:
+                self._end(gang_id)
+                for s in fairness.wake_order(self._all_pending(), now=t, below_quota=self._below_quota):
+                    self._set(evolve(s, backoff_until=t))
+                    due[s.gang_id] = None
+            elif kind == ARRIVE:
+                g = self.outcomes[gang_id].gang
+                self._set(GangState(gang_id=gang_id, members=g.members, min_member=len(g.members),
+                                    priority=g.priority, created_at=t))
+                self.waiting_units[g.queue] = self.waiting_units.get(g.queue, 0) + g.units
+                due[gang_id] = None
+            else:
+                s = self.records.get(gang_id)
+                if s is not None and s.phase in ("waiting", "backoff") and s.backoff_until <= t:
+                    due[gang_id] = None
+        if due:
+            self._cycle(t, [self.records[g] for g in due if self.records[g].phase in ("waiting", "backoff")])
+
+    def _cycle(self, t: float, due: list[GangState]) -> None:
+        c = self.config
+        starting = []
+        heads: dict[str, GangState | None] = {}
+        for s in due:
+            queue = fairness.queue_of(s)
+            if queue not in heads:
+                heads[queue] = fairness.head_of(self.pending.get(queue, {}).values())
+            # The head among the others is the queue's head unless it is this gang (then the gate
+            # lets it go whoever is next): one scan of the queue per instant, not one per gang.
+            head = heads[queue]
+            others = [head] if head is not None and head.gang_id != s.gang_id else []
+            gate = fairness.gate(s, others, now=t, starve_after_s=c.starve_after_s, mode=c.fairness)
+            if gate.hold:
+                self._set(evolve(s, phase="waiting", reason=gate.hold))
+                self._push(t + c.resync_s, RETRY, s.gang_id)
+                continue
+            starting.append(evolve(s, attempt=s.attempt + 1, avoid_nodes=gate.avoid, avoid_for=gate.head))
+        if not starting:
+            return
+        _, ranks = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        owed = queueorder.owed_candidates(self.tree, self.held, (
+            (fairness.queue_of(o), o.members) for q in self.pending.values() for o in q.values()
+            if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster))
+        memo: dict[int, bool] = {}
+        starting.sort(key=lambda s: queueorder.cycle_key(ranks.get(fairness.queue_of(s), float("inf")), s.priority,
+                                                         self._arrival[s.gang_id]))
+        for s in starting:
+            self.outcomes[s.gang_id].attempts += 1
+            self._place(t, s, owed, memo)
+
+    def _place(self, t: float, s: GangState, owed: list, memo: dict[int, bool]) -> None:
+        """placement's handling of one request: queue, borrow gate, decision."""
+        queue = fairness.queue_of(s)
+        refusal = queueorder.refusal(self.tree, s.members, self.held)
+        if refusal:
+            return self._refused(t, s, refusal, fits_empty=False)
+        if queueorder.borrowing(self.tree, s.members, self.held):
+            kept = queueorder.owed(self.tree, queue, owed, self._fits_now, memo)
+            if kept:
+                return self._refused(t, s, f"queue {queue} would borrow beyond its quota, and the GPUs free now are "
+                                           f"kept for queue(s) {', '.join(kept)}, below quota, whose gangs wait for them",
+                                     fits_empty=False)
+        if not self.config.exact and self._still_refused(s):
+            return self._refused(t, s, s.reason or NO_FIT, *self._on_empty(s))
+        self.decisions += 1
+        got = decide(self.cluster, s.members, self.profile, explain=False, avoid=s.avoid_nodes)
+        if not isinstance(got, Decision):
+            self._refused_at[_key(s)] = (self.epoch, s.avoid_nodes)
+            return self._refused(t, s, NO_FIT, *self._on_empty(s))
+        self._start(t, s, got.assignments)
+
+    def _still_refused(self, s: GangState) -> bool:
+        """Would the engine refuse ``s`` again for sure? Yes when it avoids the same nodes as at
+        its last refusal and nothing was released since (the cluster only got fuller); for a
+        gang of one also when no node released since can take it now (a single member fits
+        exactly when some node passes every filter, and the other nodes only got fuller)."""
+        key = _key(s)
+        last = self._refused_at.get(key)
+        if last is None or last[1] != s.avoid_nodes:
+            return False
+        if last[0] == self.epoch:
+            return True
+        if len(s.members) != 1 or self.epoch - last[0] > RELEASES_CHECKED:
+            return False
+        member = Member.of(s.members[0])
+        for name in set().union(*self._released[last[0]:self.epoch]):
+            st = self.cluster.nodes.get(name)
+            if name not in s.avoid_nodes and st is not None and not isinstance(self.profile.evaluate(member, st), Status):
+                return False
+        self._refused_at[key] = (self.epoch, s.avoid_nodes)
+        return True
+
+
+    def _fits_now(self, members) -> bool:
+        self.decisions += 1
+        return isinstance(decide(self.cluster, members, self.profile, explain=False), Decision)
+
+    def _on_empty(self, s: GangState) -> tuple[bool, tuple[str, ...]]:
+        """Would the gang fit the empty cluster, and where (placement's reserve nodes)."""
+        fits, nodes, _ = self._empty_tier(s)
+        return fits, nodes
+
+    def _empty_tier(self, s: GangState) -> tuple[bool, tuple[str, ...], str]:
+        key = tuple(Member.of(m).shape for m in s.members)
+        got = self._empty_memo.get(key)
+        if got is None:
+            d = decide(self.empty, s.members, self.profile, explain=False)
+            got = ((True, tuple(sorted({a.node for a in d.assignments})), tier_of(self.empty, d.assignments)[0])
+                   if isinstance(d, Decision) else (False, (), ""))
+            self._empty_memo[key] = got
+        return got
+
+    def _refused(self, t: float, s: GangState, reason: str, fits_empty: bool, reserve: tuple[str, ...] = ()) -> None:
+        c = self.config
+        failures = s.failures + 1
+        delay = fairness.backoff_delay(failures, base_s=c.backoff_base_s, max_s=c.backoff_max_s, gang_id=s.gang_id)
+        self._set(evolve(s, phase="backoff", failures=failures, backoff_until=t + delay, reason=reason,
+                          failure="placement_failed", fits_empty_cluster=fits_empty, reserve_nodes=reserve))
+        self.outcomes[s.gang_id].reason = reason
+        self._push(t + delay, RETRY, s.gang_id)
+
+    def _start(self, t: float, s: GangState, assignments: tuple[Assignment, ...]) -> None:
+        o = self.outcomes[s.gang_id]
+        self._book(assignments, +1, s.gang_id)
+        self._set(evolve(s, phase="scheduled", reason=""))
+        self.waiting_units[o.gang.queue] -= o.gang.units
+        self.running[s.gang_id] = assignments
+        tier, domain = tier_of(self.cluster, assignments)
+        o.start, o.tier, o.domain, o.nodes, o.reason = t, tier, domain, len({a.node for a in assignments}), ""
+        if len(s.members) > 1:
+            o.split = _TIER_ORDER.index(tier) > _TIER_ORDER.index(self._empty_tier(s)[2] or tier)
+        if o.gang.duration_s is not None:
+            self._push(t + o.gang.duration_s, END, s.gang_id)
+
+    def _end(self, gang_id: str) -> None:
+        assignments = self.running.pop(gang_id)
+        self._book(assignments, -1, gang_id)
+        self.outcomes[gang_id].end = self.now
+        self.records.pop(gang_id, None)
+        self._released.append(frozenset(a.node for a in assignments))
+        self.epoch += 1
+
+    def _book(self, assignments: tuple[Assignment, ...], sign: int, gang_id: str) -> None:
+        """Reserve (+1) or release (-1) a gang's assignments: the node views (what placement's
+        cache holds, and what the probes read), the engine's state, each queue's units."""
+        by_node: dict[str, list[Assignment]] = {}
+        for a in assignments:
+            by_node.setdefault(a.node, []).append(a)
+            self.owner[a.pod] = gang_id
+            if sign < 0:
+                del self.owner[a.pod]
+        for name, mine in by_node.items():
+            view = self.views[name]
+            pods = {a.pod for a in mine}
+            kept = tuple(a for a in view.allocations if a.pod not in pods)
+            view = replace(view, allocations=kept + tuple(mine) if sign > 0 else kept)
+            self.views[name] = view
+            self.cluster.upsert(view)
+        units = sum(units_of_assignment(a) for a in assignments)
+        for q in self.tree.chain(queueorder.queue_of(self.outcomes[gang_id].gang.members)):
+            self.held[q] = self.held.get(q, 0) + sign * units
+
+    # -- records ----------------------------------------------------------------------------------
+    def _set(self, s: GangState) -> None:
+        self.records[s.gang_id] = s
+        queue = self.pending.setdefault(fairness.queue_of(s), {})
+        if s.phase in ("waiting", "backoff"):
+            queue[s.gang_id] = s
+        else:
+            queue.pop(s.gang_id, None)
+
+    def _all_pending(self):
+        return (s for q in self.pending.values() for s in q.values())
+
+    def _below_quota(self, queue: str) -> bool:
+        spec = self.tree.get(queue)
+        return spec is not None and self.held.get(queue, 0) < spec.quota
+
+    def _sample(self, t: float) -> None:
+        shares, _ = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
+        stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
+        pending = list(self._all_pending())
+        self.samples.append(Sample(
+            t=t, allocated=allocated / GPU_UNITS, stranded=round(stranded, 3), pending=len(pending),
+            pending_gpus=sum(self.waiting_units.values()) / GPU_UNITS, running=len(self.running),
+            queues={q: (self.held.get(q, 0) / GPU_UNITS, shares.get(q, 0) / GPU_UNITS) for q in sorted(self.tree.specs)}))
+
+
+_TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
+
+
+def _key(s: GangState) -> str | bytes:
+    """What a refusal is remembered by: a gang of one by its request's shape (members with equal
+    shapes are interchangeable, so a pod arriving with the shape of one just refused is refused
+    too), a larger gang by its id."""
+    return Member.of(s.members[0]).shape if len(s.members) == 1 else s.gang_id
