@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeharness import ControlPlane, HarnessError, KubeApi, _insecure_ctx, free_port
+from kubeharness import PHALANX_CRDS, ControlPlane, HarnessError, KubeApi, _insecure_ctx, apply_crds, free_port
 
 from phalanx_bench.peers import LABELS, Layout
 from phalanx_localstack.inputs import ClusterFile, ClusterNode
@@ -207,7 +207,8 @@ def base_pod(name: str, namespace: str, rdma: bool) -> dict:
 # -- Phalanx ------------------------------------------------------------------------------------
 class Phalanx(Backend):
     name, label = "phalanx", "Phalanx"
-    queues = "n/a: Phalanx queues not on this branch"
+    team_queues: dict[str, str]
+    """The scenario's team -> its Queue (``prepare``); empty without teams."""
 
     def start(self, namespace: str) -> None:
         cluster = ClusterFile(tuple(
@@ -237,8 +238,28 @@ class Phalanx(Backend):
         return [self.stack.procs[s].proc.pid for s in ("placement", "gang-coordinator", "binder")] + \
             [self.stack.nats.proc.pid]
 
+    def prepare(self, namespace: str, gangs: list[Gang], teams: dict[str, float]) -> None:
+        """For a scenario with teams: Phalanx's Queue CRD and one Queue per team with its share of
+        the GPUs as quota, under a parent holding the whole cluster (docs/queues.md); the teams
+        borrow each other's idle quota with the default weight, as Kueue's cohort does."""
+        self.team_queues = {}
+        if not teams:
+            return
+        apply_crds(self.plane, [d for f in sorted(PHALANX_CRDS.glob("*.yaml")) for d in yaml.safe_load_all(
+            f.read_text()) if d])
+        queues = [("peers-org", "", self.layout.gpus)] + [
+            (f"peers-team-{team}", "peers-org", int(share * self.layout.gpus)) for team, share in teams.items()]
+        for name, parent, quota in queues:
+            self.api.apply({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
+                            "spec": {**({"parent": parent} if parent else {}),
+                                     "resources": {"nvidia.com/gpu": {"quota": quota}}}})
+        self.team_queues = {team: f"peers-team-{team}" for team in teams}
+        time.sleep(3)  # gang-coordinator reads the Queue objects every 2 s
+
     def dress(self, pod: dict, gang: Gang | None, team: str) -> dict:
         pod["spec"]["schedulerName"] = "phalanx"
+        if team:
+            pod["metadata"]["labels"]["scheduling.phalanx.io/queue"] = self.team_queues[team]
         if gang:
             pod["metadata"]["labels"] |= {"jobset.sigs.k8s.io/jobset-name": gang.name,
                                           "aliyun.com/min-member": str(gang.size)}

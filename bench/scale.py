@@ -219,6 +219,9 @@ def run_size(n: int, args, work: Path) -> list[dict]:
     rows = []
     try:
         api = plane.api
+        if {"queues", "share"} & set(args.workloads):
+            kubeharness.apply_crds(plane, [d for f in sorted(kubeharness.PHALANX_CRDS.glob("*.yaml"))
+                                           for d in yaml.safe_load_all(f.read_text()) if d])
         in_threads(lambda node: api.create_node(fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
         say(f"{n} nodes: control plane up and nodes created ({time.monotonic() - t0:.0f} s)")
         context = {"control plane": [plane.procs[p].pid for p in ("kube-apiserver", "etcd", "kwok")]}
