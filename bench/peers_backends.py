@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeharness import PHALANX_CRDS, ControlPlane, HarnessError, KubeApi, _insecure_ctx, apply_crds, free_port
+from kubeharness import (
+    PHALANX_CRDS,
+    ControlPlane,
+    HarnessError,
+    KubeApi,
+    _insecure_ctx,
+    apply_crds,
+    free_port,
+)
 
 from phalanx_bench.peers import LABELS, Layout
 from phalanx_localstack.inputs import ClusterFile, ClusterNode
