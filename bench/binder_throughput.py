@@ -6,8 +6,8 @@ One control plane (etcd + kube-apiserver v1.36.3, no kwok: nothing runs the pods
 nats-server, and ``phalanx run binder --cluster kube`` as its own process. For each scenario:
 ``--nodes`` nodes get a topology report (saying whether their agent serves the device plugin),
 ``--gangs`` gangs of ``--gang-size`` one-GPU pods are created and reserved in ``phx-ledger``
-(each gang on one node, as placement would put a small gang), then every ``BindRequested`` is
-published at once. Timed from the first publish to the last ``Bound`` reply; the request counts
+(each gang on one node, as placement would put a small gang), then every gang's ``BindPods`` is
+published at once. Timed from the first publish to the last pod named bound in a ``BindsDone``; the request counts
 come from the API server's own ``apiserver_request_total`` before and after. The client's rate
 limit is off (``--kube-api-qps 0``), so binder, not its token bucket, is measured; run with
 ``--qps 50`` to see kube-scheduler's default limit instead.
@@ -40,8 +40,8 @@ from phalanx_localstack.natsserver import NatsServer  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
 from phalanx_proto.events import (  # noqa: E402
     Assignment,
-    BindRequested,
-    Bound,
+    BindPods,
+    BindsDone,
     NodeTopologyReported,
     PodRef,
     encoder,
@@ -86,17 +86,21 @@ async def scenario(plane, url: str, args, *, parallelism: int, fenced: bool, tag
                                                for i, name in enumerate(names)),
                             relations={a: {b: "SYS" for b in names if b != a} for a in names})
         await topo_kv.put(S.token(n), encoder.encode(NodeTopologyReported(node=n, topology=topo, device_plugin=fenced)))
-    commands: list[BindRequested] = []
+    commands: list[BindPods] = []
+    pods: list[PodRef] = []
     ledgers: dict[str, dict] = {n: {} for n in nodes}
     for g in range(args.gangs):
         node = nodes[g % len(nodes)]
+        gang = f"{ns}/g{g}"
+        members = []
         for k in range(args.gang_size):
             obj = await anyio.to_thread.run_sync(api.create_pod, pod(f"g{g}-{k}", ns))
             a = Assignment(pod=PodRef(namespace=ns, name=obj["metadata"]["name"], uid=obj["metadata"]["uid"]),
                            node=node, gpus=(g // len(nodes) * args.gang_size + k,))
-            gang = f"{ns}/g{g}"
             ledgers[node][alloc_key(a.pod)] = Allocation(gang_id=gang, attempt=1, assignment=a)
-            commands.append(BindRequested(gang_id=gang, attempt=1, assignment=a))
+            members.append(a.pod)
+        commands.append(BindPods(gang_id=gang, attempt=1, pods=tuple(members)))
+        pods += members
     for n, allocs in ledgers.items():
         await ledger_kv.put(S.token(n), encoder.encode(NodeLedger(node=n, allocations=allocs)))
 
@@ -118,9 +122,11 @@ async def scenario(plane, url: str, args, *, parallelism: int, fenced: bool, tag
 
         async def on_reply(msg) -> None:
             ev = gang_decoder.decode(msg.data)
-            if isinstance(ev, Bound) and ev.pod.namespace == ns:
-                done.setdefault(ev.pod.name, time.monotonic())
-                if len(done) == len(commands):
+            if isinstance(ev, BindsDone):
+                for ref in ev.bound:
+                    if ref.namespace == ns:
+                        done.setdefault(ref.name, time.monotonic())
+                if len(done) == len(pods):
                     finished.set()
 
         sub = await bus.nc.subscribe("phx.gang.coord.>", cb=on_reply)
@@ -128,15 +134,16 @@ async def scenario(plane, url: str, args, *, parallelism: int, fenced: bool, tag
         sent: dict[str, float] = {}
         start = time.monotonic()
         for c in commands:
-            sent[c.assignment.pod.name] = time.monotonic()
+            for ref in c.pods:
+                sent[ref.name] = time.monotonic()
             await bus.publish(S.binder_subject(c.gang_id), c)
-        with anyio.fail_after(120 + len(commands)):
+        with anyio.fail_after(120 + len(pods)):
             await finished.wait()
         elapsed = max(done.values()) - start
         after = await anyio.to_thread.run_sync(requests_by_kind, api)
         await sub.unsubscribe()
     except TimeoutError:
-        raise RuntimeError(f"{len(done)} of {len(commands)} bound; binder's log is {work}/binder.log") from None
+        raise RuntimeError(f"{len(done)} of {len(pods)} bound; binder's log is {work}/binder.log") from None
     finally:
         proc.terminate()
         with anyio.move_on_after(10, shield=True):
@@ -144,10 +151,10 @@ async def scenario(plane, url: str, args, *, parallelism: int, fenced: bool, tag
         log.close()
         await bus.close()
     lat = sorted(done[p] - sent[p] for p in done)
-    per_pod = {k: (after[k] - before[k]) / len(commands) for k in after if after[k] - before[k] > 0
+    per_pod = {k: (after[k] - before[k]) / len(pods) for k in after if after[k] - before[k] > 0
                and any(r in k for r in ("pods", "leases", "events"))}
-    return {"scenario": tag, "parallelism": parallelism, "fenced": fenced, "pods": len(commands),
-            "pods_per_s": len(commands) / elapsed, "p50_ms": lat[len(lat) // 2] * 1000,
+    return {"scenario": tag, "parallelism": parallelism, "fenced": fenced, "pods": len(pods),
+            "pods_per_s": len(pods) / elapsed, "p50_ms": lat[len(lat) // 2] * 1000,
             "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, "requests_per_pod": per_pod}
 
 

@@ -145,7 +145,7 @@ CHANNELS = (
             "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
             "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),
     Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods), (GANG_COORDINATOR,),
-            "Commands to binder: annotate and bind one placed member.", receiver="binder"),
+            "Commands to binder: bind a gang's members to the reservations the ledger holds (one BindPods a gang).", receiver="binder"),
     Channel("gangPlacementReply", "phx.gang.coord.placement.{gang}", STREAM_GANG,
             _tags(E.Reserved, E.PlacementFailed, E.Released), (PLACEMENT,),
             "Replies of placement to gang-coordinator.", receiver="gang-coordinator"),

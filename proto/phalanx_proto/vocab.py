@@ -49,7 +49,8 @@ class RefusalRule(enum.StrEnum):
     UNSTARTED_ATTEMPT = "unstarted_attempt"
     """The message is for an attempt the gang never started."""
     NOT_MEMBERS = "not_members"
-    """placement: the request names pods (or requests) the gang's record does not."""
+    """placement: the command's members digest is not the gang record's attempt's (or the attempt
+    has no member); gang-coordinator: a ``Reserved`` for members other than the attempt's."""
     NOT_PLACING = "not_placing"
     """placement: a new decision while the record says the attempt is no longer placing."""
     LIVE_RELEASE = "live_release"
@@ -65,7 +66,7 @@ class RefusalRule(enum.StrEnum):
     NODE_DISABLED = "node_disabled"
     """binder: the node is not enabled for Phalanx."""
     NOT_BOUND = "not_bound"
-    """gang-coordinator: the cluster does not show the pod bound where ``Bound`` says."""
+    """gang-coordinator: the cluster does not show the pod bound where ``BindsDone`` says."""
     NOT_MEMBER = "not_member"
     """gang-coordinator: the pod is not a member of the gang."""
     NOT_RECORDED = "not_recorded"

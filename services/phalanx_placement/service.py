@@ -176,7 +176,7 @@ class Placement:
                 for w, record in zip(batch, records, strict=True):
                     if isinstance(record, checks.Refusal):
                         refused(record.rule, record.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
-                                command="placement.requested")
+                                command="placement.place")
                         w.finish()
                         continue
                     w.members = attempt_members(record)
@@ -187,7 +187,7 @@ class Placement:
                         tg.start_soon(self._reply, w, outcome.event)
                     else:
                         refused(outcome.rule, outcome.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
-                                command="placement.requested")
+                                command="placement.place")
                         w.finish()
 
     def _decide(self, w: Waiting, record: GangState) -> _Decided | _Reply | checks.Refusal:
