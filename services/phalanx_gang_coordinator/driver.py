@@ -371,6 +371,7 @@ class SagaDriver:
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         where = self.ledger.held(ev.gang_id, ev.attempt)
+        wanted = current.attempt == ev.attempt and current.phase in ("binding", "scheduled")
         seen: list[tuple[PodRef, str, object]] = []
         for ref in ev.bound:
             a = where.get(alloc_key(ref))
@@ -381,6 +382,11 @@ class SagaDriver:
                 seen.append((ref, node, None))
                 continue
             pod = await self.cluster.get_pod(ref)
+            if node is None and not wanted and pod is not None and pod.uid == ref.uid and pod.node_name:
+                # A bind that outran the rollback: the reservation it used is released already,
+                # so the ledger no longer says where; the pod is undone where it is bound.
+                seen.append((ref, pod.node_name, pod))
+                continue
             if node is None or pod is None or pod.uid != ref.uid or pod.node_name != node:
                 refused("not_bound", f"{ref} (uid {ref.uid or '-'}) is not bound to "
                                      f"{node or 'a node the ledger holds it on'}", gang=ev.gang_id, attempt=ev.attempt)

@@ -205,3 +205,30 @@ async def test_a_message_id_burned_in_advance_does_not_hold_a_new_pod_back(env):
         started = anyio.current_time()
         await scheduled(bus, sim, "burned-g")
         assert anyio.current_time() - started < 30
+
+
+async def test_a_bind_that_outran_its_attempts_rollback_is_undone_where_the_pod_is_bound(env):
+    """binder checked the ledger, the attempt was rolled back (its reservation released), then
+    the bind went through and ``BindsDone`` arrived: the ledger no longer says where the pod
+    was meant to be, and it must not stay bound outside any reservation. Played here with a
+    pod that fits nowhere (attempt 1 failed, the gang is in backoff) bound straight through
+    Phalanx's own adapter, as binder would have, and the reply binder would then send."""
+    stack, bus, sim = env
+    async with audited(bus):
+        pod = await sim.apply_pod(gpu_pod("late-g", 9))
+
+        async def failed_once():
+            s = (await gang_states(bus)).get("default/late-g")
+            return s if s is not None and s.attempt >= 1 and s.phase in ("waiting", "backoff") else None
+
+        state = await wait_until(failed_once, 30, what="late-g's first attempt failed")
+        await sim.bind(pod.ref, "v100-a")
+        await forge(bus, S.binder_reply_subject(state.gang_id),
+                    BindsDone(gang_id=state.gang_id, attempt=state.attempt, bound=(pod.ref,)))
+
+        async def undone():
+            p = await sim.get_pod(pod.ref)
+            return p is None or p.uid != pod.uid
+
+        await wait_until(undone, 20, what="the late bind undone")
+        assert [e.reason for e in await sim.list_events(pod.ref) if e.reason == "GangRollback"] == ["GangRollback"]
