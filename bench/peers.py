@@ -20,7 +20,8 @@ The figures (``phalanx_bench.peers``) come only from create times and the watch.
 
 A scenario is a small declarative ``Scenario`` (parts: gang size, share of the cluster's GPUs,
 RDMA, team; creation order; waves). ``two-teams`` needs queues with quota: Kueue runs it with
-two ClusterQueues in a cohort; the others print why they cannot.
+two ClusterQueues in a cohort, Phalanx with two Queues under one parent; kube-scheduler prints
+why it cannot.
 
     make peers && .venv/bin/python bench/peers.py                 # every scenario and scheduler
     .venv/bin/python bench/peers.py --scenarios jobset7 --schedulers kueue,kube-gang
