@@ -291,8 +291,14 @@ class ClusterCache:
         self._normalize(previous.key)
 
     def _beat(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
-        self._dirty.add(entry.key)
+        """A beat of a node already fresh only moves its deadline forward: its view does not
+        change, so it is not rebuilt (at 5,000 nodes beating every 10 s that is 500 rebuilds a
+        second saved). A beat that may change the view — the first, one after the node went
+        stale, one that moves the deadline back — marks it dirty."""
         deadline = entry.value.at + self.stale_s
+        view = self.views.get(entry.key)
+        if view is None or not view.fresh or deadline < self._deadline_of.get(entry.key, deadline):
+            self._dirty.add(entry.key)
         if entry.key not in self._deadline_of:
             heapq.heappush(self._deadlines, (deadline, entry.key))
         self._deadline_of[entry.key] = deadline
