@@ -10,10 +10,11 @@ Bounded so that scheduling is not slowed by more than a few percent (docs/whatif
 measurement):
 
 * **A share of placement's time** (``ProbeBudget``): a bucket of seconds filled at ``share``
-  seconds per second of wall time, up to ``burst_s``; each gang's probes get at most
-  ``gang_s`` and never more than the bucket holds, and what they spend is taken out. An empty
-  bucket skips the probes (the reply carries no answers); so over any window probes take at
-  most ``share`` of it, plus one burst.
+  seconds per second of wall time, up to ``burst_s``; a gang's probes run only when the bucket
+  holds ``gang_s``, get that much, and what they spend is taken out. Otherwise they are skipped
+  (the reply carries no answers); so over any window probes take about ``share`` of it, plus
+  one burst, plus what a run overshoots its time (the engine's deadline is checked between
+  decisions: docs/whatif.md has the measured share).
 * **Answers are kept** (``Probes.answer``) per gang while its request, its refusal and the
   cluster view (``ClusterCache.generation``, the queues' revisions) stand still: a gang that
   fails again on an unchanged cluster costs nothing.
@@ -54,11 +55,12 @@ class ProbeBudget:
         self.tokens, self.at = self.burst_s, self.clock()
 
     def grant(self) -> float:
-        """Seconds the next gang's probes may spend (0: none now)."""
+        """Seconds the next gang's probes may spend: ``gang_s`` once the bucket holds that much,
+        else 0 (none now: a run on a sliver of time is cut before its first answer)."""
         now = self.clock()
-        self.tokens = min(self.burst_s, self.tokens + (now - self.at) * self.share)
+        self.tokens = min(max(self.burst_s, self.gang_s), self.tokens + (now - self.at) * self.share)
         self.at = now
-        return max(0.0, min(self.gang_s, self.tokens)) if self.share > 0 else 0.0
+        return self.gang_s if self.share > 0 and self.tokens >= self.gang_s else 0.0
 
     def spend(self, seconds: float) -> None:
         self.tokens -= seconds

@@ -30,11 +30,13 @@ class Clock:
 def test_the_budget_is_a_share_of_the_time_gone_by_and_never_more_than_its_burst():
     clock = Clock()
     b = ProbeBudget(share=0.05, burst_s=0.04, gang_s=0.03, clock=clock)
-    assert b.grant() == 0.03  # full at the start, one gang gets at most gang_s
-    b.spend(0.04)
-    assert b.grant() == 0.0  # spent: the next gang goes without probes
-    clock.t = 0.2  # 0.2 s later: 0.05 x 0.2 = 0.01 s earned
-    assert round(b.grant(), 6) == 0.01
+    assert b.grant() == 0.03  # full at the start, one gang gets gang_s
+    b.spend(0.035)
+    assert b.grant() == 0.0  # 5 ms left: the next gang goes without probes
+    clock.t = 0.2  # 0.2 s later: 0.05 x 0.2 = 0.01 s earned, 15 ms in all: still short of a gang's 30
+    assert b.grant() == 0.0
+    clock.t = 0.5  # another 15 ms earned
+    assert b.grant() == 0.03
     clock.t = 1000.0
     assert b.grant() == 0.03 and b.tokens == 0.04  # a long idle time saves up one burst, no more
 
