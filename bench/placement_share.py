@@ -93,6 +93,7 @@ def run(cluster: Cluster, holders: dict[PodRef, Running], *, cycles: int, pendin
     decide_s = probe_s = 0.0
     refused = answered = 0
     per_run: list[float] = []
+    skip_s = 0.0
     for c in range(cycles):
         # A few running gangs end, a few one-GPU pods arrive: the view changes every cycle.
         gangs = sorted({r.gang_id for r in cache.holders.values()})
@@ -119,16 +120,20 @@ def run(cluster: Cluster, holders: dict[PodRef, Running], *, cycles: int, pendin
                     waiting[i] = (f"{gang_id}.{c}", gang(f"{gang_id[6:]}.{c}", len(members), members[0].gpus))
                 continue
             refused += 1
+            summary = got.summary  # placement words its reply with it anyway
             runs_before, started = probes.runs, clock()
-            answer = probes.answer(gang_id, members, cache.cluster, DEFAULT_PROFILE, refusal=got.summary)
+            answer = probes.answer(gang_id, members, cache.cluster, DEFAULT_PROFILE, refusal=summary)
             spent = clock() - started
             probe_s += spent
             if probes.runs > runs_before:
                 per_run.append(spent)
+            else:
+                skip_s += spent
             answered += answer is not None and bool(answer.answers)
     return {"decide_s": decide_s, "probe_s": probe_s, "refused": refused, "answered": answered,
             "runs": probes.runs, "reused": probes.reused, "skipped": probes.skipped,
-            "per_run_ms": statistics.median(per_run) * 1000 if per_run else 0.0}
+            "per_run_ms": statistics.median(per_run) * 1000 if per_run else 0.0,
+            "run_s": sum(per_run), "skip_s": skip_s}
 
 
 def share_report(cluster: Cluster, holders: dict[PodRef, Running], *, cycles: int, pending: int,
@@ -142,7 +147,7 @@ def share_report(cluster: Cluster, holders: dict[PodRef, Running], *, cycles: in
     lines = [f"placement cycles: {cycles} cycles, {pending} pending gangs decided again each, 3 running gangs end "
              f"and 3 one-GPU pods arrive per cycle (CPU seconds, time.process_time)",
              f"{'budget':<58} {'decisions':>9} {'probes':>8} {'share':>6} {'refusals':>8} {'answered':>8} "
-             f"{'probe runs':>10} {'kept':>5} {'skipped':>7} {'ms/run':>7}"]
+             f"{'probe runs':>10} {'kept':>5} {'skipped':>7} {'ms/run':>7}  (share: of decisions + probes)"]
     for label, budget in budgets.items():
         r = run(cluster, holders, cycles=cycles, pending=pending, seed=seed, budget=budget)
         share = r["probe_s"] / max(1e-9, r["decide_s"] + r["probe_s"])

@@ -31,7 +31,7 @@ from phalanx_engine.framework import Profile
 from phalanx_engine.whatif import ProbeContext, QueueView, Running, what_if
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.queues import PlacementQueues, queue_of
-from phalanx_proto.events import MemberSpec, PodRef, WhatIf, uid_digest
+from phalanx_proto.events import MemberSpec, PodRef, WhatIf
 from phalanx_proto.state import GangState
 from phalanx_telemetry import warn
 
@@ -132,8 +132,10 @@ class Probes:
         nothing they depend on changed; None when the budget is spent. ``keep``: allocation keys
         of the gang's members left running (their units are not given back). Never raises: a
         probe that breaks is logged and the reply goes without answers."""
-        key = (uid_digest(m.pod for m in members), refusal, avoid, owed, self.cache.generation,
-               self.cache.queues.revision, self.cache.usage.revision)
+        # The members by count and first and last pod (uids included: a recreated gang is another),
+        # not by a digest of all: a gang of thousands skipped for want of budget costs nothing.
+        key = (len(members), members[0].pod if members else None, members[-1].pod if members else None, refusal,
+               avoid, owed, self.cache.generation, self.cache.queues.revision, self.cache.usage.revision)
         kept = self._kept.get(gang_id)
         if kept is not None and kept[0] == key:
             self.reused += 1

@@ -119,7 +119,7 @@ async def test_placement_checks_the_node_state_the_agents_report_and_refuses_wha
 
         reason, node = await wait_until(outcome, 30)
         # The what-if line after "; " depends on whether "fits" held v100-b's GPUs when "hungry"
-        # was decided (tests/integration/test_whatif.py checks those lines).
+        # was decided (tests/integration/test_whatif_reasons.py checks those lines).
         assert (reason.split("; ")[0], node) == (
             "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable.", "v100-b")
     finally:
