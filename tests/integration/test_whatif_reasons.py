@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -80,6 +81,18 @@ async def _scenario(stack: Stack) -> None:
         text = await anyio.to_thread.run_sync(lambda: explain(stack, "default/wants-4"))
         assert "What if:" in text.stdout and f"  {line}" in text.stdout
 
+        # phalanx sim --from-live, as the reader, starts from this cluster: the live reservations
+        # stay to the end of its run, so a 2-GPU pod starts there and a 4-GPU one waits with the
+        # same answer placement gave.
+        sim_doc = await anyio.to_thread.run_sync(lambda: _sim_from_live(stack, stack.workdir))
+        rows = {r["gang"]: r for r in sim_doc["gangs"]}
+        assert rows["default/sim-2"]["start_s"] == 0.0 and rows["default/sim-4"]["start_s"] is None
+        (waiting,) = sim_doc["pending"]
+        assert waiting["gang"] == "default/sim-4" and waiting["reason"] == "0/2 nodes are available: 2 insufficient free GPUs."
+        sim_wait = waiting["whatif"]["answers"][0]
+        assert sim_wait["probe"] == "wait" and sim_wait["gpus"] == 2
+        assert {h["gang_id"] for h in sim_wait["holders"]} <= {holder_gang, (await _gang_of(bus, "hold-b")).gang_id}
+
         # The answer is true: with the gang it names gone, the pod starts on the node it named.
         await sim.delete_pod(ref(holder))
         await wait_until(lambda: _bound(sim, "wants-4"), 45)
@@ -88,6 +101,34 @@ async def _scenario(stack: Stack) -> None:
         assert started.phase == "scheduled" and started.whatif is None and started.reason == ""
     finally:
         await bus.close()
+
+
+WORKLOAD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: sim-2, namespace: default, annotations: {sim.phalanx.io/duration: 1h}}
+spec:
+  schedulerName: phalanx
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: sim-4, namespace: default, annotations: {sim.phalanx.io/arrival: 2h, sim.phalanx.io/duration: 1h}}
+spec:
+  schedulerName: phalanx
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "4"}}}]
+"""
+
+
+def _sim_from_live(stack: Stack, workdir) -> dict:
+    """``phalanx sim --from-live --json`` as the read-only identity."""
+    path = Path(workdir) / "sim-workload.yaml"
+    path.write_text(WORKLOAD)
+    out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "sim", "--from-live", "--nats", stack.url,
+                          "--workload", str(path), "--duration", "4h", "--json", "--quiet"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, **stack.identity_env(S.READER)})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 async def _bound(sim, name: str) -> bool:
