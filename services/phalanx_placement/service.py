@@ -10,6 +10,9 @@ revisions the decision read; a lost compare-and-set (another replica changed a n
 assumption, catches the ledger up from the watch and decides that request again. Redelivery is
 safe: if the ledger already holds this gang's attempt, the same ``Reserved`` is sent again.
 
+A refusal (no fit, a queue's limit, the borrow gate) is replied with what would start the gang
+now, within a share of placement's time (``whatif.py``, docs/whatif.md).
+
 Nothing is believed on its word (``checks.py``, docs/saga.md "Checks"): a request is carried
 out only for the attempt and the members the gang's record in ``phx-gangs`` names; a release
 frees exactly (gang, attempt, pod uid) and never a live member's reservation; an adoption
