@@ -32,7 +32,8 @@ TEXT_ROWS, JSON_ROWS = 30, 10_000
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sim", help="what the scheduler would do with a workload, in virtual time (no NATS, no API server)",
+    p = sub.add_parser("sim", help="what the scheduler would do with a workload, in virtual time (no NATS, no API server; "
+                                     "--from-live reads a running cluster once)",
                        description="Run the placement engine, gang-coordinator's order and fairness rules and the "
                                    "queues' fair share over a workload in virtual time, deterministically, and report "
                                    "waits, placement tiers, GPU utilisation, stranded GPUs and queue shares. See "

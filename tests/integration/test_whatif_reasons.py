@@ -1,7 +1,8 @@
 """Counterfactual reasons on the real stack (real nats-server with TLS, every service): a pod
 that does not fit is told what would start it — in its pending reason and in ``phalanx explain``
 (``--json``: ``whatif.answers``) — and the answer is true: once the gang it names is deleted,
-the pod starts, where the answer said."""
+the pod starts, where the answer said. ``phalanx sim --from-live``, run as the reader on the same
+cluster, starts from its reservations and gives the waiting pod the same answer."""
 
 from __future__ import annotations
 
