@@ -8,10 +8,20 @@ default time budget and without one. Prints p50/p99 in CPU milliseconds (``time.
 also the probes' clock here: the shared machine's load makes wall time jitter several times),
 the engine decisions the probes made, which probes answered and which ran out of time.
 
+Then placement's share (``--cycles``): scheduling cycles as placement runs them, on the same
+cluster, with the service's own ``phalanx_placement.whatif.Probes`` (its budget, its kept
+answers): each cycle a few one-GPU pods arrive and are placed, a few running gangs end (so the
+cluster view changes every cycle and no answer can be kept: the worst case), and the pending
+gangs are decided again, the probes run for each that does not fit. Prints the CPU seconds of
+the decisions (the decision plus, on a refusal, the empty-cluster decision placement makes)
+and of the probes, the probes' share, and how many refusals got answers, kept ones or none
+(budget spent); once with placement's default budget and once with no bound.
+
 Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python bench/whatif_cost.py                 # 1,000 nodes
     .venv/bin/python bench/whatif_cost.py --nodes 200 --repeat 3     # quicker
+    .venv/bin/python bench/whatif_cost.py --repeat 0 --cycles 50     # placement's share only
 """
 
 from __future__ import annotations
@@ -80,6 +90,8 @@ def main() -> int:
     ap.add_argument("--fill", type=float, default=0.93, help="share of the GPUs held (default %(default)s)")
     ap.add_argument("--repeat", type=int, default=10, help="gangs of each shape probed (default %(default)s)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--cycles", type=int, default=20, help="placement cycles for the share (0: none; default %(default)s)")
+    ap.add_argument("--pending", type=int, default=16, help="pending gangs decided every cycle (default %(default)s)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cluster, holders = filled(args.nodes, args.fill, args.seed)
@@ -114,6 +126,12 @@ def main() -> int:
               f"{pct(ms(bounded), 0.99):6.2f}ms {dec(bounded):9.0f} {statistics.median(ms(unbounded)):11.2f}ms "
               f"{pct(ms(unbounded), 0.99):6.2f}ms {dec(unbounded):9.0f}  {','.join(answered) or '-'}; "
               f"{','.join(cut) or '-'}")
+    if args.cycles:
+        from placement_share import share_report
+
+        print()
+        for line in share_report(cluster, holders, cycles=args.cycles, pending=args.pending, seed=args.seed):
+            print(line)
     return 0
 
 

@@ -7,7 +7,9 @@ trace's own nodes), a workload (YAML files with arrival and duration annotations
 ``phalanx up --queues`` reads). Output: a summary, per-queue figures, per-gang waits and tiers,
 the gangs still pending with what would start them; ``--json`` for all of it, ``--plot DIR``
 for figures. Progress goes to stderr every few seconds, and the wall time at the end.
-``--from-live`` (reading a running cluster through the reader identity) is not there yet.
+``--from-live`` starts from a running cluster instead, read once through the reader identity
+(``sim_live``): its nodes, the reservations they hold (held to the end of the run) and, unless
+``--queues`` is given, its queues.
 
 Exit codes: 0 ran; 1 an input was read but is invalid (field and rule named); 2 an input
 cannot be read, bad flags, or matplotlib missing for ``--plot``.
@@ -21,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from phalanx_cli.cmd_run import add_nats
 from phalanx_cli.terminal import safe, safe_lines
 from phalanx_input import Invalid
 
@@ -29,7 +32,8 @@ TEXT_ROWS, JSON_ROWS = 30, 10_000
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sim", help="what the scheduler would do with a workload, in virtual time (no NATS, no API server)",
+    p = sub.add_parser("sim", help="what the scheduler would do with a workload, in virtual time (no NATS, no API server; "
+                                     "--from-live reads a running cluster once)",
                        description="Run the placement engine, gang-coordinator's order and fairness rules and the "
                                    "queues' fair share over a workload in virtual time, deterministically, and report "
                                    "waits, placement tiers, GPU utilisation, stranded GPUs and queue shares. See "
@@ -39,9 +43,16 @@ def register(sub) -> None:
     nodes.add_argument("--cluster-file", help="nodes to simulate (the format of `phalanx up --cluster-file`)")
     nodes.add_argument("--synthetic", metavar="NxSHAPE", help="N identical nodes with network tiers, e.g. 1000x8v100 "
                                                               "(shapes: 8v100, 8a100, 8a100mig, 8h100)")
+    nodes.add_argument("--from-live", action="store_true",
+                       help="the running cluster at --nats, read once as the reader identity: its nodes, the "
+                            "reservations they hold (kept to the end of the run) and its queues (unless --queues)")
     nodes.add_argument("--trace-cluster", action="store_true",
                        help="the trace's 1213 GPU nodes, tie-break order drawn by --seed (the default with "
                             "--trace-mode packing)")
+    live = p.add_argument_group("--from-live")
+    add_nats(live)
+    live.add_argument("--timeout", type=float, default=30.0,
+                      help="seconds for connecting to NATS and every read together (default %(default)s)")
     work = p.add_argument_group("workload")
     work.add_argument("--workload", action="append", default=[], metavar="FILE",
                       help="Pods, Jobs, JobSets, MPIJobs (multi-document YAML; repeatable); annotations "
@@ -172,10 +183,30 @@ def _inputs(args: argparse.Namespace) -> dict:
     extra = lambda sim: {}  # noqa: E731 - replaced below for a packing run
     title = "phalanx sim"
 
+    live = None
+    if args.from_live:
+        import anyio
+
+        from phalanx_bus import BusError
+        from phalanx_cli.sim_live import read_live
+
+        try:
+            live = anyio.run(read_live, args)
+        except TimeoutError:
+            raise OSError(f"no answer from NATS at {args.nats} within {args.timeout:g}s") from None
+        except BusError as e:
+            raise OSError(str(e)) from None
+        for skipped in live.skipped:
+            print(safe(f"phalanx sim: left out {skipped}"), file=sys.stderr)
+        if not args.queues:
+            tree = QueueTree.of(live.queues)
     trace_nodes = trace_pods = None
     if args.trace is not None:
         trace_nodes, trace_pods = trace.read_trace(Path(args.trace), args.trace_pods)
-    if args.cluster_file:
+    if live is not None:
+        views = live.views
+        title = f"live cluster at {args.nats}"
+    elif args.cluster_file:
         views = cluster.views(ClusterFile.load(args.cluster_file))
         title = Path(args.cluster_file).name
     elif args.synthetic:
@@ -191,7 +222,7 @@ def _inputs(args: argparse.Namespace) -> dict:
         views = trace.snapshot(trace_nodes, sorted(range(len(trace_nodes)), key=order.__getitem__)).nodes
         title = f"trace cluster ({len(trace_nodes)} nodes)"
     else:
-        raise _Usage("which cluster? give --cluster-file F, --synthetic NxSHAPE or --trace-cluster")
+        raise _Usage("which cluster? give --cluster-file F, --synthetic NxSHAPE, --trace-cluster or --from-live")
     capacity = cluster.gpus(views)
 
     horizon = parse_duration(args.duration) if args.duration else None
@@ -219,7 +250,8 @@ def _inputs(args: argparse.Namespace) -> dict:
     config = SimConfig(starve_after_s=args.starve_after_s, fairness=args.fairness, backoff_base_s=args.backoff_base_s,
                        backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact)
     progress = None if args.quiet else _progress(horizon, len(gangs))
-    sim = loop.Simulation(views, gangs, tree, config, progress=progress)
+    sim = loop.Simulation(views, gangs, tree, config, progress=progress, held=live.held if live else None,
+                          live=live.holders if live else None)
     return {"sim": sim, "extra": extra, "title": title}
 
 

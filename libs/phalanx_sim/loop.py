@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from msgspec.structs import replace as evolve
@@ -39,7 +39,7 @@ from phalanx_engine.packing import stranded_milli
 from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import Status
-from phalanx_engine.whatif import tier_of
+from phalanx_engine.whatif import Running, tier_of
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
@@ -90,17 +90,22 @@ class Simulation:
 
     def __init__(self, nodes: Sequence[NodeView], gangs: Sequence[SimGang], tree: QueueTree,
                  config: SimConfig = DEFAULTS, profile: Profile = DEFAULT_PROFILE,
-                 progress: Callable[[Simulation, float], None] | None = None) -> None:
+                 progress: Callable[[Simulation, float], None] | None = None, *,
+                 held: Mapping[str, int] | None = None, live: Mapping[PodRef, Running] | None = None) -> None:
+        """``nodes`` may carry reservations (``phalanx sim --from-live``): gangs outside the run
+        that hold them to its end; ``held``: the units they charge each queue; ``live``: who
+        they are (named in what-if answers)."""
         self.views = {v.name: v for v in nodes}
         self.cluster = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
-        self.empty = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
+        self.empty = Cluster.from_snapshot(Snapshot(nodes=tuple(replace(v, allocations=()) for v in nodes)))
+        self.live = dict(live or {})
         self.capacity = sum(len(v.topology.gpus) for v in nodes if v.enabled) * GPU_UNITS
         self.tree, self.config, self.profile, self.progress = tree, config, profile, progress
         self.outcomes = {g.gang_id: Outcome(g) for g in gangs}
         self.records: dict[str, GangState] = {}
         self.pending: dict[str, dict[str, GangState]] = {}
         """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
-        self.held: dict[str, int] = {}
+        self.held: dict[str, int] = dict(held or {})
         self.waiting_units: dict[str, int] = {}
         self.running: dict[str, tuple[Assignment, ...]] = {}
         self.owner: dict[PodRef, str] = {}

@@ -86,9 +86,9 @@ def pending(sim: Simulation, *, limit: int, decisions: int) -> list[dict[str, An
     """The gangs still waiting at the end (at most ``limit``, longest waiting first): the
     engine's reason, as placement would give it, and the counterfactual answers."""
     waiting = sorted((s for q in sim.pending.values() for s in q.values()), key=lambda s: (s.created_at, s.gang_id))
-    holders = {pod: Running(gang_id=g, queue=queue_of(sim.outcomes[g].gang.members),
-                            priority=sim.outcomes[g].gang.priority, since=sim.outcomes[g].start or 0.0)
-               for pod, g in sim.owner.items()}
+    holders = {**sim.live, **{pod: Running(gang_id=g, queue=queue_of(sim.outcomes[g].gang.members),
+                                           priority=sim.outcomes[g].gang.priority, since=sim.outcomes[g].start or 0.0)
+                              for pod, g in sim.owner.items()}}
     candidates = owed_candidates(sim.tree, sim.held, ((queue_of(s.members), s.members) for s in waiting
                                                       if s.attempt >= 1 and s.fits_empty_cluster))
     out = []

@@ -165,6 +165,92 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
                             mig=bool(self.mig_profile))
 
 
+# --- counterfactual answers (docs/whatif.md) ------------------------------------------------
+# Here, not in ``whatif.py``, because ``PlacementFailed`` carries them and they hold
+# ``Assignment``s: one module, no import cycle. ``phalanx_proto.whatif`` re-exports them.
+
+Probe = Literal["queue-limit", "queue-quota", "wait", "preempt", "tier", "model", "smaller", "fewer"]
+PROBES: tuple[str, ...] = ("queue-limit", "queue-quota", "wait", "preempt", "tier", "model", "smaller", "fewer")
+"""Every probe, in the order its answers are listed (docs/whatif.md says why)."""
+MAX_ANSWERS = 16
+"""Answers one ``WhatIf`` carries on the wire and in a gang record (the smaller probe answers
+once per request dimension; every other probe at most once)."""
+MAX_HOLDERS = 8
+"""Holders an answer names on the wire (the most GPUs first; its text names three)."""
+MAX_ANSWER_TEXT = 1000
+Text = Annotated[str, msgspec.Meta(max_length=MAX_ANSWER_TEXT)]
+Name = Annotated[str, msgspec.Meta(max_length=512)]
+
+
+class Holder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A running gang that holds capacity the pending gang would need."""
+
+    gang_id: Name
+    queue: Name = ""
+    priority: int = 0
+    age_s: float = 0.0
+    """How long it has held its reservation (0 when unknown)."""
+    gpus: int = 0
+    """Whole GPUs (or GPUs with a share of it) it holds where the pending gang would go."""
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One probe's answer: ``text`` for people (``would start if 3 GPUs free in network-pod p1
+    (held by gangs a/train-7, b/exp-2)``), the fields for programs. ``starts``: the change alone
+    lets the gang start now (the engine placed it, and its queue lets it); False for a necessary
+    change that is not enough by itself. ``assignments``: the engine's decision under the change
+    (left out on the wire and in gang records: ``WhatIf.bounded``)."""
+
+    probe: Probe
+    text: Text
+    starts: bool = True
+    tier: Name = ""
+    """The tightest network tier holding the decision (node, hypernode, leaf, netpod)."""
+    domain: Name = ""
+    """That tier's domain (a node, HyperNode, leaf switch or network-pod name)."""
+    gpus: int = 0
+    """wait/preempt: GPUs that would have to be freed."""
+    holders: Annotated[tuple[Holder, ...], msgspec.Meta(max_length=MAX_HOLDERS)] = ()
+    queue: Name = ""
+    lacking_gpus: float = 0.0
+    """queue-limit/queue-quota: GPUs of headroom the queue lacks."""
+    members: int = 0
+    """fewer: how many members would start."""
+    change: Text = ""
+    """smaller/model/tier: what changes, ``gpus 8 -> 4``, ``nvidia.com/gpu.product=A100``."""
+    minimal: bool = True
+    """False when the probe ran out of time before proving its answer minimal."""
+    assignments: Annotated[tuple[Assignment, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
+
+
+class WhatIf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Every answer, ordered; ``cut``: probes that ran out of their time budget."""
+
+    answers: Annotated[tuple[Answer, ...], msgspec.Meta(max_length=MAX_ANSWERS)] = ()
+    spent_ms: float = 0.0
+    decisions: int = 0
+    """Engine decisions the probes made."""
+    cut: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=32)], ...], msgspec.Meta(max_length=len(PROBES))] = ()
+    """The probe steps not run, the first one out of time (``queue``, ``wait``, ... ``fewer``)."""
+
+    def top(self) -> str:
+        """One line to append to the pending reason ("" when nothing would start it): the first
+        answer that starts the gang by itself."""
+        return next((a.text for a in self.answers if a.starts), "")
+
+    def bounded(self) -> WhatIf:
+        """This, within the wire's bounds: at most ``MAX_ANSWERS`` answers, each without its
+        assignments (a gang of thousands of members would double the message), with at most
+        ``MAX_HOLDERS`` holders and its texts cut to ``MAX_ANSWER_TEXT`` characters."""
+        def cut(text: str) -> str:
+            return text if len(text) <= MAX_ANSWER_TEXT else text[:MAX_ANSWER_TEXT - 3] + "..."
+
+        answers = tuple(msgspec.structs.replace(a, assignments=(), holders=a.holders[:MAX_HOLDERS], text=cut(a.text),
+                                                change=cut(a.change))
+                        for a in self.answers[:MAX_ANSWERS])
+        return msgspec.structs.replace(self, answers=answers)
+
+
 class GangEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
     """Base of every event on the gang stream (saga commands and replies)."""
 
@@ -237,6 +323,11 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
     reserve_nodes: tuple[str, ...] = ()
     """Where the gang would go were the cluster empty (when it could fit at all): the nodes
     the fairness gate keeps for it if it becomes the starving head of the queue."""
+    whatif: WhatIf | None = None
+    """What would start the gang now (placement's counterfactual probes, docs/whatif.md), within
+    the wire's bounds (``WhatIf.bounded``); None when they were not run (out of their time budget)
+    or before they existed. gang-coordinator stores it in the record and appends its top line
+    to the pending reason."""
 
     def scope(self) -> str:
         return uid_digest(self.members)

@@ -29,6 +29,7 @@ from phalanx_proto.events import (
     Phase,
     PodRef,
     RequestKind,
+    WhatIf,
     pod_key,
     uid_digest,
 )
@@ -147,6 +148,9 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Compensations of the current attempt already run (``unbind``, ``mig``, ``release``)."""
     unbound: tuple[PodRef, ...] = ()
     """Members deleted by the ``unbind`` compensation (so their deletion is not a new failure)."""
+    whatif: WhatIf | None = None
+    """From the last PlacementFailed: what would start the gang now (docs/whatif.md); None
+    before the first, once placed, or when placement's probes ran out of their time budget."""
 
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:

@@ -151,7 +151,7 @@ def placed(s: GangState | None, ev: Reserved, *, mig: bool) -> GangState | None:
     from the ledger before calling this."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing" or ev.members_digest != members_digest(s):
         return None
-    return replace(s, phase="preparing" if mig else "binding")
+    return replace(s, phase="preparing" if mig else "binding", whatif=None)
 
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
@@ -167,9 +167,12 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     reason = ev.summary
     if s.avoid_nodes:
         reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
+    top = ev.whatif.top() if ev.whatif is not None else ""
+    if top:
+        reason += f"; {top}"
     return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
-                   reserve_nodes=ev.reserve_nodes)
+                   reserve_nodes=ev.reserve_nodes, whatif=ev.whatif)
 
 
 def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangState | None:

@@ -112,6 +112,10 @@ class ClusterCache:
         self._deadline_of: dict[str, float] = {}
         """Each key's staleness deadline; the heap holds at most one entry per key."""
         self._poisoned_seen: dict[str, frozenset[str]] = {}
+        self.generation = 0
+        """Counts changes to ``cluster``: a node's view rebuilt unlike before, added or removed
+        (a heartbeat that changes nothing does not count). The counterfactual probes' answers
+        are kept while it stands still (``phalanx_placement.whatif``)."""
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
@@ -372,6 +376,7 @@ class ClusterCache:
                 self.empty.remove(old)
                 del self._names[key]
                 self.views.pop(key, None)
+                self.generation += 1
             return
         name = report.value.node if report is not None else (old or key)
         if old is not None and old != name:
@@ -382,6 +387,8 @@ class ClusterCache:
         else:
             view = self._view(key, report.value, now)
         self._names[key] = name
+        if self.views.get(key) != view:
+            self.generation += 1
         self.views[key] = view
         self.cluster.upsert(view)
         self.empty.upsert(dataclasses.replace(view, allocations=()))

@@ -10,6 +10,9 @@ revisions the decision read; a lost compare-and-set (another replica changed a n
 assumption, catches the ledger up from the watch and decides that request again. Redelivery is
 safe: if the ledger already holds this gang's attempt, the same ``Reserved`` is sent again.
 
+A refusal (no fit, a queue's limit, the borrow gate) is replied with what would start the gang
+now, within a share of placement's time (``whatif.py``, docs/whatif.md).
+
 Nothing is believed on its word (``checks.py``, docs/saga.md "Checks"): a request is carried
 out only for the attempt and the members the gang's record in ``phx-gangs`` names; a release
 frees exactly (gang, attempt, pod uid) and never a live member's reservation; an adoption
@@ -51,6 +54,7 @@ from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, POLICIES, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
+from phalanx_placement.whatif import ProbeBudget, Probes
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
@@ -60,6 +64,7 @@ from phalanx_proto.events import (
     Released,
     ReleaseRequested,
     Reserved,
+    WhatIf,
     gang_decoder,
 )
 from phalanx_proto.queues import QueueUsage, usage_key
@@ -88,6 +93,12 @@ class Config:
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
     usage_audit_s: float = 10.0
     """Seconds between audits of the queues' usage against the ledger (``audit_usage``)."""
+    whatif_share: float = option(0.03, "share of placement's time the counterfactual probes of gangs that do not "
+                                 "fit may take, at most (0: no probes; docs/whatif.md)")
+    whatif_burst_s: float = 0.05
+    """Seconds of probing saved up at most (``whatif.ProbeBudget``)."""
+    whatif_gang_s: float = 0.02
+    """Seconds one gang's probes may take at most."""
     metrics_every_s: float = 5.0
     """Allocation gauges are recomputed (a pass over every node) at most this often: half the
     10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
@@ -117,6 +128,8 @@ class Placement:
         self.queue = RequestQueue()
         self.profiles = {req: default_profile(require_node_state=req) for req in (False, True)}
         self.queues = PlacementQueues(cache)
+        self.probes = Probes(cache, self.queues, ProbeBudget(share=config.whatif_share, burst_s=config.whatif_burst_s,
+                                                             gang_s=config.whatif_gang_s))
         self._recorded_at = 0.0
         self._allocation_stale = True
 
@@ -208,7 +221,8 @@ class Placement:
             log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
             metrics.QUEUE_REFUSALS.inc(queue=queue)
             return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
-                                          fits_empty_cluster=False, members=tuple(m.pod for m in members)))
+                                          fits_empty_cluster=False, members=tuple(m.pod for m in members),
+                                          whatif=self._whatif(ev.gang_id, members, record, blocked, running)))
         if self.queues.borrowing(members, ev.gang_id, running):
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))
@@ -217,7 +231,8 @@ class Placement:
                        f"{', '.join(owed)}, below quota, whose gangs wait for them")
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
-                                              fits_empty_cluster=False, members=tuple(m.pod for m in members)))
+                                              fits_empty_cluster=False, members=tuple(m.pod for m in members),
+                                              whatif=self._whatif(ev.gang_id, members, record, why, running, owed)))
         avoid = record.avoid_nodes
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.queue": queue,
@@ -239,11 +254,19 @@ class Placement:
             return _Reply(PlacementFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
                 fits_empty_cluster=fits, members=tuple(m.pod for m in members),
-                reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else ()))
+                reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
+                whatif=self._whatif(ev.gang_id, members, record, result.summary, running)))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
         writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
         writes.update(self.queues.usage_writes(ev.gang_id, writes))
         return _Decided(self.cache.assume(writes), result)
+
+    def _whatif(self, gang_id: str, members: tuple[MemberSpec, ...], record: GangState, refusal: str,
+                running: frozenset[str], owed: tuple[str, ...] = ()) -> WhatIf | None:
+        """What would start the gang, on the view its decision refused (``whatif.Probes``)."""
+        with self.cache.excluding(gang_id, running):
+            return self.probes.answer(gang_id, members, self.cache.cluster, self.profile, refusal=refusal,
+                                      avoid=frozenset(record.avoid_nodes), keep=running, owed=owed)
 
     def _ledgers_after(self, gang_id: str, attempt: int, members: tuple[MemberSpec, ...], decision: Decision,
                        running: frozenset[str] = frozenset(), queues: tuple[str, ...] = ()) -> dict[str, NodeLedger]:

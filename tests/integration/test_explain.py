@@ -21,6 +21,8 @@ from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_n
 pytestmark = pytest.mark.integration
 
 REASON = "0/2 nodes are available: 2 insufficient free GPUs."
+WHAT_IF = "would start with 8 GPUs per member instead of 9 GPUs"
+"""The counterfactual placement appends (docs/whatif.md): no node has 9 GPUs, one has 8 free."""
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,9 @@ def test_explain_a_pending_pod_gives_its_gang_phase_attempt_and_the_real_reason(
     assert r["status"] == "pending" and r["managed"] is True and r["pod"]["node"] is None
     assert r["gang"]["members"] == ["default/too-big-9gpu"]
     assert r["gang"]["phase"] in ("backoff", "placing", "waiting") and r["gang"]["attempt"] >= 1
-    assert r["reason"] == REASON  # placement's own words, as gang-coordinator stored them
+    assert r["reason"] == f"{REASON}; {WHAT_IF}"  # placement's own words, as gang-coordinator stored them
+    assert [(a["probe"], a["text"], a["change"]) for a in r["whatif"]["answers"]] == [
+        ("smaller", WHAT_IF, "gpus 9 -> 8")]
     assert r["assignment"] is None
     warnings = [e for e in r["events"] if e["type"] == "Warning" and e["reason"] == "FailedScheduling"]
     assert warnings and REASON in warnings[-1]["message"]
@@ -81,7 +85,8 @@ def test_explain_a_pending_pod_gives_its_gang_phase_attempt_and_the_real_reason(
 
     text = explain(stack, "default/too-big-9gpu")
     assert text.returncode == 0, text.stderr
-    assert f"Reason:      {REASON}" in text.stdout
+    assert f"Reason:      {REASON}; {WHAT_IF}" in text.stdout
+    assert f"What if:\n  {WHAT_IF}\n" in text.stdout
     assert "Status:      pending" in text.stdout and "FailedScheduling" in text.stdout
 
 

@@ -177,6 +177,7 @@ async def test_random_changes_leave_the_cache_equal_to_a_fresh_read_of_the_bucke
             async with anyio.create_task_group() as tg:
                 await tg.start(cache.run)
                 kinds = Counter()
+                seen: tuple[dict, int] | None = None
                 for step in range(200):
                     kinds[await random_step(rng, bus, cache, reps, clock)] += 1
                     if step % 20 == 19:
@@ -189,6 +190,14 @@ async def test_random_changes_leave_the_cache_equal_to_a_fresh_read_of_the_bucke
                         assert summary(cache.cluster) == summary(fresh)
                         assert {g: cache.gang_keys(g) for g in gangs} == gangs
                         assert not cache._assumed, "every settled commit is echoed, every failed one forgotten"
+                        # The what-if answers placement keeps are keyed by the generation: it moves
+                        # whenever a view does, and stands still when nothing changed.
+                        generation = cache.generation
+                        cache.refresh()
+                        assert cache.generation == generation
+                        if seen is not None and seen[0] != views:
+                            assert generation != seen[1]
+                        seen = (views, generation)
                 tg.cancel_scope.cancel()
         assert len(kinds) == 10, kinds
     finally:

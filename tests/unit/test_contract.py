@@ -21,6 +21,12 @@ SAMPLES = [
     E.Reserved(gang_id="default/g", attempt=3, members_digest=E.uid_digest([POD])),
     E.PlacementFailed(gang_id="default/g", summary="0/2 nodes are available: 2 insufficient free GPUs.",
                       reasons={"insufficient free GPUs": 2}),
+    E.PlacementFailed(gang_id="default/g", attempt=2, summary="0/2 nodes are available: 2 insufficient free GPUs.",
+                      whatif=E.WhatIf(answers=(E.Answer(probe="wait", text="would start if 2 GPUs free on node v100-a "
+                                                        "(held by gang default/h)", gpus=2, tier="node",
+                                                        domain="v100-a", holders=(E.Holder(gang_id="default/h",
+                                                                                           queue="q", gpus=2),)),),
+                                      spent_ms=1.5, decisions=4, cut=("fewer",))),
     E.BindPods(gang_id="default/g", pods=(POD,)),
     E.BindsDone(gang_id="default/g", bound=(POD,)),
     E.BindsDone(gang_id="default/g", failed=(E.BindFailure(pod=POD, reason="pod gone"),)),
@@ -146,3 +152,24 @@ def test_checked_in_schemas_match_the_code():
              or (cmd_schema.DEFAULT_DIR / n).read_text() != text]
     assert stale == [], "run `phalanx schema` and commit proto/schema/"
     assert sorted(p.name for p in cmd_schema.DEFAULT_DIR.glob("*.json")) == sorted(docs)
+
+
+def test_what_if_answers_beyond_the_wire_bounds_do_not_decode_and_bounded_brings_them_within():
+    holders = tuple(E.Holder(gang_id=f"ns/g{i}", gpus=1) for i in range(E.MAX_HOLDERS + 3))
+    answer = E.Answer(probe="wait", text="x" * (E.MAX_ANSWER_TEXT + 10), holders=holders,
+                      assignments=(ASSIGNMENT,))
+    big = E.PlacementFailed(gang_id="g", attempt=1, whatif=E.WhatIf(answers=(answer,) * (E.MAX_ANSWERS + 1)))
+    with pytest.raises(msgspec.ValidationError, match=r"\$.whatif.answers"):
+        E.gang_decoder.decode(E.encoder.encode(big))
+    fitted = msgspec.structs.replace(big, whatif=big.whatif.bounded())
+    got = E.gang_decoder.decode(E.encoder.encode(fitted))
+    assert got == fitted
+    assert len(got.whatif.answers) == E.MAX_ANSWERS
+    first = got.whatif.answers[0]
+    assert (len(first.text), first.text[-3:], first.holders, first.assignments) == (
+        E.MAX_ANSWER_TEXT, "...", holders[:E.MAX_HOLDERS], ())
+
+
+def test_a_gang_record_written_before_what_if_answers_existed_still_decodes():
+    old = b'{"gang_id":"default/g","phase":"backoff","attempt":2,"reason":"0/2 nodes"}'
+    assert gang_state_decoder.decode(old).whatif is None

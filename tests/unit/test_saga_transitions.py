@@ -19,11 +19,17 @@ from phalanx_proto.events import (
     uid_digest,
 )
 from phalanx_proto.state import GangPart, GangState, Running
+from phalanx_proto.whatif import Answer, Holder, WhatIf
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
 MEMBERS = (MemberSpec(pod=P1, gpus=1), MemberSpec(pod=P2, gpus=1))
 BO = dict(base_s=1.0, max_s=60.0)
+WHATIF = WhatIf(answers=(
+    Answer(probe="queue-limit", text="needs 1 more GPUs of headroom under queue q's limit 4", starts=False),
+    Answer(probe="wait", text="would start if 2 GPUs free on node n1 (held by gang a/x)", gpus=2,
+           holders=(Holder(gang_id="a/x", gpus=2),))))
+NOT_ALONE = WhatIf(answers=WHATIF.answers[:1])
 replace = msgspec.structs.replace
 
 
@@ -171,6 +177,19 @@ CASES = [
              avoid_nodes=("n1", "n2"), avoid_for="default/big",
              reason="0/1 nodes are available. (backfill behind default/big, first in queue and waiting too long: "
                     "n1, n2)", backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a failed placement carrying what-if answers keeps them and appends the top one to the reason",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes", whatif=WHATIF),
+                                     now=100.0, **BO),
+     PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=WHATIF,
+                   reason="0/2 nodes; would start if 2 GPUs free on node n1 (held by gang a/x)",
+                   backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("answers none of which starts the gang alone are kept, and the reason is left as it is",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes", whatif=NOT_ALONE),
+                                     now=100.0, **BO),
+     PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=NOT_ALONE, reason="0/2 nodes",
+                   backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a placement forgets the answers of the attempt before",
+     lambda s: saga.placed(s, RESERVED, mig=False), replace(PLACING, whatif=WHATIF), BINDING),
     ("a pod that arrives while an attempt runs is not added to it",
      lambda s: saga.add_member(s, MemberSpec(pod=PodRef(namespace="default", name="w-2", uid="u2"), gpus=1),
                                gang_id=G, min_member=2, timeout_s=0, priority=0, now=1.0), BINDING, None),
