@@ -168,8 +168,8 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     if s.avoid_nodes:
         reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
     top = ev.whatif.top() if ev.whatif is not None else ""
-    if top:
-        reason += f"; {top}"
+    if top:  # "... 2 insufficient free GPUs; would start if ..."
+        reason = f"{reason.removesuffix('.')}; {top}"
     return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
                    reserve_nodes=ev.reserve_nodes, whatif=ev.whatif)

@@ -95,7 +95,7 @@ class ClusterCache:
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
         self._dirty: set[str] = set()
         if node_states is not None:
-            node_states.on_change = self._dirty.add
+            node_states.on_change = self._mark  # not self._dirty.add: refresh() swaps the set
         self.cluster = Cluster(nodes={}, total=0)
         self.empty = Cluster(nodes={}, total=0)
         self.views: dict[str, NodeView] = {}
@@ -288,6 +288,9 @@ class ClusterCache:
                 self._normalize(key)
 
     # -- mirror callbacks (inline, in revision order) -------------------------------------------
+    def _mark(self, key: str) -> None:
+        self._dirty.add(key)
+
     def _changed(self, entry: MirrorEntry, previous: MirrorEntry | None = None) -> None:
         self._dirty.add(entry.key)
 

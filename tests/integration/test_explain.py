@@ -20,7 +20,7 @@ from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, seed_n
 
 pytestmark = pytest.mark.integration
 
-REASON = "0/2 nodes are available: 2 insufficient free GPUs."
+REASON = "0/2 nodes are available: 2 insufficient free GPUs"
 WHAT_IF = "would start with 8 GPUs per member instead of 9 GPUs"
 """The counterfactual placement appends (docs/whatif.md): no node has 9 GPUs, one has 8 free."""
 

@@ -101,7 +101,7 @@ async def test_a_poisoned_value_in_every_bucket_is_skipped_named_and_holds_nothi
                 return s if s is not None and s.phase == "backoff" else None
 
             assert (await wait_until(pending, 30)).reason == \
-                ("0/2 nodes are available: 1 insufficient free GPUs, 1 node report invalid.; would start if 1 GPU "
+                ("0/2 nodes are available: 1 insufficient free GPUs, 1 node report invalid; would start if 1 GPU "
                  "free on node v100-a (held by gang default/ok-1)")  # no answer on the nodes it may not look at
             # A gang whose record is unreadable is told so; nobody else is held up by it.
             poisoned = await sim.apply_pod(gpu_pod("poisoned", 1))

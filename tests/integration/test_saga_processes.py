@@ -100,11 +100,11 @@ async def test_a_pod_too_big_for_any_node_waits_with_the_kube_scheduler_style_re
             return s if s is not None and s.phase == "backoff" else None
 
         state = await wait_until(pending, 30)
-        assert state.reason == ("0/2 nodes are available: 2 insufficient free GPUs.; "
+        assert state.reason == ("0/2 nodes are available: 2 insufficient free GPUs; "
                                 "would start with 8 GPUs per member instead of 9 GPUs")  # docs/whatif.md
         events = await sim.list_events(ref("too-big"))
         assert events[0].reason == "FailedScheduling"
-        assert events[0].message.startswith("0/2 nodes are available: 2 insufficient free GPUs.; would start with 8 "
+        assert events[0].message.startswith("0/2 nodes are available: 2 insufficient free GPUs; would start with 8 "
                                             "GPUs per member instead of 9 GPUs (attempt 1)")
     finally:
         await bus.close()

@@ -73,7 +73,7 @@ async def test_a_node_whose_discovery_stops_becomes_unavailable_with_that_reason
 
         state = await wait_until(pending, 30)
         assert state.reason == ("0/2 nodes are available: 1 insufficient free GPUs, "
-                                "1 topology heartbeat stale.; would start if 4 GPUs free on node v100-a "
+                                "1 topology heartbeat stale; would start if 4 GPUs free on node v100-a "
                                 "(held by gang default/fill-a)")  # the stale node is no answer (docs/whatif.md)
         await anyio.to_thread.run_sync(stack.restart, "topology-discovery@v100-b")
 
@@ -121,6 +121,6 @@ async def test_placement_checks_the_node_state_the_agents_report_and_refuses_wha
         # The what-if line after "; " depends on whether "fits" held v100-b's GPUs when "hungry"
         # was decided (tests/integration/test_whatif_reasons.py checks those lines).
         assert (reason.split("; ")[0], node) == (
-            "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable.", "v100-b")
+            "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable", "v100-b")
     finally:
         await bus.close()
