@@ -21,7 +21,7 @@ from phalanx_bus.bus import Bus
 from phalanx_bus.mirror import KvMirror, MirrorEntry, Poisoned
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, PodRef
-from phalanx_proto.state import Allocation, NodeLedger, alloc_key
+from phalanx_proto.state import Allocation, NodeLedger, Nomination, alloc_key
 
 
 class LedgerBook:
@@ -50,6 +50,21 @@ class LedgerBook:
                 if alloc.gang_id == gang_id and alloc.attempt == attempt:
                     out[k] = alloc.assignment
         return out
+
+    def gang_pods(self, gang_id: str) -> list[PodRef]:
+        """Every pod the ledger holds a reservation of ``gang_id`` for (any attempt), by pod key."""
+        out = {}
+        for key in self._by_gang.get(gang_id, ()):
+            entry = self.mirror.get(key)
+            for k, alloc in (entry.value.allocations.items() if entry is not None else ()):
+                if alloc.gang_id == gang_id:
+                    out[k] = alloc.assignment.pod
+        return [out[k] for k in sorted(out)]
+
+    def nominations(self, gang_id: str, attempt: int, now: float) -> list[Nomination]:
+        """The nominations in force at ``now`` of exactly (preemptor gang, attempt), on every node."""
+        return [n for e in self.mirror.entries.values() for n in e.value.nominations.values()
+                if n.gang_id == gang_id and n.attempt == attempt and n.active(now)]
 
     def allocation(self, pod: PodRef) -> Allocation | None:
         """The reservation recorded for exactly this pod (by uid), on whichever node."""

@@ -27,7 +27,7 @@ Mapping of the port's rules onto the API:
   mixed into ``KubeCluster`` from their own modules.
 
 RBAC this needs (``deploy/k8s/rbac.yaml`` grants each service only its part): pods
-get/list/watch/patch/delete, pods/binding create, pods/status patch, events create/get/patch,
+get/list/watch/patch/delete, pods/binding create, pods/eviction create (binder: preemption), pods/status patch, events create/get/patch,
 nodes get/list/watch, nodes/status patch (the node agent: its own node's pods list/watch,
 ``watch_node``); ``list_events`` (tests, CLI) also needs events list;
 the per-node fences are ``coordination.k8s.io`` leases (binder: get/create/update/delete; the
@@ -56,6 +56,7 @@ from phalanx_kube.kubequeues import KubeQueues
 from phalanx_kube.podtable import PodTable
 from phalanx_kube.port import (
     BindConflict,
+    EvictionBlocked,
     Node,
     NodeObjects,
     Pod,
@@ -292,6 +293,20 @@ class KubeCluster(KubeQueues, KubeEvents, KubeLeases):
         opts: dict[str, Any] = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
         await self._call(f"delete pod {ref}", self._core.delete_namespaced_pod, ref.name, ref.namespace,
                          body=opts, ok=(404, 409))
+
+    async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
+        uid = await self._our_uid(ref)
+        if uid is None:
+            return False
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": ref.name, "namespace": ref.namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        status, resp = await self._call(f"evict pod {ref}", self._core.create_namespaced_pod_eviction, ref.name,
+                                        ref.namespace, body, ok=(404, 409, 429),
+                                        **({"dry_run": "All"} if dry_run else {}))
+        if status == 429:
+            raise EvictionBlocked(f"evicting {ref}: {resp.get('message') or 'refused (HTTP 429)'}")
+        return status not in (404, 409)  # 409: the uid precondition failed (the pod was recreated)
 
     async def set_scheduled_condition(self, ref: PodRef, *, status: bool, reason: str, message: str) -> None:
         cond = {"type": "PodScheduled", "status": "True" if status else "False", "reason": reason,

@@ -113,6 +113,11 @@ class PodGone(Exception):
     """The pod no longer exists."""
 
 
+class EvictionBlocked(Exception):
+    """The Eviction API refused to evict the pod now (HTTP 429): a PodDisruptionBudget allows
+    no disruption of it. The message is the API server's."""
+
+
 class NotOurs(Exception):
     """The pod's ``schedulerName`` is not one of Phalanx's: Phalanx never binds, patches or
     deletes it, whatever a command on the bus says (both adapters check before acting)."""
@@ -150,6 +155,14 @@ class ClusterPort(Protocol):
 
     async def delete_pod(self, ref: PodRef) -> None:
         """Delete the pod (so its controller recreates it). Absent is success."""
+        ...
+
+    async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
+        """Evict the pod through the Eviction API (``policy/v1`` Eviction subresource, the uid
+        as precondition), so PodDisruptionBudgets are kept: True when evicted (with
+        ``dry_run``: would be), False when it is gone (or recreated: another uid). Raises
+        ``EvictionBlocked`` when a disruption budget refuses it, ``NotOurs`` for a pod of
+        another scheduler."""
         ...
 
     async def record_event(self, ref: PodRef, *, reason: str, message: str,

@@ -25,6 +25,7 @@ import msgspec
 from phalanx_bus import Bus, KvConflict
 from phalanx_kube.port import (
     BindConflict,
+    EvictionBlocked,
     KubeEvent,
     Lease,
     LeaseConflict,
@@ -48,6 +49,9 @@ KV_NODES = S.KV_SIM_NODES
 KV_EVENTS = S.KV_SIM_EVENTS
 KV_LEASES = S.KV_SIM_LEASES
 
+DISRUPTION_BUDGET_ANNOTATION = "sim.phalanx.io/disruptions-allowed"
+"""Simulated cluster only: ``"0"`` on a pod stands for a PodDisruptionBudget that allows no
+disruption of it now (``evict_pod`` refuses it)."""
 NODE_POLL_S = 2.0
 """How often ``watch_node`` looks at a simulated node and its pods."""
 
@@ -195,6 +199,20 @@ class SimCluster(SimQueues):
             await self._pods.delete(entry.key, last=entry.revision)
         except KvConflict:
             await self._pods.delete(entry.key)
+
+    async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
+        """The Eviction API, simulated: the simulated cluster has no PodDisruptionBudget
+        objects; a pod annotated ``DISRUPTION_BUDGET_ANNOTATION: "0"`` stands for a pod whose
+        budget allows no disruption (refused as the API server refuses: ``EvictionBlocked``)."""
+        entry, obj = await self._read(ref)
+        if obj is None or (ref.uid and obj["metadata"].get("uid") != ref.uid):
+            return False
+        self._check_ours(ref, obj)
+        if ((obj["metadata"].get("annotations") or {}).get(DISRUPTION_BUDGET_ANNOTATION)) == "0":
+            raise EvictionBlocked(f"evicting {ref}: Cannot evict pod as it would violate the pod's disruption budget.")
+        if not dry_run:
+            await self.delete_pod(ref)
+        return True
 
     async def record_event(self, ref: PodRef, *, reason: str, message: str,
                            type: Literal["Normal", "Warning"] = "Normal") -> None:

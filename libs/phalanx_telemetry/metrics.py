@@ -99,6 +99,27 @@ QUEUE_USAGE_REPAIRS = Counter(
     "phalanx_queue_usage_repairs_total",
     "Queue usage records placement rewrote because they differed from what the ledger says (seen twice running), "
     "by queue; 0 is healthy.", ["queue"], max_series=1024)
+PREEMPTION_RULES = ("priority", "reclaim")
+PREEMPTIONS = Counter(
+    "phalanx_preemptions_total",
+    "Preemptions placement started (a nomination committed and the eviction sent), by rule: reclaim when a "
+    "victim is taken back across queues, else priority (docs/preemption.md).", ["rule"],
+    allowed={"rule": PREEMPTION_RULES})
+PREEMPTED_GANGS = Counter(
+    "phalanx_preempted_gangs_total", "Victim gangs named by the preemptions placement started, by rule.", ["rule"],
+    allowed={"rule": PREEMPTION_RULES})
+PREEMPTED_GPUS = Counter(
+    "phalanx_preempted_gpus_total",
+    "GPUs (whole-GPU equivalents) the victims of the preemptions placement started held, by rule.", ["rule"],
+    allowed={"rule": PREEMPTION_RULES})
+PREEMPTIONS_REFUSED = Counter(
+    "phalanx_preemptions_refused_total",
+    "Nominations placement dropped because binder could not evict a victim (a PodDisruptionBudget).")
+EVICTIONS = Counter(
+    "phalanx_evictions_total",
+    "Victim pods binder asked the Eviction API to evict, by result: evicted, refused (a PodDisruptionBudget: "
+    "nothing of that preemption is evicted), gone (the pod was already deleted).", ["result"],
+    allowed={"result": ("evicted", "refused", "gone")})
 ENGINE_NODE_ERRORS = Counter(
     "phalanx_engine_node_errors_total",
     "Nodes a placement plugin raised on while deciding (each refused for that decision alone, with the "

@@ -127,6 +127,12 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
     """The queue the pod is in (its label, else its namespace's, else ``default``:
     docs/queues.md); "" before queues, read as ``default``."""
+    priority: int = 0
+    """The pod's ``spec.priority`` (set by the API server from its PriorityClass): a gang's
+    members must agree on it to preempt (docs/preemption.md)."""
+    preemption_policy: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    """The pod's ``spec.preemptionPolicy``: ``Never`` never preempts; "" is Kubernetes' default,
+    ``PreemptLowerPriority``."""
 
     @property
     def kind(self) -> RequestKind:
@@ -438,13 +444,45 @@ class GangDeadline(GangEvent, tag="gang.deadline"):
         return self.members_digest
 
 
+MAX_VICTIMS = 1_000
+"""Victim gangs one eviction command may name (the planner evicts far fewer)."""
+
+
+class EvictPods(GangEvent, tag="binder.evict"):
+    """Command from placement to binder: evict, through the Eviction API, every pod of the
+    victim gangs of a preemption, for the preemptor ``gang_id`` at ``attempt``
+    (docs/preemption.md, "Wiring"). A reference: binder evicts only for a nomination the
+    ledger holds for exactly this preemptor and attempt, only gangs that nomination names as
+    victims, and only the pods the ledger says belong to them — never what a command says."""
+
+    victims: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_VICTIMS)] = ()
+
+    def scope(self) -> str:
+        return hashlib.sha256("\n".join(sorted(self.victims)).encode()).hexdigest()[:16]
+
+
+class EvictionRefused(GangEvent, tag="placement.eviction_refused"):
+    """Reply from binder to placement: evicting a victim of the preemptor ``gang_id``'s
+    nomination was refused (a PodDisruptionBudget: HTTP 429), so nothing was evicted; placement
+    drops the nomination and leaves those gangs out of the preemptor's next plans for a while."""
+
+    victims: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_VICTIMS)] = ()
+    """The victim gangs whose eviction was refused."""
+    reason: Annotated[str, msgspec.Meta(max_length=2000)] = ""
+
+    def scope(self) -> str:
+        return hashlib.sha256("\n".join(sorted(self.victims)).encode()).hexdigest()[:16]
+
+
 GANG_EVENTS = (
     GangAdmitted, PlaceRequested, Reserved, PlacementFailed, BindPods, BindsDone,
     RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
+    EvictPods, EvictionRefused,
 )
 AnyGangEvent = (
     GangAdmitted | PlaceRequested | Reserved | PlacementFailed | BindPods | BindsDone
     | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
+    | EvictPods | EvictionRefused
 )
 
 

@@ -64,12 +64,39 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     back, whatever the tree looks like by then."""
 
 
+class Nomination(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a preemptor's member will go once its victims are gone (docs/preemption.md,
+    "Wiring"): placement's view takes these GPUs for every gang but ``gang_id`` until
+    ``expires_at``, so nothing else takes what the evictions free. Not a reservation: nothing
+    is bound to it, no queue is charged for it, and it may overlap the victims' reservations
+    until they are released. Written by placement with the node's reservations (one
+    compare-and-set), dropped when the preemptor reserves, when an eviction is refused, or
+    once expired."""
+
+    gang_id: str
+    attempt: int
+    assignment: Assignment
+    victims: Annotated[dict[str, str], msgspec.Meta(max_length=1000)] = {}
+    """Victim gang → the rule that allows it (``priority`` or ``reclaim``): binder evicts only
+    these gangs' pods for this preemptor."""
+    queue: str = ""
+    """The preemptor's queue (for the victims' ``Preempted`` events)."""
+    priority: int = 0
+    """The preemptor's priority."""
+    expires_at: float = 0.0
+
+    def active(self, now: float) -> bool:
+        return now < self.expires_at
+
+
 class NodeLedger(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Every reservation on one node, keyed by ``alloc_key(pod)``. Written only by placement,
     always by compare-and-set on the KV revision it read, so no GPU is booked twice."""
 
     node: str
     allocations: dict[str, Allocation] = {}
+    nominations: dict[str, Nomination] = {}
+    """Preemptors' members nominated onto this node, keyed by ``alloc_key(pod)`` (``Nomination``)."""
 
 
 def alloc_key(pod: PodRef) -> str:
@@ -279,6 +306,9 @@ def ledger_problem(key: str, ledger: NodeLedger) -> str:
             return f"allocation {k!r} has no pod uid"
         if any(g < 0 for g in a.gpus) or len(set(a.gpus)) != len(a.gpus):
             return f"allocation {k!r} has GPU indices {list(a.gpus)}: each must be >= 0 and listed once"
+    for k, nom in ledger.nominations.items():
+        if k != alloc_key(nom.assignment.pod) or nom.assignment.node != ledger.node:
+            return f"nomination {k!r} does not name its pod on node {ledger.node!r}"
     conflicts = gpu_conflicts([alloc.assignment for alloc in ledger.allocations.values()])
     return f"double-booked: {'; '.join(conflicts)}" if conflicts else ""
 

@@ -146,6 +146,13 @@ CHANNELS = (
             "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),
     Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods), (GANG_COORDINATOR,),
             "Commands to binder: bind a gang's members to the reservations the ledger holds (one BindPods a gang).", receiver="binder"),
+    Channel("gangEvict", "phx.gang.evict.{gang}", STREAM_GANG, _tags(E.EvictPods), (PLACEMENT,),
+            "Commands to binder: evict, through the Eviction API, the pods of the victim gangs of the preemptor's "
+            "nomination (docs/preemption.md). Checked against the nomination and the reservations in phx-ledger.",
+            receiver="binder"),
+    Channel("gangEvictionRefused", "phx.gang.placement.refused.{gang}", STREAM_GANG, _tags(E.EvictionRefused),
+            (BINDER,), "Replies of binder to placement: a victim's eviction was refused (a PodDisruptionBudget); "
+            "placement drops the preemptor's nomination.", receiver="placement"),
     Channel("gangPlacementReply", "phx.gang.coord.placement.{gang}", STREAM_GANG,
             _tags(E.Reserved, E.PlacementFailed, E.Released), (PLACEMENT,),
             "Replies of placement to gang-coordinator.", receiver="gang-coordinator"),
@@ -205,8 +212,9 @@ class Consumer:
 
 
 CONSUMERS = (
-    Consumer("placement", STREAM_GANG, "phx.gang.placement.>", PLACEMENT, ("gangPlacement",)),
+    Consumer("placement", STREAM_GANG, "phx.gang.placement.>", PLACEMENT, ("gangPlacement", "gangEvictionRefused")),
     Consumer("binder", STREAM_GANG, "phx.gang.binder.>", BINDER, ("gangBinder",)),
+    Consumer("binder-evict", STREAM_GANG, "phx.gang.evict.>", BINDER, ("gangEvict",)),
     Consumer("gang-coordinator", STREAM_GANG, "phx.gang.coord.>", GANG_COORDINATOR,
              ("gangPlacementReply", "gangBinderReply")),
     Consumer("gang-coordinator-node", STREAM_NODE, "phx.node.*.reply", GANG_COORDINATOR, ("nodeReply",)),
@@ -422,6 +430,16 @@ def placement_subject(gang_id: str) -> str:
 
 def binder_subject(gang_id: str) -> str:
     return render(CHANNEL["gangBinder"].template, gang=gang_id)
+
+
+def evict_subject(gang_id: str) -> str:
+    """Where placement tells binder to evict the victims of ``gang_id``'s nomination."""
+    return render(CHANNEL["gangEvict"].template, gang=gang_id)
+
+
+def eviction_refused_subject(gang_id: str) -> str:
+    """Where binder tells placement that evicting a victim of ``gang_id``'s nomination was refused."""
+    return render(CHANNEL["gangEvictionRefused"].template, gang=gang_id)
 
 
 def placement_reply_subject(gang_id: str) -> str:

@@ -36,6 +36,10 @@ asynchronously), each binding all its pods at once; each message is acknowledged
 (``consume(concurrency=...)``). The
 pod is read from the pod watch's cache when it knows that uid, else from the API server.
 
+**Evictions** (``evictions.py``, docs/preemption.md): ``EvictPods`` from placement, on their
+own durable consumer, evict the victims of a preemption through the Eviction API, checked
+against the preemptor's nomination and the reservations in the ledger.
+
 Metrics: ``phalanx_pod_pending_to_bound_seconds`` (from the pod's creation time),
 ``phalanx_binds_total{result}``, ``phalanx_fence_writes_total{result}``,
 ``phalanx_fence_batch_pods``; span ``binder.bind`` with ``k8s.pod.name``,
@@ -53,6 +57,7 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
+from phalanx_binder.evictions import Evictions
 from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
 from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
@@ -65,6 +70,7 @@ from phalanx_proto.events import (
     BindFailure,
     BindPods,
     BindsDone,
+    EvictPods,
     PodRef,
     gang_decoder,
 )
@@ -81,6 +87,8 @@ from phalanx_service.config import namespace_name, option, whole_number
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
+EVICT_DURABLE = "binder-evict"
+EVICT_CONCURRENCY = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +125,14 @@ class Binder:
         self.mig = mig
         self.fences = fences
         self.pods = pods
+        self.evictions = Evictions(bus, cluster, ledger)
 
     async def on_command(self, event, delivery: Delivery) -> None:
         match event:
             case BindPods():
                 await self.bind_pods(event)
+            case EvictPods():
+                await self.evictions.evict(event)
             case _:
                 warn("unexpected event on binder subject", kind=type(event).__name__)
 
@@ -312,4 +323,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
         await tg.start(lambda task_status: consume(
             bus, stream=own.stream, durable=own.durable, filter_subject=own.filter, decoder=gang_decoder,
             handler=binder.on_command, concurrency=config.parallelism, task_status=task_status))
+        evict = S.CONSUMER[EVICT_DURABLE]
+        await tg.start(lambda task_status: consume(
+            bus, stream=evict.stream, durable=evict.durable, filter_subject=evict.filter, decoder=gang_decoder,
+            handler=binder.on_command, concurrency=EVICT_CONCURRENCY, task_status=task_status))
         task_status.started()

@@ -2,12 +2,15 @@
 
 The rules are ``phalanx_kubeobjects.gangs`` (docs/saga.md, "Gang identity and min-member"), the
 same code ``phalanx validate`` runs on pod templates; this module adds what only the running
-coordinator reads: the per-gang timeout annotation and the pod's priority.
+coordinator reads: the per-gang timeout annotation and the pod's priority (also carried on each
+member, with its ``preemptionPolicy``, for preemption: docs/preemption.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import msgspec
 
 from phalanx_kube.port import Pod
 from phalanx_kubeobjects import gangs as rules
@@ -66,7 +69,10 @@ def member_spec(pod: Pod) -> MemberSpec:
     except Exception as e:  # noqa: BLE001 - a pod of a shape the parser did not expect: refuse it, say why
         raise InvalidMember((Violation("spec", type(e).__name__,
                                        f"the pod's spec could not be read as a Kubernetes pod ({e})"),)) from None
-    return req.member_spec(pod.ref)
+    spec = req.member_spec(pod.ref)
+    policy = (pod.raw.get("spec") or {}).get("preemptionPolicy")
+    return msgspec.structs.replace(spec, priority=_priority(pod),
+                                   preemption_policy=policy if policy in ("Never", "PreemptLowerPriority") else "")
 
 
 def _timeout(pod: Pod) -> float:

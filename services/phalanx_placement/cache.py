@@ -27,6 +27,9 @@ Contract:
   invalid" (the rule in the status's detail), and it is back as soon as its agent writes a good
   value. Nothing one node writes reaches a plugin unchecked, so it cannot stop decisions for
   the others.
+* **Nominations take GPUs.** A preemptor's nominations (``NodeLedger.nominations``) are in
+  the node's view like reservations until they expire, for every decision but the
+  preemptor's own (``excluding``), so the GPUs its victims free wait for it.
 * **Bounded memory.** Staleness deadlines are kept one per node (a heap entry per key, moved
   forward when it comes due), so a node beating often, or with a time far ahead, costs one
   entry, not one per beat.
@@ -116,6 +119,9 @@ class ClusterCache:
         """Counts changes to ``cluster``: a node's view rebuilt unlike before, added or removed
         (a heartbeat that changes nothing does not count). The counterfactual probes' answers
         are kept while it stands still (``phalanx_placement.whatif``)."""
+        self._nominated_until: dict[str, float] = {}
+        """Node key → the earliest expiry of the nominations its ledger holds: the node is
+        rebuilt once it passes (an expired nomination takes nothing)."""
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
@@ -199,6 +205,15 @@ class ClusterCache:
             if poisoned != seen:
                 self._dirty |= poisoned ^ seen
                 self._poisoned_seen[mirror.bucket] = poisoned
+        for key, until in list(self._nominated_until.items()):
+            if until <= now:
+                self._dirty.add(key)
+                ledger = self.ledger_of(key)
+                later = [n.expires_at for n in ledger.nominations.values() if n.expires_at > now] if ledger else []
+                if later:
+                    self._nominated_until[key] = min(later)
+                else:
+                    del self._nominated_until[key]
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
             self._rebuild(key, now)
@@ -211,8 +226,8 @@ class ClusterCache:
 
     @contextlib.contextmanager
     def excluding(self, gang_id: str, running: frozenset[str] = frozenset()) -> Iterator[None]:
-        """``cluster`` without the gang's own reservations (a new attempt replaces them), but
-        with those of its ``running`` members (allocation keys: bound by an earlier attempt,
+        """``cluster`` without the gang's own reservations (a new attempt replaces them) and its
+        own nominations (the GPUs kept for it while its victims go), but with those of its ``running`` members (allocation keys: bound by an earlier attempt,
         left where they are by an attempt for late members), for the duration of a
         synchronous decision."""
         saved = []
@@ -222,7 +237,7 @@ class ClusterCache:
                 continue
             saved.append(view)
             others = tuple(a.assignment for k, a in ledger.allocations.items() if a.gang_id != gang_id or k in running)
-            self.cluster.upsert(dataclasses.replace(view, allocations=others))
+            self.cluster.upsert(dataclasses.replace(view, allocations=others + nominated(ledger, self.clock(), gang_id)))
         try:
             yield
         finally:
@@ -339,6 +354,11 @@ class ClusterCache:
         self._dirty.add(key)
         ledger = self.ledger_of(key)
         now = frozenset(a.gang_id for a in ledger.allocations.values()) if ledger is not None else frozenset()
+        if ledger is not None and ledger.nominations:
+            now |= {n.gang_id for n in ledger.nominations.values()}
+            self._nominated_until[key] = min(n.expires_at for n in ledger.nominations.values())
+        else:
+            self._nominated_until.pop(key, None)
         before = self._gangs_at.get(key, frozenset())
         for gang in before - now:
             keys = self._by_gang.get(gang)
@@ -402,9 +422,17 @@ class ClusterCache:
         entry = self.ledger.get(key)
         return NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled,
                         fresh=beat is not None and now - beat.value.at <= self.stale_s, tiers=rep.tiers,
-                        allocations=tuple(a.assignment for a in ledger.allocations.values()) if ledger else (),
+                        allocations=(tuple(a.assignment for a in ledger.allocations.values())
+                                     + nominated(ledger, now)) if ledger else (),
                         revision=entry.revision if entry is not None else 0,
                         kube=self.node_states.of(rep.node) if self.node_states is not None else None)
+
+
+def nominated(ledger: NodeLedger, now: float, but: str = "") -> tuple:
+    """The assignments of the ledger's nominations still in force at ``now`` (those of gang
+    ``but`` left out): a decision takes their GPUs like reservations, so nothing but the
+    preemptor takes what its victims free (``phalanx_proto.state.Nomination``)."""
+    return tuple(n.assignment for n in ledger.nominations.values() if n.gang_id != but and n.active(now))
 
 
 def _base_of(top: Assumed | None, commit: Commit, key: str) -> int | Assumed:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from phalanx_proto.events import AdoptRequested, PlaceRequested, ReleaseRequested
 from phalanx_proto.state import (
     Allocation,
@@ -93,7 +95,7 @@ def release(ledger: NodeLedger, ev: ReleaseRequested, running: frozenset[str] = 
     if not freed:
         return Released(None, held)
     keep = {k: v for k, v in ledger.allocations.items() if k not in freed}
-    return Released(NodeLedger(node=ledger.node, allocations=keep), held)
+    return Released(msgspec.structs.replace(ledger, allocations=keep), held)
 
 
 def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
@@ -127,5 +129,5 @@ def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,
     conflicts = gpu_conflicts([v.assignment for v in ledger.allocations.values()] + [a])
     if conflicts:
         return Refusal(R.NOT_RECORDED, f"cannot record {a.pod} on {a.node}: {'; '.join(conflicts)}")
-    return NodeLedger(node=ledger.node, allocations={**ledger.allocations, key: new})
+    return msgspec.structs.replace(ledger, allocations={**ledger.allocations, key: new})
 

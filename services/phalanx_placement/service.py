@@ -47,9 +47,10 @@ from phalanx_bus import (
 )
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
+from phalanx_engine.preempt import NoPlan, Plan, plan_preemption
 from phalanx_engine.queues import usage_drift
 from phalanx_engine.snapshot import Decision, NoFit
-from phalanx_placement import checks, testhooks
+from phalanx_placement import checks, preempting, testhooks
 from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, POLICIES, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
@@ -58,6 +59,8 @@ from phalanx_placement.whatif import ProbeBudget, Probes
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
+    EvictionRefused,
+    EvictPods,
     MemberSpec,
     PlacementFailed,
     PlaceRequested,
@@ -67,7 +70,7 @@ from phalanx_proto.events import (
     WhatIf,
     gang_decoder,
 )
-from phalanx_proto.queues import QueueUsage, usage_key
+from phalanx_proto.queues import GPU_UNITS, QueueUsage, shown, usage_key
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_service.config import option
@@ -99,6 +102,8 @@ class Config:
     """Seconds of probing saved up at most (``whatif.ProbeBudget``)."""
     whatif_gang_s: float = 0.02
     """Seconds one gang's probes may take at most."""
+    nomination_s: float = option(120.0, "seconds a preemptor's nomination keeps the GPUs its victims free for it "
+                                 "(docs/preemption.md); then it is dropped and the planner chooses again")
     metrics_every_s: float = 5.0
     """Allocation gauges are recomputed (a pass over every node) at most this often: half the
     10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
@@ -113,10 +118,14 @@ class _Reply:
 
 @dataclass(frozen=True, slots=True)
 class _Decided:
-    """A decision assumed into the cache, to be committed."""
+    """A decision assumed into the cache, to be committed; for a preemption, the nominations
+    (``commit``), then ``evict`` to binder and ``reply`` (pending, naming the victims)."""
 
     commit: Commit
     decision: Decision
+    evict: EvictPods | None = None
+    reply: PlacementFailed | None = None
+    plan: Plan | None = None
 
 
 class Placement:
@@ -132,6 +141,9 @@ class Placement:
                                                              gang_s=config.whatif_gang_s))
         self._recorded_at = 0.0
         self._allocation_stale = True
+        self._refused: dict[str, dict[str, float]] = {}
+        """Preemptor → victim gangs whose eviction was refused for it, until when they are left
+        out of its plans (``on_eviction_refused``)."""
 
     @property
     def profile(self):
@@ -149,6 +161,8 @@ class Placement:
                 await self.on_release(event)
             case AdoptRequested():
                 await self.on_adopt(event)
+            case EvictionRefused():
+                await self.on_eviction_refused(event)
             case _:
                 warn("unexpected event on placement subject", kind=type(event).__name__)
 
@@ -240,10 +254,13 @@ class Placement:
             started = time.perf_counter()
             with self.cache.excluding(ev.gang_id, running):
                 result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
-            elapsed = time.perf_counter() - started
+                elapsed = time.perf_counter() - started
+                preempted = self._preempt(ev, record, members, queue) if isinstance(result, NoFit) else None
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
         _report_node_errors()
+        if preempted is not None:
+            return preempted
         if isinstance(result, NoFit):
             log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed * 1000, 3))
             # Could it fit were the whole cluster empty (the statuses say: only busy nodes kept it
@@ -268,6 +285,95 @@ class Placement:
             return self.probes.answer(gang_id, members, self.cache.cluster, self.profile, refusal=refusal,
                                       avoid=frozenset(record.avoid_nodes), keep=running, owed=owed)
 
+    def _ledgers(self) -> list[NodeLedger]:
+        """Every node's ledger as the cache believes it (assumed commits included)."""
+        return [led for key in self.cache.views if (led := self.cache.ledger_of(key)) is not None]
+
+    def _preempt(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...],
+                 queue: str) -> _Decided | _Reply | None:
+        """A gang that does not fit: wait for the victims its nomination names, or plan a
+        preemption (``phalanx_engine.preempt``) on the cluster without the gang's own
+        reservations and nominations (the caller's ``excluding``). None: no preemption helps
+        (the caller answers the engine's reason)."""
+        now = self.cache.clock()
+        ledgers = self._ledgers()
+        own = preempting.nominations(ledgers, ev.gang_id, now)
+        holding = sorted({v for n in own for v in n.victims if self._holds(v)})
+        if own and holding:
+            return self._pending(ev, members, preempting.waiting_reason(own, holding),
+                                 sorted({n.assignment.node for n in own}))
+        preemptor = preempting.preemptor_of(ev.gang_id, members, queue)
+        if isinstance(preemptor, str):
+            log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
+            return None
+        refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
+        running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
+        plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
+                               held_by=dict(self.cache.queue_units), profile=self.profile,
+                               avoid=record.avoid_nodes, now=now)
+        if isinstance(plan, NoPlan) or not plan.victims:
+            log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
+                reason=plan.reason if isinstance(plan, NoPlan) else "the planner placed it without victims")
+            return None
+        writes = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id), ev.gang_id,
+                                     ev.attempt, plan, preemptor, expires_at=now + self.config.nomination_s, now=now)
+        reason = preempting.preempting_reason(plan)
+        log("preempting", gang=ev.gang_id, attempt=ev.attempt, reason=reason,
+            victims=",".join(v.gang_id for v in plan.victims), gpus=shown(plan.units))
+        reply = self._pending(ev, members, reason, sorted({a.node for a in plan.placement.assignments})).event
+        return _Decided(self.cache.assume(writes), plan.placement, plan=plan, reply=reply,
+                        evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
+                                        victims=tuple(v.gang_id for v in plan.victims)))
+
+    def _holds(self, gang_id: str) -> bool:
+        """The gang still holds a reservation somewhere."""
+        return any(a.gang_id == gang_id for k in self.cache.gang_keys(gang_id)
+                   for a in (self.cache.ledger_of(k) or NodeLedger(node="")).allocations.values())
+
+    def _record(self, gang_id: str) -> GangState | None:
+        record = self.cache.gang(gang_id)
+        return record if isinstance(record, GangState) else None
+
+    @staticmethod
+    def _pending(ev: PlaceRequested, members: tuple[MemberSpec, ...], reason: str, nodes: list[str]) -> _Reply:
+        return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=reason, reasons={reason: 1},
+                                      fits_empty_cluster=True, members=tuple(m.pod for m in members),
+                                      reserve_nodes=tuple(nodes)))
+
+    async def on_eviction_refused(self, ev: EvictionRefused) -> None:
+        """binder could not evict a victim of ``ev.gang_id``'s nomination (a disruption budget):
+        drop the gang's nominations, and leave those victims out of its plans for
+        ``nomination_s`` so the planner chooses others, or the gang waits with the reason. Only
+        for a nomination the ledger holds for this attempt naming those victims."""
+        now = self.cache.clock()
+        own = [n for n in preempting.nominations(self._ledgers(), ev.gang_id, now) if n.attempt == ev.attempt]
+        named = {v for n in own for v in n.victims}
+        victims = [v for v in ev.victims if v in named]
+        if not victims:
+            refused(R.NOT_RECORDED, f"no nomination of gang {ev.gang_id} attempt {ev.attempt} names "
+                                    f"{', '.join(ev.victims[:5]) or 'these victims'}", gang=ev.gang_id,
+                    attempt=ev.attempt, command="eviction_refused")
+            return
+        self._refused.setdefault(ev.gang_id, {}).update({v: now + self.config.nomination_s for v in victims})
+        self._refused = {g: left for g, vs in self._refused.items() if (left := {v: t for v, t in vs.items() if t > now})}
+        for _ in range(self.config.max_commit_retries):
+            writes = {}
+            for key in self.cache.gang_keys(ev.gang_id):
+                ledger = self.cache.ledger_of(key)
+                if ledger is not None and (new := preempting.without_nominations(ledger, ev.gang_id, now)) != ledger:
+                    writes[key] = new
+            try:
+                if writes:
+                    await self._write(self.cache.assume(writes))
+                break
+            except KvConflict:
+                await self.cache.catch_up()
+        else:
+            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing while dropping its nomination", delay=0.5)
+        metrics.PREEMPTIONS_REFUSED.inc()
+        warn("eviction refused, nomination dropped", gang=ev.gang_id, attempt=ev.attempt,
+             victims=",".join(victims), reason=ev.reason)
+
     def _ledgers_after(self, gang_id: str, attempt: int, members: tuple[MemberSpec, ...], decision: Decision,
                        running: frozenset[str] = frozenset(), queues: tuple[str, ...] = ()) -> dict[str, NodeLedger]:
         """Every touched node's new ledger: the gang's earlier reservations (and any of these
@@ -279,10 +385,12 @@ class Placement:
             by_key.setdefault(S.token(a.node), (a.node, []))[1].append(a)
         for key in self.cache.gang_keys(gang_id):
             ledger = self.cache.ledger_of(key)
-            if key not in by_key and ledger is not None and any(
-                    a.gang_id == gang_id and k not in running for k, a in ledger.allocations.items()):
+            if key not in by_key and ledger is not None and (any(
+                    a.gang_id == gang_id and k not in running for k, a in ledger.allocations.items())
+                    or any(n.gang_id == gang_id for n in ledger.nominations.values())):
                 by_key[key] = (ledger.node, [])
         out = {}
+        now = self.cache.clock()
         for key, (node, assignments) in by_key.items():
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
             allocs = {k: v for k, v in ledger.allocations.items()
@@ -290,7 +398,9 @@ class Placement:
             for a in assignments:
                 allocs[alloc_key(a.pod)] = Allocation(gang_id=gang_id, attempt=attempt, assignment=a,
                                                       queues=queues)
-            out[key] = NodeLedger(node=node, allocations=allocs)
+            # the gang's nominations end with its reservation; expired ones go on the way
+            out[key] = preempting.without_nominations(NodeLedger(node=node, allocations=allocs,
+                                                                 nominations=ledger.nominations), gang_id, now)
         return out
 
     def _existing(self, ev: PlaceRequested, members: tuple[MemberSpec, ...]) -> tuple | None:
@@ -358,6 +468,20 @@ class Placement:
             return
         except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
             w.finish(e)
+            return
+        if decided.evict is not None and decided.plan is not None:
+            try:
+                await self.bus.publish(S.evict_subject(ev.gang_id), decided.evict)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
+                w.finish(e)
+                return
+            rule = preempting.preemption_rule(decided.plan)
+            metrics.PREEMPTIONS.inc(rule=rule)
+            metrics.PREEMPTED_GANGS.inc(len(decided.plan.victims), rule=rule)
+            metrics.PREEMPTED_GPUS.inc(decided.plan.units / GPU_UNITS, rule=rule)
+            log("nominated", gang=ev.gang_id, attempt=ev.attempt, victims=",".join(decided.evict.victims),
+                nodes=",".join(sorted({a.node for a in placed})))
+            await self._reply(w, decided.reply)
             return
         log("reserved", gang=ev.gang_id, attempt=ev.attempt,
             assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in placed),

@@ -20,7 +20,18 @@ import msgspec
 import pytest
 from kubeharness import KubeApi, gpu_pod, unique
 
-from phalanx_kube.port import BindConflict, KubeEvent, Lease, LeaseConflict, Node, NotOurs, Pod, PodGone
+from phalanx_kube.port import (
+    BindConflict,
+    EvictionBlocked,
+    KubeEvent,
+    Lease,
+    LeaseConflict,
+    Node,
+    NotOurs,
+    Pod,
+    PodGone,
+)
+from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
 from phalanx_proto.events import PodRef
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -37,6 +48,7 @@ class Backend:
     _create_node: Any
     _create_queue: Any = None
     _create_namespace: Any = None
+    _create_budget: Any = None
 
     async def pod(self, name: str, *, scheduler: str = "phalanx", annotations: dict | None = None,
                   labels: dict | None = None, node: str = "") -> PodRef:
@@ -51,6 +63,17 @@ class Backend:
     async def node(self, name: str, *, labels: dict[str, str], capacity: dict[str, str]) -> None:
         await self._create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
                                  "status": {"capacity": dict(capacity), "allocatable": dict(capacity)}})
+
+    async def guarded_pod(self, name: str) -> PodRef:
+        """A pod whose PodDisruptionBudget allows no eviction now (the simulator: the annotation
+        that stands for one; the API server: a PDB with minAvailable 1 selecting it)."""
+        if self._create_budget is None:
+            return await self.pod(name, annotations={DISRUPTION_BUDGET_ANNOTATION: "0"})
+        ref = await self.pod(name, labels={"guarded": name}, node="node-guarded")
+        await self._create_budget({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                   "metadata": {"name": name, "namespace": self.namespace},
+                                   "spec": {"minAvailable": 1, "selector": {"matchLabels": {"guarded": name}}}})
+        return ref
 
     def ref(self, name: str, uid: str = "") -> PodRef:
         return PodRef(namespace=self.namespace, name=name, uid=uid)
@@ -100,9 +123,18 @@ async def backend(request) -> Any:
             await anyio.to_thread.run_sync(lambda: api.post("/api/v1/namespaces", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}))
 
+        async def create_budget(obj):
+            # The API server ignores budgets for a pod that is not running (Pending): this one
+            # is bound and marked Running, as the kubelet would, before its budget is created.
+            name = obj["metadata"]["name"]
+            await anyio.to_thread.run_sync(lambda: api.patch(
+                f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {"phase": "Running"}}))
+            await anyio.to_thread.run_sync(lambda: api.post(
+                f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", obj))
+
         cluster = await KubeCluster.open(str(plane.kubeconfig))
         try:
-            yield Backend("kube", cluster, ns, create_pod, create_node, create_queue, create_namespace)
+            yield Backend("kube", cluster, ns, create_pod, create_node, create_queue, create_namespace, create_budget)
         finally:
             # Leave no pod with our scheduler names behind: the e2e tier's gang-coordinator
             # watches the same API server and would schedule them.
@@ -252,6 +284,32 @@ async def test_delete_removes_the_pod_and_deleting_again_or_another_uid_is_a_no_
     await backend.cluster.delete_pod(backend.ref("never-existed"))
 
 
+async def test_an_eviction_dry_run_keeps_the_pod_the_eviction_removes_it_and_again_or_another_uid_is_false(backend):
+    ref = await backend.pod("evicted")
+    assert await backend.cluster.evict_pod(backend.ref("evicted", uid="00000000-0000-0000-0000-000000000000")) is False
+    assert await backend.cluster.evict_pod(ref, dry_run=True) is True
+    assert (await backend.cluster.get_pod(ref)) is not None
+
+    async def gone():
+        return await backend.cluster.get_pod(ref) is None
+
+    assert await backend.cluster.evict_pod(ref) is True
+    with anyio.fail_after(30):  # the eviction deletes the pod (on a real server, after its grace period)
+        while not await gone():
+            await anyio.sleep(0.2)
+    assert await backend.cluster.evict_pod(ref) is False
+    assert await backend.cluster.evict_pod(backend.ref("never-existed")) is False
+
+
+async def test_an_eviction_its_disruption_budget_forbids_raises_eviction_blocked_and_keeps_the_pod(backend):
+    ref = await backend.guarded_pod("guarded")
+    for dry_run in (True, False):
+        with pytest.raises(EvictionBlocked, match="guarded"):
+            await backend.cluster.evict_pod(ref, dry_run=dry_run)
+    pod = await backend.cluster.get_pod(ref)
+    assert pod is not None and not pod.deleting
+
+
 @pytest.mark.parametrize("scheduler", ["default-scheduler", "someone-else"])
 async def test_a_pod_of_another_scheduler_is_never_bound_patched_or_deleted(backend, scheduler):
     ref = await backend.pod("not-ours", scheduler=scheduler)
@@ -261,6 +319,7 @@ async def test_a_pod_of_another_scheduler_is_never_bound_patched_or_deleted(back
         "annotate": lambda r: backend.cluster.annotate_pod(r, {"phalanx.io/assignment": "{}"}),
         "condition": lambda r: backend.cluster.set_scheduled_condition(r, status=False, reason="R", message="m"),
         "delete": lambda r: backend.cluster.delete_pod(r),
+        "evict": lambda r: backend.cluster.evict_pod(r),
     }
     refused = {}
     for what, act in attempts.items():

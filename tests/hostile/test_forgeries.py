@@ -51,6 +51,10 @@ def forgeries() -> dict[str, Forgery]:
     return {
         "ask binder to bind the victim": Forgery(S.binder_subject(VICTIM), _ev(
             E.BindPods(gang_id=VICTIM, attempt=1, pods=(ref,)))),
+        "ask binder to evict the victim": Forgery(S.evict_subject(VICTIM), _ev(
+            E.EvictPods(gang_id="default/thief", attempt=1, victims=(VICTIM,)))),
+        "tell placement an eviction was refused": Forgery(S.eviction_refused_subject(VICTIM), _ev(
+            E.EvictionRefused(gang_id=VICTIM, attempt=1, victims=(VICTIM,)))),
         "release the victim's reservation": Forgery(S.placement_subject(VICTIM), _ev(
             E.ReleaseRequested(gang_id=VICTIM, attempt=1, pods=(ref,)))),
         "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlaceRequested(gang_id=VICTIM, attempt=9))),

@@ -398,6 +398,33 @@ async def test_row_8_an_adoption_and_a_bind_for_a_pending_pod_bind_nothing(stack
         await bus.close()
 
 
+async def test_row_11_a_forged_eviction_without_a_nomination_evicts_nothing(stack):
+    """A stolen placement credential (the only publisher of evictions) names a running gang as a
+    victim of a preemption the ledger holds no nomination for: binder evicts nothing."""
+    bus, sim = await connect(stack)
+    thief = await as_identity(stack, S.PLACEMENT)
+    try:
+        await sim.apply_pod(pinned(gpu_pod("victim-11", 8), C))
+        node, _ = await bound_within(sim, "victim-11", 45)
+        victim = "default/victim-11"
+        assert victim in await gang_states(bus)
+        for forged in (E.EvictPods(gang_id="default/thief-11", attempt=1, victims=(victim,)),
+                       E.EvictPods(gang_id=victim, attempt=1, victims=(victim,))):
+            await thief.publish(S.evict_subject(forged.gang_id), forged, msg_id=f"forged-{uuid.uuid4().hex}")
+        await anyio.sleep(3)
+        pod = await sim.get_pod(E.PodRef(namespace="default", name="victim-11"))
+        assert pod is not None and pod.node_name == node and not pod.deleting
+        assert not [e for e in await sim.list_events(pod.ref) if e.reason == "Preempted"]
+        assert (await gang_states(bus))[victim].phase == "scheduled"
+        m = await anyio.to_thread.run_sync(scrape, stack, "binder")
+        assert m.get('phalanx_refused_messages_total{rule="not_recorded"}', 0) >= 2
+        assert m.get('phalanx_evictions_total{result="evicted"}', 0) == 0
+    finally:
+        await thief.close()
+        await remove(sim, bus, "victim-11")
+        await bus.close()
+
+
 # --- row 9: no node agent creates a consumer --------------------------------------------------
 
 async def test_row_9_a_new_nodes_agent_cannot_create_a_push_consumer_even_on_its_own_commands(stack):

@@ -13,7 +13,7 @@ ACCESS = {
                          ("list", "queues", "", True), ("patch", "queues", "status", True),
                          ("patch", "queues", "", False), ("delete", "queues", "", False)],
     "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
-               ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
+               ("create", "pods", "eviction", True), ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
                ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", False),
                ("get", "nodes", "", False), ("get", "secrets", "", False)],
     "topology-discovery": [("get", "nodes", "", True), ("list", "nodes", "", True), ("watch", "nodes", "", True),

@@ -66,7 +66,8 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
         "gang.admitted", "placement.place", "gang.reserved", "gang.placement_failed", "bind.pods",
         "gang.binds_done", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
-        "gang.scheduled", "gang.pending", "gang.deadline", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
+        "gang.scheduled", "gang.pending", "gang.deadline", "binder.evict", "placement.eviction_refused",
+        "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed",
     ]
 

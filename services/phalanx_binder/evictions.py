@@ -1,0 +1,128 @@
+"""binder's part of preemption: evicting the victims of a nomination through the Eviction API
+(docs/preemption.md, "Wiring").
+
+An ``EvictPods`` command is a reference, believed only as far as the ledger goes (docs/saga.md,
+"Checks"): the ledger must hold a nomination in force for exactly this preemptor gang and
+attempt (placement writes it in the same compare-and-set as its reservations), every victim
+the command names must be one that nomination names, and the pods evicted are the ones the
+ledger holds reservations of those gangs for — never a pod the command names. A command that
+fails a check is refused (logged with the rule, counted) and changes nothing.
+
+Then, for the victims' pods:
+
+1. every eviction is tried as a dry run first: when a PodDisruptionBudget refuses any of them
+   (HTTP 429), nothing is evicted, the preemptor's pods get a ``PreemptionBlocked`` warning
+   event with the API server's reason, and placement is told (``EvictionRefused``) so it drops
+   the nomination and chooses again without those gangs, or the gang waits;
+2. otherwise each pod gets a ``Preempted`` event naming the preemptor, its queue and priority
+   and the rule, and is evicted. The victims' controllers see their pods go; gang-coordinator
+   rolls each victim gang back as for any deleted member, releasing its reservations, and
+   the preemptor is placed on its next attempt. A budget that changes between the dry run and
+   the eviction can still refuse a pod there: that is reported the same way, the pods evicted
+   before it stay evicted (their gangs roll back whole).
+
+Evicting a pod already gone is no error (a redelivered command evicts nothing twice).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+
+from phalanx_bus import Bus, MirrorLagging, TemporaryError
+from phalanx_bus.ledger import LedgerBook
+from phalanx_kube.port import ClusterPort, EvictionBlocked, NotOurs
+from phalanx_proto import subjects as S
+from phalanx_proto.events import EvictionRefused, EvictPods, PodRef
+from phalanx_proto.state import Nomination
+from phalanx_proto.vocab import RefusalRule as R
+from phalanx_telemetry import log, metrics, refused, warn
+
+
+class Evictions:
+    def __init__(self, bus: Bus, cluster: ClusterPort, ledger: LedgerBook,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.ledger = ledger
+        self.clock = clock
+
+    def check(self, ev: EvictPods) -> tuple[list[Nomination], dict[str, list[PodRef]]] | str:
+        """The nomination and each victim's pods, from the ledger; or why the command is refused."""
+        noms = self.ledger.nominations(ev.gang_id, ev.attempt, self.clock())
+        if not noms:
+            return f"the ledger holds no nomination in force for gang {ev.gang_id} attempt {ev.attempt}"
+        named = {v for n in noms for v in n.victims}
+        foreign = [v for v in ev.victims if v not in named]
+        if foreign or not ev.victims:
+            return (f"gang {ev.gang_id} attempt {ev.attempt}'s nomination does not name "
+                    f"{', '.join(foreign[:5]) or 'any victim of the command'} as a victim")
+        return noms, {v: self.ledger.gang_pods(v) for v in dict.fromkeys(ev.victims)}
+
+    async def evict(self, ev: EvictPods) -> None:
+        """Carry out one eviction command (see the module's docstring). May be called more than
+        once: pods already evicted are gone and are not evicted again."""
+        verdict = self.check(ev)
+        if isinstance(verdict, str):
+            try:
+                await self.ledger.catch_up()  # a nomination committed a moment ago
+            except MirrorLagging as e:
+                raise TemporaryError(f"cannot check the eviction yet: {e}", delay=1.0) from e
+            verdict = self.check(ev)
+        if isinstance(verdict, str):
+            refused(R.NOT_RECORDED, verdict, gang=ev.gang_id, attempt=ev.attempt, command="evict")
+            return
+        noms, victims = verdict
+        pods = [(v, p) for v, refs in victims.items() for p in refs]
+        blocked: dict[str, str] = {}
+        for victim, ref in pods:
+            try:
+                await self.cluster.evict_pod(ref, dry_run=True)
+            except EvictionBlocked as e:
+                blocked.setdefault(victim, str(e))
+            except NotOurs as e:
+                refused(R.FOREIGN_SCHEDULER, str(e), gang=ev.gang_id, attempt=ev.attempt, command="evict")
+                return
+        if blocked:
+            await self._refused(ev, noms, blocked, evicted=0)
+            return
+        first = noms[0]
+        evicted = 0
+        for victim, ref in pods:
+            rule = first.victims.get(victim, "priority")
+            try:
+                await self.cluster.record_event(
+                    ref, reason="Preempted", type="Warning",
+                    message=f"Preempted by gang {ev.gang_id} (queue {first.queue or 'default'}, priority "
+                            f"{first.priority}) under rule {rule}: victim gang {victim} is evicted whole")
+                if await self.cluster.evict_pod(ref):
+                    evicted += 1
+                    metrics.EVICTIONS.inc(result="evicted")
+                    log("evicted", pod=str(ref), victim=victim, preemptor=ev.gang_id, attempt=ev.attempt, rule=rule)
+                else:
+                    metrics.EVICTIONS.inc(result="gone")
+            except EvictionBlocked as e:  # the budget changed since the dry run
+                await self._refused(ev, noms, {victim: str(e)}, evicted=evicted)
+                return
+            except NotOurs as e:
+                refused(R.FOREIGN_SCHEDULER, str(e), gang=ev.gang_id, attempt=ev.attempt, command="evict")
+
+    async def _refused(self, ev: EvictPods, noms: list[Nomination], blocked: dict[str, str], *, evicted: int) -> None:
+        metrics.EVICTIONS.inc(len(blocked), result="refused")
+        reason = "; ".join(f"gang {v}: {why}" for v, why in sorted(blocked.items()))
+        warn("eviction refused", preemptor=ev.gang_id, attempt=ev.attempt, victims=",".join(sorted(blocked)),
+             evicted_before=evicted, reason=reason[:500])
+        message = f"preempting for gang {ev.gang_id} is blocked, the planner will choose again: {reason}"
+        async with anyio.create_task_group() as tg:
+            for n in noms:
+                tg.start_soon(self._note, n.assignment.pod, message)
+        await self.bus.publish(S.eviction_refused_subject(ev.gang_id), EvictionRefused(
+            gang_id=ev.gang_id, attempt=ev.attempt, victims=tuple(sorted(blocked)), reason=reason[:2000]))
+
+    async def _note(self, ref: PodRef, message: str) -> None:
+        try:
+            await self.cluster.record_event(ref, reason="PreemptionBlocked", message=message, type="Warning")
+        except Exception as e:  # noqa: BLE001 - an event is information; the refusal is sent anyway
+            warn("event not recorded", pod=str(ref), error=repr(e)[:200])

@@ -1,0 +1,126 @@
+"""Placement's part of preemption (docs/preemption.md, "Wiring"): who preempts, what the
+ledger records for it, and the reasons its pods show. Pure: ``service.Placement`` calls these
+with its cache's ledgers and records, writes what they return in one compare-and-set, and
+publishes the eviction.
+
+* ``preemptor_of``: a gang preempts with one priority, its members' ``spec.priority`` (they
+  must agree, or it is refused with the reason); any member with ``preemptionPolicy: Never``
+  makes it wait instead.
+* ``candidates``: the running gangs the planner may choose from — every gang holding
+  reservations but the preemptor, gangs being rolled back, gangs another preemptor's
+  nomination already names, and gangs whose eviction was refused for this preemptor lately.
+* ``nominate``: the ledgers with the plan's placement recorded as the preemptor's
+  nominations (its older ones dropped, expired ones of anybody dropped on the way);
+  ``without_nominations``: a ledger once the preemptor reserves or its eviction is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from phalanx_engine.preempt import Plan, Preemptor, RunningGang, running_gangs
+from phalanx_proto.events import MemberSpec
+from phalanx_proto.queues import shown
+from phalanx_proto.state import GangState, NodeLedger, Nomination, alloc_key
+
+NEVER = "Never"
+DEFAULT_POLICY = "PreemptLowerPriority"
+
+
+def preemptor_of(gang_id: str, members: tuple[MemberSpec, ...], queue: str) -> Preemptor | str:
+    """The gang as the planner's ``Preemptor``, or why it may not preempt (members that
+    disagree on ``spec.priority``). A member whose ``preemptionPolicy`` is ``Never`` makes the
+    whole gang ``Never`` (the planner then answers that it waits)."""
+    priorities = sorted({m.priority for m in members})
+    if len(priorities) > 1:
+        return (f"its members disagree on spec.priority ({', '.join(map(str, priorities))}): a gang preempts "
+                "only when all its pods have one priority (one PriorityClass)")
+    policy = NEVER if any(m.preemption_policy == NEVER for m in members) else DEFAULT_POLICY
+    return Preemptor(gang_id=gang_id, members=members, priority=priorities[0] if priorities else 0, queue=queue,
+                     preemption_policy=policy)
+
+
+def nominations(ledgers: Iterable[NodeLedger], gang_id: str, now: float) -> list[Nomination]:
+    """The gang's nominations in force at ``now``."""
+    return [n for led in ledgers for n in led.nominations.values() if n.gang_id == gang_id and n.active(now)]
+
+
+def candidates(ledgers: list[NodeLedger], records: Callable[[str], GangState | None], preemptor: str, now: float,
+               refused: Iterable[str] = ()) -> tuple[RunningGang, ...]:
+    """The running gangs the planner may evict for ``preemptor``: those holding reservations in
+    ``ledgers`` with their records' priorities and start times, but not the preemptor itself, a
+    gang being rolled back (it is going anyway), a gang another preemptor's nomination names
+    (its GPUs are promised: no two preemptors evict for the same GPUs), nor ``refused``."""
+    taken = {v for led in ledgers for n in led.nominations.values()
+             if n.gang_id != preemptor and n.active(now) for v in n.victims}
+    skip = taken | set(refused) | {preemptor}
+    priority, started = {}, {}
+    for led in ledgers:
+        for a in led.allocations.values():
+            record = records(a.gang_id)
+            if record is not None and record.phase == "rolling_back":
+                skip.add(a.gang_id)
+            elif record is not None:
+                priority[a.gang_id] = record.priority
+                if record.attempt_started_at:
+                    started[a.gang_id] = record.attempt_started_at
+    return tuple(g for g in running_gangs(ledgers, priority, started) if g.gang_id not in skip)
+
+
+def without_nominations(ledger: NodeLedger, gang_id: str, now: float) -> NodeLedger:
+    """``ledger`` without ``gang_id``'s nominations and without any that expired by ``now``."""
+    keep = {k: n for k, n in ledger.nominations.items() if n.gang_id != gang_id and n.active(now)}
+    return ledger if keep == ledger.nominations else msgspec.structs.replace(ledger, nominations=keep)
+
+
+def nominate(ledger_of: Callable[[str], NodeLedger | None], token: Callable[[str], str], gang_keys: Iterable[str],
+             gang_id: str, attempt: int, plan: Plan, preemptor: Preemptor, *, expires_at: float,
+             now: float) -> dict[str, NodeLedger]:
+    """The new ledgers of every node the nomination touches: the plan's placement recorded as
+    ``gang_id``'s nominations, naming the victims and their rules; its nominations elsewhere
+    (an earlier plan) dropped. Reservations are left as they are: a nomination is no
+    reservation, and no queue is charged for it."""
+    victims = {v.gang_id: v.rule for v in plan.victims}
+    by_key: dict[str, dict[str, Nomination]] = {}
+    names: dict[str, str] = {}
+    for a in plan.placement.assignments:
+        key = token(a.node)
+        names[key] = a.node
+        by_key.setdefault(key, {})[alloc_key(a.pod)] = Nomination(
+            gang_id=gang_id, attempt=attempt, assignment=a, victims=victims, queue=preemptor.queue,
+            priority=preemptor.priority, expires_at=expires_at)
+    out = {}
+    for key in set(by_key) | set(gang_keys):
+        ledger = ledger_of(key)
+        if ledger is None:
+            if key not in by_key:
+                continue
+            ledger = NodeLedger(node=names[key])
+        kept = without_nominations(ledger, gang_id, now)
+        new = msgspec.structs.replace(kept, nominations={**kept.nominations, **by_key.get(key, {})})
+        if new != ledger:
+            out[key] = new
+    return out
+
+
+def preempting_reason(plan: Plan) -> str:
+    """What the preemptor's pods say while its victims go: ``preempting a/train-7 (priority
+    10, queue b) to free 8 GPUs on n3``."""
+    victims = ", ".join(f"{v.gang_id} (priority {v.priority}, queue {v.queue}, rule {v.rule})" for v in plan.victims)
+    nodes = sorted({a.node for a in plan.placement.assignments})
+    return f"preempting {victims} to free {shown(plan.units)} GPUs on {', '.join(nodes)}"
+
+
+def waiting_reason(noms: list[Nomination], holding: Iterable[str]) -> str:
+    """What the preemptor's pods say while the victims its nomination names still hold GPUs."""
+    nodes = sorted({n.assignment.node for n in noms})
+    return (f"waiting for the preempted gang(s) {', '.join(sorted(holding))} to release their GPUs "
+            f"(nominated on {', '.join(nodes)})")
+
+
+def preemption_rule(plan: Plan) -> str:
+    """The metric label of a preemption: ``reclaim`` when any victim is taken back across
+    queues, else ``priority``."""
+    return "reclaim" if any(v.rule == "reclaim" for v in plan.victims) else "priority"

@@ -1,0 +1,146 @@
+"""Preemption on the real stack (nats-server with auth and TLS, every service its own process,
+the simulated cluster of 2 × 8 V100): a full cluster of low-priority gangs, a high-priority
+gang arrives; placement nominates GPUs and names the victims, binder evicts exactly those
+gangs, whole, through the (simulated) Eviction API, gang-coordinator rolls them back, and the
+preemptor binds to the GPUs they freed. A victim whose disruption budget refuses the eviction
+is evicted not at all: the nomination is dropped and the planner chooses other victims.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from hostile import audited, cleaned_env, hostile_stack, scrape
+from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
+from phalanx_proto import subjects as S
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.state import Nomination, gang_state_decoder, ledger_decoder
+from stackutil import gang_pod, ledger, ref, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+COORD = ["--resync-s", "0.5", "--backoff-base-s", "1", "--backoff-max-s", "5", "--reconcile-s", "1"]
+LOW = {"lo-x": 1, "lo-y": 2}
+"""Two gangs of 2 × 4 GPUs fill the 16 GPUs; lo-x has the lower priority."""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    yield from hostile_stack(tmp_path_factory.mktemp("preemption"), COORD)
+
+
+@pytest.fixture
+async def env(stack):
+    async for e in cleaned_env(stack):
+        yield e
+
+
+async def fill(sim, protect: str = "") -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Both low-priority gangs bound; pod → (node, GPUs). ``protect``: a gang whose pods'
+    disruption budget allows no eviction."""
+    for gang, prio in LOW.items():
+        for i in range(2):
+            annotations = {DISRUPTION_BUDGET_ANNOTATION: "0"} if gang == protect else None
+            await sim.apply_pod(gang_pod(f"{gang}-{i}", 4, gang, 2, priority=prio, annotations=annotations))
+
+    async def all_bound():
+        pods = {p.name: p for p in await sim.list_pods()}
+        if len(pods) == 4 and all(p.node_name for p in pods.values()):
+            return {n: (p.node_name, tuple(json.loads(p.annotations[ASSIGNMENT_ANNOTATION])["gpus"]))
+                    for n, p in pods.items()}
+        return None
+
+    return await wait_until(all_bound, 60, what="the low-priority gangs bound")
+
+
+async def preempt(bus, sim) -> tuple[dict, list[Nomination], set[str]]:
+    """Submit the 8-GPU priority-10 gang and wait until it is bound, watching the ledger and the
+    gang records meanwhile (it may all take a fraction of a second): its pod, every nomination
+    written and every reason its record gave."""
+    seen: list[Nomination] = []
+    reasons: set[str] = set()
+
+    async def follow(bucket: str, keys: str, decoder, take) -> None:
+        async for entry in (await bus.kv(bucket)).watch(keys):
+            if entry is not None and not entry.deleted and entry.value:
+                take(decoder.decode(entry.value))
+
+    def nominations(led) -> None:
+        seen.extend(n for n in led.nominations.values() if n not in seen)
+
+    def reason(s) -> None:
+        if s.members and s.members[0].pod.name == "hi-0" and s.reason:
+            reasons.add(s.reason)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow, S.KV_LEDGER, "*", ledger_decoder, nominations)
+        tg.start_soon(follow, S.KV_GANGS, ">", gang_state_decoder, reason)
+        await anyio.sleep(0.5)  # the watches are listed
+        await sim.apply_pod(gang_pod("hi-0", 8, "hi", 1, priority=10))
+
+        async def bound():
+            pod = await sim.get_pod(ref("hi-0"))
+            return pod if pod is not None and pod.node_name else None
+
+        pod = await wait_until(bound, 90, what="the preemptor bound")
+        await anyio.sleep(0.5)  # the watches have seen the last writes
+        tg.cancel_scope.cancel()
+    return pod, seen, reasons
+
+
+async def test_a_high_priority_gang_evicts_exactly_the_planned_victims_whole_and_binds_to_their_gpus(env):
+    stack, bus, sim = env
+    async with audited(bus):
+        before = await fill(sim)
+        pod, noms, reasons = await preempt(bus, sim)
+    victims = {v for n in noms for v in n.victims}
+    assert victims, "a nomination named the victims before the preemptor was placed"
+    assert all(n.victims == {"default/JobSet:lo-x": "priority"} for n in noms), noms
+    assert any(r.startswith("preempting default/JobSet:lo-x (priority 1, queue default, rule priority) to free 8 GPUs")
+               for r in reasons), reasons
+    left = {p.name: p for p in await sim.list_pods()}
+    # exactly the victim gang's pods were evicted, every one of them; the other gang runs on as it was
+    assert sorted(n for n in before if n not in left) == ["lo-x-0", "lo-x-1"]
+    assert {n: (p.node_name, tuple(json.loads(p.annotations[ASSIGNMENT_ANNOTATION])["gpus"]))
+            for n, p in left.items() if n != "hi-0"} == {n: before[n] for n in ("lo-y-0", "lo-y-1")}
+    # the preemptor took the GPUs it was nominated, which are those the victims freed
+    got = (pod.node_name, tuple(sorted(json.loads(pod.annotations[ASSIGNMENT_ANNOTATION])["gpus"])))
+    assert {(n.assignment.node, tuple(sorted(n.assignment.gpus))) for n in noms} == {got}
+    freed = sorted(g for n in ("lo-x-0", "lo-x-1") if before[n][0] == got[0] for g in before[n][1])
+    assert list(got[1]) == freed
+    # nominations end with the reservation; the victims' pods were told who preempted them
+    assert not any(led.nominations for led in (await ledger(bus)).values())
+    events = await sim.list_events(ref("lo-x-0"))
+    assert any(e.reason == "Preempted" and "default/JobSet:hi" in e.message and "rule priority" in e.message
+               for e in events), events
+    placement = await anyio.to_thread.run_sync(scrape, stack, "placement")
+    binder = await anyio.to_thread.run_sync(scrape, stack, "binder")
+    assert placement.get('phalanx_preemptions_total{rule="priority"}') == 1
+    assert placement.get('phalanx_preempted_gpus_total{rule="priority"}') == 8
+    assert binder.get('phalanx_evictions_total{result="evicted"}') == 2
+
+
+async def test_a_victim_whose_disruption_budget_refuses_is_not_evicted_and_the_planner_chooses_again(env):
+    stack, bus, sim = env
+    binder_before = await anyio.to_thread.run_sync(scrape, stack, "binder")
+    async with audited(bus):
+        before = await fill(sim, protect="lo-x")
+        pod, noms, reasons = await preempt(bus, sim)
+    # first lo-x (the lowest priority) was nominated, its budget refused, nothing of it was evicted;
+    # then lo-y was chosen instead and evicted whole
+    assert [dict(n.victims) for n in noms if n.attempt == min(m.attempt for m in noms)][0] == {
+        "default/JobSet:lo-x": "priority"}
+    assert any(n.victims == {"default/JobSet:lo-y": "priority"} for n in noms), noms
+    left = {p.name for p in await sim.list_pods()}
+    assert left == {"lo-x-0", "lo-x-1", "hi-0"}
+    assert pod.node_name in {before["lo-y-0"][0], before["lo-y-1"][0]}
+    hi_events = await sim.list_events(ref("hi-0"))
+    assert any(e.reason == "PreemptionBlocked" and "disruption budget" in e.message for e in hi_events), hi_events
+    placement = await anyio.to_thread.run_sync(scrape, stack, "placement")
+    binder = await anyio.to_thread.run_sync(scrape, stack, "binder")
+    assert placement.get("phalanx_preemptions_refused_total", 0) >= 1
+    assert binder.get('phalanx_evictions_total{result="refused"}', 0) > binder_before.get(
+        'phalanx_evictions_total{result="refused"}', 0)
