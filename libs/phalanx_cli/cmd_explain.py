@@ -9,11 +9,16 @@ lines, or one JSON document with ``--json``:
      "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "members", "bound", "queue"} | null,
      "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
      "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}],
-     "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null}
+     "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null,
+     "preempting": {"victims": [{"gang", "rule"}], "nodes": [str], "until": float} | null}
 
 ``whatif``: what would start a pending gang (``phalanx_engine.whatif``, docs/whatif.md), when
 its record carries the answers (a ``whatif`` field of the gang record, ``phalanx_proto.whatif.WhatIf``);
 null otherwise. The text form lists them under ``What if:``, the first that starts the gang first.
+
+``preempting``: the victims a pending gang's nominations in ``phx-ledger`` name (docs/preemption.md),
+each with the rule that allows it, the nodes where its GPUs are kept and until when; null when the
+gang holds no nomination in force.
 
 A gang record in ``phx-gangs`` that cannot be read is skipped and listed in
 ``unreadable_records`` (``phalanx doctor`` lists every bucket); every other pod is explained.
@@ -128,13 +133,14 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
             if members and (state is None or any(m.uid == pod.uid for m in members)):
                 state = candidate
 
-        assignment = None
+        assignment = preempting = None
         if state is not None and not pod.node_name:  # reserved, not bound yet: the ledger holds it
             ledgers, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="*")
             key = alloc_key(PodRef(namespace=namespace, name=name, uid=pod.uid))
             assignment = next((r.value.allocations[key].assignment for r in ledgers
                                if key in r.value.allocations and r.value.allocations[key].gang_id == state.gang_id),
                               None)
+            preempting = preempting_doc([r.value for r in ledgers], state.gang_id, time.time())
 
     condition = next((c for c in (pod.raw.get("status") or {}).get("conditions") or []
                       if c.get("type") == "PodScheduled"), None)
@@ -180,7 +186,19 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
                    for e in events],
         "unreadable_records": [str(b) for b in bad],
         "whatif": whatif,
+        "preempting": preempting,
     }
+
+
+def preempting_doc(ledgers: list, gang_id: str, now: float) -> dict[str, Any] | None:
+    """The nominations in force the ledgers hold for ``gang_id``, as JSON (module docstring)."""
+    noms = [n for led in ledgers for n in getattr(led, "nominations", {}).values()
+            if n.gang_id == gang_id and n.active(now)]
+    if not noms:
+        return None
+    victims = {g: rule for n in noms for g, rule in n.victims.items()}
+    return {"victims": [{"gang": g, "rule": rule} for g, rule in sorted(victims.items())],
+            "nodes": sorted({n.assignment.node for n in noms}), "until": min(n.expires_at for n in noms)}
 
 
 def whatif_doc(state: Any) -> dict[str, Any] | None:
@@ -215,6 +233,10 @@ def render(r: dict[str, Any]) -> str:
         lines += [f"  {a['text']}" + ("" if a.get("starts", True) else " (not enough alone)") for a in answers]
         if r["whatif"].get("cut"):
             lines.append(f"  (out of time before: {', '.join(r['whatif']['cut'])})")
+    p = r.get("preempting")
+    if p:
+        victims = ", ".join(f"{v['gang']} ({v['rule']})" for v in p["victims"])
+        lines.append(f"Preempting:  {victims}; GPUs kept on {', '.join(p['nodes'])} until {_stamp(p['until'])}")
     a = r["assignment"]
     if a:
         parts = [f"node {a.get('node', '-')}", f"GPUs {','.join(map(str, a.get('gpus') or [])) or '-'}"]
