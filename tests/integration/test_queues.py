@@ -47,7 +47,9 @@ def stack(tmp_path_factory):
 async def env(stack):
     async for e in cleaned_env(stack):
         _, _, sim = e
-        for q in (queue("team-a", 8, 8), queue("team-b", 8),
+        # team-a never reclaims: these tests are about order and limits; taking borrowed GPUs
+        # back from running gangs is preemption's (test_preemption.py, the e2e tests).
+        for q in (queue("team-a", 8, 8, preemption={"reclaim": "Never"}), queue("team-b", 8),
                   queue("team-c", 4, namespaceSelector={"matchLabels": {"team": "c"}})):
             await sim.apply_queue(q)
         await anyio.sleep(1.0)  # the coordinator has read them (--queue-sync-s 0.3)

@@ -98,8 +98,12 @@ async def _scenario(stack: Stack) -> None:
         await sim.delete_pod(ref(holder))
         await wait_until(lambda: _bound(sim, "wants-4"), 45)
         assert (await bound_pods(sim))["default/wants-4"][0] == node
-        started = await _gang_of(bus, "wants-4")
-        assert started.phase == "scheduled" and started.whatif is None and started.reason == ""
+        async def scheduled():
+            g = await _gang_of(bus, "wants-4")
+            return g if g.phase == "scheduled" else None
+
+        started = await wait_until(scheduled, 30)  # bound a moment before the record says so
+        assert started.whatif is None and started.reason == ""
     finally:
         await bus.close()
 
