@@ -106,9 +106,14 @@ async def test_killing_the_stream_leaders_of_a_three_server_cluster_loses_and_do
                 states = await gang_states(bus)
                 return states if len(states) == GANGS and all(s.phase == "scheduled" for s in states.values()) else None
 
-            with anyio.fail_after(120):
-                while (states := await _retry(settled)) is None:
-                    await anyio.sleep(0.5)
+            try:  # an attempt cut by a kill may wait out its deadline and a backoff: bounded, generously
+                with anyio.fail_after(240):
+                    while (states := await _retry(settled)) is None:
+                        await anyio.sleep(0.5)
+            except TimeoutError:
+                left = {g: (s.phase, s.attempt, s.reason[:120]) for g, s in (await _retry(lambda: gang_states(bus))).items()
+                        if s.phase != "scheduled"}
+                raise AssertionError(f"gangs not scheduled 240 s after the last kill: {left}") from None
             phases = {p: sum(1 for s in states.values() if s.phase == p) for p in {s.phase for s in states.values()}}
             bound = await _retry(lambda: bound_pods(sim))
             await audited_since(counts["polls"] + 2)  # audits of the settled state too
