@@ -124,6 +124,8 @@ def test_of_two_jobsets_each_over_half_the_cluster_one_runs_the_other_waits_whol
     used = gpus_used(second)
     assert len(used) == len(set(used)) == 9
     assert any("insufficient" in r or "available" in r for r in reasons), reasons
+    # ... and what would start it: the first JobSet's GPUs (docs/whatif.md), on the real API.
+    assert any("would start if" in r and "first" in r for r in reasons), reasons
 
 
 def deny_binds(api: KubeApi, ns: str, prefix: str) -> str:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import yaml
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
 
 from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_proto import subjects as S
 
 pytestmark = pytest.mark.e2e
 
@@ -141,7 +145,8 @@ def test_an_invalid_request_gets_a_warning_event_and_is_never_bound(phalanx, kub
     assert not kube_api.get_pod(kube_ns, name)["spec"].get("nodeName")
 
 
-def test_a_pod_too_big_for_any_node_stays_pending_with_the_kube_scheduler_style_reason(phalanx, kube_api, kube_ns):
+def test_a_pod_too_big_for_any_node_stays_pending_with_the_kube_scheduler_style_reason_and_what_would_start_it(
+        phalanx, kube, kube_api, kube_ns):
     kube_api.create_pod(with_limits(seed_pod("whole-card-demo", kube_ns), "too-big", {"nvidia.com/gpu": "9"}))
 
     def pending():
@@ -150,10 +155,18 @@ def test_a_pod_too_big_for_any_node_stays_pending_with_the_kube_scheduler_style_
 
     cond = wait_for(pending, 30, "PodScheduled=False on too-big")
     assert cond["reason"] == "Unschedulable"
-    assert cond["message"].startswith("0/2 nodes are available: 2 insufficient free GPUs."), cond
+    told = "0/2 nodes are available: 2 insufficient free GPUs; would start with 8 GPUs per member instead of 9 GPUs"
+    assert cond["message"].startswith(told), cond  # the counterfactual (docs/whatif.md) on the real API
     events = [e for e in kube_api.events(kube_ns, "too-big") if e["reason"] == "FailedScheduling"]
-    assert events and events[0]["type"] == "Warning" and events[0]["message"].startswith("0/2 nodes are available")
+    assert events and events[0]["type"] == "Warning" and events[0]["message"].startswith(told)
     assert not kube_api.get_pod(kube_ns, "too-big")["spec"].get("nodeName")
+    out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "explain", f"{kube_ns}/too-big", "--json",
+                          "--nats", phalanx.url, "--cluster", "kube", "--kubeconfig", str(kube.kubeconfig)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **phalanx.identity_env(S.READER)})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert (r["status"], r["reason"].startswith(told)) == ("pending", True), r["reason"]
+    assert [(a["probe"], a["change"]) for a in r["whatif"]["answers"]] == [("smaller", "gpus 9 -> 8")]
 
 
 def test_every_service_process_is_still_running_after_the_scenarios(phalanx):
