@@ -158,7 +158,7 @@ def pod(case: Case, scheduler: str, node: str) -> dict:
 def causes(message: str) -> dict[str, int]:
     """The "N reason" histogram of a "0/M nodes are available: ..." message."""
     _, _, rest = message.partition("nodes are available: ")
-    first = rest.split(". ")[0].removesuffix(".")
+    first = rest.split("; ")[0].split(". ")[0].removesuffix(".")  # before any what-if line
     out: dict[str, int] = {}
     for part in first.split(", "):
         n, _, text = part.partition(" ")

@@ -25,16 +25,18 @@ pytestmark = pytest.mark.e2e
 QUEUES = "/apis/scheduling.phalanx.io/v1alpha1/queues"
 
 
-def queue(name: str, quota: float, limit: float | None = None) -> dict:
+def queue(name: str, quota: float, limit: float | None = None, **spec) -> dict:
     gpu = {"quota": quota, **({"limit": limit} if limit is not None else {})}
     return {"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
-            "spec": {"resources": {"nvidia.com/gpu": gpu}}}
+            "spec": {"resources": {"nvidia.com/gpu": gpu}, **spec}}
 
 
 @pytest.fixture
 def teams(kube_api: KubeApi):
     names = {"a": unique("team-a"), "b": unique("team-b")}
-    kube_api.post(QUEUES, queue(names["a"], 8, 8))
+    # team-a never reclaims: this test is about borrowing, order and limits; taking borrowed GPUs
+    # back from running gangs is preemption's (docs/preemption.md, its own tests).
+    kube_api.post(QUEUES, queue(names["a"], 8, 8, preemption={"reclaim": "Never"}))
     kube_api.post(QUEUES, queue(names["b"], 8))
     yield names
     for n in names.values():
