@@ -28,7 +28,7 @@ def test_demo_json_has_the_documented_shape_and_schedules_whole_card_demo_on_one
     by_name = {p["name"]: p for p in doc["pods"]}
     card = by_name["whole-card-demo"]
     assert (card["status"], len(card["gpus"])) == ("scheduled", 1)
-    assert by_name["too-big-9gpu"]["reason"].startswith("0/2 nodes are available: 2 insufficient free GPUs.")
+    assert by_name["too-big-9gpu"]["reason"].startswith("0/2 nodes are available: 2 insufficient free GPUs")
     quads = {tuple(p["gpus"]) for p in doc["pods"] if len(p["gpus"]) == 4}
     assert quads <= {(0, 1, 2, 3), (4, 5, 6, 7)} and quads
 
