@@ -214,7 +214,7 @@ class Search:
             return not heap or bound < heap[0][0]
 
         while True:
-            while waiting and due(waiting[0][0]) and ties > 0:
+            while waiting and due(waiting[0][0]) and (ties > 0 or best is None):
                 *_, i = heapq.heappop(waiting)
                 dom = domains[i]
                 if not dom.exact:  # refine the bound, then let it queue again
@@ -230,7 +230,7 @@ class Search:
                     heapq.heappush(heap, (self.cost(victims), dom.tier, i, tuple(sorted(victims)), victims))
             if not heap or (best is not None and heap[0][0] > best[0][0]):
                 break
-            if ties <= 0 or self.trials.calls >= self.bounds.trials:
+            if (ties <= 0 and best is not None) or self.trials.calls >= self.bounds.trials:
                 self.exact = False
                 break
             cost, *_, ids, victims = heapq.heappop(heap)

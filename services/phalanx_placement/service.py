@@ -55,7 +55,7 @@ from phalanx_placement.cache import ClusterCache, Commit
 from phalanx_placement.nodestate import GRACE_S, POLICIES, NodeStates
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
-from phalanx_placement.whatif import ProbeBudget, Probes
+from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     AdoptRequested,
@@ -259,7 +259,7 @@ class Placement:
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
         _report_node_errors()
-        if preempted is not None:
+        if isinstance(preempted, _Decided | _Reply):
             return preempted
         if isinstance(result, NoFit):
             log("no fit", gang=ev.gang_id, attempt=ev.attempt, reason=result.summary, ms=round(elapsed * 1000, 3))
@@ -272,29 +272,30 @@ class Placement:
                 gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
                 fits_empty_cluster=fits, members=tuple(m.pod for m in members),
                 reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
-                whatif=self._whatif(ev.gang_id, members, record, result.summary, running)))
+                whatif=self._whatif(ev.gang_id, members, record, result.summary, running, preempt=preempted)))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
         writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
         writes.update(self.queues.usage_writes(ev.gang_id, writes))
         return _Decided(self.cache.assume(writes), result)
 
     def _whatif(self, gang_id: str, members: tuple[MemberSpec, ...], record: GangState, refusal: str,
-                running: frozenset[str], owed: tuple[str, ...] = ()) -> WhatIf | None:
+                running: frozenset[str], owed: tuple[str, ...] = (), preempt: Relaxed | None = None) -> WhatIf | None:
         """What would start the gang, on the view its decision refused (``whatif.Probes``)."""
         with self.cache.excluding(gang_id, running):
             return self.probes.answer(gang_id, members, self.cache.cluster, self.profile, refusal=refusal,
-                                      avoid=frozenset(record.avoid_nodes), keep=running, owed=owed)
+                                      avoid=frozenset(record.avoid_nodes), keep=running, owed=owed, preempt=preempt)
 
     def _ledgers(self) -> list[NodeLedger]:
         """Every node's ledger as the cache believes it (assumed commits included)."""
         return [led for key in self.cache.views if (led := self.cache.ledger_of(key)) is not None]
 
     def _preempt(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...],
-                 queue: str) -> _Decided | _Reply | None:
+                 queue: str) -> _Decided | _Reply | Relaxed | None:
         """A gang that does not fit: wait for the victims its nomination names, or plan a
         preemption (``phalanx_engine.preempt``) on the cluster without the gang's own
-        reservations and nominations (the caller's ``excluding``). None: no preemption helps
-        (the caller answers the engine's reason)."""
+        reservations and nominations (the caller's ``excluding``). Otherwise no preemption
+        helps (the caller answers the engine's reason): the preempt probe's planner, which says
+        which victims the refusing rules kept it from (``whatif.Relaxed``), or None."""
         now = self.cache.clock()
         ledgers = self._ledgers()
         own = preempting.nominations(ledgers, ev.gang_id, now)
@@ -314,7 +315,10 @@ class Placement:
         if isinstance(plan, NoPlan) or not plan.victims:
             log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
                 reason=plan.reason if isinstance(plan, NoPlan) else "the planner placed it without victims")
-            return None
+            if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
+                return None
+            return Relaxed(preemptor, running, self.queues.tree(), dict(self.cache.queue_units), plan.reason,
+                           avoid=frozenset(record.avoid_nodes), profile=self.profile, now=now)
         writes = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id), ev.gang_id,
                                      ev.attempt, plan, preemptor, expires_at=now + self.config.nomination_s, now=now)
         reason = preempting.preempting_reason(plan)

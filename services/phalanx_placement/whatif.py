@@ -15,6 +15,12 @@ measurement):
   (the reply carries no answers); so over any window probes take about ``share`` of it, plus
   one burst, plus what a run overshoots its time (the engine's deadline is checked between
   decisions: docs/whatif.md has the measured share).
+* **The preempt probe** (``Relaxed``) runs only when placement's own preemption refused (its
+  reason in hand): the same planner with the refusing rules lifted — the gang's priority above
+  every running gang's, its ``preemptionPolicy`` the default, its queue preempting within itself
+  and reclaiming — under tighter search bounds; its victims, with the real refusal as the
+  reason it is not done, go to ``phalanx explain`` (an answer that does not start the gang is
+  never the pending reason's line).
 * **Answers are kept** (``Probes.answer``) per gang while its request, its refusal and the
   cluster view (``ClusterCache.generation``, the queues' revisions) stand still: a gang that
   fails again on an unchanged cluster costs nothing.
@@ -24,14 +30,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import msgspec
 
 from phalanx_engine.decide import Cluster
 from phalanx_engine.framework import Profile
-from phalanx_engine.whatif import ProbeContext, QueueView, Running, what_if
+from phalanx_engine.preempt import Plan, Preemptor, RunningGang, SearchBounds, plan_preemption
+from phalanx_engine.queues import QueueTree
+from phalanx_engine.whatif import PreemptPlan, ProbeContext, QueueView, Running, what_if
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto.events import MemberSpec, PodRef, WhatIf
+from phalanx_proto.queues import QueueSpec
 from phalanx_proto.state import GangState
 from phalanx_telemetry import warn
 
@@ -64,6 +75,44 @@ class ProbeBudget:
 
     def spend(self, seconds: float) -> None:
         self.tokens -= seconds
+
+
+PROBE_BOUNDS = SearchBounds(exact_victims=6, trials=16, domains=32, greedy_sets=2, ties=0)
+"""The preempt probe's search: an answer for ``phalanx explain``, not a plan to act on."""
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """The preempt probe's planner (``phalanx_engine.whatif.Preemptor``): which gangs the
+    planner would evict for ``preemptor`` were the rules that refused it lifted, answered with
+    ``why_not`` (placement's refusal) as the reason it is not done. The quotas and limits still
+    hold: a victim set that breaks one is no answer."""
+
+    preemptor: Preemptor
+    running: tuple[RunningGang, ...]
+    tree: QueueTree
+    held_by: Mapping[str, int]
+    why_not: str
+    avoid: frozenset[str] = frozenset()
+    profile: Profile | None = None
+    now: float | None = None
+
+    def __call__(self, cluster: Cluster, members: tuple[MemberSpec, ...], *,
+                 holders: Mapping[PodRef, Running]) -> PreemptPlan | None:
+        if not self.running:
+            return None
+        top = max(g.priority for g in self.running)
+        lifted = msgspec.structs.replace(self.tree.get(self.preemptor.queue) or QueueSpec(name=self.preemptor.queue),
+                                         within_queue="LowerPriority", reclaim="Any")
+        tree = QueueTree.of([*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
+        who = replace(self.preemptor, members=members, priority=max(self.preemptor.priority, top + 1),
+                      preemption_policy="PreemptLowerPriority")
+        extra = {} if self.profile is None else {"profile": self.profile}
+        plan = plan_preemption(cluster, who, self.running, tree, held_by=self.held_by, avoid=self.avoid,
+                               now=self.now, bounds=PROBE_BOUNDS, **extra)
+        if not isinstance(plan, Plan) or not plan.victims:
+            return None
+        return PreemptPlan(victims=tuple(v.gang_id for v in plan.victims), allowed=False, why_not=self.why_not)
 
 
 class Holders(Mapping[PodRef, Running]):
@@ -126,16 +175,17 @@ class Probes:
 
     def answer(self, gang_id: str, members: tuple[MemberSpec, ...], cluster: Cluster, profile: Profile, *,
                refusal: str, avoid: frozenset[str] = frozenset(), keep: frozenset[str] = frozenset(),
-               owed: tuple[str, ...] = ()) -> WhatIf | None:
+               owed: tuple[str, ...] = (), preempt: Relaxed | None = None) -> WhatIf | None:
         """What would start the gang on ``cluster`` (the view its decision refused, ``refusal``
         being the reason given), within the wire's bounds; the answers kept from last time when
         nothing they depend on changed; None when the budget is spent. ``keep``: allocation keys
         of the gang's members left running (their units are not given back). Never raises: a
-        probe that breaks is logged and the reply goes without answers."""
+        probe that breaks is logged and the reply goes without answers. ``preempt``: the preempt
+        probe's planner, when placement's own preemption refused."""
         # The members by count and first and last pod (uids included: a recreated gang is another),
         # not by a digest of all: a gang of thousands skipped for want of budget costs nothing.
         key = (len(members), members[0].pod if members else None, members[-1].pod if members else None, refusal,
-               avoid, owed, self.cache.generation, self.cache.queues.revision, self.cache.usage.revision)
+               avoid, owed, preempt.why_not if preempt is not None else None, self.cache.generation, self.cache.queues.revision, self.cache.usage.revision)
         kept = self._kept.get(gang_id)
         if kept is not None and kept[0] == key:
             self.reused += 1
@@ -146,7 +196,7 @@ class Probes:
             return None
         started = self.clock()
         try:
-            ctx = ProbeContext(holders=self.holders(), now=self.now(), avoid=avoid,
+            ctx = ProbeContext(holders=self.holders(), now=self.now(), avoid=avoid, preempt=preempt,
                                queue=self._queue_view(gang_id, members, keep, owed))
             got = what_if(cluster, members, profile, ctx, budget_s=grant, clock=self.clock).bounded()
         except Exception as e:  # noqa: BLE001 - an answer is a courtesy; the reply goes without it

@@ -144,3 +144,32 @@ async def test_a_victim_whose_disruption_budget_refuses_is_not_evicted_and_the_p
     assert placement.get("phalanx_preemptions_refused_total", 0) >= 1
     assert binder.get('phalanx_evictions_total{result="refused"}', 0) > binder_before.get(
         'phalanx_evictions_total{result="refused"}', 0)
+
+
+async def test_a_gang_that_never_preempts_waits_and_explain_names_the_gang_preemption_would_take(env):
+    stack, bus, sim = env
+    before = await fill(sim)
+    hi = gang_pod("hi-0", 8, "hi", 1, priority=10)
+    hi["spec"]["preemptionPolicy"] = "Never"
+    await sim.apply_pod(hi)
+    kv = await bus.kv(S.KV_GANGS)
+
+    async def answered():
+        for key in await kv.keys():
+            entry = await kv.get(key)
+            s = gang_state_decoder.decode(entry.value) if entry is not None and entry.value else None
+            if s is not None and s.members and s.members[0].pod.name == "hi-0" and s.whatif is not None:
+                got = [a for a in s.whatif.answers if a.probe == "preempt"]
+                if got:
+                    return s, got
+        return None
+
+    record, got = await wait_until(answered, 60, what="the never-preempting gang's what-if answers")
+    assert [(a.text, a.starts) for a in got] == [
+        ("would start if gang(s) default/JobSet:lo-x were preempted; not done: its pods' preemptionPolicy is Never: "
+         "it waits and never preempts", False)]
+    # it waits: nothing was evicted, nothing nominated, and its reason's what-if line is not the preemption
+    assert {p.name: p.node_name for p in await sim.list_pods()} == {**{n: v[0] for n, v in before.items()},
+                                                                   "hi-0": ""}
+    assert not any(led.nominations for led in (await ledger(bus)).values())
+    assert "preempted" not in record.reason

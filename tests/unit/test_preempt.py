@@ -321,3 +321,10 @@ def test_running_gangs_are_read_from_the_ledgers_with_their_queues_priority_and_
         RunningGang(gang_id="ns/g", assignments=(a0, a1), priority=7, queues=("team-a", "research"), started_at=123.0),
         RunningGang(gang_id="ns/solo", assignments=(solo,)),
     )
+
+
+def test_with_no_ties_to_try_the_first_plan_of_the_lowest_cost_is_taken():
+    w = World(v100("a")).gang("low", ("a", 0, 1, 2, 3), priority=1).gang("keep", ("a", 4, 5, 6, 7), priority=50)
+    got = plan(w, wants("p", 4), bounds=SearchBounds(ties=0))
+    assert got == Plan(victims=(victim("low", "priority", gpus=4, priority=1),),
+                       placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G)
