@@ -111,9 +111,11 @@ class Config:
 
 @dataclass(frozen=True, slots=True)
 class _Reply:
-    """A decision's outcome that needs no ledger write."""
+    """A decision's outcome that needs no ledger write; ``evict``: a nomination's eviction sent
+    again first (``_preempt``)."""
 
     event: object
+    evict: EvictPods | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,7 @@ class Placement:
                     if isinstance(outcome, _Decided):
                         tg.start_soon(self._commit_request, w, outcome)
                     elif isinstance(outcome, _Reply):
-                        tg.start_soon(self._reply, w, outcome.event)
+                        tg.start_soon(self._reply, w, outcome.event, outcome.evict)
                     else:
                         refused(outcome.rule, outcome.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
                                 command="placement.place")
@@ -301,8 +303,15 @@ class Placement:
         own = preempting.nominations(ledgers, ev.gang_id, now)
         holding = sorted({v for n in own for v in n.victims if self._holds(v)})
         if own and holding:
-            return self._pending(ev, members, preempting.waiting_reason(own, holding),
-                                 sorted({n.assignment.node for n in own}))
+            # The eviction goes again with every wait: a placement that stopped between writing
+            # the nomination and sending it (or a send that failed) is finished by the next
+            # attempt. Its message id is the first one's, so within the stream's window it is
+            # dropped; after it, binder evicts only pods still there.
+            latest = max(n.attempt for n in own)
+            named = sorted({v for n in own if n.attempt == latest for v in n.victims})
+            reply = self._pending(ev, members, preempting.waiting_reason(own, holding),
+                                  sorted({n.assignment.node for n in own}))
+            return _Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named)))
         preemptor = preempting.preemptor_of(ev.gang_id, members, queue)
         if isinstance(preemptor, str):
             log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
@@ -419,9 +428,11 @@ class Placement:
             return tuple(found[k] for k in wanted)
         return None
 
-    async def _reply(self, w: Waiting, event) -> None:
+    async def _reply(self, w: Waiting, event, evict: EvictPods | None = None) -> None:
         token = otel_context.attach(w.context) if w.context is not None else None
         try:
+            if evict is not None:
+                await self.bus.publish(S.evict_subject(evict.gang_id), evict)
             await self.bus.publish(S.placement_reply_subject(w.ev.gang_id), event)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
             w.finish(e)
@@ -475,7 +486,10 @@ class Placement:
             return
         if decided.evict is not None and decided.plan is not None:
             try:
-                await self.bus.publish(S.evict_subject(ev.gang_id), decided.evict)
+                if testhooks.take_dropped_eviction():
+                    log("test hook: the eviction is not sent", gang=ev.gang_id, attempt=ev.attempt)
+                else:
+                    await self.bus.publish(S.evict_subject(ev.gang_id), decided.evict)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
                 w.finish(e)
                 return

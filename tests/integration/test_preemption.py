@@ -15,6 +15,7 @@ import pytest
 
 from hostile import audited, cleaned_env, hostile_stack, scrape
 from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
+from phalanx_placement.testhooks import DROP_EVICTIONS_ENV
 from phalanx_proto import subjects as S
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.state import Nomination, gang_state_decoder, ledger_decoder
@@ -35,6 +36,19 @@ def stack(tmp_path_factory):
 @pytest.fixture
 async def env(stack):
     async for e in cleaned_env(stack):
+        yield e
+
+
+@pytest.fixture(scope="module")
+def dropping_stack(tmp_path_factory):
+    """A stack whose placement does not send its first eviction command (a test hook), as if it
+    had stopped between committing the nomination and sending it."""
+    yield from hostile_stack(tmp_path_factory.mktemp("preemption-dropped"), COORD, env={DROP_EVICTIONS_ENV: "1"})
+
+
+@pytest.fixture
+async def dropping(dropping_stack):
+    async for e in cleaned_env(dropping_stack):
         yield e
 
 
@@ -149,16 +163,17 @@ async def test_a_victim_whose_disruption_budget_refuses_is_not_evicted_and_the_p
 async def test_a_gang_that_never_preempts_waits_and_explain_names_the_gang_preemption_would_take(env):
     stack, bus, sim = env
     before = await fill(sim)
-    hi = gang_pod("hi-0", 8, "hi", 1, priority=10)
-    hi["spec"]["preemptionPolicy"] = "Never"
-    await sim.apply_pod(hi)
+    # its own gang name: placement remembers, per preemptor, victims whose eviction was refused
+    calm = gang_pod("calm-0", 8, "calm", 1, priority=10)
+    calm["spec"]["preemptionPolicy"] = "Never"
+    await sim.apply_pod(calm)
     kv = await bus.kv(S.KV_GANGS)
 
     async def answered():
         for key in await kv.keys():
             entry = await kv.get(key)
             s = gang_state_decoder.decode(entry.value) if entry is not None and entry.value else None
-            if s is not None and s.members and s.members[0].pod.name == "hi-0" and s.whatif is not None:
+            if s is not None and s.members and s.members[0].pod.name == "calm-0" and s.whatif is not None:
                 got = [a for a in s.whatif.answers if a.probe == "preempt"]
                 if got:
                     return s, got
@@ -170,6 +185,24 @@ async def test_a_gang_that_never_preempts_waits_and_explain_names_the_gang_preem
          "it waits and never preempts", False)]
     # it waits: nothing was evicted, nothing nominated, and its reason's what-if line is not the preemption
     assert {p.name: p.node_name for p in await sim.list_pods()} == {**{n: v[0] for n, v in before.items()},
-                                                                   "hi-0": ""}
+                                                                   "calm-0": ""}
     assert not any(led.nominations for led in (await ledger(bus)).values())
     assert "preempted" not in record.reason
+
+
+async def test_a_nomination_whose_eviction_was_never_sent_is_finished_by_the_preemptors_next_attempt(dropping):
+    stack, bus, sim = dropping
+    async with audited(bus):
+        before = await fill(sim)
+        pod, noms, reasons = await preempt(bus, sim)
+    # the first plan's command was never sent; the next attempt, finding its nomination's victims
+    # still holding, sent it again and they were evicted whole: nothing else, no second plan
+    log = stack.procs["placement"].log_path.read_text()
+    assert log.count("test hook: the eviction is not sent") == 1
+    assert {tuple(n.victims) for n in noms} == {("default/JobSet:lo-x",)}, noms
+    assert any(r.startswith("waiting for the preempted gang(s) default/JobSet:lo-x") for r in reasons), reasons
+    left = {p.name for p in await sim.list_pods()}
+    assert left == {"lo-y-0", "lo-y-1", "hi-0"}
+    assert pod.node_name in {before["lo-x-0"][0], before["lo-x-1"][0]}
+    binder = await anyio.to_thread.run_sync(scrape, stack, "binder")
+    assert binder.get('phalanx_evictions_total{result="evicted"}') == 2
