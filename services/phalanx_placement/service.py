@@ -234,11 +234,20 @@ class Placement:
         queue = queue_of(members)
         blocked = self.queues.refusal(ev.gang_id, members, running)
         if blocked:
+            # Over a limit (not an invalid queue), it may preempt its own queue's gangs of lower
+            # priority to get under it: the planner counts the victims' units off the limit.
+            preempted = None
+            if not self.queues.tree().problem(queue):
+                with self.cache.excluding(ev.gang_id, running):
+                    preempted = self._preempt(ev, record, members, queue)
+            if isinstance(preempted, _Decided | _Reply):
+                return preempted
             log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
             metrics.QUEUE_REFUSALS.inc(queue=queue)
             return _Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
                                           fits_empty_cluster=False, members=tuple(m.pod for m in members),
-                                          whatif=self._whatif(ev.gang_id, members, record, blocked, running)))
+                                          whatif=self._whatif(ev.gang_id, members, record, blocked, running,
+                                                              preempt=preempted)))
         if self.queues.borrowing(members, ev.gang_id, running):
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))

@@ -162,3 +162,26 @@ def test_the_queue_tree_is_refused_in_the_spec_a_problem_names():
 
     spec = queue_from_object(msgspec.json.decode(msgspec.json.encode(queue("bad", 9, 4))))
     assert spec.problem == "spec.resources[nvidia.com/gpu]: quota must not exceed limit"
+
+
+async def test_a_gang_at_its_queues_limit_preempts_a_lower_priority_gang_of_its_queue_to_get_under_it(env):
+    stack, bus, sim = env
+    low = team_pod("a-low", 8, "team-a")
+    low["spec"]["priority"] = 1
+    await sim.apply_pod(low)
+    await phase(bus, "default/a-low", "scheduled")
+    high = team_pod("a-high", 4, "team-a")
+    high["spec"]["priority"] = 10
+    await sim.apply_pod(high)
+    # the cluster has 8 GPUs free, but team-a's limit is 8: a-low (priority 1) goes, whole
+    await phase(bus, "default/a-high", "scheduled")
+    assert {p.name for p in await sim.list_pods()} == {"a-high"}
+    events = await sim.list_events(PodRef(namespace="default", name="a-low"))
+    assert any(e.reason == "Preempted" and "default/a-high" in e.message for e in events), events
+    assert await usage(bus, "team-a") == 4.0
+    await usage_matches_the_ledger(bus)
+    # a gang of lower priority (0) may not take a-high's GPUs: it waits at the limit, as before
+    await sim.apply_pod(team_pod("a-later", 8, "team-a"))
+    later = await phase(bus, "default/a-later", "backoff")
+    assert "at its limit 8" in later.reason, later.reason
+    assert {p.name: bool(p.node_name) for p in await sim.list_pods()} == {"a-high": True, "a-later": False}
