@@ -84,7 +84,9 @@ class Released:
 
 def release(ledger: NodeLedger, ev: ReleaseRequested, running: frozenset[str] = frozenset()) -> Released:
     """The ledger without exactly the allocations of (gang, attempt, pod uid) the release
-    names, except those of pods in ``running`` (the node agent's ``phalanx_pods``): a
+    names, and without the gang's nominations of that attempt or earlier for those pods (a
+    rolled-back preemptor keeps no GPUs), except the allocations of pods in ``running`` (the
+    node agent's ``phalanx_pods``): a
     reservation is never freed under a pod that runs on its GPUs, whatever a command says; it
     is freed once the node's report no longer lists the pod (the command is retried)."""
     keys = {alloc_key(p) for p in ev.pods}
@@ -92,10 +94,14 @@ def release(ledger: NodeLedger, ev: ReleaseRequested, running: frozenset[str] = 
              if k in keys and v.gang_id == ev.gang_id and v.attempt == ev.attempt}
     held = tuple(sorted(named & running))
     freed = named - running
-    if not freed:
+    # A preemption is compensated with the attempt that made it: a release of that attempt (or a
+    # later one) of the gang's pods ends the nomination, so the GPUs it kept are free again.
+    nominations = {k: n for k, n in ledger.nominations.items()
+                   if not (k in keys and n.gang_id == ev.gang_id and n.attempt <= ev.attempt)}
+    if not freed and nominations == ledger.nominations:
         return Released(None, held)
     keep = {k: v for k, v in ledger.allocations.items() if k not in freed}
-    return Released(msgspec.structs.replace(ledger, allocations=keep), held)
+    return Released(msgspec.structs.replace(ledger, allocations=keep, nominations=nominations), held)
 
 
 def adopt(ledger: NodeLedger, topology: NodeTopology | None, ev: AdoptRequested,

@@ -17,7 +17,7 @@ from phalanx_proto.events import (
     ReleaseRequested,
     uid_digest,
 )
-from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
+from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key
 from phalanx_proto.topology import Gpu, NodeTopology
 
 G = "default/JobSet:train"
@@ -126,6 +126,33 @@ EXACT = [
 @pytest.mark.parametrize(("name", "ev", "running", "expected"), EXACT, ids=[c[0] for c in EXACT])
 def test_release_is_exact_and_never_frees_a_running_pods_gpus(name, ev, running, expected):
     assert checks.release(LEDGER, ev, running) == expected
+
+
+def nominated(pod, attempt, gang=G, gpus=(3,)) -> tuple[str, Nomination]:
+    return alloc_key(pod), Nomination(gang_id=gang, attempt=attempt, assignment=Assignment(pod=pod, node="n1", gpus=gpus),
+                                      victims={"default/low": "priority"}, expires_at=1e12)
+
+
+OTHER_NOM = nominated(PodRef(namespace="default", name="x-0", uid="x"), 1, gang="default/x", gpus=(4,))
+NOMINATIONS = [
+    ("a release of the attempt that nominated ends its nomination", release(attempt=2, pods=(P1,)),
+     dict([nominated(P1, 2), OTHER_NOM]), dict([OTHER_NOM])),
+    ("a release of a later attempt ends an earlier attempt's nomination", release(attempt=3, pods=(P1,)),
+     dict([nominated(P1, 2)]), {}),
+    ("a release of an earlier attempt keeps a later attempt's nomination", release(attempt=1, pods=(P1,)),
+     dict([nominated(P1, 2)]), dict([nominated(P1, 2)])),
+    ("a release of other pods keeps the nomination", release(attempt=2, pods=(P2,)),
+     dict([nominated(P1, 2)]), dict([nominated(P1, 2)])),
+    ("another gang's nomination of the same pod name is kept", release(attempt=2, pods=(P1,)),
+     dict([nominated(P1, 2, gang="default/x")]), dict([nominated(P1, 2, gang="default/x")])),
+]
+
+
+@pytest.mark.parametrize(("name", "ev", "before", "after"), NOMINATIONS, ids=[c[0] for c in NOMINATIONS])
+def test_a_release_ends_the_gangs_nominations_of_that_attempt_or_earlier(name, ev, before, after):
+    ledger = NodeLedger(node="n1", nominations=before)
+    got = checks.release(ledger, ev)
+    assert (got.ledger.nominations if got.ledger is not None else before) == after
 
 
 TOPO = NodeTopology(node="n1", gpus=tuple(Gpu(index=i, name=f"GPU{i}", mig_enabled=i == 2) for i in range(4)))
