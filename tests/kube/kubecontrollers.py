@@ -31,9 +31,11 @@ from kubeharness import REPO, ControlPlane, HarnessError, KubeApi, _insecure_ctx
 BUILD_SH = REPO / "tools" / "controllers" / "build.sh"
 KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller", "deployment-controller",
                    "replicaset-controller", "daemonset-controller", "statefulset-controller",
-                   "persistentvolume-binder-controller")
+                   "persistentvolume-binder-controller", "disruption-controller")
 """What kube-controller-manager runs: Jobs make pods (JobSet's Jobs, the MPIJob launcher), and
 the garbage collector deletes what a deleted owner (JobSet, Job, MPIJob) leaves behind; the
+disruption controller computes PodDisruptionBudgets' status, which the Eviction API reads
+(tests/e2e/test_preemption_e2e.py); the
 workload controllers and the volume binder run what the Helm chart installs (test_helm_chart.py:
 Deployments, DaemonSets, the nats StatefulSet and its volumes). No other test makes those kinds."""
 PROBE_NS = "phalanx-harness-probe"
