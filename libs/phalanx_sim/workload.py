@@ -62,7 +62,11 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
                 continue
             if not isinstance(doc, dict):
                 raise Invalid(f"{path}#{n}", f"not a Kubernetes object (a {type(doc).__name__}, not a mapping)")
-            objects.append((f"{path}#{n}", doc))
+            if doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+                # each item keeps its own arrival and duration (kubectl get -o yaml writes Lists)
+                objects.extend((f"{path}#{n}.items[{i}]", item) for i, item in enumerate(doc["items"]))
+            else:
+                objects.append((f"{path}#{n}", doc))
     found: dict[str, _Gang] = {}
     for where, obj in objects:
         _check(where, obj)

@@ -162,6 +162,25 @@ def test_a_jobset_is_one_gang_of_all_its_pods_with_the_annotated_times(tmp_path)
                    ("default/JobSet:train-r1", 6, "team", 12, 3900.0, 7200.0, 0, "")]
 
 
+def test_the_items_of_a_list_keep_their_own_times(tmp_path):
+    f = tmp_path / "w.yaml"
+    f.write_text("""
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: early, annotations: {sim.phalanx.io/arrival: 10s, sim.phalanx.io/duration: 1m}}
+  spec: {schedulerName: phalanx, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: late, annotations: {sim.phalanx.io/arrival: 2m}}
+  spec: {schedulerName: phalanx, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+""")
+    got = [(g.gang_id, g.arrival_s, g.duration_s) for g in read_workload([str(f)], NO_TREE, {})]
+    assert got == [("default/early", 10.0, 60.0), ("default/late", 120.0, None)]
+
+
 def test_a_gang_whose_queue_does_not_exist_is_kept_with_the_reason(tmp_path):
     f = tmp_path / "w.yaml"
     f.write_text(JOBSET)
