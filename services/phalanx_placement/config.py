@@ -1,0 +1,37 @@
+"""placement's configuration: one dataclass whose fields with a flag are ``phalanx run
+placement``'s (``phalanx_service.config`` makes the flags from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx_placement.nodestate import GRACE_S, POLICIES
+from phalanx_service.config import option
+
+
+@dataclass(frozen=True)
+class Config:
+    """placement's configuration; the fields with a flag are ``phalanx run placement``'s
+    (``phalanx_service.config``)."""
+
+    heartbeat_stale_s: float = option(15.0, "a node whose topology heartbeat is older than this is unavailable")
+    max_commit_retries: int = 20
+    node_state: str = option("auto", "when a node whose agent has not reported its Kubernetes state takes "
+                             "nothing: 'auto' once reports have flowed for --node-state-grace-s, always "
+                             "('required'), or never ('optional') (docs/placement.md)", choices=POLICIES)
+    node_state_grace_s: float = option(GRACE_S, "seconds of reports before 'auto' refuses unreported nodes")
+    cycle_max: int = 64
+    """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
+    usage_audit_s: float = 10.0
+    """Seconds between audits of the queues' usage against the ledger (``audit_usage``)."""
+    whatif_share: float = option(0.03, "share of placement's time the counterfactual probes of gangs that do not "
+                                 "fit may take, at most (0: no probes; docs/whatif.md)")
+    whatif_burst_s: float = 0.05
+    """Seconds of probing saved up at most (``whatif.ProbeBudget``)."""
+    whatif_gang_s: float = 0.02
+    """Seconds one gang's probes may take at most."""
+    nomination_s: float = option(120.0, "seconds a preemptor's nomination keeps the GPUs its victims free for it "
+                                 "(docs/preemption.md); then it is dropped and the planner chooses again")
+    metrics_every_s: float = 5.0
+    """Allocation gauges are recomputed (a pass over every node) at most this often: half the
+    10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""

@@ -1,0 +1,138 @@
+"""What placement does with reservations already made, besides deciding: frees exactly what a
+release names (never under a pod its node reports running), records a reservation for a pod
+found bound without one (the reconciler's adoption, only onto free GPUs), and audits the
+queues' usage records against the ledger (docs/saga.md "Checks", docs/queues.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from phalanx_bus import Bus, KvConflict, Poisoned, TemporaryError
+from phalanx_engine.queues import usage_drift
+from phalanx_placement import checks
+from phalanx_placement.cache import ClusterCache, Commit
+from phalanx_placement.config import Config
+from phalanx_placement.queues import PlacementQueues
+from phalanx_proto import subjects as S
+from phalanx_proto.events import AdoptRequested, Released, ReleaseRequested
+from phalanx_proto.queues import QueueUsage, usage_key
+from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.vocab import RefusalRule as R
+from phalanx_telemetry import log, metrics, refused, warn
+
+RELEASE_RETRY_S = 2.0
+"""How soon a release held back under running pods is tried again."""
+
+
+class Holdings:
+    def __init__(self, bus: Bus, cache: ClusterCache, config: Config, queues: PlacementQueues,
+                 write: Callable[[Commit], Awaitable[None]]) -> None:
+        self.bus, self.cache, self.config, self.queues, self.write = bus, cache, config, queues, write
+
+    async def on_release(self, ev: ReleaseRequested) -> None:
+        """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
+        May be called more than once, and for a reservation that was never made (nothing to free)."""
+        await self.cache.gangs.catch_up()  # a release is checked against the record as it is now
+        record = self.cache.gang(ev.gang_id)
+        if isinstance(record, Poisoned):
+            refused(R.UNREADABLE_RECORD, f"{S.KV_GANGS}/{record.key}: {record.error}", gang=ev.gang_id,
+                    attempt=ev.attempt)
+            return
+        refusal = checks.check_release(record, ev)
+        if refusal is not None:
+            refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
+            return
+        for _ in range(self.config.max_commit_retries):
+            released, writes, held = 0, {}, []
+            for key in self.cache.gang_keys(ev.gang_id):
+                ledger = self.cache.ledger_of(key)
+                if ledger is None:
+                    continue
+                out = checks.release(ledger, ev, self.running_on(ledger.node))
+                held += out.held
+                if out.ledger is not None:
+                    released += len(ledger.allocations) - len(out.ledger.allocations)
+                    writes[key] = out.ledger
+            writes.update(self.queues.usage_writes(ev.gang_id, writes))
+            try:
+                if writes:
+                    await self.write(self.cache.assume(writes))
+                break
+            except KvConflict:
+                await self.cache.catch_up()
+        else:
+            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
+        log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
+        if held:
+            refused(R.LIVE_POD, f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
+                                "reservation is kept; the release is retried", gang=ev.gang_id, attempt=ev.attempt,
+                    command="release")
+            raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
+                                 delay=RELEASE_RETRY_S)
+        await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+
+    async def on_adopt(self, ev: AdoptRequested) -> None:
+        """Record a reservation for a pod found bound without one, if its GPUs are free there
+        (``checks.adopt``); otherwise refuse and say why (the reconciler reports the pod)."""
+        node = ev.assignment.node
+        key = S.token(node)
+        for _ in range(self.config.max_commit_retries):
+            if key in self.cache.ledger.poisoned:
+                bad = self.cache.ledger.poisoned[key]
+                refused(R.UNREADABLE_RECORD, f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
+                        gang=ev.gang_id, pod=str(ev.assignment.pod))
+                return
+            ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
+            topo = self.cache.topology.get(key)
+            report = topo.value if topo is not None and topo.value.node == node else None
+            record = self.cache.gang(ev.gang_id)
+            chain = self.queues.chain(record.members) if isinstance(record, GangState) else self.queues.chain(())
+            out = checks.adopt(ledger, report.topology if report is not None else None, ev, self.running_on(node, None),
+                               queues=chain)
+            if out is None:
+                return
+            if isinstance(out, checks.Refusal):
+                refused(out.rule, out.why, gang=ev.gang_id, pod=str(ev.assignment.pod), command="adopt")
+                return
+            writes: dict = {key: out}
+            writes.update(self.queues.usage_writes(ev.gang_id, writes))
+            try:
+                await self.write(self.cache.assume(writes))
+            except KvConflict:
+                await self.cache.catch_up()
+                continue
+            warn("reservation recorded for a bound pod", gang=ev.gang_id, attempt=ev.attempt,
+                 pod=str(ev.assignment.pod), node=node, gpus=",".join(map(str, ev.assignment.gpus)), reason=ev.reason)
+            return
+        raise TemporaryError(f"node {node}: ledger kept changing during adoption", delay=0.5)
+
+    def running_on(self, node: str, unknown=frozenset()) -> frozenset[str] | None:
+        """The pods ``node``'s agent reports running there (``NodeKubeState.phalanx_pods``);
+        ``unknown`` when it reports no state."""
+        state = self.cache.node_states.of(node) if self.cache.node_states is not None else None
+        return frozenset(state.phalanx_pods) if state is not None else unknown
+
+    async def audit_usage(self) -> None:
+        """Every ``usage_audit_s``: compare each queue's usage with what the ledger says and, when
+        the same drift is seen twice running with no commit in flight, write what the ledger says
+        (by compare-and-set; a usage that changed meanwhile is looked at again next pass)."""
+        seen: dict[str, QueueUsage] = {}
+        while True:
+            await anyio.sleep(self.config.usage_audit_s)
+            if self.cache.assuming:
+                seen = {}
+                continue
+            usage = {e.value.queue: e.value for e in self.cache.usage}
+            drift = usage_drift(self.queues.tree(), (e.value for e in self.cache.ledger), usage)
+            confirmed = {q: u for q, u in drift.items() if seen.get(q) == u}
+            seen = drift
+            for q, fixed in confirmed.items():
+                warn("queue usage repaired from the ledger", queue=q, had=usage[q].allocated if q in usage else 0,
+                     ledger_says=fixed.allocated)
+                metrics.QUEUE_USAGE_REPAIRS.inc(queue=q)
+                try:
+                    await self.write(self.cache.assume({usage_key(q): fixed}))
+                except Exception as e:  # noqa: BLE001 - a commit raced it: looked at again next pass
+                    warn("queue usage repair not written", queue=q, error=repr(e)[:200])

@@ -1,0 +1,128 @@
+"""placement's side of preemption (docs/preemption.md, "Wiring"), around the pure pieces in
+``preempting``: for a gang the engine could not place, wait for the victims its nomination
+names (sending their eviction again) or plan a preemption and nominate the GPUs it frees
+(``plan``); drop a nomination whose eviction binder was refused and keep those victims out of
+the gang's plans for a while (``on_eviction_refused``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from phalanx_bus import KvConflict, TemporaryError
+from phalanx_engine.framework import Profile
+from phalanx_engine.preempt import NoPlan, plan_preemption
+from phalanx_placement import preempting
+from phalanx_placement.cache import ClusterCache, Commit
+from phalanx_placement.config import Config
+from phalanx_placement.outcomes import Decided, Reply, pending
+from phalanx_placement.queues import PlacementQueues
+from phalanx_placement.whatif import Relaxed
+from phalanx_proto import subjects as S
+from phalanx_proto.events import EvictionRefused, EvictPods, MemberSpec, PlaceRequested
+from phalanx_proto.queues import shown
+from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.vocab import RefusalRule as R
+from phalanx_telemetry import log, metrics, refused, warn
+
+
+class Preemptions:
+    def __init__(self, cache: ClusterCache, queues: PlacementQueues, config: Config, profile: Callable[[], Profile],
+                 write: Callable[[Commit], Awaitable[None]]) -> None:
+        self.cache, self.queues, self.config, self.profile, self.write = cache, queues, config, profile, write
+        self._refused: dict[str, dict[str, float]] = {}
+        """Preemptor → victim gangs whose eviction was refused for it, until when they are left
+        out of its plans (``on_eviction_refused``)."""
+
+    def ledgers(self) -> list[NodeLedger]:
+        """Every node's ledger as the cache believes it (assumed commits included)."""
+        return [led for key in self.cache.views if (led := self.cache.ledger_of(key)) is not None]
+
+    def plan(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...],
+             queue: str) -> Decided | Reply | Relaxed | None:
+        """A gang that does not fit: wait for the victims its nomination names, or plan a
+        preemption (``phalanx_engine.preempt``) on the cluster without the gang's own
+        reservations and nominations (the caller's ``excluding``). Otherwise no preemption
+        helps (the caller answers the engine's reason): the preempt probe's planner, which says
+        which victims the refusing rules kept it from (``whatif.Relaxed``), or None."""
+        now = self.cache.clock()
+        ledgers = self.ledgers()
+        own = preempting.nominations(ledgers, ev.gang_id, now)
+        holding = sorted({v for n in own for v in n.victims if self._holds(v)})
+        if own and holding:
+            # The eviction goes again with every wait: a placement that stopped between writing
+            # the nomination and sending it (or a send that failed) is finished by the next
+            # attempt. Its message id is the first one's, so within the stream's window it is
+            # dropped; after it, binder evicts only pods still there.
+            latest = max(n.attempt for n in own)
+            named = sorted({v for n in own if n.attempt == latest for v in n.victims})
+            reply = pending(ev, members, preempting.waiting_reason(own, holding),
+                                  sorted({n.assignment.node for n in own}))
+            return Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named)))
+        preemptor = preempting.preemptor_of(ev.gang_id, members, queue)
+        if isinstance(preemptor, str):
+            log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
+            return None
+        refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
+        running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
+        plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
+                               held_by=dict(self.cache.queue_units), profile=self.profile(),
+                               avoid=record.avoid_nodes, now=now)
+        if isinstance(plan, NoPlan) or not plan.victims:
+            log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
+                reason=plan.reason if isinstance(plan, NoPlan) else "the planner placed it without victims")
+            if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
+                return None
+            return Relaxed(preemptor, running, self.queues.tree(), dict(self.cache.queue_units), plan.reason,
+                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now)
+        writes = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id), ev.gang_id,
+                                     ev.attempt, plan, preemptor, expires_at=now + self.config.nomination_s, now=now)
+        reason = preempting.preempting_reason(plan)
+        log("preempting", gang=ev.gang_id, attempt=ev.attempt, reason=reason,
+            victims=",".join(v.gang_id for v in plan.victims), gpus=shown(plan.units))
+        reply = pending(ev, members, reason, sorted({a.node for a in plan.placement.assignments})).event
+        return Decided(self.cache.assume(writes), plan.placement, plan=plan, reply=reply,
+                        evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
+                                        victims=tuple(v.gang_id for v in plan.victims)))
+
+    def _holds(self, gang_id: str) -> bool:
+        """The gang still holds a reservation somewhere."""
+        return any(a.gang_id == gang_id for k in self.cache.gang_keys(gang_id)
+                   for a in (self.cache.ledger_of(k) or NodeLedger(node="")).allocations.values())
+
+    def _record(self, gang_id: str) -> GangState | None:
+        record = self.cache.gang(gang_id)
+        return record if isinstance(record, GangState) else None
+
+    async def on_eviction_refused(self, ev: EvictionRefused) -> None:
+        """binder could not evict a victim of ``ev.gang_id``'s nomination (a disruption budget):
+        drop the gang's nominations, and leave those victims out of its plans for
+        ``nomination_s`` so the planner chooses others, or the gang waits with the reason. Only
+        for a nomination the ledger holds for this attempt naming those victims."""
+        now = self.cache.clock()
+        own = [n for n in preempting.nominations(self.ledgers(), ev.gang_id, now) if n.attempt == ev.attempt]
+        named = {v for n in own for v in n.victims}
+        victims = [v for v in ev.victims if v in named]
+        if not victims:
+            refused(R.NOT_RECORDED, f"no nomination of gang {ev.gang_id} attempt {ev.attempt} names "
+                                    f"{', '.join(ev.victims[:5]) or 'these victims'}", gang=ev.gang_id,
+                    attempt=ev.attempt, command="eviction_refused")
+            return
+        self._refused.setdefault(ev.gang_id, {}).update({v: now + self.config.nomination_s for v in victims})
+        self._refused = {g: left for g, vs in self._refused.items() if (left := {v: t for v, t in vs.items() if t > now})}
+        for _ in range(self.config.max_commit_retries):
+            writes = {}
+            for key in self.cache.gang_keys(ev.gang_id):
+                ledger = self.cache.ledger_of(key)
+                if ledger is not None and (new := preempting.without_nominations(ledger, ev.gang_id, now)) != ledger:
+                    writes[key] = new
+            try:
+                if writes:
+                    await self.write(self.cache.assume(writes))
+                break
+            except KvConflict:
+                await self.cache.catch_up()
+        else:
+            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing while dropping its nomination", delay=0.5)
+        metrics.PREEMPTIONS_REFUSED.inc()
+        warn("eviction refused, nomination dropped", gang=ev.gang_id, attempt=ev.attempt,
+             victims=",".join(victims), reason=ev.reason)
