@@ -7,8 +7,9 @@ publishes the eviction.
   must agree, or it is refused with the reason); any member with ``preemptionPolicy: Never``
   makes it wait instead.
 * ``candidates``: the running gangs the planner may choose from — every gang holding
-  reservations but the preemptor, gangs being rolled back, gangs another preemptor's
-  nomination already names, and gangs whose eviction was refused for this preemptor lately.
+  reservations but the preemptor, gangs being rolled back or whose pods are all gone, gangs
+  another preemptor's nomination already names, and gangs whose eviction was refused for this
+  preemptor lately.
 * ``nominate``: the ledgers with the plan's placement recorded as the preemptor's
   nominations (its older ones dropped, expired ones of anybody dropped on the way);
   ``without_nominations``: a ledger once the preemptor reserves or its eviction is refused.
@@ -52,7 +53,9 @@ def candidates(ledgers: list[NodeLedger], records: Callable[[str], GangState | N
     """The running gangs the planner may evict for ``preemptor``: those holding reservations in
     ``ledgers`` with their records' priorities and start times, but not the preemptor itself, a
     gang being rolled back (it is going anyway), a gang another preemptor's nomination names
-    (its GPUs are promised: no two preemptors evict for the same GPUs), nor ``refused``."""
+    (its GPUs are promised: no two preemptors evict for the same GPUs), nor ``refused``; nor a
+    gang whose pods are all gone (its record has no members: its reservations are released as
+    the agents see the pods go, and its record's priority, 0, is no longer its pods')."""
     taken = {v for led in ledgers for n in led.nominations.values()
              if n.gang_id != preemptor and n.active(now) for v in n.victims}
     skip = taken | set(refused) | {preemptor}
@@ -60,7 +63,7 @@ def candidates(ledgers: list[NodeLedger], records: Callable[[str], GangState | N
     for led in ledgers:
         for a in led.allocations.values():
             record = records(a.gang_id)
-            if record is not None and record.phase == "rolling_back":
+            if record is not None and (record.phase == "rolling_back" or not record.members):
                 skip.add(a.gang_id)
             elif record is not None:
                 priority[a.gang_id] = record.priority

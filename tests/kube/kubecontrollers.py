@@ -34,10 +34,11 @@ KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller", "deployment
                    "persistentvolume-binder-controller", "disruption-controller")
 """What kube-controller-manager runs: Jobs make pods (JobSet's Jobs, the MPIJob launcher), and
 the garbage collector deletes what a deleted owner (JobSet, Job, MPIJob) leaves behind; the
-disruption controller computes PodDisruptionBudgets' status, which the Eviction API reads
-(tests/e2e/test_preemption_e2e.py); the
 workload controllers and the volume binder run what the Helm chart installs (test_helm_chart.py:
-Deployments, DaemonSets, the nats StatefulSet and its volumes). No other test makes those kinds."""
+Deployments, DaemonSets, the nats StatefulSet and its volumes). No other test makes those kinds.
+The disruption controller computes PodDisruptionBudgets' status, which the Eviction API checks
+(tests/e2e/test_preemption_e2e.py: without it a budget's status stays empty and every eviction it
+covers is refused, whatever it allows)."""
 PROBE_NS = "phalanx-harness-probe"
 PROBE_SCHEDULER = "phalanx-harness-probe"  # no scheduler serves it: probe pods are never bound
 

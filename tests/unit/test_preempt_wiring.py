@@ -69,7 +69,8 @@ def test_one_member_with_preemption_policy_never_makes_the_gang_wait():
 # -- candidates ------------------------------------------------------------------------------------
 
 def records(**phases_and_priorities) -> dict[str, GangState]:
-    return {f"ns/{g}": GangState(gang_id=f"ns/{g}", phase=ph, priority=prio, attempt_started_at=50.0)
+    return {f"ns/{g}": GangState(gang_id=f"ns/{g}", phase=ph, priority=prio, attempt_started_at=50.0,
+                                 members=(member(f"{g}-0", priority=prio),))
             for g, (ph, prio) in phases_and_priorities.items()}
 
 
@@ -82,6 +83,17 @@ def test_candidates_leave_out_the_preemptor_gangs_rolling_back_gangs_promised_to
                    refused=("scheduled", 0), other=("scheduled", 4))
     got = preempting.candidates(ledgers, recs.get, "ns/hi", NOW, refused=("ns/refused",))
     assert [(g.gang_id, g.priority, g.started_at) for g in got] == [("ns/low", 2, 50.0), ("ns/other", 4, 50.0)]
+
+
+def test_a_gang_whose_pods_are_all_gone_is_no_candidate_while_its_reservations_wait_for_the_agents():
+    # Its record is the tombstone (no members, priority 0): its pods were deleted, and the
+    # reservations stay until the nodes' agents report the pods gone. Evicting it frees nothing
+    # that is not freed anyway, and its priority is no longer its pods' (found on the real API
+    # server: a deleted priority-100 gang was planned as a priority-0 victim of a priority-1 one).
+    ledgers = [ledger("a", alloc("ns/deleted", "deleted-0", "a", 0, 1), alloc("ns/low", "low-0", "a", 2, 3))]
+    recs = {**records(low=("scheduled", 2)), "ns/deleted": GangState(gang_id="ns/deleted", attempt=3)}
+    got = preempting.candidates(ledgers, recs.get, "ns/hi", NOW)
+    assert [(g.gang_id, g.priority) for g in got] == [("ns/low", 2)]
 
 
 def test_an_expired_nomination_promises_nothing():
