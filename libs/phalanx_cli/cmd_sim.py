@@ -82,6 +82,8 @@ def register(sub) -> None:
     run.add_argument("--fairness", choices=("backfill", "strict"), default="backfill")
     run.add_argument("--backoff-base-s", type=float, default=1.0)
     run.add_argument("--backoff-max-s", type=float, default=60.0)
+    run.add_argument("--no-preemption", action="store_true", help="gangs only wait: no gang evicts another "
+                     "(the services preempt: docs/preemption.md)")
     run.add_argument("--exact", action="store_true", help="decide every retry, even one nothing could have changed "
                                                           "for (slower; the result should not differ)")
     out = p.add_argument_group("output")
@@ -248,7 +250,8 @@ def _inputs(args: argparse.Namespace) -> dict:
     sample = (parse_duration(args.sample) if args.sample else
               max(1.0, round(horizon / 500)) if horizon else 60.0)
     config = SimConfig(starve_after_s=args.starve_after_s, fairness=args.fairness, backoff_base_s=args.backoff_base_s,
-                       backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact)
+                       backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact,
+                       preemption=not args.no_preemption)
     progress = None if args.quiet else _progress(horizon, len(gangs))
     sim = loop.Simulation(views, gangs, tree, config, progress=progress, held=live.held if live else None,
                           live=live.holders if live else None)

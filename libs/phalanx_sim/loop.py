@@ -43,6 +43,7 @@ from phalanx_engine.whatif import Running, tier_of
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
+from phalanx_sim import preemption
 from phalanx_sim.model import SimConfig, SimGang
 
 DEFAULTS = SimConfig()
@@ -69,6 +70,10 @@ class Outcome:
     """Placed at a looser network tier than the empty cluster would give it."""
     attempts: int = 0
     reason: str = ""
+    preempted: int = 0
+    """Times it was evicted for a preemptor (each time it starts again from the beginning)."""
+    lost_gpu_s: float = 0.0
+    """GPU-seconds of its runs cut short by preemption."""
 
 
 @dataclass
@@ -113,6 +118,11 @@ class Simulation:
         self.now = 0.0
         self.epoch = 0
         self.decisions = 0
+        self.preemptions = 0
+        """Plans carried out (each evicts one or more gangs)."""
+        self._ends: dict[str, int] = {}
+        """A running gang's end event (its sequence number): an end left from a run cut short by
+        preemption is ignored."""
         self._events: list[tuple[float, int, int, str]] = []
         self._seq = 0
         self._changes = 0
@@ -157,17 +167,20 @@ class Simulation:
         self.now = end
         return self
 
-    def _push(self, t: float, kind: int, gang_id: str) -> None:
+    def _push(self, t: float, kind: int, gang_id: str) -> int:
         self._seq += 1
         self._changes += kind != RETRY
         heapq.heappush(self._events, (t, kind, self._seq, gang_id))
+        return self._seq
 
     def _instant(self, t: float) -> None:
         """Everything due at ``t``: ends, arrivals, retries, then one cycle."""
         due: dict[str, None] = {}
         while self._events and self._events[0][0] == t:
-            _, kind, _, gang_id = heapq.heappop(self._events)
+            _, kind, seq, gang_id = heapq.heappop(self._events)
             self._changes -= kind != RETRY
+            if kind == END and self._ends.get(gang_id) != seq:
+                continue  # the run it ended was cut short by preemption
             if kind == END:
                 self._end(gang_id)
                 for s in fairness.wake_order(self._all_pending(), now=t, below_quota=self._below_quota):
@@ -229,14 +242,46 @@ class Simulation:
                 return self._refused(t, s, f"queue {queue} would borrow beyond its quota, and the GPUs free now are "
                                            f"kept for queue(s) {', '.join(kept)}, below quota, whose gangs wait for them",
                                      fits_empty=False)
-        if not self.config.exact and self._still_refused(s):
+        may_preempt = preemption.may_preempt(self, s)
+        if not self.config.exact and not may_preempt and self._still_refused(s):
             return self._refused(t, s, s.reason or NO_FIT, *self._on_empty(s))
         self.decisions += 1
         got = decide(self.cluster, s.members, self.profile, explain=False, avoid=s.avoid_nodes)
         if not isinstance(got, Decision):
+            if may_preempt and self._preempt(t, s):
+                return None
             self._refused_at[_key(s)] = (self.epoch, s.avoid_nodes)
             return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self._start(t, s, got.assignments)
+
+    def _preempt(self, t: float, s: GangState) -> bool:
+        """Plan a preemption for ``s``; if there is one, evict its victims and start ``s`` on the
+        plan's placement now."""
+        plan = preemption.plan(self, s, t)
+        if plan is None:
+            return False
+        self.decisions += plan.search.trials
+        self.preemptions += 1
+        for v in plan.victims:
+            self._evict(t, v.gang_id)
+        self._start(t, s, plan.placement.assignments)
+        return True
+
+    def _evict(self, t: float, gang_id: str) -> None:
+        """A victim's reservations go now and it waits again, as a rolled-back gang whose
+        controller recreates it: it will run its whole duration once placed again."""
+        o = self.outcomes[gang_id]
+        o.preempted += 1
+        o.lost_gpu_s += (t - (o.start if o.start is not None else t)) * o.gang.units / GPU_UNITS
+        self._end(gang_id)
+        o.start = o.end = None
+        o.tier, o.domain, o.nodes, o.split = "", "", 0, False
+        self.waiting_units[o.gang.queue] = self.waiting_units.get(o.gang.queue, 0) + o.gang.units
+        g = o.gang
+        self._set(GangState(gang_id=gang_id, members=g.members, min_member=len(g.members), priority=g.priority,
+                            created_at=t, phase="backoff", backoff_until=t + self.config.backoff_base_s,
+                            reason="preempted"))
+        self._push(t + self.config.backoff_base_s, RETRY, gang_id)
 
     def _still_refused(self, s: GangState) -> bool:
         """Would the engine refuse ``s`` again for sure? Yes when it avoids the same nodes as at
@@ -299,9 +344,10 @@ class Simulation:
         if len(s.members) > 1:
             o.split = _TIER_ORDER.index(tier) > _TIER_ORDER.index(self._empty_tier(s)[2] or tier)
         if o.gang.duration_s is not None:
-            self._push(t + o.gang.duration_s, END, s.gang_id)
+            self._ends[s.gang_id] = self._push(t + o.gang.duration_s, END, s.gang_id)
 
     def _end(self, gang_id: str) -> None:
+        self._ends.pop(gang_id, None)
         assignments = self.running.pop(gang_id)
         self._book(assignments, -1, gang_id)
         self.outcomes[gang_id].end = self.now

@@ -50,6 +50,8 @@ class SimConfig:
     """Virtual seconds between samples of utilisation and queue shares."""
     exact: bool = False
     """Decide every retry, even one nothing could have changed for (docs/whatif.md)."""
+    preemption: bool = True
+    """Preempt as placement does (``phalanx_sim.preemption``); off: gangs only wait."""
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")

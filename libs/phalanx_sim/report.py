@@ -45,7 +45,7 @@ def gang_row(o: Outcome) -> dict[str, Any]:
             "gpus": round(g.units / GPU_UNITS, 3), "arrival_s": g.arrival_s, "start_s": o.start,
             "wait_s": None if o.start is None else round(o.start - g.arrival_s, 3), "end_s": o.end,
             "tier": o.tier or None, "domain": o.domain or None, "nodes": o.nodes, "split": o.split,
-            "attempts": o.attempts, "reason": o.reason or None}
+            "attempts": o.attempts, "preempted": o.preempted, "reason": o.reason or None}
 
 
 def summary(sim: Simulation) -> dict[str, Any]:
@@ -78,6 +78,9 @@ def summary(sim: Simulation) -> dict[str, Any]:
         "stranded_gpus": {"mean": round(sum(s.stranded for s in samples) / len(samples), 3) if samples else None,
                           "peak": max((s.stranded for s in samples), default=None)},
         "queues": queues,
+        "preemption": {"on": sim.config.preemption, "plans": sim.preemptions,
+                       "gangs_evicted": sum(o.preempted for o in outs),
+                       "gpu_s_lost": round(sum(o.lost_gpu_s for o in outs), 3)},
         "decisions": sim.decisions,
     }
 
@@ -148,6 +151,9 @@ def text(doc: dict[str, Any], *, gangs: int | None) -> str:
              + f"; split across a looser tier than on an empty cluster: {s['split']}",
              f"GPU utilisation: mean {u['mean']} %, peak {u['peak']} %; stranded GPUs: mean "
              f"{s['stranded_gpus']['mean']}, peak {s['stranded_gpus']['peak']}"]
+    pre = s["preemption"]
+    lines.append(f"preemption: {pre['plans']} plans, {pre['gangs_evicted']} gangs evicted, "
+                 f"{pre['gpu_s_lost'] / 3600:.2f} GPU-hours of work lost" if pre["on"] else "preemption: off")
     for key in ("alloc_100", "alloc_130"):
         if key in s:
             lines.append(f"packing figure: allocation at {key[6:]} % arrived "

@@ -12,6 +12,9 @@ the object (on a bare Pod, on the pod):
 ``sim.phalanx.io/every``              the time between two copies' arrivals (default 0)
 ====================================  ==========================================================
 
+``PriorityClass`` objects in the files give the pods that name them their ``spec.priority``
+and ``preemptionPolicy``, as the API server's Priority admission does.
+
 Each object is checked as ``phalanx validate`` checks it (``workloads.check_object``) and made
 into the pods its controller would create (``workloads.expand_pods``); the pods are grouped into
 gangs and parsed by the rules gang-coordinator applies (``gangs.identify``, ``gangs.gpu_member``),
@@ -56,9 +59,13 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
     """The gangs of every object in ``paths`` (``OSError`` when a file cannot be read,
     ``Invalid`` naming file, document and field when an object is not valid)."""
     objects: list[tuple[str, dict[str, Any]]] = []
+    classes: dict[str, dict[str, Any]] = {}
     for path in paths:
         for n, doc in enumerate(yaml_file(path), start=1):
             if doc is None or (isinstance(doc, dict) and doc.get("kind") in ("Queue", "Namespace")):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == "PriorityClass":
+                classes[str((doc.get("metadata") or {}).get("name", ""))] = doc
                 continue
             if not isinstance(doc, dict):
                 raise Invalid(f"{path}#{n}", f"not a Kubernetes object (a {type(doc).__name__}, not a mapping)")
@@ -74,7 +81,7 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
         for copy, (arrival, duration) in enumerate(times):
             suffix = f"-r{copy}" if len(times) > 1 else ""
             for pod in workloads.expand_pods(_renamed(obj, suffix)):
-                _add(found, where, pod, arrival, duration, tree, namespaces)
+                _add(found, where, _prioritised(where, pod, classes), arrival, duration, tree, namespaces)
     out = []
     for gang_id, g in found.items():
         refused = g.refused
@@ -128,19 +135,42 @@ def _add(found: dict[str, _Gang], where: str, pod: dict[str, Any], arrival: floa
         raise Invalid(f"{where}: pod {ns}/{name}", str(e)) from None
     queue, refused = queueorder.resolve(tree, ns, labels, namespaces.get(ns, {}))
     g = found.setdefault(ident.gang_id, _Gang(arrival=arrival, duration=duration))
-    g.members.append(MemberSpec(**{**_fields(spec), "queue": queue}))
+    pod_spec = pod.get("spec") or {}
+    priority = pod_spec.get("priority")
+    priority = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+    g.members.append(MemberSpec(**{**_fields(spec), "queue": queue, "priority": priority,
+                                   "preemption_policy": str(pod_spec.get("preemptionPolicy") or "")}))
     g.arrival = max(g.arrival, arrival)
     if duration is not None:
         g.duration = max(g.duration or 0.0, duration)
-    priority = (pod.get("spec") or {}).get("priority")
-    if isinstance(priority, int) and not isinstance(priority, bool):
-        g.priority = max(g.priority, priority)
+    g.priority = max(g.priority, priority)
     g.refused = g.refused or refused
     if ident.min_member:
         g.size = max(g.size, ident.min_member)
     elif ident.part is not None:
         size = gangs.jobset_size((ident.part,), ident.jobs)
         g.size = max(g.size, size.members if size.declared else 0)
+
+
+def _prioritised(where: str, pod: dict[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The pod as the API server's Priority admission leaves it: ``spec.priority`` (and, unless
+    the pod says, ``preemptionPolicy``) from the PriorityClass its ``priorityClassName`` names
+    among the workload's ``PriorityClass`` objects; a name none defines is refused, as there."""
+    spec = pod.get("spec") or {}
+    name = spec.get("priorityClassName")
+    if not name or "priority" in spec:
+        return pod
+    cls = classes.get(str(name))
+    if cls is None:
+        raise Invalid(f"{where}: pod {pod['metadata'].get('name')}: spec.priorityClassName",
+                      f"no PriorityClass {name!r} in the workload (add its object to a --workload file)")
+    value = cls.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise Invalid(f"{where}: PriorityClass {name}: value", f"{value!r}: an integer")
+    extra = {"priority": value}
+    if "preemptionPolicy" not in spec and cls.get("preemptionPolicy"):
+        extra["preemptionPolicy"] = str(cls["preemptionPolicy"])
+    return {**pod, "spec": {**spec, **extra}}
 
 
 def _fields(spec: MemberSpec) -> dict[str, Any]:
