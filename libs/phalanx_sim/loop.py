@@ -234,8 +234,10 @@ class Simulation:
         """placement's handling of one request: queue, borrow gate, decision."""
         queue = fairness.queue_of(s)
         refusal = queueorder.refusal(self.tree, s.members, self.held)
-        if refusal:
-            return self._refused(t, s, refusal, fits_empty=False)
+        if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
+            if self.tree.problem(queue) or not preemption.may_preempt(self, s) or not self._preempt(t, s):
+                self._refused(t, s, refusal, fits_empty=False)
+            return None
         if queueorder.borrowing(self.tree, s.members, self.held):
             kept = queueorder.owed(self.tree, queue, owed, self._fits_now, memo)
             if kept:

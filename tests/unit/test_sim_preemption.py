@@ -67,6 +67,12 @@ FULL = [gang("lo", 4, at=0, runs=100, priority=1), gang("mid", 4, at=0, runs=100
         {"b0": (30, 130, 1, 40.0), "b1": (30, 130, 1, 40.0), "b2": (0, 100, 0, 0.0), "b3": (0, 100, 0, 0.0),
          "a": (10, 30, 0, 0.0)},
         id="a queue below its quota reclaims borrowed GPUs down to the lender's quota"),
+    pytest.param(
+        [gang("lo", 4, at=0, runs=100, priority=1, queue="a"), gang("hi", 4, at=10, runs=20, priority=10, queue="a")],
+        QueueTree.of([QueueSpec(name="a", quota=4 * GPU_UNITS, limit=4 * GPU_UNITS)]), ON,
+        # 4 GPUs free, but queue a's limit is 4: hi takes lo's place under the limit
+        {"lo": (30, 130, 1, 40.0), "hi": (10, 30, 0, 0.0)},
+        id="a gang at its queue's limit preempts a lower-priority gang of its queue to get under it"),
 ])
 def test_preemption_in_virtual_time(gangs, tree, config, expected):
     nodes = 2 if len(gangs) > 3 else 1
