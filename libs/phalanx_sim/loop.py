@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -119,6 +120,8 @@ class Simulation:
         self.epoch = 0
         self.decisions = 0
         self.preemptions = 0
+        self.running_priorities: dict[str, Counter[int]] = {}
+        """Per queue, the priorities of its running gangs (how many of each)."""
         """Plans carried out (each evicts one or more gangs)."""
         self._ends: dict[str, int] = {}
         """A running gang's end event (its sequence number): an end left from a run cut short by
@@ -341,6 +344,7 @@ class Simulation:
         self._set(evolve(s, phase="scheduled", reason=""))
         self.waiting_units[o.gang.queue] -= o.gang.units
         self.running[s.gang_id] = assignments
+        self.running_priorities.setdefault(o.gang.queue, Counter())[o.gang.priority] += 1
         tier, domain = tier_of(self.cluster, assignments)
         o.start, o.tier, o.domain, o.nodes, o.reason = t, tier, domain, len({a.node for a in assignments}), ""
         if len(s.members) > 1:
@@ -351,6 +355,11 @@ class Simulation:
     def _end(self, gang_id: str) -> None:
         self._ends.pop(gang_id, None)
         assignments = self.running.pop(gang_id)
+        gang = self.outcomes[gang_id].gang
+        counts = self.running_priorities[gang.queue]
+        counts[gang.priority] -= 1
+        if not counts[gang.priority]:
+            del counts[gang.priority]
         self._book(assignments, -1, gang_id)
         self.outcomes[gang_id].end = self.now
         self.records.pop(gang_id, None)

@@ -50,8 +50,7 @@ def may_preempt(sim: Simulation, s: GangState) -> bool:
     who = preemptor(s) if sim.config.preemption else None
     if who is None or who.preemption_policy == NEVER:
         return False
-    if any(sim.outcomes[g].gang.queue == who.queue and sim.outcomes[g].gang.priority < who.priority
-           for g in sim.running):
+    if min(sim.running_priorities.get(who.queue) or (who.priority,)) < who.priority:
         return True
     spec = sim.tree.get(who.queue)
     if spec is None or spec.reclaim == NEVER or sim.held.get(who.queue, 0) >= spec.quota:
