@@ -14,7 +14,10 @@ API server, one scheduler at a time, the other stopped and every pod deleted in 
   with a limit, so their usage records ride in every commit): set beside ``gangs``, the cost of
   quota. kube-scheduler ignores the label and runs the same pods;
 * ``share`` (Phalanx only): four queues submit jobs all along and finish them after a while;
-  prints each queue's share of the GPUs against its fair share (``--share-plot``).
+  prints each queue's share of the GPUs against its fair share (``--share-plot``);
+* ``preempt``: every GPU taken by low-priority mixed gangs, then a stream of high-priority
+  8 x 8-GPU gangs that start only by preemption (``bench/preempt_kwok.py``): time to start
+  them, GPUs evicted per GPU gained, how many landed in one HyperNode, victims left partial.
 
 Phalanx runs as the Deployments would (``phalanx run … --cluster kube``: a nats-server,
 placement, gang-coordinator, binder) plus one ``node-fleet`` process that plays every node's
@@ -63,6 +66,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import kubeharness  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
 
+import preempt_kwok  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
@@ -101,7 +105,7 @@ def workload(kind: str, gpus: int, pods: int, gang_pods: int, seed: int) -> list
     """(pod name, gang name or "", gang size) in creation order."""
     if kind == "single":
         return [(f"p{i:05d}", "", 1) for i in range(min(pods, int(0.9 * gpus)))]
-    if kind == "share":
+    if kind in ("share", "preempt"):
         return []
     total = min(gang_pods, int(0.8 * gpus))
     gangs = [64] * (total // 2 // 64) + [8] * ((total - total // 2 // 64 * 64) // 8)
@@ -231,7 +235,14 @@ def run_size(n: int, args, work: Path) -> list[dict]:
             pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
             if "phalanx" in args.schedulers:
                 rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context))
-            if "kube-scheduler" in args.schedulers and kind != "share":
+            if "kube-scheduler" in args.schedulers and kind == "preempt":
+                plane.start_scheduler(qps=args.qps, burst=args.qps)
+                time.sleep(2)
+                r = preempt_kwok.run(plane, cluster.nodes, "k-preempt", "default-scheduler", args, say)
+                plane.stop_scheduler()
+                delete_pods(api, "k-preempt")
+                rows.append({"nodes": n, "workload": kind, "scheduler": "default-scheduler", "preempt": r})
+            elif "kube-scheduler" in args.schedulers and kind != "share":
                 plane.start_scheduler(qps=args.qps, burst=args.qps)
                 time.sleep(2)
                 groups = {"scheduler": [plane.procs["kube-scheduler"].pid], **context}
@@ -278,6 +289,8 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         try:
             if kind == "share":
                 r = share_phase(plane, n, args)
+            elif kind == "preempt":
+                r = {"scheduler": "phalanx", "preempt": preempt_kwok.run(plane, cluster.nodes, "p-preempt", "phalanx", args, say)}
             else:
                 r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
         finally:
@@ -335,7 +348,10 @@ def _secs(v: float, cap: float) -> str:
 
 def table(rows: list[dict]) -> str:
     shares = [share_table(r["share"], r["nodes"]) for r in rows if "share" in r]
-    rows = [r for r in rows if "share" not in r]
+    preempts = [{"nodes": r["nodes"], **r["preempt"]} for r in rows if "preempt" in r]
+    if preempts:
+        shares.append(preempt_kwok.table(preempts))
+    rows = [r for r in rows if "share" not in r and "preempt" not in r]
     if not rows:
         return "\n\n".join(shares)
     out = [f"{'nodes':>6} {'workload':<8} {'scheduler':<15} {'bound':>11} {'pods/s':>8} {'p50':>9} {'p99':>9} "
@@ -412,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=2000, help="one-GPU pods of the single workload (default %(default)s)")
     p.add_argument("--gang-pods", type=int, default=1024, help="pods of the gang workload (default %(default)s)")
     p.add_argument("--workloads", default="single,gangs",
-                   help="comma list of single, gangs, queues, share (default %(default)s)")
+                   help="comma list of single, gangs, queues, share, preempt (default %(default)s)")
     p.add_argument("--schedulers", default="phalanx,kube-scheduler", help="comma list (default %(default)s)")
     p.add_argument("--cap-s", type=float, default=300.0, help="seconds one phase may run (default %(default)s)")
     p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
@@ -424,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--share-late-s", type=float, default=90.0, help="when q-d starts submitting (default %(default)s)")
     p.add_argument("--share-run-s", type=float, default=30.0, help="how long a job runs, ±50%% (default %(default)s)")
     p.add_argument("--share-plot", metavar="PNG", help="draw each queue's share and fair share over time")
+    p.add_argument("--preemptors", type=int, default=8, help="preempt: high-priority gangs (default %(default)s)")
+    p.add_argument("--preempt-every-s", type=float, default=3.0,
+                   help="preempt: seconds between two of them (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--plot", metavar="PNG", help="also draw pending→bound latency against nodes")
     args = p.parse_args(argv)
