@@ -42,44 +42,20 @@ import dataclasses
 import heapq
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import anyio
 
-from phalanx_bus import Bus, KvConflict, KvMirror, MirrorEntry, Poisoned
+from phalanx_bus import Bus, KvMirror, MirrorEntry, Poisoned
 from phalanx_engine.decide import Cluster
 from phalanx_engine.queues import held_by_queue
 from phalanx_engine.snapshot import NodeView
+from phalanx_placement import assumed
+from phalanx_placement.assumed import Assumed, Commit
 from phalanx_placement.nodestate import NodeStates
 from phalanx_proto import subjects as S
-from phalanx_proto.events import encoder
 from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.topology import NodeTopology
-
-
-@dataclass(eq=False)
-class Commit:
-    """One atomic batch of ledger writes: node key → the node's whole new ledger, and
-    ``queue.<q>`` → the queue's whole new usage (``phalanx_proto.queues``)."""
-
-    writes: dict[str, NodeLedger | QueueUsage]
-    done: anyio.Event = field(default_factory=anyio.Event)
-    revisions: dict[str, int] | None = None
-    """The revision of each write, once committed."""
-    failed: bool = False
-    dependents: list[Commit] = field(default_factory=list)
-    """Commits whose decisions read this one's assumed ledgers: they fail if it does."""
-
-
-@dataclass(eq=False)
-class Assumed:
-    """A node's ledger (or a queue's usage) as a commit not yet echoed by the watch will leave it."""
-
-    ledger: NodeLedger | QueueUsage
-    commit: Commit
-    base: int | Assumed
-    """What the decision read: the mirror's revision (0: no entry), or an earlier assumption."""
 
 
 class ClusterCache:
@@ -265,40 +241,18 @@ class ClusterCache:
     async def expected(self, commit: Commit) -> list[tuple[str, bytes, int]]:
         """The commit's atomic batch, in key order: each write expecting the revision its
         decision read. Raises ``KvConflict`` when that revision came from a failed commit."""
-        out = []
-        for key in sorted(commit.writes):
-            base = _base_of(self._assumed.get(key), commit, key)
-            if isinstance(base, Assumed):
-                await base.commit.done.wait()
-                if base.commit.failed or base.commit.revisions is None:
-                    raise KvConflict(f"{S.KV_LEDGER}/{key}: built on a commit that failed")
-                base = base.commit.revisions[key]
-            out.append((key, encoder.encode(commit.writes[key]), base))
-        return out
+        return await assumed.expected(commit, self._assumed)
 
     def settle(self, commit: Commit, last_seq: int) -> None:
         """The commit's batch is stored; ``last_seq`` is its last write's stream sequence (the
         writes of one batch are stored one after another, in key order)."""
-        keys = sorted(commit.writes)
-        commit.revisions = {k: last_seq - (len(keys) - 1 - i) for i, k in enumerate(keys)}
-        commit.done.set()
-        commit.dependents.clear()  # they may commit now; nothing more to fail them for
-        for key in keys:
+        for key in assumed.settle(commit, last_seq):
             self._normalize(key)
 
     def forget(self, commit: Commit) -> None:
         """The commit failed: its assumptions go, and so do those of every commit whose
         decision read them (each fails when it tries to commit: ``expected``)."""
-        doomed, stack = [], [commit]
-        while stack:
-            c = stack.pop()
-            if c.failed and c is not commit:
-                continue
-            c.failed = True
-            c.done.set()
-            doomed.append(c)
-            stack.extend(d for d in c.dependents if not d.failed)
-        for c in doomed:
+        for c in assumed.fail(commit):
             for key in c.writes:
                 self._normalize(key)
 
@@ -433,13 +387,3 @@ def nominated(ledger: NodeLedger, now: float, but: str = "") -> tuple:
     ``but`` left out): a decision takes their GPUs like reservations, so nothing but the
     preemptor takes what its victims free (``phalanx_proto.state.Nomination``)."""
     return tuple(n.assignment for n in ledger.nominations.values() if n.gang_id != but and n.active(now))
-
-
-def _base_of(top: Assumed | None, commit: Commit, key: str) -> int | Assumed:
-    """What ``commit``'s write of ``key`` was built on (walking down from the newest assumption)."""
-    while top is not None and top.commit is not commit:
-        base = top.base
-        top = base if isinstance(base, Assumed) else None
-    if top is None:
-        raise KvConflict(f"{S.KV_LEDGER}/{key}: the assumption was dropped before its commit")
-    return top.base

@@ -12,7 +12,8 @@ from opentelemetry import context as otel_context
 
 from phalanx_bus import Bus, KvConflict, TemporaryError, kv_atomic_write
 from phalanx_placement import preempting, testhooks
-from phalanx_placement.cache import ClusterCache, Commit
+from phalanx_placement.assumed import Commit
+from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.outcomes import Decided

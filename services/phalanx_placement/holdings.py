@@ -12,7 +12,8 @@ import anyio
 from phalanx_bus import Bus, KvConflict, Poisoned, TemporaryError
 from phalanx_engine.queues import usage_drift
 from phalanx_placement import checks
-from phalanx_placement.cache import ClusterCache, Commit
+from phalanx_placement.assumed import Commit
+from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
 from phalanx_placement.queues import PlacementQueues
 from phalanx_proto import subjects as S

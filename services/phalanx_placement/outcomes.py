@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from phalanx_engine.preempt import Plan
 from phalanx_engine.snapshot import Decision
-from phalanx_placement.cache import Commit
+from phalanx_placement.assumed import Commit
 from phalanx_proto.events import EvictPods, PlacementFailed, PlaceRequested
 
 

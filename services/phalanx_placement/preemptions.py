@@ -12,7 +12,8 @@ from phalanx_bus import KvConflict, TemporaryError
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import NoPlan, plan_preemption
 from phalanx_placement import preempting
-from phalanx_placement.cache import ClusterCache, Commit
+from phalanx_placement.assumed import Commit
+from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
 from phalanx_placement.outcomes import Decided, Reply, pending
 from phalanx_placement.queues import PlacementQueues
