@@ -16,18 +16,18 @@ from collections.abc import Callable
 import msgspec
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError
+from phalanx_bus import Bus, Delivery, KvMirror
 from phalanx_bus.declare import declare_consumer
 from phalanx_bus.ledger import LedgerBook
 from phalanx_gang_coordinator import effects, fairness, saga
 from phalanx_gang_coordinator.compensate import Compensator
+from phalanx_gang_coordinator.holdings import Holdings
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import Change, GangStore, Transition
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
-    Assignment,
     BindsDone,
     GangDeadline,
     MigDestroyed,
@@ -41,7 +41,7 @@ from phalanx_proto.events import (
     ReleaseRequested,
     Reserved,
 )
-from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members, mig_slot
+from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members
 from phalanx_proto.vocab import IDLE
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
@@ -58,6 +58,8 @@ class SagaDriver:
         """The reservations (``phx-ledger``, mirrored): the one home of every assignment."""
         self.mig = mig or KvMirror.of_bucket(bus, S.KV_MIG)
         """The MIG ownership records (``phx-mig``, mirrored): the one home of every instance."""
+        self.holdings = Holdings(self.ledger, self.mig)
+        self.held = self.holdings.held
         self.cluster = cluster
         self.store = store
         self.notifier = notifier
@@ -74,33 +76,6 @@ class SagaDriver:
         """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
 
     # -- effects -----------------------------------------------------------------------------
-    def held(self, state: GangState, attempt: int | None = None) -> tuple[Assignment, ...]:
-        """The attempt's assignments as the ledger holds them, in member order (MIG members with
-        the instance their node recorded ready, when it has)."""
-        attempt = state.attempt if attempt is None else attempt
-        by_key = self.ledger.held(state.gang_id, attempt)
-        out = []
-        for m in state.members:
-            a = by_key.get(alloc_key(m.pod))
-            if a is not None:
-                out.append(self._with_instance(a, state.gang_id, attempt))
-        return tuple(out)
-
-    def _with_instance(self, a: Assignment, gang_id: str, attempt: int) -> Assignment:
-        record = self._mig_record(a, gang_id, attempt)
-        if record is None or record.state != "ready":
-            return a
-        return msgspec.structs.replace(a, mig_instance_uuid=record.uuid)
-
-    def _mig_record(self, a: Assignment, gang_id: str, attempt: int):
-        """The ``phx-mig`` record of the MIG slot ``a`` reserves, if this (gang, attempt, pod) owns it."""
-        if not a.mig_profile:
-            return None
-        entry = self.mig.get(S.token(a.node))
-        record = entry.value.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) \
-            if entry is not None else None
-        return record if record is not None and record.owned_by(gang_id, attempt, a.pod) else None
-
     def timeout_of(self, state: GangState) -> float:
         return min(state.timeout_s or self.config.default_timeout_s, MAX_GANG_TIMEOUT_S)
 
@@ -268,8 +243,8 @@ class SagaDriver:
         match event:
             case MigReady():
                 state = await self.store.get(event.gang_id)
-                if state is not None and await self._mig_recorded(event, state):
-                    ready = self._all_instances_ready(state)
+                if state is not None and await self.holdings.mig_recorded(event, state):
+                    ready = self.holdings.all_instances_ready(state)
                     await self.apply(await self.store.transition(event.gang_id, lambda s: saga.mig_ready(
                         s, event, all_ready=ready)))
             case MigFailed():
@@ -309,7 +284,7 @@ class SagaDriver:
             refused("not_members", f"Reserved for members {ev.members_digest}, the attempt's are "
                                    f"{saga.members_digest(current)}", gang=ev.gang_id, attempt=ev.attempt)
             return
-        missing = await self._unreserved(current)
+        missing = await self.holdings.unreserved(current)
         if missing:
             refused("not_recorded", f"{len(missing)} of {len(attempt_members(current))} member(s) have no reservation "
                                     f"in the ledger for this gang attempt ({', '.join(map(str, missing[:3]))})",
@@ -321,44 +296,6 @@ class SagaDriver:
         if state is not None:
             log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
                 nodes=",".join(sorted({a.node for a in held})))
-
-    async def _unreserved(self, state: GangState) -> list[PodRef]:
-        """The attempt's members the ledger holds no reservation for (gang, attempt, pod uid);
-        the mirror is caught up first when some seem missing (the reply can outrun the watch)."""
-        for fresh in (False, True):
-            if fresh:
-                await self._catch_up(self.ledger)
-            held = self.ledger.held(state.gang_id, state.attempt)
-            missing = [m.pod for m in attempt_members(state) if alloc_key(m.pod) not in held]
-            if not missing:
-                return []
-        return missing
-
-    @staticmethod
-    async def _catch_up(mirror) -> None:
-        try:
-            await mirror.catch_up()
-        except MirrorLagging as e:
-            raise TemporaryError(f"cannot check the reply yet: {e}", delay=1.0) from e
-
-    async def _mig_recorded(self, ev: MigReady, state: GangState) -> bool:
-        """A ``MigReady`` is believed only when the node's mig-manager recorded that instance
-        ready for this gang attempt and pod in ``phx-mig``."""
-        a = self.ledger.held(ev.gang_id, ev.attempt).get(alloc_key(ev.pod))
-        if a is None or a.node != ev.node or not a.mig_profile:
-            return False  # the transition ignores it anyway
-        for fresh in (False, True):
-            if fresh:
-                await self._catch_up(self.mig)
-            record = self._mig_record(a, ev.gang_id, ev.attempt)
-            if record is not None and record.state == "ready" and record.uuid == ev.instance_uuid:
-                return True
-        refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
-                                f"attempt {ev.attempt}", gang=ev.gang_id, node=ev.node)
-        return False
-
-    def _all_instances_ready(self, state: GangState) -> bool:
-        return all(a.mig_instance_uuid for a in self.held(state) if a.mig_profile)
 
     async def on_binds_done(self, ev: BindsDone) -> None:
         """Record members bound only for an attempt this gang started and only when the

@@ -81,9 +81,13 @@ async def test_an_invalid_pod_gets_a_warning_event_and_is_never_bound(stack):
         events = await wait_until(warned, 30)
         assert [(e.reason, e.type) for e in events] == [("FailedScheduling", "Warning")]
         assert "resources.limits[nvidia.com/gpu] = '0': nvidia.com/gpu is a number of whole GPUs and must be at least 1" in events[0].message
-        pod = await sim.get_pod(ref("zero-gpus"))
+        async def conditioned():  # the event and the condition are two writes: the event may come first
+            pod = await sim.get_pod(ref("zero-gpus"))
+            cond = [c for c in (pod.raw.get("status") or {}).get("conditions", []) if c["type"] == "PodScheduled"]
+            return (pod, cond) if cond else None
+
+        pod, cond = await wait_until(conditioned, 30, what="the PodScheduled condition")
         assert pod.node_name == ""
-        cond = [c for c in pod.raw["status"]["conditions"] if c["type"] == "PodScheduled"]
         assert cond[0]["status"] == "False" and "must be at least 1" in cond[0]["message"]
         assert await audit_ledger(bus) == {}
     finally:
