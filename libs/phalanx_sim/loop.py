@@ -29,7 +29,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from msgspec.structs import replace as evolve
 
@@ -45,50 +45,16 @@ from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
 from phalanx_sim import preemption
-from phalanx_sim.model import SimConfig, SimGang
+from phalanx_sim.model import Outcome, Sample, SimConfig, SimGang
 
 DEFAULTS = SimConfig()
 END, ARRIVE, RETRY = 0, 1, 2
+"""Event kinds, in the order they are handled at one instant."""
 NO_FIT = "does not fit"
 """A refusal's reason during the run (the engine's own, with every node's status, is computed
 for the gangs still pending at the end: ``report.pending``)."""
 RELEASES_CHECKED = 64
 """A retry of a gang of one checks at most this many releases' nodes instead of deciding again."""
-"""Event kinds, in the order they are handled at one instant."""
-
-
-@dataclass
-class Outcome:
-    """What happened to one gang."""
-
-    gang: SimGang
-    start: float | None = None
-    end: float | None = None
-    tier: str = ""
-    domain: str = ""
-    nodes: int = 0
-    split: bool = False
-    """Placed at a looser network tier than the empty cluster would give it."""
-    attempts: int = 0
-    reason: str = ""
-    preempted: int = 0
-    """Times it was evicted for a preemptor (each time it starts again from the beginning)."""
-    lost_gpu_s: float = 0.0
-    """GPU-seconds of its runs cut short by preemption."""
-
-
-@dataclass
-class Sample:
-    t: float
-    allocated: float
-    """GPUs allocated (whole-GPU equivalents: a share counts its core %, MIG its slices)."""
-    stranded: float
-    """Free GPU capacity its node's free CPU cannot feed (``packing.stranded_milli``), in GPUs."""
-    pending: int
-    pending_gpus: float
-    running: int
-    queues: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per queue: (GPUs held, fair share in GPUs)."""
 
 
 class Simulation:

@@ -1,10 +1,11 @@
 """What a simulation takes: gangs with their arrival and duration, and the settings of the
-services it stands for (their defaults are the services' own)."""
+services it stands for (their defaults are the services' own); and what it gives: each gang's
+``Outcome`` and the ``Sample``s taken along the way."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from phalanx_engine.queueorder import queue_of
 from phalanx_proto.events import MemberSpec
@@ -52,6 +53,41 @@ class SimConfig:
     """Decide every retry, even one nothing could have changed for (docs/whatif.md)."""
     preemption: bool = True
     """Preempt as placement does (``phalanx_sim.preemption``); off: gangs only wait."""
+
+
+@dataclass
+class Outcome:
+    """What happened to one gang."""
+
+    gang: SimGang
+    start: float | None = None
+    end: float | None = None
+    tier: str = ""
+    domain: str = ""
+    nodes: int = 0
+    split: bool = False
+    """Placed at a looser network tier than the empty cluster would give it."""
+    attempts: int = 0
+    reason: str = ""
+    preempted: int = 0
+    """Times it was evicted for a preemptor (each time it starts again from the beginning)."""
+    lost_gpu_s: float = 0.0
+    """GPU-seconds of its runs cut short by preemption."""
+
+
+@dataclass
+class Sample:
+    t: float
+    allocated: float
+    """GPUs allocated (whole-GPU equivalents: a share counts its core %, MIG its slices)."""
+    stranded: float
+    """Free GPU capacity its node's free CPU cannot feed (``packing.stranded_milli``), in GPUs."""
+    pending: int
+    pending_gpus: float
+    running: int
+    queues: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per queue: (GPUs held, fair share in GPUs)."""
+
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
