@@ -231,7 +231,6 @@ class Simulation:
         plan = preemption.plan(self, s, t)
         if plan is None:
             return False
-        self.decisions += plan.search.trials
         self.preemptions += 1
         for v in plan.victims:
             self._evict(t, v.gang_id)

@@ -44,26 +44,35 @@ def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
 
 
 def may_preempt(sim: Simulation, s: GangState) -> bool:
-    """Could any plan exist (cheap): preemption on, the gang not ``Never``, and a running gang of
-    its queue with a lower priority, or its queue below its quota while another holds more than
-    its own."""
+    """Could any plan exist? Cheap, and never False where the planner could find one (it only
+    saves asking it): preemption on, the gang not ``Never``, and a running gang some rule of
+    ``preempt_rules`` could take — of its queue with a lower priority (its queue preempting within
+    itself), or, its queue reclaiming (``reclaim: Any`` and below its quota), of another queue:
+    one on its own chain (an ancestor's gang: its units stay within the ancestors, whose quotas
+    are not checked) or one holding more than its quota (a victim's own queue must keep its
+    quota without it)."""
     who = preemptor(s) if sim.config.preemption else None
     if who is None or who.preemption_policy == NEVER:
         return False
-    if min(sim.running_priorities.get(who.queue) or (who.priority,)) < who.priority:
-        return True
     spec = sim.tree.get(who.queue)
-    if spec is None or spec.reclaim == NEVER or sim.held.get(who.queue, 0) >= spec.quota:
+    if spec is None:
         return False
-    return any(sim.held.get(q, 0) > (sim.tree.get(q).quota if sim.tree.get(q) else 0)
-               for q in sim.tree.specs if q != who.queue)
+    if spec.within_queue != NEVER and min(sim.running_priorities.get(who.queue) or (who.priority,)) < who.priority:
+        return True
+    if spec.reclaim == NEVER or sim.held.get(who.queue, 0) >= spec.quota:
+        return False
+    chain = sim.tree.chain(who.queue)
+    return any(q != who.queue and sim.running_priorities.get(q) and (q in chain or sim.held.get(q, 0) > qs.quota)
+               for q, qs in sim.tree.specs.items())
 
 
 def plan(sim: Simulation, s: GangState, t: float) -> Plan | None:
-    """The planner's plan with victims for ``s`` at ``t``, or None."""
+    """The planner's plan with victims for ``s`` at ``t``, or None. Its engine decisions count in
+    the run's, whatever it answers."""
     who = preemptor(s)
     if who is None:
         return None
     got = plan_preemption(sim.cluster, who, running(sim, s.gang_id), sim.tree, held_by=dict(sim.held),
                           profile=sim.profile, avoid=s.avoid_nodes, now=t)
+    sim.decisions += got.search.trials
     return got if isinstance(got, Plan) and got.victims else None

@@ -45,7 +45,8 @@ def gang_row(o: Outcome) -> dict[str, Any]:
             "gpus": round(g.units / GPU_UNITS, 3), "arrival_s": g.arrival_s, "start_s": o.start,
             "wait_s": None if o.start is None else round(o.start - g.arrival_s, 3), "end_s": o.end,
             "tier": o.tier or None, "domain": o.domain or None, "nodes": o.nodes, "split": o.split,
-            "attempts": o.attempts, "preempted": o.preempted, "reason": o.reason or None}
+            "attempts": o.attempts, "preempted": o.preempted, "gpu_s_lost": round(o.lost_gpu_s, 3),
+            "reason": o.reason or None}
 
 
 def summary(sim: Simulation) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def summary(sim: Simulation) -> dict[str, Any]:
         "queues": queues,
         "preemption": {"on": sim.config.preemption, "plans": sim.preemptions,
                        "gangs_evicted": sum(o.preempted for o in outs),
+                       "gpus_evicted": round(sum(o.preempted * o.gang.units for o in outs) / GPU_UNITS, 3),
                        "gpu_s_lost": round(sum(o.lost_gpu_s for o in outs), 3)},
         "decisions": sim.decisions,
     }
@@ -152,8 +154,8 @@ def text(doc: dict[str, Any], *, gangs: int | None) -> str:
              f"GPU utilisation: mean {u['mean']} %, peak {u['peak']} %; stranded GPUs: mean "
              f"{s['stranded_gpus']['mean']}, peak {s['stranded_gpus']['peak']}"]
     pre = s["preemption"]
-    lines.append(f"preemption: {pre['plans']} plans, {pre['gangs_evicted']} gangs evicted, "
-                 f"{pre['gpu_s_lost'] / 3600:.2f} GPU-hours of work lost" if pre["on"] else "preemption: off")
+    lines.append(f"preemption: {pre['plans']} plans, {pre['gangs_evicted']} gangs evicted ({pre['gpus_evicted']:g} "
+                 f"GPUs), {pre['gpu_s_lost'] / 3600:.2f} GPU-hours of work lost" if pre["on"] else "preemption: off")
     for key in ("alloc_100", "alloc_130"):
         if key in s:
             lines.append(f"packing figure: allocation at {key[6:]} % arrived "
@@ -169,11 +171,11 @@ def text(doc: dict[str, Any], *, gangs: int | None) -> str:
         shown = rows if gangs is None else sorted(rows, key=lambda r: -(r["wait_s"] or 0))[:gangs]
         title = "every gang" if len(shown) == doc["gangs_listed"] == len(rows) else f"the {len(shown)} longest waits"
         lines += ["", f"{title}:", f"{'GANG':<36} {'QUEUE':<10} {'GPUS':>6} {'ARRIVAL':>11} {'WAIT':>11} "
-                                   f"{'TIER':<9} {'DOMAIN':<14} {'TRIES':>5}"]
+                                   f"{'TIER':<9} {'DOMAIN':<14} {'TRIES':>5} {'PREEMPTED':>9}"]
         for r in shown:
             lines.append(f"{r['gang'][:36]:<36} {r['queue'][:10]:<10} {r['gpus']:>6g} {_t(r['arrival_s']):>11} "
                          f"{_t(r['wait_s']) if r['start_s'] is not None else 'pending':>11} {r['tier'] or '-':<9} "
-                         f"{(r['domain'] or '-')[:14]:<14} {r['attempts']:>5}")
+                         f"{(r['domain'] or '-')[:14]:<14} {r['attempts']:>5} {r['preempted']:>9}")
     if doc["pending"]:
         lines += ["", "pending at the end:"]
         for p in doc["pending"]:

@@ -13,7 +13,10 @@ the object (on a bare Pod, on the pod):
 ====================================  ==========================================================
 
 ``PriorityClass`` objects in the files give the pods that name them their ``spec.priority``
-and ``preemptionPolicy``, as the API server's Priority admission does.
+and ``preemptionPolicy``, as the API server's Priority admission does: the built-in
+``system-cluster-critical`` and ``system-node-critical`` too, and a pod that names no class gets
+the ``globalDefault: true`` class's (none: priority 0). A pod may also carry ``spec.priority``
+itself (as ``kubectl get -o yaml`` writes it), which is kept.
 
 Each object is checked as ``phalanx validate`` checks it (``workloads.check_object``) and made
 into the pods its controller would create (``workloads.expand_pods``); the pods are grouped into
@@ -42,6 +45,9 @@ DURATION = "sim.phalanx.io/duration"
 REPEAT = "sim.phalanx.io/repeat"
 EVERY = "sim.phalanx.io/every"
 MAX_REPEAT = 100_000
+SYSTEM_CLASSES = {"system-cluster-critical": {"value": 2_000_000_000},
+                  "system-node-critical": {"value": 2_000_001_000}}
+"""The PriorityClasses every API server has (``scheduling.k8s.io/v1``'s built-ins)."""
 
 
 @dataclass
@@ -59,13 +65,20 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
     """The gangs of every object in ``paths`` (``OSError`` when a file cannot be read,
     ``Invalid`` naming file, document and field when an object is not valid)."""
     objects: list[tuple[str, dict[str, Any]]] = []
-    classes: dict[str, dict[str, Any]] = {}
+    classes: dict[str, Mapping[str, Any]] = dict(SYSTEM_CLASSES)
+    default: tuple[str, str] | None = None
     for path in paths:
         for n, doc in enumerate(yaml_file(path), start=1):
             if doc is None or (isinstance(doc, dict) and doc.get("kind") in ("Queue", "Namespace")):
                 continue
             if isinstance(doc, dict) and doc.get("kind") == "PriorityClass":
-                classes[str((doc.get("metadata") or {}).get("name", ""))] = doc
+                name = str((doc.get("metadata") or {}).get("name", ""))
+                if doc.get("globalDefault") is True:
+                    if default is not None and default[0] != name:
+                        raise Invalid(f"{path}#{n}: PriorityClass {name}: globalDefault", f"PriorityClass "
+                                      f"{default[0]} ({default[1]}) is the default already: only one may be")
+                    default = (name, f"{path}#{n}")
+                classes[name] = doc
                 continue
             if not isinstance(doc, dict):
                 raise Invalid(f"{path}#{n}", f"not a Kubernetes object (a {type(doc).__name__}, not a mapping)")
@@ -81,7 +94,8 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
         for copy, (arrival, duration) in enumerate(times):
             suffix = f"-r{copy}" if len(times) > 1 else ""
             for pod in workloads.expand_pods(_renamed(obj, suffix)):
-                _add(found, where, _prioritised(where, pod, classes), arrival, duration, tree, namespaces)
+                pod = _prioritised(where, pod, classes, default[0] if default else None)
+                _add(found, where, pod, arrival, duration, tree, namespaces)
     out = []
     for gang_id, g in found.items():
         refused = g.refused
@@ -152,13 +166,17 @@ def _add(found: dict[str, _Gang], where: str, pod: dict[str, Any], arrival: floa
         g.size = max(g.size, size.members if size.declared else 0)
 
 
-def _prioritised(where: str, pod: dict[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _prioritised(where: str, pod: dict[str, Any], classes: Mapping[str, Mapping[str, Any]],
+                 default: str | None) -> dict[str, Any]:
     """The pod as the API server's Priority admission leaves it: ``spec.priority`` (and, unless
     the pod says, ``preemptionPolicy``) from the PriorityClass its ``priorityClassName`` names
-    among the workload's ``PriorityClass`` objects; a name none defines is refused, as there."""
+    among the workload's ``PriorityClass`` objects and the built-in ones, or, naming none, from
+    the ``globalDefault`` class (``default``); a name none defines is refused, as there."""
     spec = pod.get("spec") or {}
-    name = spec.get("priorityClassName")
-    if not name or "priority" in spec:
+    if "priority" in spec:
+        return pod
+    name = spec.get("priorityClassName") or default
+    if not name:
         return pod
     cls = classes.get(str(name))
     if cls is None:

@@ -5,15 +5,22 @@ and run again from the beginning once placed again. Times computed by hand on on
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import subprocess
+import sys
+
 import msgspec
 import pytest
 from engine_builders import node, pod
 
 from phalanx_engine.queues import QueueTree
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_sim import preemption
 from phalanx_sim.loop import Simulation
 from phalanx_sim.model import SimConfig, SimGang
-from phalanx_sim.report import document
+from phalanx_sim.report import document, text
 from phalanx_sim.workload import read_workload
 
 NO_TREE = QueueTree.of(())
@@ -79,34 +86,173 @@ def test_preemption_in_virtual_time(gangs, tree, config, expected):
     assert outcome(run(gangs, tree, config, nodes=nodes)) == expected
 
 
+PARENT = QueueTree.of([QueueSpec(name="org", quota=8 * GPU_UNITS),
+                       QueueSpec(name="team", parent="org", quota=8 * GPU_UNITS)])
+
+
+@pytest.mark.parametrize(("gangs", "tree", "expected"), [
+    pytest.param(
+        [gang("org-job", 8, at=0, runs=100, queue="org"), gang("team-job", 8, at=10, runs=20, queue="team")],
+        PARENT,
+        # team (below its quota) reclaims from its parent queue's own gang: the planner checks
+        # no quota on the queues the units stay within (org holds them before and after)
+        {"org-job": (30, 130, 1, 80.0), "team-job": (10, 30, 0, 0.0)},
+        id="a child queue below its quota reclaims the GPUs of a gang of its parent queue"),
+    pytest.param(
+        [gang("team-job", 8, at=0, runs=100, queue="team"), gang("org-job", 8, at=10, runs=20, queue="org")],
+        PARENT,
+        # org holds its quota already (team's gang counts against it): no reclaim, it waits
+        {"team-job": (0, 100, 0, 0.0), "org-job": (100, 120, 0, 0.0)},
+        id="a parent queue at its quota through its child does not reclaim from the child"),
+])
+def test_reclaim_along_a_queue_chain(gangs, tree, expected):
+    assert outcome(run(gangs, tree)) == expected
+
+
+def test_a_victim_of_two_members_goes_whole_and_its_gpus_are_free_for_the_preemptor_at_once():
+    gangs = [gang("lo", 4, at=0, runs=100, priority=1, members=2), gang("mid", 4, at=0, runs=100, priority=5,
+                                                                        members=2),
+             gang("hi", 8, at=10, runs=20, priority=10)]
+    sim = run(gangs, nodes=2)
+    # 10 s x 8 GPUs of lo's first run are lost; lo starts again, whole, when hi ends
+    assert outcome(sim) == {"lo": (30, 130, 1, 80.0), "mid": (0, 100, 0, 0.0), "hi": (10, 30, 0, 0.0)}
+    # samples before each instant's events: at 20 mid's 8 and hi's 8 GPUs are held, no member of lo
+    assert [(s.t, s.allocated, s.running, s.pending) for s in sim.samples[:5]] == [
+        (0, 0.0, 0, 0), (10, 16.0, 2, 0), (20, 16.0, 2, 1), (30, 16.0, 2, 1), (40, 16.0, 2, 0)]
+
+
+def _random_workload(seed: int) -> list[SimGang]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(12):
+        policy = "Never" if rnd.random() < 0.15 else ""
+        out.append(gang(f"g{i}", rnd.choice((1, 2, 4, 8)), at=float(rnd.randrange(0, 120, 5)),
+                        runs=float(rnd.randrange(20, 200, 10)), priority=rnd.choice((0, 1, 5, 10)),
+                        members=rnd.choice((1, 1, 2)), queue=rnd.choice(("org", "a", "b", "c")), policy=policy))
+    return out
+
+
+RANDOM_TREE = QueueTree.of([
+    QueueSpec(name="org", quota=20 * GPU_UNITS), QueueSpec(name="a", parent="org", quota=4 * GPU_UNITS),
+    QueueSpec(name="b", parent="org", quota=8 * GPU_UNITS, limit=12 * GPU_UNITS, within_queue="Never"),
+    QueueSpec(name="c", quota=4 * GPU_UNITS, reclaim="Never")])
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_the_cheap_check_before_planning_never_skips_a_plan_the_planner_would_make(seed, monkeypatch):
+    """``may_preempt`` only saves the planner's work: every run agrees with one that asks the
+    planner at every refusal (both decide every retry, so only the check differs)."""
+    gangs, config = _random_workload(seed), SimConfig(starve_after_s=0, sample_s=10, exact=True)
+    checked = run(gangs, RANDOM_TREE, config, nodes=3)
+    monkeypatch.setattr(preemption, "may_preempt", lambda sim, s: sim.config.preemption)
+    asked = run(gangs, RANDOM_TREE, config, nodes=3)
+    assert (outcome(checked), checked.preemptions) == (outcome(asked), asked.preemptions)
+
+
 def test_the_report_counts_plans_victims_and_lost_work_and_two_runs_agree():
     gangs = [*FULL, gang("hi", 4, at=10, runs=20, priority=10)]
     docs = [document(run(gangs), gangs=None, pending_limit=5, decisions=0) for _ in range(2)]
     assert docs[0] == docs[1]
-    assert docs[0]["summary"]["preemption"] == {"on": True, "plans": 1, "gangs_evicted": 1, "gpu_s_lost": 40.0}
-    assert {r["gang"]: r["preempted"] for r in docs[0]["gangs"]} == {
-        "default/lo": 1, "default/mid": 0, "default/hi": 0}
+    assert docs[0]["summary"]["preemption"] == {"on": True, "plans": 1, "gangs_evicted": 1, "gpus_evicted": 4.0,
+                                                "gpu_s_lost": 40.0}
+    assert {r["gang"]: (r["start_s"], r["wait_s"], r["preempted"], r["gpu_s_lost"]) for r in docs[0]["gangs"]} == {
+        "default/lo": (30, 30, 1, 40.0), "default/mid": (0, 0, 0, 0.0), "default/hi": (10, 0, 0, 0.0)}
+    lines = text(docs[0], gangs=None).splitlines()
+    assert [ln for ln in lines if ln.startswith("preemption:")] == [
+        "preemption: 1 plans, 1 gangs evicted (4 GPUs), 0.01 GPU-hours of work lost"]
+    table = lines[lines.index("every gang:") + 1:]
+    assert [ln.split()[-2:] for ln in table] == [["TRIES", "PREEMPTED"], ["7", "1"], ["1", "0"], ["1", "0"]]
 
 
-def test_priority_classes_in_the_workload_give_pods_their_priority_and_policy(tmp_path):
-    f = tmp_path / "w.yaml"
-    f.write_text("""
+def test_with_preemption_off_the_report_says_so_and_two_runs_agree():
+    gangs = [*FULL, gang("hi", 4, at=10, runs=20, priority=10)]
+    docs = [document(run(gangs, config=OFF), gangs=None, pending_limit=5, decisions=0) for _ in range(2)]
+    assert docs[0] == docs[1]
+    assert docs[0]["summary"]["preemption"] == {"on": False, "plans": 0, "gangs_evicted": 0, "gpus_evicted": 0.0,
+                                                "gpu_s_lost": 0.0}
+    assert [ln for ln in text(docs[0], gangs=None).splitlines() if ln.startswith("preemption")] == ["preemption: off"]
+
+
+URGENT = """
 apiVersion: scheduling.k8s.io/v1
 kind: PriorityClass
 metadata: {name: urgent}
 value: 100
 preemptionPolicy: Never
 ---
-apiVersion: v1
+"""
+BATCH_DEFAULT = """
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: batch}
+value: 3
+globalDefault: true
+---
+"""
+
+
+def _pod(name: str, spec: str = "", *, times: tuple[str, str] | None = None, gpus: int = 1) -> str:
+    """A pod's YAML: ``spec`` lines added to its spec, ``times`` its (arrival, duration)."""
+    notes = f"annotations: {{sim.phalanx.io/arrival: {times[0]}, sim.phalanx.io/duration: {times[1]}}}, " if times else ""
+    return f"""apiVersion: v1
 kind: Pod
-metadata: {name: p}
+metadata: {{{notes}name: {name}}}
 spec:
-  priorityClassName: urgent
   schedulerName: phalanx
-  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]
-""")
-    (g,) = read_workload([str(f)], NO_TREE, {})
-    assert (g.priority, g.members[0].priority, g.members[0].preemption_policy) == (100, 100, "Never")
+  {spec}
+  containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: "{gpus}"}}}}}}]
+"""
+
+
+JOBSET_URGENT = """apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: train}
+spec:
+  replicatedJobs:
+  - name: w
+    replicas: 1
+    template:
+      spec:
+        parallelism: 2
+        template:
+          spec:
+            schedulerName: phalanx
+            priorityClassName: urgent
+            containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]
+"""
+
+
+@pytest.mark.parametrize(("workload", "expected"), [
+    pytest.param(URGENT + _pod("p", "priorityClassName: urgent"), [("default/p", 100, ((100, "Never"),))],
+                 id="a PriorityClass in the workload gives the pods naming it its value and preemptionPolicy"),
+    pytest.param(URGENT + JOBSET_URGENT, [("default/JobSet:train", 100, ((100, "Never"), (100, "Never")))],
+                 id="a JobSet's pod template naming a PriorityClass gives every member its value"),
+    pytest.param(URGENT + _pod("p", "priorityClassName: urgent\n  preemptionPolicy: PreemptLowerPriority"),
+                 [("default/p", 100, ((100, "PreemptLowerPriority"),))],
+                 id="a pod's own preemptionPolicy is kept over its class's"),
+    pytest.param(BATCH_DEFAULT + _pod("p") + "---\n" + _pod("q", "priority: 7"),
+                 [("default/p", 3, ((3, ""),)), ("default/q", 7, ((7, ""),))],
+                 id="a pod naming no class gets the globalDefault class's value and a pod's own priority is kept"),
+    pytest.param(_pod("p", "priorityClassName: system-cluster-critical") + "---\n" + _pod("q"),
+                 [("default/p", 2_000_000_000, ((2_000_000_000, ""),)), ("default/q", 0, ((0, ""),))],
+                 id="the built-in system classes need no object and without a default class priority is 0"),
+])
+def test_workload_pods_get_their_priority_as_the_api_servers_priority_admission_gives_it(tmp_path, workload,
+                                                                                        expected):
+    f = tmp_path / "w.yaml"
+    f.write_text(workload)
+    got = [(g.gang_id, g.priority, tuple((m.priority, m.preemption_policy) for m in g.members))
+           for g in read_workload([str(f)], NO_TREE, {})]
+    assert got == expected
+
+
+def test_two_global_default_priority_classes_are_refused_as_the_api_server_refuses_the_second(tmp_path):
+    from phalanx_input import Invalid
+
+    f = tmp_path / "w.yaml"
+    f.write_text(BATCH_DEFAULT + BATCH_DEFAULT.replace("name: batch", "name: other") + _pod("p"))
+    with pytest.raises(Invalid, match="globalDefault.*PriorityClass batch .* is the default already"):
+        read_workload([str(f)], NO_TREE, {})
 
 
 def test_a_priority_class_the_workload_does_not_define_is_refused_with_the_field(tmp_path):
@@ -121,3 +267,48 @@ spec: {priorityClassName: nowhere, schedulerName: phalanx, containers: [{name: c
 """)
     with pytest.raises(Invalid, match="spec.priorityClassName"):
         read_workload([str(f)], NO_TREE, {})
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+LOW = """
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: low}
+value: 1
+---
+"""
+COMMAND_WORKLOAD = (LOW + URGENT.replace("preemptionPolicy: Never\n", "")
+                    + "---\n".join(_pod(n, "priorityClassName: low", times=("0s", "100s"), gpus=4) for n in "ab")
+                    + "---\n" + _pod("hi", "priorityClassName: urgent", times=("10s", "20s"), gpus=8))
+
+
+@pytest.mark.parametrize(("flags", "preemption", "gangs"), [
+    pytest.param([], {"on": True, "plans": 1, "gangs_evicted": 2, "gpus_evicted": 8.0, "gpu_s_lost": 80.0},
+                 {"default/a": (30, 1, 40.0), "default/b": (30, 1, 40.0), "default/hi": (10, 0, 0.0)},
+                 id="phalanx sim preempts by default and reports it in its json"),
+    pytest.param(["--no-preemption"],
+                 {"on": False, "plans": 0, "gangs_evicted": 0, "gpus_evicted": 0.0, "gpu_s_lost": 0.0},
+                 {"default/a": (0, 0, 0.0), "default/b": (0, 0, 0.0), "default/hi": (100, 0, 0.0)},
+                 id="with --no-preemption the high-priority gang waits"),
+])
+def test_the_command_reads_priority_classes_and_preempts_unless_told_not_to(tmp_path, capsys, flags, preemption,
+                                                                            gangs):
+    from phalanx_cli.main import main as cli
+
+    f = tmp_path / "w.yaml"
+    f.write_text(COMMAND_WORKLOAD)
+    assert cli(["sim", "--synthetic", "1x8v100", "--workload", str(f), "--quiet", "--json", *flags]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["preemption"] == preemption
+    assert {r["gang"]: (r["start_s"], r["preempted"], r["gpu_s_lost"]) for r in doc["gangs"]} == gangs
+
+
+def test_a_run_that_preempts_prints_the_same_whatever_the_hash_seed(tmp_path):
+    f = tmp_path / "w.yaml"
+    f.write_text(COMMAND_WORKLOAD)
+    outs = [subprocess.run([sys.executable, "-m", "phalanx_cli.main", "sim", "--synthetic", "1x8v100", "--workload",
+                            str(f), "--quiet", "--json"], capture_output=True, text=True, timeout=120, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert outs[0] == outs[1]
+    assert json.loads(outs[0])["summary"]["preemption"]["plans"] == 1
