@@ -57,6 +57,8 @@ class BindWatch:
         self.plane = plane
         self.namespace = namespace
         self.bound: dict[str, tuple[float, str]] = {}
+        self.gone: dict[str, float] = {}
+        """When each pod was first seen deleted or being deleted."""
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.rv = plane.api.get(f"/api/v1/namespaces/{namespace}/pods")["metadata"]["resourceVersion"]
@@ -98,6 +100,9 @@ class BindWatch:
                 name = (pod.get("metadata") or {}).get("name")
                 if ev.get("type") in ("ADDED", "MODIFIED") and node and name not in self.bound:
                     self.bound[name] = (time.perf_counter(), node)
+                if (ev.get("type") == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp")) and (
+                        name not in self.gone):
+                    self.gone[name] = time.perf_counter()
         except (OSError, ValueError, AttributeError, RuntimeError, http.client.HTTPException) as e:  # closed under us
             if not self.done.is_set():
                 self.error = e

@@ -17,7 +17,8 @@ API server, one scheduler at a time, the other stopped and every pod deleted in 
   prints each queue's share of the GPUs against its fair share (``--share-plot``);
 * ``preempt``: every GPU taken by low-priority mixed gangs, then a stream of high-priority
   8 x 8-GPU gangs that start only by preemption (``bench/preempt_kwok.py``): time to start
-  them, GPUs evicted per GPU gained, how many landed in one HyperNode, victims left partial.
+  them, GPUs evicted per GPU gained, how many landed in one HyperNode, victims left partial;
+  beside it the planner alone on ``--preempt-small`` small clusters against the exact optimum.
 
 Phalanx runs as the Deployments would (``phalanx run … --cluster kube``: a nats-server,
 placement, gang-coordinator, binder) plus one ``node-fleet`` process that plays every node's
@@ -47,7 +48,6 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -71,7 +71,8 @@ from kube_baseline import BindWatch  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
 from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
-from procstat import cpu_seconds, memory_mib, pct  # noqa: E402
+from preemption import run_small  # noqa: E402
+from procstat import Cpu, memory_mib, pct, start_profiles, stop_profiles  # noqa: E402
 from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot, share_table  # noqa: E402
 
 SERVICES = ("placement", "gang-coordinator", "binder")
@@ -85,6 +86,7 @@ def kwok_stages(workdir: Path) -> Path:
     """The harness's kwok stages without the periodic node heartbeat."""
     docs = [d for d in yaml.safe_load_all(kubeharness.STAGES.read_text()) if d]
     kept = [d for d in docs if d["metadata"]["name"] != "node-heartbeat"]
+    workdir.mkdir(parents=True, exist_ok=True)  # --keep DIR may not exist yet
     out = workdir / "kwok-stages-scale.yaml"
     out.write_text(yaml.safe_dump_all(kept))
     return out
@@ -124,17 +126,6 @@ def pod_object(name: str, gang: str, size: int, namespace: str, scheduler: str, 
 
 
 # -- one phase --------------------------------------------------------------------------------
-class Cpu:
-    """CPU seconds of named process groups between ``start`` and ``stop``."""
-
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = groups
-        self.start = {g: sum(map(cpu_seconds, pids)) for g, pids in groups.items()}
-
-    def stop(self) -> dict[str, float]:
-        return {g: sum(map(cpu_seconds, pids)) - self.start[g] for g, pids in self.groups.items()}
-
-
 def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[str, str, int]], scheduler: str,
               cap_s: float, groups: dict[str, list[int]], queued: bool = False) -> dict:
     api: KubeApi = plane.api
@@ -235,19 +226,15 @@ def run_size(n: int, args, work: Path) -> list[dict]:
             pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
             if "phalanx" in args.schedulers:
                 rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context))
-            if "kube-scheduler" in args.schedulers and kind == "preempt":
-                plane.start_scheduler(qps=args.qps, burst=args.qps)
-                time.sleep(2)
-                r = preempt_kwok.run(plane, cluster.nodes, "k-preempt", "default-scheduler", args, say)
-                plane.stop_scheduler()
-                delete_pods(api, "k-preempt")
-                rows.append({"nodes": n, "workload": kind, "scheduler": "default-scheduler", "preempt": r})
-            elif "kube-scheduler" in args.schedulers and kind != "share":
+            if "kube-scheduler" in args.schedulers and kind != "share":
                 plane.start_scheduler(qps=args.qps, burst=args.qps)
                 time.sleep(2)
                 groups = {"scheduler": [plane.procs["kube-scheduler"].pid], **context}
-                r = run_phase(plane, f"kube-scheduler {n} nodes {kind}", f"k-{kind}", pods, "default-scheduler",
-                              args.cap_s, groups, queued=kind == "queues")
+                r = ({"scheduler": "default-scheduler",
+                      "preempt": preempt_kwok.run(plane, cluster.nodes, "k-preempt", "default-scheduler", args, say)}
+                     if kind == "preempt" else
+                     run_phase(plane, f"kube-scheduler {n} nodes {kind}", f"k-{kind}", pods, "default-scheduler",
+                               args.cap_s, groups, queued=kind == "queues"))
                 plane.stop_scheduler()
                 delete_pods(api, f"k-{kind}")
                 rows.append({"nodes": n, "workload": kind, **r})
@@ -318,39 +305,16 @@ def share_phase(plane: ControlPlane, n: int, args) -> dict:
     return {"scheduler": "phalanx", "share": result}
 
 
-def start_profiles(directory: str | None, pids: dict[str, int], tag: str) -> list:
-    """One ``py-spy record`` per service (collapsed stacks, 20 samples/s) when ``--profile``."""
-    if not directory:
-        return []
-    import subprocess
-
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    return [subprocess.Popen([spy, "record", "--nonblocking", "--rate", "20", "--format", "raw",
-                              "-o", str(Path(directory) / f"{tag}-{name}.txt"), "--pid", str(p)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, p in pids.items()]
-
-
-def stop_profiles(procs: list) -> None:
-    import signal
-
-    for p in procs:
-        p.send_signal(signal.SIGINT)
-    for p in procs:
-        p.wait(60)
-
-
 # -- output -----------------------------------------------------------------------------------
 def _secs(v: float, cap: float) -> str:
     return f">{cap:.0f} s" if math.isinf(v) else (f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s")
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], small: dict | None = None) -> str:
     shares = [share_table(r["share"], r["nodes"]) for r in rows if "share" in r]
     preempts = [{"nodes": r["nodes"], **r["preempt"]} for r in rows if "preempt" in r]
     if preempts:
-        shares.append(preempt_kwok.table(preempts))
+        shares.append(preempt_kwok.table(preempts, small))
     rows = [r for r in rows if "share" not in r and "preempt" not in r]
     if not rows:
         return "\n\n".join(shares)
@@ -443,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preemptors", type=int, default=8, help="preempt: high-priority gangs (default %(default)s)")
     p.add_argument("--preempt-every-s", type=float, default=3.0,
                    help="preempt: seconds between two of them (default %(default)s)")
+    p.add_argument("--preempt-low", type=int, default=3, choices=(1, 2, 3),
+                   help="preempt: the fill's priorities are 1 to this (default %(default)s)")
+    p.add_argument("--preempt-small", type=int, default=300,
+                   help="preempt: small clusters for the planner against the exact optimum (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--plot", metavar="PNG", help="also draw pending→bound latency against nodes")
     args = p.parse_args(argv)
@@ -458,12 +426,13 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"{n} nodes: FAILED: {e!r}")
                 rows.append({"nodes": n, "error": repr(e)})
     good = [r for r in rows if "error" not in r]
-    meta = {"cpus": os.cpu_count(), "kube_version": "v1.36.3", "minutes": round((time.monotonic() - began) / 60, 1),
+    small = run_small(args.preempt_small, args.seed) if "preempt" in args.workloads and args.preempt_small else None
+    meta = {"planner_small": small, "cpus": os.cpu_count(), "kube_version": "v1.36.3", "minutes": round((time.monotonic() - began) / 60, 1),
             "load_average": os.getloadavg()}
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
     else:
-        print(table(good))
+        print(table(good, small))
         for r in rows:
             if "error" in r:
                 print(f"{r['nodes']} nodes: {r['error']}")

@@ -74,6 +74,8 @@ class SagaDriver:
         self._node_consumers: set[str] = set()
         self.announced: set[tuple[str, int]] = set()
         """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
+        self.missed: dict[str, int] = {}
+        """Gang → its attempt that was placing when a release would have woken it (``wake``)."""
 
     # -- effects -----------------------------------------------------------------------------
     def timeout_of(self, state: GangState) -> float:
@@ -205,11 +207,16 @@ class SagaDriver:
     async def on_reply(self, event, delivery: Delivery) -> None:
         match event:
             case Reserved():
+                self.missed.pop(event.gang_id, None)
                 await self.on_reserved(event)
             case PlacementFailed():
                 c = self.config
-                await self.apply(await self.store.transition(event.gang_id, lambda s: saga.placement_failed(
+                missed = self.missed.pop(event.gang_id, None) == event.attempt
+                state = await self.apply(await self.store.transition(event.gang_id, lambda s: saga.placement_failed(
                     s, event, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s)))
+                if missed and state is not None and await self._wake_one(event.gang_id, time.time()):
+                    log("gang woken: GPUs were released during its attempt", gang=event.gang_id,
+                        attempt=event.attempt)
             case BindsDone():
                 await self.on_binds_done(event)
             case Released():
@@ -221,23 +228,36 @@ class SagaDriver:
         """GPUs were released: the first ``WAKE`` gangs waiting in backoff after a failed
         placement try again now instead of at the end of their backoff — those of queues below
         their quota first, then by priority and arrival (as kube-scheduler moves unschedulable
-        pods back to its active queue on a cluster event). Returns the gangs woken."""
+        pods back to its active queue on a cluster event). Returns the gangs woken.
+
+        A gang whose attempt is under way competes too: placement may have decided it before
+        these GPUs came free, so if that attempt fails it is tried again at once (``missed``)
+        instead of sleeping its whole backoff — a preemptor woken by each of its victims'
+        releases is nearly always placing when the last one comes."""
         now = time.time() if now is None else now
         states, _ = await self.store.all()
-        waiting = [s for s in states if s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now]
+        waiting = [s for s in states if s.phase == "placing" or (
+            s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now)]
         owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
         waiting.sort(key=lambda s: (not owed(saga.queue_of(s)), saga.queue_key(s)))
         woken = []
         for s in waiting[:WAKE]:
-            t = await self.store.transition(s.gang_id, lambda cur: msgspec.structs.replace(cur, backoff_until=now)
-                                            if cur is not None and cur.phase == "backoff" and cur.backoff_until > now
-                                            else None)
-            if t is not None:
+            if s.phase == "placing":
+                self.missed[s.gang_id] = s.attempt
+            elif await self._wake_one(s.gang_id, now):
                 woken.append(s.gang_id)
-                await self.start(s.gang_id)
         if woken:
             log("gangs woken: GPUs were released", gangs=",".join(woken))
         return woken
+
+    async def _wake_one(self, gang_id: str, now: float) -> bool:
+        """End the backoff of a gang that failed to place and start its next attempt."""
+        t = await self.store.transition(gang_id, lambda cur: msgspec.structs.replace(cur, backoff_until=now)
+                                        if cur is not None and cur.phase == "backoff" and cur.backoff_until > now
+                                        else None)
+        if t is not None:
+            await self.start(gang_id)
+        return t is not None
 
     async def on_node_reply(self, event, delivery: Delivery) -> None:
         match event:

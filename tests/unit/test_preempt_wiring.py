@@ -248,3 +248,57 @@ async def test_a_disruption_budget_refusing_one_pod_evicts_none_and_tells_placem
     assert msgspec.structs.replace(refused, reason="") == EvictionRefused(gang_id="ns/hi", attempt=1,
                                                                           victims=("ns/low",))
     assert "disruption budget" in refused.reason
+
+
+class SlowCluster(Cluster):
+    """Every request takes a moment, as on a real API server; counts the requests in flight."""
+
+    def __init__(self, blocked_late: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.blocked_late = blocked_late
+        self.in_flight = self.most = 0
+
+    async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if not dry_run and ref.name in self.blocked_late:
+                raise EvictionBlocked(f"evicting {ref}: the budget changed since the dry run")
+            await anyio.sleep(0.01)
+            return await super().evict_pod(ref, dry_run=dry_run)
+        finally:
+            self.in_flight -= 1
+
+
+def wide_world(pods: int) -> Book:
+    """One victim gang of ``pods`` one-GPU pods over ``pods // 8`` nodes, all nominated for ns/hi."""
+    ledgers = [ledger(f"n{k}", *(alloc("ns/low", f"low-{k * 8 + g}", f"n{k}", g) for g in range(8)),
+                      noms=(nomination("ns/hi", f"hi-{k}", f"n{k}", *range(8)),)) for k in range(pods // 8)]
+    return Book(*ledgers)
+
+
+async def test_a_victim_of_many_pods_is_evicted_many_at_a_time_not_one_by_one():
+    # The kwok benchmark (docs/preemption.md, Measured): one request at a time, ~100 ms each on
+    # the API server, a preemptor whose victims held 50 pods waited 5 s for its evictions.
+    from phalanx_binder.evictions import EVICT_CONCURRENCY
+
+    cluster = SlowCluster()
+    with anyio.fail_after(5):
+        await Evictions(Bus(), cluster, wide_world(64), clock=lambda: NOW).evict(
+            EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
+    assert sorted(cluster.evicted) == sorted(f"low-{i}" for i in range(64))
+    assert len(cluster.events) == 64
+    assert cluster.most == EVICT_CONCURRENCY
+
+
+async def test_a_budget_that_changes_after_the_dry_run_stops_further_evictions_and_is_reported_once():
+    cluster = SlowCluster(blocked_late=frozenset({"low-20"}))
+    bus = Bus()
+    with anyio.fail_after(5):
+        await Evictions(bus, cluster, wide_world(64), clock=lambda: NOW).evict(
+            EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
+    assert 0 < len(cluster.evicted) < 64  # those under way beside it finish; none starts after it
+    assert "low-20" not in cluster.evicted and "low-63" not in cluster.evicted
+    [(subject, refused)] = bus.sent
+    assert (subject, refused.victims) == (S.eviction_refused_subject("ns/hi"), ("ns/low",))
+    assert "changed since the dry run" in refused.reason
