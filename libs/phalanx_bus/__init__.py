@@ -22,8 +22,10 @@ from phalanx_bus.keyed import KeyedWork
 from phalanx_bus.kv import Kv, KvEntry, kv_atomic_write
 from phalanx_bus.mirror import KvMirror, MirrorEntry, MirrorLagging, Poisoned
 from phalanx_bus.records import BadEntry, Record, read_all, read_one
+from phalanx_bus.stored import Stored, stored_messages
 
 __all__ = [
+    "Stored", "stored_messages",
     "Bus", "BusAuth", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write",
     "tail", "Delivery", "KeyedWork", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
     "KvMirror", "MirrorEntry", "MirrorLagging", "Poisoned",

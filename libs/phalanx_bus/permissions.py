@@ -50,7 +50,8 @@ def _fill(template: str, per_node: bool, *, subscribe: bool = False) -> str:
     ``phx.gang.status.*.*``) is a subscription the identity may make."""
     if subscribe and not per_node:
         template = re.sub(r"\{\w+\}$", ">", template)
-    return template.replace("{gang}", "*.*").replace("{node}", NODE_TEMPLATE if per_node else "*")
+    filled = template.replace("{gang}", "*.*").replace("{node}", NODE_TEMPLATE if per_node else "*")
+    return re.sub(r"\{\w+\}", "*", filled)  # any other placeholder ({replica}) is one token
 
 
 def _bucket_subjects(bucket: S.Bucket, grant: S.Grant, per_node: bool) -> set[str]:

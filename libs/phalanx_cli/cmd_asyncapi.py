@@ -35,6 +35,7 @@ PARAMETERS = {
     "stream": "The stream the dead message came from (PHX_GANG, PHX_TOPOLOGY, PHX_NODE, PHX_DEADLINE).",
     "consumer": "The durable consumer that gave the message up (placement, binder, gang-coordinator, "
                 "mig-manager-<node>, ...).",
+    "replica": "One placement process: its pod (or host) name, pid and a random part, as one subject token.",
     "queue": "The queue's name as one subject token (token(name): characters outside [A-Za-z0-9_-] become '_').",
 }
 

@@ -9,7 +9,8 @@ the gangs still pending with what would start them; ``--json`` for all of it, ``
 for figures. Progress goes to stderr every few seconds, and the wall time at the end.
 ``--from-live`` starts from a running cluster instead, read once through the reader identity
 (``sim_live``): its nodes, the reservations they hold (held to the end of the run) and, unless
-``--queues`` is given, its queues.
+``--queues`` is given, its queues. ``--replay`` decides placement's logged decisions again
+(``sim_replay``).
 
 Exit codes: 0 ran; 1 an input was read but is invalid (field and rule named); 2 an input
 cannot be read, bad flags, or matplotlib missing for ``--plot``.
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from phalanx_cli import sim_replay
 from phalanx_cli.cmd_run import add_nats
 from phalanx_cli.terminal import safe, safe_lines
 from phalanx_input import Invalid
@@ -97,12 +99,15 @@ def register(sub) -> None:
                      help="engine decisions the counterfactual probes may take per pending gang (a budget in "
                           "decisions keeps the output the same on any machine; default %(default)s; 0 none)")
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sim_replay.register_flags(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from phalanx_sim import plots, report
 
+    if args.replay:
+        return sim_replay.main(args)
     started = time.perf_counter()
     try:
         setup = _inputs(args)

@@ -31,6 +31,7 @@ from phalanx_proto.scheduling import (
     MAX_TERMS,
     MAX_TOLERATIONS,
     HostPort,
+    NodeKubeState,
     NodeSelectorTerm,
     Toleration,
 )
@@ -574,12 +575,63 @@ class MigDestroyed(_PodNodeEvent, tag="mig.destroyed"):
 NODE_EVENTS = (MigPrepareRequested, MigDestroyRequested, MigReady, MigFailed, MigDestroyed)
 AnyNodeEvent = MigPrepareRequested | MigDestroyRequested | MigReady | MigFailed | MigDestroyed
 
+class RecordedNode(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="node", tag_field="item"):
+    """One node as placement's cluster took it (the engine's ``NodeView``), or its removal.
+    ``topology`` and ``kube`` are left out when the replica's previous record of the node, since
+    its last base, carried the same (``same``)."""
+
+    name: str
+    removed: bool = False
+    topology: NodeTopology | None = None
+    enabled: bool = True
+    fresh: bool = True
+    tiers: NetworkTiers = NetworkTiers()
+    allocations: tuple[Assignment, ...] = ()
+    revision: NonNegative = 0
+    kube: NodeKubeState | None = None
+    invalid: str = ""
+    same: tuple[Literal["topology", "kube"], ...] = ()
+
+
+class RecordedDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="decision",
+                       tag_field="item"):
+    """One engine decision of a scheduling cycle: its request, and what it came to (``placed``,
+    or the ``NoFit`` summary in ``no_fit``)."""
+
+    gang_id: str
+    attempt: Attempt = 1
+    members: Annotated[tuple[MemberSpec, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
+    node_state_required: bool = False
+    avoid: tuple[str, ...] = ()
+    placed: tuple[Assignment, ...] = ()
+    no_fit: str = ""
+
+
+class DecisionsRecorded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="decisions.recorded",
+                        tag_field="kind"):
+    """Part of one placement replica's decision log (``phx.decisions.<replica>``, docs/whatif.md
+    "Replay"): its cluster's changes and its decisions, in the order they happened. ``seq``
+    counts the replica's records from 1 (a gap: records lost); a ``base`` record starts from an
+    empty cluster, so a replay may begin there."""
+
+    replica: str
+    seq: Attempt = 1
+    at: float = 0.0
+    """Unix time of the scheduling cycle that ends with this record."""
+    base: bool = False
+    items: tuple[RecordedNode | RecordedDecision, ...] = ()
+
+    def key(self) -> str:
+        return f"decisions.recorded:{self.replica}:{self.seq}"
+
+
 gang_decoder = Decoder(AnyGangEvent)
+decisions_decoder = Decoder(DecisionsRecorded)
 topology_decoder = Decoder(AnyTopologyEvent)
 node_decoder = Decoder(AnyNodeEvent)
 encoder = msgspec.json.Encoder()
 
-ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS
+ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS + (DecisionsRecorded,)
 RETIRED_TAGS = ("placement.requested", "gang.placed", "bind.requested", "gang.bound", "gang.bind_failed")
 """Tags no version sends any more (commands and replies that carried data now held in one
 place, docs/events.md): never given to another event."""

@@ -93,6 +93,7 @@ STREAM_TOPOLOGY = "PHX_TOPOLOGY"
 STREAM_NODE = "PHX_NODE"
 STREAM_DEADLINE = "PHX_DEADLINE"
 STREAM_DEAD_LETTER = "PHX_DLQ"
+STREAM_DECISIONS = "PHX_DECISIONS"
 
 NODE_MESSAGE_MAX = 8 * KIB
 """A MIG command or reply is a few hundred bytes."""
@@ -113,6 +114,8 @@ STREAMS = (
            allow_schedules=True),
     Stream(STREAM_DEAD_LETTER, ("phx.dlq.>",), max_bytes=512 * MIB, max_msg_size=GANG_MESSAGE_MAX + 64 * KIB,
            max_age_s=30 * 24 * 3600, max_msgs_per_subject=64),
+    Stream(STREAM_DECISIONS, ("phx.decisions.>",), max_bytes=256 * MIB, max_msg_size=GANG_MESSAGE_MAX,
+           max_age_s=24 * 3600),
 )
 
 # -- channels (subjects) ------------------------------------------------------------------
@@ -181,6 +184,10 @@ CHANNELS = (
     Channel("deadlineFired", "phx.deadline.fired.{gang}", STREAM_DEADLINE, _tags(E.GangDeadline), (),
             "The deadline, delivered by the server at its time (Nats-Schedule-Target). Ignored unless the "
             "attempt is still running.", receiver="gang-coordinator"),
+    Channel("placementDecisions", "phx.decisions.{replica}", STREAM_DECISIONS, _tags(E.DecisionsRecorded),
+            (PLACEMENT,), "Each placement replica's decision log: the cluster's changes as its cache saw them and "
+            "every engine decision with its outcome, in order, so `phalanx sim --replay` can decide them again "
+            "(docs/whatif.md, Replay). Bounded: the oldest records go first.", receiver="phalanx sim --replay"),
     Channel("deadLetter", "phx.dlq.{stream}.{consumer}", STREAM_DEAD_LETTER, (), (),
             "Messages a consumer gave up on (undecodable, refused with PermanentError, not allowed on their "
             "subject, or failed on their last delivery): the original payload with the error and origin in "
@@ -353,9 +360,11 @@ NODE_AGENT_PAYLOAD_MAX = NODE_STATE_MAX + 16 * KIB
 """The largest message a node agent's connection may publish (user JWT ``payload``): its
 largest record plus headers."""
 
-EXTRA_API: dict[str, tuple[str, ...]] = {}
-"""JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry); none
-today (the coordinator used to purge binder's queue of a rolled-back attempt)."""
+EXTRA_API: dict[str, tuple[str, ...]] = {
+    READER: (f"STREAM.INFO.{STREAM_DECISIONS}", f"STREAM.MSG.GET.{STREAM_DECISIONS}"),
+}
+"""JetStream API calls outside the rules above, per identity (``$JS.API.`` + entry): the
+reader reads placement's decision log message by message (``phalanx sim --replay``)."""
 
 # -- addresses ----------------------------------------------------------------------------
 
@@ -405,7 +414,8 @@ def render(template: str, *, gang: str | None = None, node: str | None = None, *
     return out
 
 
-_PATTERN = {"{gang}": r"[^.]+\.[^.]+", "{node}": r"[^.]+", "{stream}": r"[^.]+", "{consumer}": r"[^.]+"}
+_PATTERN = {"{gang}": r"[^.]+\.[^.]+", "{node}": r"[^.]+", "{replica}": r"[^.]+", "{stream}": r"[^.]+",
+            "{consumer}": r"[^.]+"}
 
 
 def _regex(template: str) -> re.Pattern[str]:

@@ -52,6 +52,7 @@ from phalanx_engine.snapshot import NodeView
 from phalanx_placement import assumed
 from phalanx_placement.assumed import Assumed, Commit
 from phalanx_placement.nodestate import NodeStates
+from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
@@ -75,7 +76,8 @@ class ClusterCache:
         self._dirty: set[str] = set()
         if node_states is not None:
             node_states.on_change = self._mark  # not self._dirty.add: refresh() swaps the set
-        self.cluster = Cluster(nodes={}, total=0)
+        self.cluster = JournaledCluster(nodes={}, total=0)
+        """Every node as decisions see it; it notes its changes for the decision log (``recorder``)."""
         self.empty = Cluster(nodes={}, total=0)
         self.views: dict[str, NodeView] = {}
         """Ledger key (the node's token) → the view ``cluster`` holds of it."""

@@ -35,3 +35,9 @@ class Config:
     metrics_every_s: float = 5.0
     """Allocation gauges are recomputed (a pass over every node) at most this often: half the
     10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
+    record_decisions: bool = option(True, "do not record each engine decision's inputs and outcome on the bounded "
+                                    "phx.decisions stream (`phalanx sim --replay`, docs/whatif.md)",
+                                    flag="--no-record-decisions")
+    record_base_every_s: float = 300.0
+    """The decision log starts again from every node at least this often, so its bounded stream
+    always holds a base to replay from (``recorder``)."""

@@ -49,6 +49,7 @@ from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
+from phalanx_placement.recorder import Recorder
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -86,12 +87,18 @@ class Placement:
         self.commits = Commits(bus, cache, config, self.gauges, self.queue)
         self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.write)
         self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write)
+        self.recorder = Recorder(bus, cache.cluster, enabled=config.record_decisions,
+                                 base_every_s=config.record_base_every_s)
 
     @property
     def profile(self):
         """The engine profile for the next decision (nodes without state refused or not)."""
+        return self.profiles[self._node_state_required]
+
+    @property
+    def _node_state_required(self) -> bool:
         states = self.cache.node_states
-        return self.profiles[states.required() if states is not None else False]
+        return states.required() if states is not None else False
 
     async def on_command(self, event, delivery: Delivery) -> None:
         match event:
@@ -158,6 +165,7 @@ class Placement:
                         refused(outcome.rule, outcome.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
                                 command="placement.place")
                         w.finish()
+                self.recorder.flush()
 
     def _decide(self, w: Waiting, record: GangState) -> Decided | Reply | checks.Refusal:
         """One request on the cache, synchronously: the committed answer again, a refusal, a
@@ -206,6 +214,8 @@ class Placement:
             with self.cache.excluding(ev.gang_id, running):
                 result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
                 elapsed = time.perf_counter() - started
+                self.recorder.decided(ev.gang_id, ev.attempt, members, node_state_required=self._node_state_required,
+                                      avoid=avoid, result=result)
                 preempted = self.preemptions.plan(ev, record, members, queue) if isinstance(result, NoFit) else None
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
@@ -317,6 +327,7 @@ async def run(bus: Bus, config: Config | None = None, *, task_status=anyio.TASK_
         tg.start_soon(placement.run_cycles)
         tg.start_soon(placement.gauges.flush)
         tg.start_soon(placement.holdings.audit_usage)
+        tg.start_soon(placement.recorder.run)
         await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
                       filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
                       concurrency=config.cycle_max, task_status=task_status)

@@ -4,7 +4,8 @@ while a hostile client poisons KV values and forges replies and commands.
 Seed from ``PHALANX_CHAOS_SEED`` (default: a fresh one, printed). Asserts, against the real
 processes: no GPU booked twice at any moment (the ledger is polled all along), every gang
 ends scheduled or pending with a reason, once the workload is deleted no reservation is left
-without a live pod, and the reconciler's findings are all zero at the end.
+without a live pod, the reconciler's findings are all zero at the end, and every decision the
+placement replicas logged replays to the same answer (``phalanx sim --replay``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stackutil import (  # noqa: E402
     connect,
     gang_pod,
     gang_states,
+    replay_log,
     seed_nodes,
     wait_until,
 )
@@ -206,6 +208,13 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                 return nodes if nodes == {"fresh": 2, "stale": 0, "invalid": 0} else None
 
             placeable = await wait_until(every_node_placeable, 30, what="every node placeable again")
+            # Every decision any placement replica logged, through the kills and the restarts of
+            # nats-server, decided again by the same engine, gives the same answer.
+            code, log, err = await anyio.to_thread.run_sync(lambda: replay_log(stack, "--require", str(GANGS // 2)))
+            print(f"replay: {log.get('replayed')} decisions of {len(log.get('replicas', ()))} placement replicas, "
+                  f"{log.get('differ')} differ; " + "; ".join(
+                      f"{r['replica']}: {r['records']} records, {r['bases']} bases, {r['gaps']} gaps, "
+                      f"{r['not_replayable']} not replayable" for r in log.get("replicas", ())))
             tg.cancel_scope.cancel()
         assert counts["kills"] >= MIN_KILLS and counts["nats_restarts"] >= 2 and counts["polls"] > 100
         assert counts["finished"] >= 10, counts
@@ -214,6 +223,7 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
         assert counts["node attacks"] >= 3, counts
         assert over == [], over
         assert placeable == {"fresh": 2, "stale": 0, "invalid": 0}
+        assert (code, log["differ"]) == (0, 0), err
     finally:
         await bus.close()
         stack.stop()

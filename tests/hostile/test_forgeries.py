@@ -75,6 +75,11 @@ def forgeries() -> dict[str, Forgery]:
         "publish a topology event for another node": Forgery(S.topology_subject(OTHER), b"{}"),
         "bind through the simulated API server": Forgery(f"$KV.{S.KV_SIM_PODS}.default.victim", b"{}"),
         "write another node's MIG records": Forgery(f"$KV.{S.KV_MIG}.{OTHER}.0.0", b"{}"),
+        "forge a placement decision log": Forgery(S.render(S.CHANNEL["placementDecisions"].template, replica="evil"),
+                                                  _ev(E.DecisionsRecorded(replica="evil", base=True))),
+        "purge placement's decision log": Forgery(f"$JS.API.STREAM.PURGE.{S.STREAM_DECISIONS}", b"{}"),
+        "delete a record of the decision log": Forgery(f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_DECISIONS}",
+                                                       b'{"seq": 1}'),
         "purge KV_phx-ledger": Forgery(f"$JS.API.STREAM.PURGE.KV_{S.KV_LEDGER}", b"{}"),
         "delete the gang stream": Forgery(f"$JS.API.STREAM.DELETE.{S.STREAM_GANG}"),
         "create a stream": Forgery("$JS.API.STREAM.CREATE.EVIL", json.dumps(
@@ -136,7 +141,7 @@ async def snapshot(bus: Bus) -> dict:
     for bucket in (S.KV_LEDGER, S.KV_GANGS, S.KV_TOPOLOGY, S.KV_NODE_STATE, S.KV_MIG, S.KV_SIM_PODS, S.KV_SIM_NODES):
         out[bucket] = {e.key: _node_part(e.value) if bucket == S.KV_NODE_STATE else (e.revision, e.value)
                        for e in await (await bus.kv(bucket)).items()}
-    for stream in (S.STREAM_GANG, S.STREAM_NODE, S.STREAM_DEADLINE, S.STREAM_TOPOLOGY):
+    for stream in (S.STREAM_GANG, S.STREAM_NODE, S.STREAM_DEADLINE, S.STREAM_TOPOLOGY, S.STREAM_DECISIONS):
         out[stream] = (await bus.js.stream_info(stream)).state.last_seq
     out["streams"] = sorted(i.config.name for i in await bus.js.streams_info())
     out["consumers"] = {s: sorted(c.name for c in await bus.js.consumers_info(s))

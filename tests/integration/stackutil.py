@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -107,3 +110,11 @@ async def partial_gangs(bus: Bus, states: dict) -> list[str]:
         if held and len(held) < len(s.members) and s.phase != "scheduled":
             out.append(gid)
     return out
+
+
+def replay_log(stack, *args: str) -> tuple[int, dict, str]:
+    """``phalanx sim --replay --json ARGS`` as the read-only identity: exit code, document, stderr."""
+    out = subprocess.run([sys.executable, "-m", "phalanx_cli.main", "sim", "--replay", "--json", "--quiet",
+                          "--nats", stack.url, *args], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **stack.identity_env(S.READER)})
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}, out.stderr

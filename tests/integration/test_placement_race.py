@@ -1,6 +1,7 @@
 """Two placement replicas racing never book a GPU twice: on a nearly full cluster of 2 nodes,
 and on 1,000 simulated nodes (one node-fleet process), where both replicas' caches pick the
-same tightest nodes and their compare-and-set commits collide."""
+same tightest nodes and their compare-and-set commits collide. Both replicas' decision logs
+replay to the same answers."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from stackutil import (
     gang_states,
     gpu_pod,
     ledger,
+    replay_log,
     seed_nodes,
     wait_until,
 )
@@ -83,6 +85,7 @@ async def test_two_placement_replicas_racing_never_double_book_and_do_conflict(t
         # Both replicas decided (which one wins a race is timing; a loser may lose them all).
         assert all("reserved" in text or "ledger conflict" in text for text in logs.values())
         assert any("reserved" in text for text in logs.values())
+        await replays_to_the_same_answers(stack, len(sizes))
         await bus.close()
     finally:
         stack.stop()
@@ -124,6 +127,7 @@ async def test_two_placement_replicas_on_a_thousand_fleet_nodes_never_double_boo
         logs = {p: stack.procs[p].log_path.read_text() for p in ("placement", "placement#2")}
         assert all("reserved" in text or "ledger conflict" in text for text in logs.values())
         assert any("ledger conflict, deciding again" in text for text in logs.values())
+        await replays_to_the_same_answers(stack, len(sizes))
         await bus.close()
     finally:
         stack.stop()
@@ -184,3 +188,11 @@ async def test_two_placement_replicas_racing_never_push_a_queue_past_its_limit(t
 
 async def _has(kv, key: str) -> bool:
     return key in await kv.keys()
+
+
+async def replays_to_the_same_answers(stack: Stack, at_least: int) -> None:
+    """Both replicas' decision logs, the decisions whose commit lost the race included, replay
+    to the same answers (``phalanx sim --replay``)."""
+    code, log, err = await anyio.to_thread.run_sync(lambda: replay_log(stack, "--require", str(at_least)))
+    assert (code, log["differ"], len(log["replicas"])) == (0, 0, 2), (err, log)
+    assert all(r["gaps"] == r["not_replayable"] == 0 for r in log["replicas"]), log

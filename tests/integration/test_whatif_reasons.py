@@ -2,7 +2,8 @@
 that does not fit is told what would start it — in its pending reason and in ``phalanx explain``
 (``--json``: ``whatif.answers``) — and the answer is true: once the gang it names is deleted,
 the pod starts, where the answer said. ``phalanx sim --from-live``, run as the reader on the same
-cluster, starts from its reservations and gives the waiting pod the same answer."""
+cluster, starts from its reservations and gives the waiting pod the same answer, and ``phalanx
+sim --replay`` decides every decision placement logged again, to the same answers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,17 @@ import pytest
 
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
-from stackutil import CLUSTER, bound_pods, connect, gang_states, gpu_pod, ref, seed_nodes, wait_until
+from stackutil import (
+    CLUSTER,
+    bound_pods,
+    connect,
+    gang_states,
+    gpu_pod,
+    ref,
+    replay_log,
+    seed_nodes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -104,6 +115,14 @@ async def _scenario(stack: Stack) -> None:
 
         started = await wait_until(scheduled, 30)  # bound a moment before the record says so
         assert started.whatif is None and started.reason == ""
+
+        # phalanx sim --replay, as the reader: every decision placement logged, the no-fits with
+        # their reasons among them, decided again by this engine, gives the same answer.
+        code, log, err = await anyio.to_thread.run_sync(lambda: replay_log(stack))
+        assert code == 0, err
+        assert log["differ"] == 0 and log["replayed"] >= 4, log  # hold-a, hold-b, wants-4 (refused, placed)
+        (replica,) = log["replicas"]
+        assert replica["bases"] >= 1 and replica["gaps"] == 0 and replica["not_replayable"] == 0
     finally:
         await bus.close()
 

@@ -15,7 +15,8 @@ from phalanx_cli.main import main
 from phalanx_proto import events as E
 from phalanx_proto import subjects as S
 
-SAMPLE = {"gang": "default/train", "node": "v100-a", "stream": "PHX_GANG", "consumer": "placement"}
+SAMPLE = {"gang": "default/train", "node": "v100-a", "stream": "PHX_GANG", "consumer": "placement",
+          "replica": "placement-7f9c-1234-ab12cd"}
 
 
 def matches(pattern: str, subject: str) -> bool:

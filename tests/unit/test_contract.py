@@ -40,9 +40,16 @@ SAMPLES = [
     E.NodeHeartbeat(node="v100-a", generation=3, at=1.5),
     E.MigPrepareRequested(node="a100-a", gang_id="default/g", pod=POD, gpu=0, profile="3g.20gb", start=4),
     E.MigFailed(node="a100-a", gang_id="default/g", pod=POD, reason="no"),
+    E.DecisionsRecorded(replica="placement-0-1-ab12cd", seq=7, at=1.5, base=True, items=(
+        E.RecordedNode(name="n1", tiers=E.NetworkTiers(hypernode="hn0"), allocations=(ASSIGNMENT,), revision=4,
+                       same=("kube",)),
+        E.RecordedNode(name="n2", removed=True),
+        E.RecordedDecision(gang_id="default/g", attempt=2, avoid=("n2",), placed=(ASSIGNMENT,)),
+        E.RecordedDecision(gang_id="default/h", no_fit="0/2 nodes are available"))),
 ]
 
-DECODERS = {E.GangEvent: E.gang_decoder, E.TopologyEvent: E.topology_decoder, E.NodeEvent: E.node_decoder}
+DECODERS = {E.GangEvent: E.gang_decoder, E.TopologyEvent: E.topology_decoder, E.NodeEvent: E.node_decoder,
+            E.DecisionsRecorded: E.decisions_decoder}
 
 
 def decoder_for(event):
@@ -68,7 +75,7 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "binder.evict", "placement.eviction_refused",
         "topology.reported", "topology.heartbeat", "mig.prepare_requested",
-        "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed",
+        "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed", "decisions.recorded",
     ]
 
 

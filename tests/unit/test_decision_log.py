@@ -1,0 +1,205 @@
+"""placement's decision log and its replay (``phalanx_placement.recorder``,
+``phalanx_sim.replay``): a log recorded from a cluster that changes between decisions replays
+to the same answers, every one; a decision that is not what the engine decides is named with
+both answers; a log read after a gap waits for the next base; big bases are split; a failed
+publish starts again from a base."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import pytest
+from engine_builders import node, pod
+
+from phalanx_engine.decide import DEFAULT_PROFILE, decide
+from phalanx_engine.snapshot import Decision
+from phalanx_placement import recorder as R
+from phalanx_placement.recorder import JournaledCluster, Recorder
+from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, decisions_decoder, encoder
+from phalanx_sim.replay import Replay
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeBus:
+    """Keeps what is published, as the wire carries it; ``fail`` raises on that many publishes."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.fail = 0
+
+    async def publish(self, subject, event, **kw) -> int:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("nats-server is restarting")
+        self.sent.append(encoder.encode(event))
+        return len(self.sent)
+
+    def records(self) -> list[DecisionsRecorded]:
+        return [decisions_decoder.decode(b) for b in self.sent]
+
+
+def views(rng: random.Random, n: int):
+    """``n`` V100 nodes in HyperNodes of 4, some GPUs already taken at random."""
+    out = []
+    for i in range(n):
+        b = node(f"n{i:02d}").gpus(8).tiers(hypernode=f"hn{i // 4}", leaf="leaf0", netpod="pod0")
+        out.append(b.busy(*rng.sample(range(8), rng.randrange(0, 8))).view())
+    return out
+
+
+async def run_cycles(bus: FakeBus, rng: random.Random, *, cycles: int, nodes: int = 12,
+                     between=None) -> tuple[Recorder, int]:
+    """A placement-like loop: the cluster changes (nodes taken, freed, going stale, leaving and
+    coming back), then a cycle of decisions, each assumed into the cluster before the next."""
+    cluster = JournaledCluster(nodes={}, total=0)
+    for v in views(rng, nodes):
+        cluster.upsert(v)
+    rec = Recorder(bus, cluster, replica="p1", clock=lambda: 0.0)  # type: ignore[arg-type]
+    made = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rec.run)
+        for cycle in range(cycles):
+            for _ in range(rng.randrange(0, 4)):
+                name = f"n{rng.randrange(nodes):02d}"
+                roll = rng.random()
+                if roll < 0.15:
+                    cluster.remove(name)
+                elif roll < 0.3:
+                    cluster.upsert(node(name).gpus(8).tiers(hypernode="hn9", leaf="leaf0", netpod="pod0").stale().view())
+                elif roll < 0.4:  # a new topology report: half its GPUs gone
+                    cluster.upsert(node(name).gpus(4).tiers(hypernode=f"hn{int(name[1:]) // 4}", leaf="leaf0",
+                                                            netpod="pod0").view())
+                else:
+                    cluster.upsert(node(name).gpus(8).tiers(hypernode=f"hn{int(name[1:]) // 4}", leaf="leaf0",
+                                                            netpod="pod0").busy(*rng.sample(range(8), rng.randrange(8))).view())
+            for d in range(rng.randrange(1, 4)):
+                size, gpus = rng.choice([(1, 1), (1, 2), (2, 4), (4, 8), (3, 2)])
+                members = tuple(pod(f"c{cycle}-{d}-{i}").gpus(gpus).spec() for i in range(size))
+                avoid = frozenset(rng.sample(sorted(cluster.views), 1)) if rng.random() < 0.2 else frozenset()
+                result = decide(cluster, members, DEFAULT_PROFILE, avoid=avoid)
+                rec.decided(f"ns/g{cycle}-{d}", 1, members, node_state_required=False, avoid=avoid, result=result)
+                made += 1
+                if isinstance(result, Decision):  # assumed before the next decision, as the cache does
+                    for name in sorted({a.node for a in result.assignments}):
+                        v = cluster.views[name]
+                        cluster.upsert(replace(v, allocations=v.allocations + tuple(
+                            a for a in result.assignments if a.node == name)))
+            rec.flush()
+            if between is not None:
+                between(cycle, rec)
+            await anyio.lowlevel.checkpoint()
+        while rec._receive.statistics().current_buffer_used:
+            await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    return rec, made
+
+
+def replayed(records) -> Replay:
+    r = Replay()
+    for rec in records:
+        r.feed(rec)
+    return r
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_replayed_log_agrees_with_every_decision_it_recorded(seed):
+    bus = FakeBus()
+    _, made = await run_cycles(bus, random.Random(seed), cycles=40)
+    records = bus.records()
+    r = replayed(records)
+    one = r.replicas["p1"]
+    assert (r.differences, one.decisions, one.not_replayable, one.gaps, records[0].base) == ([], made, 0, 0, True)
+    # something was placed and something did not fit, or the test proves little
+    decisions = [i for rec in records for i in rec.items if isinstance(i, RecordedDecision)]
+    assert any(d.placed for d in decisions) and any(d.no_fit for d in decisions)
+
+
+async def test_a_decision_the_engine_would_not_make_is_named_with_both_answers():
+    bus = FakeBus()
+    await run_cycles(bus, random.Random(7), cycles=20)
+    records = bus.records()
+    at, record = next((i, rec) for i, rec in enumerate(records)
+                      if any(isinstance(d, RecordedDecision) and d.placed for d in rec.items))
+    k, item = next((k, d) for k, d in enumerate(record.items) if isinstance(d, RecordedDecision) and d.placed)
+    forged = msgspec.structs.replace(item, placed=(msgspec.structs.replace(item.placed[0], gpus=(99,)),)
+                                     + item.placed[1:])
+    records[at] = msgspec.structs.replace(record, items=record.items[:k] + (forged,) + record.items[k + 1:])
+    diffs = replayed(records).differences
+    assert [(d.seq, d.gang_id) for d in diffs] == [(record.seq, item.gang_id)]
+    assert "[99]" in diffs[0].recorded and "[99]" not in diffs[0].replayed
+
+
+async def test_after_a_gap_nothing_is_replayed_until_the_next_base():
+    bus = FakeBus()
+    starts = []
+
+    def base_now(cycle, rec):
+        if cycle == 15:  # as after a lost record: the recorder starts again from a base
+            rec._needs_base = True
+            starts.append(cycle)
+
+    await run_cycles(bus, random.Random(3), cycles=30, between=base_now)
+    records = bus.records()
+    bases = [i for i, rec in enumerate(records) if rec.base]
+    assert len(bases) == 2 and bases[1] > 5
+    lost = bases[1] - 3
+    kept = records[:lost] + records[lost + 1:]
+    r = replayed(kept).replicas["p1"]
+    skipped = sum(isinstance(i, RecordedDecision) for rec in records[lost + 1:bases[1]] for i in rec.items)
+    assert (r.gaps, r.not_replayable, r.differences) == (1, skipped, [])
+    assert r.agree == r.decisions - skipped > 0
+
+
+async def test_a_log_read_from_the_middle_waits_for_a_base():
+    bus = FakeBus()
+    await run_cycles(bus, random.Random(4), cycles=10)
+    r = replayed(bus.records()[3:]).replicas["p1"]
+    assert r.agree == 0 and r.not_replayable == r.decisions > 0 and r.differences == []
+
+
+async def test_a_base_too_big_for_one_message_is_split_and_replays(monkeypatch):
+    monkeypatch.setattr(R, "MAX_RECORD_BYTES", 40_000)  # a V100 node with its topology is ~9 kB of JSON
+    bus = FakeBus()
+    _, made = await run_cycles(bus, random.Random(5), cycles=10, nodes=24)
+    records = bus.records()
+    assert max(len(b) for b in bus.sent) <= 40_000 + 12_000  # one node more than the budget at most
+    assert [rec.base for rec in records[:3]] == [True, False, False]
+    assert [rec.seq for rec in records] == list(range(1, len(records) + 1))
+    r = replayed(records)
+    assert (r.differences, r.decisions) == ([], made)
+
+
+async def test_a_node_topology_is_carried_once_until_it_changes():
+    bus = FakeBus()
+    await run_cycles(bus, random.Random(6), cycles=30)
+    later = [i for rec in bus.records()[1:] for i in rec.items if not isinstance(i, RecordedDecision) and not i.removed]
+    assert later and all(("topology" in i.same) == (i.topology is None) for i in later)
+    assert sum("topology" in i.same for i in later) > len(later) / 2
+
+
+async def test_a_failed_publish_starts_again_from_a_base_and_the_replay_agrees():
+    bus = FakeBus()
+
+    def fail_once(cycle, rec):
+        if cycle == 12:
+            bus.fail = 1
+
+    _, made = await run_cycles(bus, random.Random(8), cycles=30, between=fail_once)
+    records = bus.records()
+    assert sum(rec.base for rec in records) == 2
+    r = replayed(records).replicas["p1"]
+    # the failed record's seq is missing, and what it carried is lost; from the base on, all agree
+    assert (r.differences, r.gaps) == ([], 1) and r.decisions < made and r.agree == r.decisions - r.not_replayable > 0
+
+
+def test_assignments_survive_the_wire_whole():
+    a = Assignment(pod=pod("x").spec().pod, node="n1", gpus=(0, 1), nics=("mlx5_0",), rdma_level="numa")
+    item = RecordedDecision(gang_id="ns/x", placed=(a,))
+    rec = decisions_decoder.decode(encoder.encode(DecisionsRecorded(replica="p", items=(item,))))
+    assert rec.items == (item,)
