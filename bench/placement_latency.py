@@ -124,7 +124,7 @@ def engine_ms(reps: list[NodeTopologyReported], count: int = 200) -> list[float]
     return out
 
 
-async def measure(n: int, requests: int, cap_s: float, workdir: Path) -> dict:
+async def measure(n: int, requests: int, cap_s: float, workdir: Path, extra: tuple[str, ...] = ()) -> dict:
     reps = reports(n)
     names = [r.node for r in reps]
     server = NatsServer(store_dir=str(workdir / f"nats-{n}"))
@@ -139,7 +139,7 @@ async def measure(n: int, requests: int, cap_s: float, workdir: Path) -> dict:
         ready = workdir / f"placement-{n}.ready"
         with open(workdir / f"placement-{n}.log", "ab") as log:  # noqa: ASYNC230 - once per size
             proc = await anyio.open_process([sys.executable, "-m", "phalanx_cli.main", "run", "placement", "--nats",
-                                             server.url, "--ready-file", str(ready)], stdout=log, stderr=log)
+                                             server.url, "--ready-file", str(ready), *extra], stdout=log, stderr=log)
         with anyio.fail_after(120):
             while not ready.exists():
                 if proc.returncode is not None:
@@ -154,6 +154,9 @@ async def measure(n: int, requests: int, cap_s: float, workdir: Path) -> dict:
 
             tg.start_soon(refresh)
             for k in range(2):  # warm-up, not counted
+                await one_request(bus, request(10_000_000 + k))
+            await anyio.sleep(1.0)  # one-off start-up work (the decision log's first base) done
+            for k in range(2, 4):  # and the consumer awake again after the pause
                 await one_request(bus, request(10_000_000 + k))
             cpu0, started = cpu_seconds(proc.pid), time.monotonic()
             for k in range(requests):
@@ -258,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="JSON", help="an earlier run's --json output, printed beside this one")
     p.add_argument("--save", metavar="JSON", help="also write this run's rows as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw request→Placed against nodes (with the baseline)")
+    p.add_argument("--placement-arg", action="append", default=[], metavar="ARG",
+                   help="pass ARG to `phalanx run placement` (repeatable), e.g. --placement-arg=--no-record-decisions")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         for n in args.nodes or [10, 100, 1000, 5000]:
             print(f"{n} nodes: seeding KV, starting placement ...", file=sys.stderr, flush=True)
-            rows.append(anyio.run(measure, n, args.requests, args.cap_s, Path(tmp)))
+            rows.append(anyio.run(measure, n, args.requests, args.cap_s, Path(tmp), tuple(args.placement_arg)))
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     before = json.loads(Path(args.baseline).read_text()) if args.baseline else []
     if before and not args.json:

@@ -7,6 +7,8 @@ pending reply naming the victims)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 from opentelemetry import context as otel_context
 
@@ -20,7 +22,7 @@ from phalanx_placement.outcomes import Decided
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_proto import subjects as S
 from phalanx_proto.events import EvictPods, Reserved
-from phalanx_proto.queues import GPU_UNITS
+from phalanx_proto.queues import GPU_UNITS, QueueUsage
 from phalanx_proto.state import NodeLedger
 from phalanx_telemetry import log, metrics, tracer
 
@@ -107,6 +109,22 @@ class Commits:
             assignments=";".join(f"{a.pod}@{a.node}:{','.join(map(str, a.gpus))}" for a in placed),
             unchecked_nodes=",".join(decided.decision.unchecked))
         await self.reply(w, Reserved(gang_id=ev.gang_id, attempt=ev.attempt, members_digest=ev.members_digest))
+
+    async def rewrite(self, build: Callable[[], dict[str, NodeLedger | QueueUsage] | None], *, what: str) -> bool:
+        """Write what ``build`` makes of the cache as it is now, as one atomic batch; after a lost
+        compare-and-set, catch the ledger up and build again, ``max_commit_retries`` times at most
+        (then ``TemporaryError``: the message is retried later). Whether anything was written
+        (``build`` returning nothing writes nothing)."""
+        for _ in range(self.config.max_commit_retries):
+            writes = build()
+            if not writes:
+                return False
+            try:
+                await self.write(self.cache.assume(writes))
+                return True
+            except KvConflict:
+                await self.cache.catch_up()
+        raise TemporaryError(f"{what}: ledger kept changing", delay=0.5)
 
     async def write(self, commit: Commit) -> None:
         """Send the commit's atomic batch: all nodes or none, each expecting the revision its

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from phalanx_bus import Bus, KvConflict, Poisoned, TemporaryError
+from phalanx_bus import Bus, Poisoned, TemporaryError
 from phalanx_engine.queues import usage_drift
 from phalanx_placement import checks
 from phalanx_placement.assumed import Commit
@@ -29,8 +29,10 @@ RELEASE_RETRY_S = 2.0
 
 class Holdings:
     def __init__(self, bus: Bus, cache: ClusterCache, config: Config, queues: PlacementQueues,
-                 write: Callable[[Commit], Awaitable[None]]) -> None:
+                 write: Callable[[Commit], Awaitable[None]], rewrite: Callable[..., Awaitable[bool]]) -> None:
         self.bus, self.cache, self.config, self.queues, self.write = bus, cache, config, queues, write
+        self.rewrite = rewrite
+        """``Commits.rewrite``: build the writes from the cache, again after a lost compare-and-set."""
 
     async def on_release(self, ev: ReleaseRequested) -> None:
         """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
@@ -45,7 +47,10 @@ class Holdings:
         if refusal is not None:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
-        for _ in range(self.config.max_commit_retries):
+        released, held = 0, []
+
+        def build() -> dict:
+            nonlocal released, held
             released, writes, held = 0, {}, []
             for key in self.cache.gang_keys(ev.gang_id):
                 ledger = self.cache.ledger_of(key)
@@ -57,14 +62,9 @@ class Holdings:
                     released += len(ledger.allocations) - len(out.ledger.allocations)
                     writes[key] = out.ledger
             writes.update(self.queues.usage_writes(ev.gang_id, writes))
-            try:
-                if writes:
-                    await self.write(self.cache.assume(writes))
-                break
-            except KvConflict:
-                await self.cache.catch_up()
-        else:
-            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing during release", delay=0.5)
+            return writes
+
+        await self.rewrite(build, what=f"gang {ev.gang_id}: release")
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
         if held:
             refused(R.LIVE_POD, f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
@@ -79,12 +79,13 @@ class Holdings:
         (``checks.adopt``); otherwise refuse and say why (the reconciler reports the pod)."""
         node = ev.assignment.node
         key = S.token(node)
-        for _ in range(self.config.max_commit_retries):
+
+        def build() -> dict | None:
             if key in self.cache.ledger.poisoned:
                 bad = self.cache.ledger.poisoned[key]
                 refused(R.UNREADABLE_RECORD, f"{S.KV_LEDGER}/{key} (revision {bad.revision}): {bad.error}",
                         gang=ev.gang_id, pod=str(ev.assignment.pod))
-                return
+                return None
             ledger = self.cache.ledger_of(key) or NodeLedger(node=node)
             topo = self.cache.topology.get(key)
             report = topo.value if topo is not None and topo.value.node == node else None
@@ -92,22 +93,18 @@ class Holdings:
             chain = self.queues.chain(record.members) if isinstance(record, GangState) else self.queues.chain(())
             out = checks.adopt(ledger, report.topology if report is not None else None, ev, self.running_on(node, None),
                                queues=chain)
-            if out is None:
-                return
             if isinstance(out, checks.Refusal):
                 refused(out.rule, out.why, gang=ev.gang_id, pod=str(ev.assignment.pod), command="adopt")
-                return
+                return None
+            if out is None:
+                return None
             writes: dict = {key: out}
             writes.update(self.queues.usage_writes(ev.gang_id, writes))
-            try:
-                await self.write(self.cache.assume(writes))
-            except KvConflict:
-                await self.cache.catch_up()
-                continue
+            return writes
+
+        if await self.rewrite(build, what=f"node {node}: adoption"):
             warn("reservation recorded for a bound pod", gang=ev.gang_id, attempt=ev.attempt,
                  pod=str(ev.assignment.pod), node=node, gpus=",".join(map(str, ev.assignment.gpus)), reason=ev.reason)
-            return
-        raise TemporaryError(f"node {node}: ledger kept changing during adoption", delay=0.5)
 
     def running_on(self, node: str, unknown=frozenset()) -> frozenset[str] | None:
         """The pods ``node``'s agent reports running there (``NodeKubeState.phalanx_pods``);

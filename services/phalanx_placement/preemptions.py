@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from phalanx_bus import KvConflict, TemporaryError
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import NoPlan, plan_preemption
 from phalanx_placement import preempting
-from phalanx_placement.assumed import Commit
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
 from phalanx_placement.outcomes import Decided, Reply, pending
@@ -28,8 +26,8 @@ from phalanx_telemetry import log, metrics, refused, warn
 
 class Preemptions:
     def __init__(self, cache: ClusterCache, queues: PlacementQueues, config: Config, profile: Callable[[], Profile],
-                 write: Callable[[Commit], Awaitable[None]]) -> None:
-        self.cache, self.queues, self.config, self.profile, self.write = cache, queues, config, profile, write
+                 rewrite: Callable[..., Awaitable[bool]]) -> None:
+        self.cache, self.queues, self.config, self.profile, self.rewrite = cache, queues, config, profile, rewrite
         self._refused: dict[str, dict[str, float]] = {}
         """Preemptor → victim gangs whose eviction was refused for it, until when they are left
         out of its plans (``on_eviction_refused``)."""
@@ -110,20 +108,12 @@ class Preemptions:
             return
         self._refused.setdefault(ev.gang_id, {}).update({v: now + self.config.nomination_s for v in victims})
         self._refused = {g: left for g, vs in self._refused.items() if (left := {v: t for v, t in vs.items() if t > now})}
-        for _ in range(self.config.max_commit_retries):
-            writes = {}
-            for key in self.cache.gang_keys(ev.gang_id):
-                ledger = self.cache.ledger_of(key)
-                if ledger is not None and (new := preempting.without_nominations(ledger, ev.gang_id, now)) != ledger:
-                    writes[key] = new
-            try:
-                if writes:
-                    await self.write(self.cache.assume(writes))
-                break
-            except KvConflict:
-                await self.cache.catch_up()
-        else:
-            raise TemporaryError(f"gang {ev.gang_id}: ledger kept changing while dropping its nomination", delay=0.5)
+        def build() -> dict:
+            return {key: new for key in self.cache.gang_keys(ev.gang_id)
+                    if (ledger := self.cache.ledger_of(key)) is not None
+                    and (new := preempting.without_nominations(ledger, ev.gang_id, now)) != ledger}
+
+        await self.rewrite(build, what=f"gang {ev.gang_id}: dropping its nomination")
         metrics.PREEMPTIONS_REFUSED.inc()
         warn("eviction refused, nomination dropped", gang=ev.gang_id, attempt=ev.attempt,
              victims=",".join(victims), reason=ev.reason)

@@ -7,10 +7,11 @@ node the cache puts into or takes out of its cluster, in order; ``Recorder.decid
 notes since the last decision into records (``phalanx_engine.recorded``: a node's topology and
 Kubernetes state only when they changed), followed by the decision itself. Once per scheduling
 cycle ``flush`` hands them to one sender task, which publishes them in order as
-``DecisionsRecorded`` messages of at most ``MAX_RECORD_BYTES``.
+``DecisionsRecorded`` messages of at most ``MAX_RECORD_BYTES``, the cycles of a quarter second
+together.
 
 A log is only worth its gaps: a record that cannot be sent (the bus is down, the sender is
-behind by ``MAX_PENDING`` cycles, the journal grew past ``JOURNAL_MAX`` between two decisions)
+behind by ``MAX_PENDING`` cycles, placement stopping with records not yet sent, the journal grew past ``JOURNAL_MAX`` between two decisions)
 makes the replica start again with a **base**, every node of its cluster from empty, and a
 replay skips from a gap to the next base. A base is also written every ``base_every_s`` so the
 bounded stream always holds one to start from. Recording never holds up a decision: a cycle
@@ -26,20 +27,23 @@ import time
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
 from phalanx_bus import Bus
 from phalanx_engine.decide import Cluster
 from phalanx_engine.recorded import Memory
 from phalanx_engine.snapshot import Decision, NodeView, NoFit
 from phalanx_proto import subjects as S
-from phalanx_proto.events import DecisionsRecorded, MemberSpec, RecordedDecision, RecordedNode, encoder
+from phalanx_proto.events import MemberSpec, RecordedDecision, RecordedNode, encoder
 from phalanx_telemetry import warn
 
 JOURNAL_MAX = 200_000
 """Node changes kept between two decisions before the journal is dropped for a base (an idle
 replica whose nodes change for hours)."""
-MAX_PENDING = 64
-"""Cycles waiting for the sender before the oldest are dropped for a base."""
+MAX_PENDING = 4096
+"""Cycles waiting for the sender before the newest are dropped for a base."""
+COALESCE_S = 0.25
+"""The sender waits this long after a cycle's records for more, and sends them together."""
 MAX_RECORD_BYTES = S.GANG_MESSAGE_MAX - 64 * S.KIB
 
 
@@ -84,7 +88,7 @@ class Recorder:
     """Turns the cache's cluster changes and the cycle's decisions into the replica's log."""
 
     def __init__(self, bus: Bus, cluster: JournaledCluster, *, enabled: bool = True, base_every_s: float = 300.0,
-                 replica: str | None = None, clock=time.monotonic) -> None:
+                 replica: str | None = None, clock=time.monotonic, coalesce_s: float = COALESCE_S) -> None:
         self.bus = bus
         self.cluster = cluster
         self.enabled = enabled
@@ -92,6 +96,7 @@ class Recorder:
         self.replica = replica or replica_id()
         self.subject = S.render(S.CHANNEL["placementDecisions"].template, replica=self.replica)
         self.clock = clock
+        self.coalesce_s = coalesce_s
         self._memory = Memory()
         self._items: list[RecordedNode | RecordedDecision] = []
         self._base = True
@@ -141,38 +146,73 @@ class Recorder:
             self._needs_base = True
 
     async def run(self) -> None:
-        """Publish what ``flush`` hands over, in order, until cancelled. After a failure, the
-        cycles already handed over are dropped until the base that follows."""
+        """Publish what ``flush`` hands over, in order, until cancelled: the cycles of up to
+        ``coalesce_s`` in one record (fewer messages, and a decision's own commit and reply go
+        out first). After a failure, the cycles already handed over are dropped until the base
+        that follows."""
         dropping = False
         async with self._receive:
-            async for base, at, batch in self._receive:
-                if dropping and not base:
-                    continue
-                dropping = False
-                try:
-                    for record in self._records(base, at, batch):
-                        await self.bus.publish(self.subject, record, retry_s=2.0)
-                        self.sent += 1
-                except Exception as e:  # noqa: BLE001 - the log never stops placement
-                    warn("decision log record not stored; starting again from a base", error=repr(e))
-                    dropping, self._needs_base = True, True
+            async for first in self._receive:
+                await anyio.sleep(self.coalesce_s)
+                batches = [first]
+                while True:
+                    try:
+                        batches.append(self._receive.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                for base, at, items in _merged(batches):
+                    if dropping and not base:
+                        continue
+                    dropping = False
+                    try:
+                        for record in self._records(base, at, items):
+                            await self.bus.publish(self.subject, record, retry_s=2.0)
+                            self.sent += 1
+                    except Exception as e:  # noqa: BLE001 - the log never stops placement
+                        warn("decision log record not stored; starting again from a base", error=repr(e))
+                        dropping, self._needs_base = True, True
 
-    def _records(self, base: bool, at: float, items: list) -> list[DecisionsRecorded]:
-        """The batch as records of at most ``MAX_RECORD_BYTES`` each (a base's first only is ``base``)."""
-        out: list[DecisionsRecorded] = []
-        chunk: list = []
+    def _records(self, base: bool, at: float, items: list) -> list[_Record]:
+        """The batch as records of at most ``MAX_RECORD_BYTES`` each (a base's first only is
+        ``base``), each item encoded once."""
+        out: list[_Record] = []
+        chunk: list[msgspec.Raw] = []
         size = 0
         for item in items:
-            n = len(encoder.encode(item))
-            if chunk and size + n > MAX_RECORD_BYTES:
+            raw = msgspec.Raw(encoder.encode(item))
+            if chunk and size + len(raw) > MAX_RECORD_BYTES:
                 out.append(self._record(base and not out, at, chunk))
                 chunk, size = [], 0
-            chunk.append(item)
-            size += n
+            chunk.append(raw)
+            size += len(raw)
         out.append(self._record(base and not out, at, chunk))
         return out
 
-    def _record(self, base: bool, at: float, items: list) -> DecisionsRecorded:
+    def _record(self, base: bool, at: float, items: list[msgspec.Raw]) -> _Record:
         self._seq += 1
-        return DecisionsRecorded(replica=self.replica, seq=self._seq, at=at, base=base, items=tuple(items))
+        return _Record(replica=self.replica, seq=self._seq, at=at, base=base, items=tuple(items))
 
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="decisions.recorded",
+              tag_field="kind"):
+    """``DecisionsRecorded`` as the sender writes it: the same JSON, its items already encoded."""
+
+    replica: str
+    seq: int = 1
+    at: float = 0.0
+    base: bool = False
+    items: tuple[msgspec.Raw, ...] = ()
+
+    def key(self) -> str:
+        return f"decisions.recorded:{self.replica}:{self.seq}"
+
+
+def _merged(batches: list[tuple[bool, float, list]]) -> list[tuple[bool, float, list]]:
+    """Consecutive cycles as one batch each run of them; a base starts a new one."""
+    out: list[tuple[bool, float, list]] = []
+    for base, at, items in batches:
+        if out and not base:
+            out[-1] = (out[-1][0], at, out[-1][2] + items)
+        else:
+            out.append((base, at, list(items)))
+    return out

@@ -85,8 +85,8 @@ class Placement:
                                                              gang_s=config.whatif_gang_s))
         self.gauges = Gauges(cache, config)
         self.commits = Commits(bus, cache, config, self.gauges, self.queue)
-        self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.write)
-        self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write)
+        self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.rewrite)
+        self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write, self.commits.rewrite)
         self.recorder = Recorder(bus, cache.cluster, enabled=config.record_decisions,
                                  base_every_s=config.record_base_every_s)
 

@@ -19,7 +19,14 @@ from phalanx_engine.decide import DEFAULT_PROFILE, decide
 from phalanx_engine.snapshot import Decision
 from phalanx_placement import recorder as R
 from phalanx_placement.recorder import JournaledCluster, Recorder
-from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, decisions_decoder, encoder
+from phalanx_proto.events import (
+    Assignment,
+    DecisionsRecorded,
+    RecordedDecision,
+    RecordedNode,
+    decisions_decoder,
+    encoder,
+)
 from phalanx_sim.replay import Replay
 
 pytestmark = pytest.mark.anyio
@@ -53,13 +60,13 @@ def views(rng: random.Random, n: int):
 
 
 async def run_cycles(bus: FakeBus, rng: random.Random, *, cycles: int, nodes: int = 12,
-                     between=None) -> tuple[Recorder, int]:
+                     between=None, coalesce_s: float = 0.0) -> tuple[Recorder, int]:
     """A placement-like loop: the cluster changes (nodes taken, freed, going stale, leaving and
     coming back), then a cycle of decisions, each assumed into the cluster before the next."""
     cluster = JournaledCluster(nodes={}, total=0)
     for v in views(rng, nodes):
         cluster.upsert(v)
-    rec = Recorder(bus, cluster, replica="p1", clock=lambda: 0.0)  # type: ignore[arg-type]
+    rec = Recorder(bus, cluster, replica="p1", clock=lambda: 0.0, coalesce_s=coalesce_s)  # type: ignore[arg-type]
     made = 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(rec.run)
@@ -95,6 +102,7 @@ async def run_cycles(bus: FakeBus, rng: random.Random, *, cycles: int, nodes: in
             await anyio.lowlevel.checkpoint()
         while rec._receive.statistics().current_buffer_used:
             await anyio.lowlevel.checkpoint()
+        await anyio.sleep(3 * coalesce_s)  # the sender's last wait
         await anyio.lowlevel.checkpoint()
         tg.cancel_scope.cancel()
     return rec, made
@@ -198,8 +206,26 @@ async def test_a_failed_publish_starts_again_from_a_base_and_the_replay_agrees()
     assert (r.differences, r.gaps) == ([], 1) and r.decisions < made and r.agree == r.decisions - r.not_replayable > 0
 
 
+async def test_cycles_close_together_go_out_as_one_record_and_replay_the_same():
+    bus = FakeBus()
+    _, made = await run_cycles(bus, random.Random(9), cycles=25, coalesce_s=0.05)
+    records = bus.records()
+    assert len(records) < 25 / 2  # 25 cycles, decided at once, in a record or two
+    r = replayed(records)
+    assert (r.differences, r.decisions) == ([], made)
+
+
 def test_assignments_survive_the_wire_whole():
     a = Assignment(pod=pod("x").spec().pod, node="n1", gpus=(0, 1), nics=("mlx5_0",), rdma_level="numa")
     item = RecordedDecision(gang_id="ns/x", placed=(a,))
     rec = decisions_decoder.decode(encoder.encode(DecisionsRecorded(replica="p", items=(item,))))
     assert rec.items == (item,)
+
+
+def test_the_sender_writes_exactly_the_wire_contract():
+    item = RecordedDecision(gang_id="ns/x", no_fit="0/1 nodes are available")
+    node_ = RecordedNode(name="n1", removed=True)
+    wire = DecisionsRecorded(replica="p", seq=3, at=2.5, base=True, items=(node_, item))
+    sent = R._Record(replica="p", seq=3, at=2.5, base=True,
+                     items=(msgspec.Raw(encoder.encode(node_)), msgspec.Raw(encoder.encode(item))))
+    assert encoder.encode(sent) == encoder.encode(wire) and sent.key() == wire.key()
