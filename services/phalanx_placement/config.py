@@ -14,7 +14,8 @@ class Config:
     """placement's configuration; the fields with a flag are ``phalanx run placement``'s
     (``phalanx_service.config``)."""
 
-    heartbeat_stale_s: float = option(15.0, "a node whose topology heartbeat is older than this is unavailable")
+    heartbeat_stale_s: float = option(40.0, "a node whose topology heartbeat is older than this is unavailable "
+                                      "(4 of its agent's 10 s beats)")
     max_commit_retries: int = 20
     node_state: str = option("auto", "when a node whose agent has not reported its Kubernetes state takes "
                              "nothing: 'auto' once reports have flowed for --node-state-grace-s, always "

@@ -58,7 +58,8 @@ class Config:
                             "no model)")
     gpu_memory_mib: int = option(0, "GPU memory (MiB) for a topology file without it")
     mig_enabled: bool = option(False, "mark the file's MIG-capable GPUs as in MIG mode (NVML reports the real mode)")
-    heartbeat_s: float = option(3.0, "seconds between heartbeats")
+    heartbeat_s: float = option(10.0, "seconds between heartbeats (placement's --heartbeat-stale-s is 4x this by "
+                                "default, as the kubelet's lease renewal and node-monitor grace period)")
     node_state: bool = True
     """Report the node's Kubernetes state to ``phx-node-state`` (``kubestate``)."""
     node_state_debounce_s: float = option(DEBOUNCE_S, "at most one report of the node's Kubernetes state per this "

@@ -112,6 +112,11 @@ def stack(tmp_path_factory):
                 return VICTIM in await bound_pods(sim) and states.get(VICTIM) and states[VICTIM].phase == "scheduled"
 
             await wait_until(scheduled, 90)
+
+            async def decision_logged():  # placement sends its log a moment after deciding
+                return (await bus.js.stream_info(S.STREAM_DECISIONS)).state.messages > 0
+
+            await wait_until(decision_logged, 30)
         finally:
             await bus.close()
 

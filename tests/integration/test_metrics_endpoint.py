@@ -85,7 +85,7 @@ def test_health_endpoints_still_answer_next_to_metrics(stack):
 
 async def test_placement_counts_a_node_whose_agent_stopped_beating_as_stale(tmp_path):
     s = Stack(ClusterFile.load(CLUSTER), workdir=str(tmp_path / "stack"),
-              service_args={"placement": ["--heartbeat-stale-s", "6"]})
+              service_args={"placement": ["--heartbeat-stale-s", "6"], "topology-discovery": ["--heartbeat-s", "1"]})
     s.start_nats()
     try:
         await anyio.to_thread.run_sync(s.start_services)
