@@ -24,7 +24,13 @@ from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
 RELEASE_RETRY_S = 2.0
-"""How soon a release held back under running pods is tried again."""
+"""How soon a release held back under running pods is tried again, once it stops waiting."""
+RELEASE_WAIT_S = 4.0
+"""How long a release held back under running pods waits in its handler for those nodes'
+agents to report again (each report: the release is tried at once), before it is handed back
+to be redelivered after ``RELEASE_RETRY_S``."""
+RELEASE_WAITERS = 8
+"""Releases waiting so at once, at most: they hold consumer slots the placement commands need."""
 
 
 class Holdings:
@@ -33,6 +39,7 @@ class Holdings:
         self.bus, self.cache, self.config, self.queues, self.write = bus, cache, config, queues, write
         self.rewrite = rewrite
         """``Commits.rewrite``: build the writes from the cache, again after a lost compare-and-set."""
+        self._waiters = anyio.CapacityLimiter(RELEASE_WAITERS)
 
     async def on_release(self, ev: ReleaseRequested) -> None:
         """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
@@ -47,24 +54,33 @@ class Holdings:
         if refusal is not None:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
-        released, held = 0, []
+        released, held, held_on, freeing = 0, [], set(), 0
 
         def build() -> dict:
-            nonlocal released, held
-            released, writes, held = 0, {}, []
+            nonlocal held, held_on, freeing
+            writes, held, held_on, freeing = {}, [], set(), 0
             for key in self.cache.gang_keys(ev.gang_id):
                 ledger = self.cache.ledger_of(key)
                 if ledger is None:
                     continue
                 out = checks.release(ledger, ev, self.running_on(ledger.node))
                 held += out.held
+                if out.held:
+                    held_on.add(ledger.node)
                 if out.ledger is not None:
-                    released += len(ledger.allocations) - len(out.ledger.allocations)
+                    freeing += len(ledger.allocations) - len(out.ledger.allocations)
                     writes[key] = out.ledger
             writes.update(self.queues.usage_writes(ev.gang_id, writes))
             return writes
 
-        await self.rewrite(build, what=f"gang {ev.gang_id}: release")
+        # Under pods its node still reports running, a reservation is kept; the release waits
+        # (a while, a few at once) for those nodes' next reports and frees what they let go.
+        deadline = anyio.current_time() + RELEASE_WAIT_S
+        while True:
+            if await self.rewrite(build, what=f"gang {ev.gang_id}: release"):
+                released += freeing
+            if not held or not await self._wait_for_reports(held_on, deadline):
+                break
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
         if held:
             refused(R.LIVE_POD, f"{', '.join(held[:5])}: still running on the node (its agent's report), so the "
@@ -73,6 +89,20 @@ class Holdings:
             raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
                                  delay=RELEASE_RETRY_S)
         await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+
+    async def _wait_for_reports(self, nodes: set[str], deadline: float) -> bool:
+        """Wait, until ``deadline``, for one of ``nodes``' agents to report again (whether its
+        pods are gone); False when it did not, or when ``RELEASE_WAITERS`` already wait."""
+        if self.cache.node_states is None or anyio.current_time() >= deadline:
+            return False
+        try:
+            self._waiters.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        try:
+            return await self.cache.node_states.changed(nodes, deadline - anyio.current_time())
+        finally:
+            self._waiters.release()
 
     async def on_adopt(self, ev: AdoptRequested) -> None:
         """Record a reservation for a pod found bound without one, if its GPUs are free there

@@ -24,7 +24,7 @@ The rule (``Config.node_state`` of the service, ``--node-state``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import anyio
 
@@ -50,6 +50,7 @@ class NodeStates:
         """When this process first saw a report (``auto``)."""
         self.on_change: Callable[[str], object] | None = None
         """Called with a node's key whenever its state changes or goes (placement's cache)."""
+        self._waiters: dict[str, set[anyio.Event]] = {}
         self.mirror: KvMirror[NodeKubeState] = KvMirror.of_bucket(bus, S.KV_NODE_STATE, on_put=self._seen,
                                                                    on_delete=self._gone)
 
@@ -60,12 +61,35 @@ class NodeStates:
     def _seen(self, entry, previous) -> None:
         if self._since is None:
             self._since = self._clock()
-        if self.on_change is not None:
-            self.on_change(entry.key)
+        self._changed(entry.key)
 
     def _gone(self, previous) -> None:
+        self._changed(previous.key)
+
+    def _changed(self, key: str) -> None:
         if self.on_change is not None:
-            self.on_change(previous.key)
+            self.on_change(key)
+        for event in self._waiters.pop(key, ()):
+            event.set()
+
+    async def changed(self, nodes: Iterable[str], timeout_s: float) -> bool:
+        """Wait until the state of any of ``nodes`` is written again (or goes); False when
+        ``timeout_s`` passes first."""
+        event = anyio.Event()
+        keys = {S.token(n) for n in nodes}
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(event)
+        try:
+            with anyio.move_on_after(timeout_s):
+                await event.wait()
+        finally:
+            for key in keys:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._waiters[key]
+        return event.is_set()
 
     def of(self, node: str) -> NodeKubeState | None:
         entry = self.mirror.get(S.token(node))
