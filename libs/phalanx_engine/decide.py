@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine.candidates import candidate, checks_resources
 from phalanx_engine.explain import no_fit
 from phalanx_engine.framework import ALL_KINDS, Member, Profile, node_error
 from phalanx_engine.kube_plugins import kube_filters
@@ -175,29 +176,16 @@ def _state_or_status(view: NodeView) -> NodeState | Status:
         return node_error(view.name, e)
 
 
-def _neg_name(name: str) -> tuple:
-    return tuple(-ord(c) for c in name)
-
-
-def _candidate(profile: Profile, member: Member, st: NodeState) -> tuple[tuple, Assignment] | None:
-    """The member's assignment on ``st`` with its rank (higher is better; ties go to the
-    smaller name), or None when a filter refuses the node."""
-    got = profile.evaluate(member, st)
-    if isinstance(got, Status):
-        return None
-    rank = profile.rank(member, st, got)
-    return None if rank is None else ((rank, _neg_name(st.name)), got)
-
-
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
                order: Iterable[str], avoid: Collection[str]) -> Assignment | None:
     """The best node for one member among ``order`` (tightest first) but ``avoid``; nothing is changed."""
     best = None
     seen = 0
+    gate = checks_resources(profile, member)
     for name in order:
         if name in avoid:
             continue
-        cand = _candidate(profile, member, states[name])
+        cand = candidate(profile, member, states[name], gate)
         if cand is None:
             continue
         if best is None or cand[0] > best[0]:
@@ -213,12 +201,13 @@ def _place_share(profile: Profile, cluster: Cluster, member: Member, avoid: Coll
     one fits is compared by the profile's scores (the tightest GPU anywhere wins, the node
     score decides among equally tight ones), at most ``SHARE_CANDIDATES`` of them."""
     best, seen, found = None, set(), 0
+    gate = checks_resources(profile, member)
     for names in cluster.tightest_shares(member.spec.core_pct):
         for name in names:
             if name in seen or name in avoid:
                 continue
             seen.add(name)
-            cand = _candidate(profile, member, cluster.nodes[name])
+            cand = candidate(profile, member, cluster.nodes[name], gate)
             if cand is None:
                 continue
             if best is None or cand[0] > best[0]:
