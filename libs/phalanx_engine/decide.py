@@ -79,34 +79,48 @@ class Cluster:
     """Free core percent of a shareable GPU → names of nodes with such a GPU: a TDM share
     visits the tightest GPUs of the whole cluster first."""
     _levels: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
+    _sorted: dict[tuple[bool, int], list[str]] = field(default_factory=dict, repr=False, compare=False)
+    """``by_free`` (False, count) and ``by_core`` (True, level) buckets sorted, until they change."""
 
     def __post_init__(self) -> None:
         for st in self.nodes.values():
             self._index(st)
 
     def _index(self, st: NodeState) -> None:
-        self.by_free.setdefault(len(st.free_whole()), set()).add(st.name)
+        count = len(st.free_whole())
+        self.by_free.setdefault(count, set()).add(st.name)
+        self._sorted.pop((False, count), None)
         levels = frozenset(100 - st.core.get(i, 0) for i, g in st.gpus.items()
                            if i not in st.whole and i not in st.mig_inst and not g.mig_enabled)
         self._levels[st.name] = levels
         for level in levels:
             self.by_core.setdefault(level, set()).add(st.name)
+            self._sorted.pop((True, level), None)
 
     def _unindex(self, st: NodeState) -> None:
-        self.by_free[len(st.free_whole())].discard(st.name)
+        count = len(st.free_whole())
+        self.by_free[count].discard(st.name)
+        self._sorted.pop((False, count), None)
         for level in self._levels.pop(st.name, ()):
             self.by_core[level].discard(st.name)
+            self._sorted.pop((True, level), None)
+
+    def _bucket(self, shares: bool, key: int) -> list[str]:
+        got = self._sorted.get((shares, key))
+        if got is None:
+            got = self._sorted[(shares, key)] = sorted((self.by_core if shares else self.by_free)[key])
+        return got
 
     def tightest(self, need: int) -> Iterator[str]:
         """Node names with at least ``need`` free whole GPUs, tightest first, lazily."""
         for count in sorted(c for c in self.by_free if c >= need):
-            yield from sorted(self.by_free[count])
+            yield from self._bucket(False, count)
 
     def tightest_shares(self, core_pct: int) -> Iterator[list[str]]:
         """Per free-core level from ``core_pct`` up, the names of nodes with a shareable GPU
         that has exactly that much core free (a node may come at several levels)."""
         for level in sorted(c for c in self.by_core if c >= core_pct):
-            yield sorted(self.by_core[level])
+            yield list(self._bucket(True, level))
 
     def put(self, state: NodeState) -> None:
         """Replace (or add) one node's state and keep the indexes in step."""

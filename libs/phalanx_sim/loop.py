@@ -103,6 +103,8 @@ class Simulation:
         self._released: list[frozenset[str]] = []
         """The nodes each release freed, in order (``epoch`` counts them)."""
         self._empty_memo: dict[tuple[bytes, ...], tuple[bool, tuple[str, ...], str]] = {}
+        self._members: dict[str, tuple[Member, ...]] = {}
+        """A waiting gang's members as the engine sees them (derived once, dropped when it starts)."""
         for g in sorted(gangs, key=lambda g: g.arrival_s):  # stable: at one instant, in the order submitted
             self._arrival[g.gang_id] = len(self._arrival)
             if not g.refused:
@@ -188,7 +190,10 @@ class Simulation:
             starting.append(evolve(s, attempt=s.attempt + 1, avoid_nodes=gate.avoid, avoid_for=gate.head))
         if not starting:
             return
-        _, ranks = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        queues = {fairness.queue_of(s) for s in starting}
+        # One queue among them: its rank is the same for all, so the order is priority, arrival.
+        ranks = (queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)[1]
+                 if len(queues) > 1 else {})
         owed = queueorder.owed_candidates(self.tree, self.held, (
             (fairness.queue_of(o), o.members) for q in self.pending.values() for o in q.values()
             if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster))
@@ -221,7 +226,7 @@ class Simulation:
         if not isinstance(got, Decision):
             if may_preempt and self._preempt(t, s):
                 return None
-            self._refused_at[_key(s)] = (self.epoch, s.avoid_nodes)
+            self._refused_at[self._key(s)] = (self.epoch, s.avoid_nodes)
             return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self._start(t, s, got.assignments)
 
@@ -258,7 +263,7 @@ class Simulation:
         its last refusal and nothing was released since (the cluster only got fuller); for a
         gang of one also when no node released since can take it now (a single member fits
         exactly when some node passes every filter, and the other nodes only got fuller)."""
-        key = _key(s)
+        key = self._key(s)
         last = self._refused_at.get(key)
         if last is None or last[1] != s.avoid_nodes:
             return False
@@ -266,7 +271,7 @@ class Simulation:
             return True
         if len(s.members) != 1 or self.epoch - last[0] > RELEASES_CHECKED:
             return False
-        member = Member.of(s.members[0])
+        member = self._engine_members(s)[0]
         for name in set().union(*self._released[last[0]:self.epoch]):
             st = self.cluster.nodes.get(name)
             if name not in s.avoid_nodes and st is not None and not isinstance(self.profile.evaluate(member, st), Status):
@@ -285,7 +290,7 @@ class Simulation:
         return fits, nodes
 
     def _empty_tier(self, s: GangState) -> tuple[bool, tuple[str, ...], str]:
-        key = tuple(Member.of(m).shape for m in s.members)
+        key = tuple(m.shape for m in self._engine_members(s))
         got = self._empty_memo.get(key)
         if got is None:
             d = decide(self.empty, s.members, self.profile, explain=False)
@@ -314,6 +319,7 @@ class Simulation:
         o.start, o.tier, o.domain, o.nodes, o.reason = t, tier, domain, len({a.node for a in assignments}), ""
         if len(s.members) > 1:
             o.split = _TIER_ORDER.index(tier) > _TIER_ORDER.index(self._empty_tier(s)[2] or tier)
+        self._members.pop(s.gang_id, None)
         if o.gang.duration_s is not None:
             self._ends[s.gang_id] = self._push(t + o.gang.duration_s, END, s.gang_id)
 
@@ -341,12 +347,19 @@ class Simulation:
             if sign < 0:
                 del self.owner[a.pod]
         for name, mine in by_node.items():
-            view = self.views[name]
+            old = self.views[name]
             pods = {a.pod for a in mine}
-            kept = tuple(a for a in view.allocations if a.pod not in pods)
-            view = replace(view, allocations=kept + tuple(mine) if sign > 0 else kept)
+            kept = tuple(a for a in old.allocations if a.pod not in pods)
+            view = replace(old, allocations=kept + tuple(mine) if sign > 0 else kept)
             self.views[name] = view
-            self.cluster.upsert(view)
+            st = self.cluster.nodes.get(name)
+            if sign > 0 and st is not None and len(kept) == len(old.allocations):
+                # Only added: booked into the node's state in place (what rebuilding it from the
+                # new view gives, taking the same allocations in the same order), its view swapped.
+                self.cluster.assume(mine)
+                st.view = view
+            else:
+                self.cluster.upsert(view)
         units = sum(units_of_assignment(a) for a in assignments)
         for q in self.tree.chain(queueorder.queue_of(self.outcomes[gang_id].gang.members)):
             self.held[q] = self.held.get(q, 0) + sign * units
@@ -378,11 +391,17 @@ class Simulation:
             queues={q: (self.held.get(q, 0) / GPU_UNITS, shares.get(q, 0) / GPU_UNITS) for q in sorted(self.tree.specs)}))
 
 
+    def _engine_members(self, s: GangState) -> tuple[Member, ...]:
+        got = self._members.get(s.gang_id)
+        if got is None:
+            got = self._members[s.gang_id] = tuple(Member.of(m) for m in s.members)
+        return got
+
+    def _key(self, s: GangState) -> str | bytes:
+        """What a refusal is remembered by: a gang of one by its request's shape (members with
+        equal shapes are interchangeable, so a pod arriving with the shape of one just refused is
+        refused too), a larger gang by its id."""
+        return self._engine_members(s)[0].shape if len(s.members) == 1 else s.gang_id
+
+
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
-
-
-def _key(s: GangState) -> str | bytes:
-    """What a refusal is remembered by: a gang of one by its request's shape (members with equal
-    shapes are interchangeable, so a pod arriving with the shape of one just refused is refused
-    too), a larger gang by its id."""
-    return Member.of(s.members[0]).shape if len(s.members) == 1 else s.gang_id
