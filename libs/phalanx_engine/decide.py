@@ -124,14 +124,16 @@ class Cluster:
             del ordered[bisect.bisect_left(ordered, name)]
         names.discard(name)
 
-    def _bucket(self, shares: bool, key: int, room: tuple[float, float] | None) -> list[str]:
+    def _bucket(self, shares: bool, key: int, room: tuple[float, float] | None) -> Iterable[str]:
+        """One bucket's names in order (a copy: the bucket may change while it is read); with
+        ``room``, lazily, those with it (a search stops long before the end of a bucket)."""
         got = self._sorted.get((shares, key))
         if got is None:
             got = self._sorted[(shares, key)] = sorted((self.by_core if shares else self.by_free)[key])
         if room is None:
             return list(got)
         cpu, memory, free = room[0], room[1], self._room
-        return [n for n in got if (r := free[n])[0] >= 1 and r[1] >= cpu and r[2] >= memory]
+        return (n for n in list(got) if (r := free[n])[0] >= 1 and r[1] >= cpu and r[2] >= memory)
 
     def tightest(self, need: int, room: tuple[float, float] | None = None) -> Iterator[str]:
         """Node names with at least ``need`` free whole GPUs, tightest first, lazily; with
@@ -139,7 +141,7 @@ class Cluster:
         for count in sorted(c for c in self.by_free if c >= need):
             yield from self._bucket(False, count, room)
 
-    def tightest_shares(self, core_pct: int, room: tuple[float, float] | None = None) -> Iterator[list[str]]:
+    def tightest_shares(self, core_pct: int, room: tuple[float, float] | None = None) -> Iterator[Iterable[str]]:
         """Per free-core level from ``core_pct`` up, the names of nodes with a shareable GPU
         that has exactly that much core free (a node may come at several levels); ``room``: as
         ``tightest``."""
