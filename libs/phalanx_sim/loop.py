@@ -1,7 +1,7 @@
 """The virtual-time run: gangs arrive, try, back off, start and end as the services would
 handle them, on one engine ``Cluster`` (docs/whatif.md, "The model").
 
-Overview. Events are (time, order, kind, gang) in one heap; at each time the run ends the gangs
+Overview. Events are (time, kind, order, gang) in time order (``agenda``); at each time the run ends the gangs
 due to end (their reservations released; up to ``WAKE`` gangs backing off are woken, queues
 below quota first — gang-coordinator's ``wake``), admits the gangs arriving, takes the gangs
 whose retry is due, and runs one scheduling cycle over every gang due now:
@@ -19,7 +19,8 @@ A retry that nothing could have changed for is refused without deciding again: t
 to avoid and no reservation released since its last refusal (the engine refuses a fuller
 cluster what it refused an emptier one), or, for a gang of one — remembered by its request's
 shape, so it holds for another pod asking the same — no node released since that passes the
-member's filters (exact: a single member fits where some node passes them);
+member's filters (exact: a single member fits where some node passes them; a node without the
+CPU, memory or pod slot is refused without running them, as the engine's own search does);
 ``SimConfig.exact`` decides every retry anyway.
 """
 
@@ -34,8 +35,10 @@ from functools import cache
 from msgspec.structs import replace as evolve
 
 from phalanx_engine import fairness, queueorder
+from phalanx_engine.candidates import checks_resources
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
 from phalanx_engine.framework import Profile
+from phalanx_engine.kube_plugins import resources_fit
 from phalanx_engine.packing import stranded_milli
 from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
@@ -265,13 +268,15 @@ class Simulation:
         if len(s.members) != 1 or self.epoch - last[0] > RELEASES_CHECKED:
             return False
         member = self.derived.members(s)[0]
+        gate = checks_resources(self.profile, member)  # as the engine's search: no room, refused
         for name in set().union(*self._released[last[0]:self.epoch]):
             st = self.cluster.nodes.get(name)
-            if name not in s.avoid_nodes and st is not None and not isinstance(self.profile.evaluate(member, st), Status):
+            if name in s.avoid_nodes or st is None or (gate and not resources_fit(member, st)):
+                continue
+            if not isinstance(self.profile.evaluate(member, st), Status):
                 return False
         self._refused_at[key] = (self.epoch, s.avoid_nodes)
         return True
-
 
     def _fits_now(self, members) -> bool:
         self.decisions += 1
@@ -376,9 +381,6 @@ class Simulation:
         else:
             self._failed.pop(s.gang_id, None)
 
-    def _all_pending(self):
-        return (s for q in self.pending.values() for s in q.values())
-
     def _below_quota(self, queue: str) -> bool:
         spec = self.tree.get(queue)
         return spec is not None and self.held.get(queue, 0) < spec.quota
@@ -387,12 +389,11 @@ class Simulation:
         shares, _ = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
         allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
         stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
-        pending = list(self._all_pending())
         self.samples.append(Sample(
-            t=t, allocated=allocated / GPU_UNITS, stranded=round(stranded, 3), pending=len(pending),
+            t=t, allocated=allocated / GPU_UNITS, stranded=round(stranded, 3),
+            pending=sum(len(q) for q in self.pending.values()),
             pending_gpus=sum(self.waiting_units.values()) / GPU_UNITS, running=len(self.running),
             queues={q: (self.held.get(q, 0) / GPU_UNITS, shares.get(q, 0) / GPU_UNITS) for q in sorted(self.tree.specs)}))
-
 
 
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
