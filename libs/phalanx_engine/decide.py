@@ -20,10 +20,13 @@ Overview (docs/placement.md has the full objective):
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine.candidates import candidate, checks_resources
 from phalanx_engine.explain import no_fit
 from phalanx_engine.framework import ALL_KINDS, Member, Profile, node_error
 from phalanx_engine.kube_plugins import kube_filters
@@ -32,6 +35,7 @@ from phalanx_engine.packing import ShapeMix, StrandingScore
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import NoFit, Status
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
+from phalanx_proto.scheduling import CPU, MEMORY, PODS
 
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
@@ -78,34 +82,71 @@ class Cluster:
     """Free core percent of a shareable GPU → names of nodes with such a GPU: a TDM share
     visits the tightest GPUs of the whole cluster first."""
     _levels: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
+    _sorted: dict[tuple[bool, int], list[str]] = field(default_factory=dict, repr=False, compare=False)
+    """``by_free`` (False, count) and ``by_core`` (True, level) buckets sorted, kept in step."""
+    _room: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False, compare=False)
+    """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
+    unbounded): the single-member searches pass over the nodes it refuses in bulk."""
 
     def __post_init__(self) -> None:
         for st in self.nodes.values():
             self._index(st)
 
     def _index(self, st: NodeState) -> None:
-        self.by_free.setdefault(len(st.free_whole()), set()).add(st.name)
+        self._enter(False, len(st.free_whole()), st.name)
         levels = frozenset(100 - st.core.get(i, 0) for i, g in st.gpus.items()
                            if i not in st.whole and i not in st.mig_inst and not g.mig_enabled)
         self._levels[st.name] = levels
         for level in levels:
-            self.by_core.setdefault(level, set()).add(st.name)
+            self._enter(True, level, st.name)
+        kube = st.view.kube
+        self._room[st.name] = _UNBOUNDED if kube is None else (
+            kube.allocatable.get(PODS, 0) - st.pods, kube.allocatable.get(CPU, 0) - st.requested.get(CPU, 0),
+            kube.allocatable.get(MEMORY, 0) - st.requested.get(MEMORY, 0))
 
     def _unindex(self, st: NodeState) -> None:
-        self.by_free[len(st.free_whole())].discard(st.name)
+        self._leave(False, len(st.free_whole()), st.name)
         for level in self._levels.pop(st.name, ()):
-            self.by_core[level].discard(st.name)
+            self._leave(True, level, st.name)
+        self._room.pop(st.name, None)
 
-    def tightest(self, need: int) -> Iterator[str]:
-        """Node names with at least ``need`` free whole GPUs, tightest first, lazily."""
+    def _enter(self, shares: bool, key: int, name: str) -> None:
+        names = (self.by_core if shares else self.by_free).setdefault(key, set())
+        ordered = self._sorted.get((shares, key))
+        if ordered is not None and name not in names:
+            bisect.insort(ordered, name)
+        names.add(name)
+
+    def _leave(self, shares: bool, key: int, name: str) -> None:
+        names = (self.by_core if shares else self.by_free)[key]
+        ordered = self._sorted.get((shares, key))
+        if ordered is not None and name in names:
+            del ordered[bisect.bisect_left(ordered, name)]
+        names.discard(name)
+
+    def _bucket(self, shares: bool, key: int, room: tuple[float, float] | None) -> Iterable[str]:
+        """One bucket's names in order (a copy: the bucket may change while it is read); with
+        ``room``, lazily, those with it (a search stops long before the end of a bucket)."""
+        got = self._sorted.get((shares, key))
+        if got is None:
+            got = self._sorted[(shares, key)] = sorted((self.by_core if shares else self.by_free)[key])
+        if room is None:
+            return list(got)
+        cpu, memory, free = room[0], room[1], self._room
+        return (n for n in list(got) if (r := free[n])[0] >= 1 and r[1] >= cpu and r[2] >= memory)
+
+    def tightest(self, need: int, room: tuple[float, float] | None = None) -> Iterator[str]:
+        """Node names with at least ``need`` free whole GPUs, tightest first, lazily; with
+        ``room`` (``room_for``), only those with a pod slot and that much CPU and memory free."""
         for count in sorted(c for c in self.by_free if c >= need):
-            yield from sorted(self.by_free[count])
+            yield from self._bucket(False, count, room)
 
-    def tightest_shares(self, core_pct: int) -> Iterator[list[str]]:
+    def tightest_shares(self, core_pct: int, room: tuple[float, float] | None = None) -> Iterator[Iterable[str]]:
         """Per free-core level from ``core_pct`` up, the names of nodes with a shareable GPU
-        that has exactly that much core free (a node may come at several levels)."""
+        that has exactly that much core free (a node may come at several levels); ``room``: as
+        ``tightest``."""
         for level in sorted(c for c in self.by_core if c >= core_pct):
-            yield sorted(self.by_core[level])
+            yield self._bucket(True, level, room)
 
     def put(self, state: NodeState) -> None:
         """Replace (or add) one node's state and keep the indexes in step."""
@@ -166,6 +207,19 @@ class Cluster:
         return cls(nodes=nodes, total=len(snapshot.nodes), excluded=excluded)
 
 
+_UNBOUNDED = (math.inf, math.inf, math.inf)
+
+
+def room_for(profile: Profile, member: Member) -> tuple[float, float] | None:
+    """The CPU and memory a node must have free for ``member``, when the profile runs
+    ``NodeResourcesFit`` on it (a node without them, or without a pod slot, is refused by some
+    filter); None when it does not."""
+    if not checks_resources(profile, member):
+        return None
+    asks = member.spec.requests
+    return tuple(q if (q := asks.get(r, 0)) > 0 else -math.inf for r in (CPU, MEMORY))
+
+
 def _state_or_status(view: NodeView) -> NodeState | Status:
     """The node's scratch state, or its ``node_error`` status when its view cannot be built
     into one (a report that passed the wire rules but holds what the engine did not expect)."""
@@ -175,29 +229,16 @@ def _state_or_status(view: NodeView) -> NodeState | Status:
         return node_error(view.name, e)
 
 
-def _neg_name(name: str) -> tuple:
-    return tuple(-ord(c) for c in name)
-
-
-def _candidate(profile: Profile, member: Member, st: NodeState) -> tuple[tuple, Assignment] | None:
-    """The member's assignment on ``st`` with its rank (higher is better; ties go to the
-    smaller name), or None when a filter refuses the node."""
-    got = profile.evaluate(member, st)
-    if isinstance(got, Status):
-        return None
-    rank = profile.rank(member, st, got)
-    return None if rank is None else ((rank, _neg_name(st.name)), got)
-
-
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
                order: Iterable[str], avoid: Collection[str]) -> Assignment | None:
     """The best node for one member among ``order`` (tightest first) but ``avoid``; nothing is changed."""
     best = None
     seen = 0
+    gate = checks_resources(profile, member)
     for name in order:
         if name in avoid:
             continue
-        cand = _candidate(profile, member, states[name])
+        cand = candidate(profile, member, states[name], gate)
         if cand is None:
             continue
         if best is None or cand[0] > best[0]:
@@ -213,12 +254,13 @@ def _place_share(profile: Profile, cluster: Cluster, member: Member, avoid: Coll
     one fits is compared by the profile's scores (the tightest GPU anywhere wins, the node
     score decides among equally tight ones), at most ``SHARE_CANDIDATES`` of them."""
     best, seen, found = None, set(), 0
-    for names in cluster.tightest_shares(member.spec.core_pct):
+    gate = checks_resources(profile, member)
+    for names in cluster.tightest_shares(member.spec.core_pct, room_for(profile, member)):
         for name in names:
             if name in seen or name in avoid:
                 continue
             seen.add(name)
-            cand = _candidate(profile, member, cluster.nodes[name])
+            cand = candidate(profile, member, cluster.nodes[name], gate)
             if cand is None:
                 continue
             if best is None or cand[0] > best[0]:
@@ -253,7 +295,7 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
         if m.kind is RequestKind.TDM:
             got = _place_share(profile, cluster, m, avoid)
         else:
-            got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units), avoid)
+            got = _place_one(profile, cluster.nodes, m, cluster.tightest(m.units, room_for(profile, m)), avoid)
         if got is None:
             return _no_fit(profile, cluster, gang, avoid=avoid) if explain else NoFit(total_nodes=cluster.total)
         return _decision(cluster, (got,))

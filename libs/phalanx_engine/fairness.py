@@ -40,7 +40,10 @@ def queue_key(s: GangState) -> tuple:
 
 def queue_of(s: GangState) -> str:
     """The queue a gang's members name (``default`` when none)."""
-    return next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
+    for m in s.members:
+        if m.queue:
+            return m.queue
+    return DEFAULT_QUEUE
 
 
 def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:

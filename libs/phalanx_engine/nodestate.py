@@ -27,7 +27,7 @@ class NodeState:
     use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
     __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors", "requested",
-                 "pods", "ports")
+                 "pods", "ports", "memo")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
@@ -43,6 +43,9 @@ class NodeState:
         self.requested: dict[str, int] = dict(kube.requested) if kube else {}
         self.pods = kube.pods if kube else 0
         self.ports: set[tuple[str, str, int]] = {port_key(p) for p in kube.host_ports} if kube else set()
+        self.memo: dict[bytes, tuple] = {}
+        """Per member shape, what the single-member search found here (``candidates``); emptied
+        by ``take``, the only way the state changes."""
         for a in view.allocations:
             self.take(a)
 
@@ -57,11 +60,14 @@ class NodeState:
         other.mig_inst = {k: list(v) for k, v in self.mig_inst.items()}
         other._free, other._capacity, other._vendors = self._free, self._capacity, self._vendors
         other.requested, other.pods, other.ports = dict(self.requested), self.pods, set(self.ports)
+        other.memo = {}
         return other
 
     def take(self, a: Assignment) -> None:
         """Book ``a`` (a reservation read from the ledger, or one just decided)."""
         self._free = None
+        if self.memo:
+            self.memo = {}
         self.pods += 1
         for r, q in a.requests.items():
             self.requested[r] = self.requested.get(r, 0) + q

@@ -21,7 +21,10 @@ from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL, units_of_member
 
 def queue_of(members: Iterable[MemberSpec]) -> str:
     """The queue a gang's members name (gang-coordinator admits a gang only when they agree)."""
-    return next((m.queue for m in members if m.queue), DEFAULT_QUEUE)
+    for m in members:
+        if m.queue:
+            return m.queue
+    return DEFAULT_QUEUE
 
 
 def units(members: Iterable[MemberSpec]) -> int:

@@ -8,10 +8,13 @@ node is fresh (its heartbeat never goes stale) and starts empty.
 
 from __future__ import annotations
 
+import msgspec
+
 from phalanx_engine.snapshot import NodeView
 from phalanx_kubeobjects.nodekube import node_kube_state
 from phalanx_kubeobjects.quantity import Violation
 from phalanx_localstack.inputs import ClusterFile
+from phalanx_proto.topology import NodeTopology
 from phalanx_topology.files import topology_from_file
 from phalanx_topology.tiers import enabled_by_labels, tiers_from_labels
 
@@ -20,9 +23,17 @@ def views(cluster: ClusterFile) -> tuple[NodeView, ...]:
     """Every node of ``cluster`` as an empty, fresh view (``OSError``/``ValueError`` for a
     topology file that cannot be read or parsed, as the node agent would fail on it)."""
     out = []
+    shared: dict[bytes, NodeTopology] = {}
     for node, obj in zip(cluster.nodes, cluster.node_objects(), strict=True):
         topo = topology_from_file(node.topology_file, node.name, gpu_model=node.gpu_model,
                                   gpu_memory_mib=node.gpu_memory_mib, mig_enabled=node.mig_enabled)
+        # Nodes of one shape report equal GPUs and links: they share those objects, so the
+        # engine's GPU-set search (gpuset, cached per topology by identity) knows them once,
+        # not once per node (a 1,000-node cluster overflowed its cache on every decision).
+        key = msgspec.json.encode((topo.gpus, topo.relations, topo.nvswitch))
+        first = shared.setdefault(key, topo)
+        if first is not topo:
+            topo = msgspec.structs.replace(topo, gpus=first.gpus, relations=first.relations)
         labels = obj["metadata"]["labels"]
         kube = node_kube_state(obj, ())
         if isinstance(kube, Violation):

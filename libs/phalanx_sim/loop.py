@@ -1,7 +1,7 @@
 """The virtual-time run: gangs arrive, try, back off, start and end as the services would
 handle them, on one engine ``Cluster`` (docs/whatif.md, "The model").
 
-Overview. Events are (time, order, kind, gang) in one heap; at each time the run ends the gangs
+Overview. Events are (time, kind, order, gang) in time order (``agenda``); at each time the run ends the gangs
 due to end (their reservations released; up to ``WAKE`` gangs backing off are woken, queues
 below quota first — gang-coordinator's ``wake``), admits the gangs arriving, takes the gangs
 whose retry is due, and runs one scheduling cycle over every gang due now:
@@ -19,23 +19,26 @@ A retry that nothing could have changed for is refused without deciding again: t
 to avoid and no reservation released since its last refusal (the engine refuses a fuller
 cluster what it refused an emptier one), or, for a gang of one — remembered by its request's
 shape, so it holds for another pod asking the same — no node released since that passes the
-member's filters (exact: a single member fits where some node passes them);
+member's filters (exact: a single member fits where some node passes them; a node without the
+CPU, memory or pod slot is refused without running them, as the engine's own search does);
 ``SimConfig.exact`` decides every retry anyway.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import cache
 
 from msgspec.structs import replace as evolve
 
 from phalanx_engine import fairness, queueorder
+from phalanx_engine.candidates import checks_resources
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
-from phalanx_engine.framework import Member, Profile
+from phalanx_engine.framework import Profile
+from phalanx_engine.kube_plugins import resources_fit
 from phalanx_engine.packing import stranded_milli
 from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
@@ -45,11 +48,11 @@ from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
 from phalanx_sim import preemption
+from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
+from phalanx_sim.derived import Derived
 from phalanx_sim.model import Outcome, Sample, SimConfig, SimGang
 
 DEFAULTS = SimConfig()
-END, ARRIVE, RETRY = 0, 1, 2
-"""Event kinds, in the order they are handled at one instant."""
 NO_FIT = "does not fit"
 """A refusal's reason during the run (the engine's own, with every node's status, is computed
 for the gangs still pending at the end: ``report.pending``)."""
@@ -75,6 +78,8 @@ class Simulation:
         self.tree, self.config, self.profile, self.progress = tree, config, profile, progress
         self.outcomes = {g.gang_id: Outcome(g) for g in gangs}
         self.records: dict[str, GangState] = {}
+        self._failed: dict[str, GangState] = {}
+        """The gangs backing off after a failed placement (those a release may wake), as recorded."""
         self.pending: dict[str, dict[str, GangState]] = {}
         """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
         self.held: dict[str, int] = dict(held or {})
@@ -92,10 +97,7 @@ class Simulation:
         self._ends: dict[str, int] = {}
         """A running gang's end event (its sequence number): an end left from a run cut short by
         preemption is ignored."""
-        self._events: list[tuple[float, int, int, str]] = []
-        self._seq = 0
-        self._changes = 0
-        """Arrivals and ends still in the heap (without any, only retries are left)."""
+        self._agenda = Agenda()
         self._arrival: dict[str, int] = {}
         self._refused_at: dict[str | bytes, tuple[int, tuple[str, ...]]] = {}
         """Per gang (a gang of one: per request shape), the release count and the nodes it
@@ -103,10 +105,13 @@ class Simulation:
         self._released: list[frozenset[str]] = []
         """The nodes each release freed, in order (``epoch`` counts them)."""
         self._empty_memo: dict[tuple[bytes, ...], tuple[bool, tuple[str, ...], str]] = {}
+        self._allocations: dict[str, dict[PodRef, Assignment]] = {}
+        """Per node booked since the start, its view's allocations by pod, in order."""
+        self.derived = Derived()
         for g in sorted(gangs, key=lambda g: g.arrival_s):  # stable: at one instant, in the order submitted
             self._arrival[g.gang_id] = len(self._arrival)
             if not g.refused:
-                self._push(g.arrival_s, ARRIVE, g.gang_id)
+                self._agenda.arrive(g.arrival_s, g.gang_id)
             else:
                 self.outcomes[g.gang_id].reason = g.refused
 
@@ -115,11 +120,10 @@ class Simulation:
         next_sample = 0.0
         last_report = time.monotonic()
         horizon = self.config.horizon_s
-        while self._events:
-            t = self._events[0][0]
+        while (t := self._agenda.first()) is not None:
             if horizon is not None and t > horizon:
                 break
-            if horizon is None and not self._changes:
+            if horizon is None and not self._agenda.changes:
                 break  # only retries are left: nothing arrives or ends, so nothing can change
             while next_sample <= t:
                 self._sample(next_sample)
@@ -136,23 +140,17 @@ class Simulation:
         self.now = end
         return self
 
-    def _push(self, t: float, kind: int, gang_id: str) -> int:
-        self._seq += 1
-        self._changes += kind != RETRY
-        heapq.heappush(self._events, (t, kind, self._seq, gang_id))
-        return self._seq
-
     def _instant(self, t: float) -> None:
         """Everything due at ``t``: ends, arrivals, retries, then one cycle."""
         due: dict[str, None] = {}
-        while self._events and self._events[0][0] == t:
-            _, kind, seq, gang_id = heapq.heappop(self._events)
-            self._changes -= kind != RETRY
+        while (event := self._agenda.take(t)) is not None:
+            _, kind, seq, gang_id = event
             if kind == END and self._ends.get(gang_id) != seq:
                 continue  # the run it ended was cut short by preemption
             if kind == END:
                 self._end(gang_id)
-                for s in fairness.wake_order(self._all_pending(), now=t, below_quota=self._below_quota):
+                # each queue asked once: nothing changes while the order is drawn
+                for s in fairness.wake_order(self._failed.values(), now=t, below_quota=cache(self._below_quota)):
                     self._set(evolve(s, backoff_until=t))
                     due[s.gang_id] = None
             elif kind == ARRIVE:
@@ -183,12 +181,15 @@ class Simulation:
             gate = fairness.gate(s, others, now=t, starve_after_s=c.starve_after_s, mode=c.fairness)
             if gate.hold:
                 self._set(evolve(s, phase="waiting", reason=gate.hold))
-                self._push(t + c.resync_s, RETRY, s.gang_id)
+                self._agenda.push(t + c.resync_s, RETRY, s.gang_id)
                 continue
             starting.append(evolve(s, attempt=s.attempt + 1, avoid_nodes=gate.avoid, avoid_for=gate.head))
         if not starting:
             return
-        _, ranks = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        queues = {fairness.queue_of(s) for s in starting}
+        # One queue among them: its rank is the same for all, so the order is priority, arrival.
+        ranks = (queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)[1]
+                 if len(queues) > 1 else {})
         owed = queueorder.owed_candidates(self.tree, self.held, (
             (fairness.queue_of(o), o.members) for q in self.pending.values() for o in q.values()
             if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster))
@@ -221,7 +222,7 @@ class Simulation:
         if not isinstance(got, Decision):
             if may_preempt and self._preempt(t, s):
                 return None
-            self._refused_at[_key(s)] = (self.epoch, s.avoid_nodes)
+            self._refused_at[self.derived.key(s)] = (self.epoch, s.avoid_nodes)
             return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self._start(t, s, got.assignments)
 
@@ -251,14 +252,14 @@ class Simulation:
         self._set(GangState(gang_id=gang_id, members=g.members, min_member=len(g.members), priority=g.priority,
                             created_at=t, phase="backoff", backoff_until=t + self.config.backoff_base_s,
                             reason="preempted"))
-        self._push(t + self.config.backoff_base_s, RETRY, gang_id)
+        self._agenda.push(t + self.config.backoff_base_s, RETRY, gang_id)
 
     def _still_refused(self, s: GangState) -> bool:
         """Would the engine refuse ``s`` again for sure? Yes when it avoids the same nodes as at
         its last refusal and nothing was released since (the cluster only got fuller); for a
         gang of one also when no node released since can take it now (a single member fits
         exactly when some node passes every filter, and the other nodes only got fuller)."""
-        key = _key(s)
+        key = self.derived.key(s)
         last = self._refused_at.get(key)
         if last is None or last[1] != s.avoid_nodes:
             return False
@@ -266,14 +267,16 @@ class Simulation:
             return True
         if len(s.members) != 1 or self.epoch - last[0] > RELEASES_CHECKED:
             return False
-        member = Member.of(s.members[0])
+        member = self.derived.members(s)[0]
+        gate = checks_resources(self.profile, member)  # as the engine's search: no room, refused
         for name in set().union(*self._released[last[0]:self.epoch]):
             st = self.cluster.nodes.get(name)
-            if name not in s.avoid_nodes and st is not None and not isinstance(self.profile.evaluate(member, st), Status):
+            if name in s.avoid_nodes or st is None or (gate and not resources_fit(member, st)):
+                continue
+            if not isinstance(self.profile.evaluate(member, st), Status):
                 return False
         self._refused_at[key] = (self.epoch, s.avoid_nodes)
         return True
-
 
     def _fits_now(self, members) -> bool:
         self.decisions += 1
@@ -285,7 +288,7 @@ class Simulation:
         return fits, nodes
 
     def _empty_tier(self, s: GangState) -> tuple[bool, tuple[str, ...], str]:
-        key = tuple(Member.of(m).shape for m in s.members)
+        key = tuple(m.shape for m in self.derived.members(s))
         got = self._empty_memo.get(key)
         if got is None:
             d = decide(self.empty, s.members, self.profile, explain=False)
@@ -301,7 +304,7 @@ class Simulation:
         self._set(evolve(s, phase="backoff", failures=failures, backoff_until=t + delay, reason=reason,
                           failure="placement_failed", fits_empty_cluster=fits_empty, reserve_nodes=reserve))
         self.outcomes[s.gang_id].reason = reason
-        self._push(t + delay, RETRY, s.gang_id)
+        self._agenda.push(t + delay, RETRY, s.gang_id)
 
     def _start(self, t: float, s: GangState, assignments: tuple[Assignment, ...]) -> None:
         o = self.outcomes[s.gang_id]
@@ -314,8 +317,9 @@ class Simulation:
         o.start, o.tier, o.domain, o.nodes, o.reason = t, tier, domain, len({a.node for a in assignments}), ""
         if len(s.members) > 1:
             o.split = _TIER_ORDER.index(tier) > _TIER_ORDER.index(self._empty_tier(s)[2] or tier)
+        self.derived.forget(s.gang_id)
         if o.gang.duration_s is not None:
-            self._ends[s.gang_id] = self._push(t + o.gang.duration_s, END, s.gang_id)
+            self._ends[s.gang_id] = self._agenda.push(t + o.gang.duration_s, END, s.gang_id)
 
     def _end(self, gang_id: str) -> None:
         self._ends.pop(gang_id, None)
@@ -341,12 +345,25 @@ class Simulation:
             if sign < 0:
                 del self.owner[a.pod]
         for name, mine in by_node.items():
-            view = self.views[name]
-            pods = {a.pod for a in mine}
-            kept = tuple(a for a in view.allocations if a.pod not in pods)
-            view = replace(view, allocations=kept + tuple(mine) if sign > 0 else kept)
+            booked = self._allocations.get(name)
+            if booked is None:
+                booked = self._allocations[name] = {a.pod: a for a in self.views[name].allocations}
+            before = len(booked)
+            for a in mine:  # a pod booked again moves to the end, as it did when the tuple was rebuilt
+                booked.pop(a.pod, None)
+            replaced = len(booked) != before
+            if sign > 0:
+                booked.update((a.pod, a) for a in mine)
+            view = replace(self.views[name], allocations=tuple(booked.values()))
             self.views[name] = view
-            self.cluster.upsert(view)
+            st = self.cluster.nodes.get(name)
+            if sign > 0 and st is not None and not replaced:
+                # Only added: booked into the node's state in place (what rebuilding it from the
+                # new view gives, taking the same allocations in the same order), its view swapped.
+                self.cluster.assume(mine)
+                st.view = view
+            else:
+                self.cluster.upsert(view)
         units = sum(units_of_assignment(a) for a in assignments)
         for q in self.tree.chain(queueorder.queue_of(self.outcomes[gang_id].gang.members)):
             self.held[q] = self.held.get(q, 0) + sign * units
@@ -359,9 +376,10 @@ class Simulation:
             queue[s.gang_id] = s
         else:
             queue.pop(s.gang_id, None)
-
-    def _all_pending(self):
-        return (s for q in self.pending.values() for s in q.values())
+        if s.phase == "backoff" and s.failure == "placement_failed":
+            self._failed[s.gang_id] = s
+        else:
+            self._failed.pop(s.gang_id, None)
 
     def _below_quota(self, queue: str) -> bool:
         spec = self.tree.get(queue)
@@ -371,18 +389,11 @@ class Simulation:
         shares, _ = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
         allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
         stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
-        pending = list(self._all_pending())
         self.samples.append(Sample(
-            t=t, allocated=allocated / GPU_UNITS, stranded=round(stranded, 3), pending=len(pending),
+            t=t, allocated=allocated / GPU_UNITS, stranded=round(stranded, 3),
+            pending=sum(len(q) for q in self.pending.values()),
             pending_gpus=sum(self.waiting_units.values()) / GPU_UNITS, running=len(self.running),
             queues={q: (self.held.get(q, 0) / GPU_UNITS, shares.get(q, 0) / GPU_UNITS) for q in sorted(self.tree.specs)}))
 
 
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
-
-
-def _key(s: GangState) -> str | bytes:
-    """What a refusal is remembered by: a gang of one by its request's shape (members with equal
-    shapes are interchangeable, so a pod arriving with the shape of one just refused is refused
-    too), a larger gang by its id."""
-    return Member.of(s.members[0]).shape if len(s.members) == 1 else s.gang_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from phalanx_engine.queueorder import queue_of
 from phalanx_proto.events import MemberSpec
@@ -26,11 +27,11 @@ class SimGang:
     """Why gang-coordinator would not admit it (its queue is missing or does not select its
     namespace): it never tries."""
 
-    @property
+    @cached_property
     def queue(self) -> str:
         return queue_of(self.members)
 
-    @property
+    @cached_property
     def units(self) -> int:
         return sum(units_of_member(m) for m in self.members)
 

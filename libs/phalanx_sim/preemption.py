@@ -51,7 +51,7 @@ def may_preempt(sim: Simulation, s: GangState) -> bool:
     one on its own chain (an ancestor's gang: its units stay within the ancestors, whose quotas
     are not checked) or one holding more than its quota (a victim's own queue must keep its
     quota without it)."""
-    who = preemptor(s) if sim.config.preemption else None
+    who = sim.derived.preemptor(s) if sim.config.preemption else None
     if who is None or who.preemption_policy == NEVER:
         return False
     spec = sim.tree.get(who.queue)

@@ -120,15 +120,16 @@ def pending(sim: Simulation, *, limit: int, decisions: int) -> list[dict[str, An
 def document(sim: Simulation, *, gangs: int | None, pending_limit: int, decisions: int,
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole result as one JSON-able document (``gangs``: rows listed, None for all)."""
-    rows = [gang_row(o) for o in sorted(sim.outcomes.values(), key=lambda o: o.gang.arrival_s)]  # stable: as submitted
+    ordered = sorted(sim.outcomes.values(), key=lambda o: o.gang.arrival_s)  # stable: as submitted
+    rows = [gang_row(o) for o in (ordered if gangs is None else ordered[:gangs])]
     return {
         "summary": summary(sim) | (extra or {}),
         "samples": [{"t": s.t, "allocated_gpus": s.allocated, "stranded_gpus": s.stranded, "pending": s.pending,
                      "pending_gpus": s.pending_gpus, "running": s.running,
                      "queues": {q: {"held_gpus": h, "fair_share_gpus": f} for q, (h, f) in s.queues.items()}}
                     for s in sim.samples],
-        "gangs": rows if gangs is None else rows[:gangs],
-        "gangs_listed": len(rows) if gangs is None else min(gangs, len(rows)),
+        "gangs": rows,
+        "gangs_listed": len(rows),
         "pending": pending(sim, limit=pending_limit, decisions=decisions),
     }
 
