@@ -34,7 +34,7 @@ import time
 import anyio
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, Poisoned, consume, enable_atomic
+from phalanx_bus import Bus, Delivery, Poisoned, TemporaryError, consume, enable_atomic
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.snapshot import Decision, NoFit
@@ -129,13 +129,19 @@ class Placement:
                                                        f"(revision {record.revision}): {record.error}")
         return checks.check_request(record, ev) or record
 
-    async def _records(self, batch: list[Waiting]) -> list[GangState | checks.Refusal]:
+    async def _records(self, batch: list[Waiting]) -> list[GangState | checks.Refusal | TemporaryError]:
         """Each request's record and verdict; if any is refused, the mirror may be behind the
         command (gang-coordinator writes the record, then sends it): one catch-up from the
         watch for the whole cycle, and those are checked once more."""
-        out = [self._checked(w.ev) for w in batch]
+        out: list = [self._checked(w.ev) for w in batch]
         if any(isinstance(r, checks.Refusal) for r in out):
-            await self.cache.gangs.catch_up()
+            try:
+                await self.cache.gangs.catch_up()
+            except Exception as e:  # noqa: BLE001 - the bus is away (a stream leader election): retried later
+                warn("gang records not caught up; those requests are retried", error=repr(e)[:300])
+                return [TemporaryError(f"gang {w.ev.gang_id}: its record could not be caught up: {e!r}"[:500],
+                                       delay=1.0) if isinstance(r, checks.Refusal) else r
+                        for w, r in zip(batch, out, strict=True)]
             out = [self._checked(w.ev) if isinstance(r, checks.Refusal) else r for w, r in zip(batch, out, strict=True)]
         return out
 
@@ -150,6 +156,9 @@ class Placement:
                 self.cache.refresh()
                 self.queues.begin_cycle()
                 for w, record in zip(batch, records, strict=True):
+                    if isinstance(record, TemporaryError):
+                        w.finish(record)  # redelivered: nothing was decided
+                        continue
                     if isinstance(record, checks.Refusal):
                         refused(record.rule, record.why, gang=w.ev.gang_id, attempt=w.ev.attempt,
                                 command="placement.place")
