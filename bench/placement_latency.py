@@ -192,16 +192,18 @@ async def one_request(bus: Bus, record: GangState) -> tuple[float, bool]:
     record = msgspec.structs.replace(record, created_at=time.time())
     ev = PlaceRequested(gang_id=record.gang_id, attempt=record.attempt, members_digest=members_digest(record))
     await (await bus.kv(S.KV_GANGS)).put(S.gang_key(ev.gang_id), encoder.encode(record))
-    sub = await bus.nc.subscribe(S.placement_reply_subject(ev.gang_id))
+    sub = await bus.nc.subscribe("phx.gang.coord.>")  # placement's answers, alone or batched
     try:
         await bus.nc.flush()
         started = time.perf_counter()
         await bus.publish(S.placement_subject(ev.gang_id), ev)
         with anyio.fail_after(600):
             async for msg in sub.messages:
-                reply = gang_decoder.decode(msg.data)
-                if reply.attempt == ev.attempt and type(reply).__name__ in (*PLACED, "PlacementFailed"):
-                    return (time.perf_counter() - started) * 1000, type(reply).__name__ in PLACED
+                decoded = gang_decoder.decode(msg.data)
+                for reply in (c.event for c in decoded.events) if hasattr(decoded, "events") else (decoded,):
+                    if (reply.gang_id == ev.gang_id and reply.attempt == ev.attempt
+                            and type(reply).__name__ in (*PLACED, "PlacementFailed")):
+                        return (time.perf_counter() - started) * 1000, type(reply).__name__ in PLACED
     finally:
         await sub.unsubscribe()
     raise RuntimeError("subscription ended")

@@ -1,14 +1,6 @@
-"""The durable pull-consumer loop with the explicit ack ladder (style rule 6).
-
-For every message: decode with the stream's union decoder; on failure record it on the dead
-letter stream and ``term()`` it (it can never succeed), and keep going. Otherwise run the
-handler inside one OpenTelemetry span whose parent is the publisher's ``traceparent``, then
-
-* ``ack()`` once the handler returned (its side effect is durable by then);
-* ``nak(delay)`` on ``TemporaryError`` and on an unexpected exception (with backoff);
-* record + ``term()`` on ``PermanentError``;
-* record + ``term()`` when ``TemporaryError`` or an unexpected exception happens on the
-  message's **last delivery** (``num_delivered >= max_deliver``): nothing is dropped silently.
+"""The durable pull-consumer loop: fetch, decode, hand each message to the ack ladder
+(``phalanx_bus.handling``: ack, nak with backoff, dead letter; a ``GangBatch`` split into its
+events).
 
 Every dead letter carries the error and its origin in headers (``Phalanx-Error``,
 ``Phalanx-Original-Subject``, ``Phalanx-Original-Stream``, ``Phalanx-Cause``) and counts in
@@ -32,7 +24,9 @@ messages (binder's do not: each command names one pod). With ``order_key`` (a fu
 subject), messages whose subjects give the same key are handled one at a time in delivery
 order (``phalanx_bus.keyed``), while other keys go on in parallel; a message waiting behind
 its key tells the server it is in progress every third of the ack wait, so it is never
-redelivered (and handled twice) while it waits.
+redelivered (and handled twice) while it waits. The events of a ``GangBatch`` join their
+gang's line (``S.gang_key``, which ``order_key`` must give for a ``{gang}`` subject), so a
+gang's replies stay in order whether they came alone or batched.
 
 Metrics (``phalanx_telemetry.metrics``): handler time per consumer and kind, outcomes
 (ack/nak/term), redeliveries, and the consumer's lag (``num_pending``), sampled every
@@ -44,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -52,47 +45,30 @@ import anyio
 import msgspec
 import nats.errors
 import nats.js.errors
-from opentelemetry import trace
 
-from phalanx_bus.bus import Bus, destination_template
-from phalanx_bus.deadletter import record_dead_letter
+from phalanx_bus.bus import Bus
 from phalanx_bus.declare import durable_config
 from phalanx_bus.errors import BusError
+from phalanx_bus.handling import (
+    Batch,
+    Delivery,
+    PermanentError,
+    TemporaryError,
+    decoded,
+    handle,
+    misaddressed,
+    not_carried,
+)
 from phalanx_bus.keyed import KeyedWork
 from phalanx_proto import subjects as S
-from phalanx_telemetry import extract_context, log, metrics, tracer, warn
+from phalanx_proto.events import GangBatch
+from phalanx_telemetry import log, metrics, warn
 
-
-class TemporaryError(Exception):
-    """Try again later: the message is nak'ed with ``delay`` seconds."""
-
-    def __init__(self, message: str, delay: float = 1.0) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class PermanentError(Exception):
-    """This message can never succeed: it is recorded on the dead letter stream and terminated."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What a handler may know about the message besides the event."""
-
-    subject: str
-    num_delivered: int
-    stream_seq: int
-    headers: dict[str, str]
-    _msg: Any
-
-    async def in_progress(self) -> None:
-        """Tell the server the handler is still working (resets the ack wait)."""
-        await self._msg.in_progress()
+__all__ = ["Delivery", "PermanentError", "TemporaryError", "consume", "misaddressed", "not_carried"]
 
 
 Handler = Callable[[Any, Delivery], Awaitable[None]]
 
-RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 LAG_SAMPLE_S = 5.0
 DURABLE_POLL_S = 1.0
 """How often a consumer whose durable another identity creates looks for it."""
@@ -106,26 +82,6 @@ async def _sample_lag(bus: Bus, stream: str, durable: str) -> None:
         return
     metrics.BUS_CONSUMER_PENDING.set(info.num_pending or 0, stream=stream, consumer=durable)
     metrics.BUS_CONSUMER_ACK_PENDING.set(info.num_ack_pending or 0, stream=stream, consumer=durable)
-
-
-def misaddressed(subject: str, event: Any) -> str:
-    """Why ``event`` may not travel on ``subject`` per the bus table, or ``""``: its kind is
-    not one of the channel's (a binder reply claiming to be ``Reserved``), or its ``node`` or
-    ``gang_id`` is not the one the subject names (one node's agent speaking for another).
-    Subject permissions decide who may publish on a channel; this decides what they may say."""
-    channel = S.channel_of(subject)
-    kind = event.__struct_config__.tag
-    if channel is None:
-        return f"subject {subject} is no channel of the bus table"
-    if kind not in channel.kinds:
-        return f"kind {kind!r} is not allowed on {channel.template} (allowed: {', '.join(channel.kinds)})"
-    node = getattr(event, "node", None)
-    if "{node}" in channel.template and node is not None and S.render(channel.template, node=node) != subject:
-        return f"node {node!r} of the event is not the node of subject {subject}"
-    gang = getattr(event, "gang_id", None)
-    if "{gang}" in channel.template and gang and S.render(channel.template, gang=gang) != subject:
-        return f"gang {gang!r} of the event is not the gang of subject {subject}"
-    return ""
 
 
 async def consume(
@@ -179,11 +135,15 @@ async def consume(
                     room = min(batch, work.room)
                 sub, msgs = await _fetch(bus, sub, stream, durable, filter_subject, config, room)
                 for msg in msgs:
-                    if work is None:
-                        await _handle(bus, stream, durable, decoder, handler, msg, max_deliver)
-                    else:
+                    event = await decoded(bus, stream, durable, decoder, msg)
+                    if isinstance(event, GangBatch):
+                        await _submit_batch(Batch(bus, stream, durable, handler, event, msg, max_deliver), work,
+                                            ordered=order_key is not None)
+                    elif event is not None and work is None:
+                        await handle(bus, stream, durable, handler, event, msg, max_deliver)
+                    elif event is not None:
                         key = order_key(msg.subject) if order_key is not None else f"#{msg.metadata.sequence.stream}"
-                        await work.submit(key, partial(_handle, bus, stream, durable, decoder, handler, msg,
+                        await work.submit(key, partial(handle, bus, stream, durable, handler, event, msg,
                                                        max_deliver), msg)
     finally:
         with anyio.move_on_after(1, shield=True):
@@ -274,93 +234,16 @@ async def _resubscribe(bus: Bus, sub, stream: str, durable: str, filter_subject:
     return sub
 
 
-async def _handle(bus: Bus, stream: str, durable: str, decoder, handler: Handler, msg, max_deliver: int) -> None:
-    meta = msg.metadata
-    headers = dict(msg.headers or {})
-    try:
-        event = decoder.decode(msg.data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        warn("undecodable message terminated", consumer=durable, subject=msg.subject,
-             seq=meta.sequence.stream, error=str(e))
-        await record_dead_letter(bus, stream, durable, msg, f"undecodable: {e}", "undecodable")
-        await msg.term()
-        metrics.BUS_MESSAGES.inc(consumer=durable, kind="undecodable", outcome="term")
-        return
-    kind = event.__struct_config__.tag
-    refused = misaddressed(msg.subject, event)
-    if refused:
-        warn("event not allowed on its subject terminated", consumer=durable, subject=msg.subject, kind=kind,
-             seq=meta.sequence.stream, error=refused)
-        await record_dead_letter(bus, stream, durable, msg, f"misaddressed: {refused}", "misaddressed")
-        await msg.term()
-        metrics.BUS_MESSAGES.inc(consumer=durable, kind=kind, outcome="term")
-        return
-    delivery = Delivery(msg.subject, meta.num_delivered, meta.sequence.stream, headers, msg)
-    if meta.num_delivered > 1:
-        metrics.BUS_REDELIVERIES.inc(consumer=durable, kind=kind)
-    template = destination_template(msg.subject)
-    with tracer().start_as_current_span(
-        f"process {template}", context=extract_context(headers), kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": "nats", "messaging.operation.name": "process",
-            "messaging.operation.type": "process", "messaging.destination.name": msg.subject,
-            "messaging.destination.template": template, "messaging.consumer.group.name": durable,
-            "messaging.message.id": headers.get("Nats-Msg-Id", ""), "messaging.message.body.size": len(msg.data),
-            "messaging.nats.message.delivery_count": meta.num_delivered,
-            "messaging.nats.message.stream_sequence": meta.sequence.stream, "messaging.nats.stream.name": stream,
-            "phalanx.event": str(kind),
-            "phalanx.gang": getattr(event, "gang_id", ""), "phalanx.attempt": getattr(event, "attempt", 0),
-        },
-    ) as span:
-        started = time.monotonic()
-        try:
-            await handler(event, delivery)
-        except TemporaryError as e:
-            if meta.num_delivered >= max_deliver:
-                await _exhausted(bus, stream, durable, kind, msg, span, started, f"{e}")
-                return
-            span.set_attribute("phalanx.outcome", "retry")
-            warn("handler asked to retry", consumer=durable, kind=kind, error=str(e), delay=e.delay)
-            await msg.nak(delay=e.delay)
-            _observe(durable, kind, "nak", started)
-            return
-        except PermanentError as e:
-            span.set_attribute("phalanx.outcome", "terminated")
-            warn("handler refused message", consumer=durable, kind=kind, error=str(e))
-            await record_dead_letter(bus, stream, durable, msg, f"permanent: {e}", "permanent")
-            await msg.term()
-            _observe(durable, kind, "term", started)
-            return
-        except Exception as e:  # noqa: BLE001 - an unexpected failure is retried with backoff
-            span.record_exception(e)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(e)))
-            span.set_attribute("error.type", type(e).__qualname__)
-            if meta.num_delivered >= max_deliver:
-                await _exhausted(bus, stream, durable, kind, msg, span, started, f"{type(e).__qualname__}: {e}")
-                return
-            delay = RETRY_BACKOFF_S[min(meta.num_delivered, len(RETRY_BACKOFF_S)) - 1]
-            log("handler failed, will retry", level=40, exc_info=True, consumer=durable, kind=kind, delay=delay)
-            await msg.nak(delay=delay)
-            _observe(durable, kind, "nak", started)
-            return
-        span.set_attribute("phalanx.outcome", "ack")
-        await msg.ack()
-        _observe(durable, kind, "ack", started)
-        log("handled", level=10, consumer=durable, kind=kind, gang=getattr(event, "gang_id", ""),
-            ms=round((time.monotonic() - started) * 1000, 2))
-
-
-async def _exhausted(bus: Bus, stream: str, durable: str, kind: str, msg, span, started: float, error: str) -> None:
-    """The message failed on its last delivery: dead-letter it with the error, then term it."""
-    n = msg.metadata.num_delivered
-    span.set_attribute("phalanx.outcome", "dead_letter")
-    log("message failed on its last delivery, dead-lettered", level=40, consumer=durable, kind=kind,
-        subject=msg.subject, seq=msg.metadata.sequence.stream, deliveries=n, error=error)
-    await record_dead_letter(bus, stream, durable, msg, f"failed on all {n} deliveries: {error}", "exhausted")
-    await msg.term()
-    _observe(durable, kind, "term", started)
-
-
-def _observe(durable: str, kind: str, outcome: str, started: float) -> None:
-    metrics.BUS_HANDLER_SECONDS.observe(time.monotonic() - started, consumer=durable, kind=kind)
-    metrics.BUS_MESSAGES.inc(consumer=durable, kind=kind, outcome=outcome)
+async def _submit_batch(batch: Batch, work: KeyedWork | None, *, ordered: bool) -> None:
+    """Each event of the batch as its own job, in its gang's line when the consumer keeps
+    order; an event of a kind the channel's batches do not carry is refused alone."""
+    seq = batch.msg.metadata.sequence.stream
+    for i, carried in enumerate(batch.batch.events):
+        why = not_carried(batch.msg.subject, carried.event)
+        if why:
+            await batch.refuse(i, why)
+        elif work is None:
+            await batch.item(i)
+        else:
+            key = S.gang_key(carried.event.gang_id) if ordered else f"#{seq}.{i}"
+            await work.submit(key, partial(batch.item, i), batch.msg)

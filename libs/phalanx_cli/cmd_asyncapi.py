@@ -51,6 +51,8 @@ class Channel:
     description: str
     stream: str = ""
     durable: str = ""
+    carries: tuple[str, ...] = ()
+    """Event tags that travel inside the channel's ``gang.batch`` messages (``x-phalanx-carries``)."""
 
 
 _PRODUCER = {"deadlineFired": "the NATS server", "deadLetter": "every consumer"}
@@ -64,7 +66,7 @@ def _channels() -> tuple[Channel, ...]:
         durables = [c.durable for c in S.CONSUMERS if ch.id in c.channels]
         out.append(Channel(ch.id, ch.template, _MESSAGES.get(ch.id, ch.kinds),
                            _PRODUCER.get(ch.id, ", ".join(ch.publishers)), ch.receiver, ch.description, ch.stream,
-                           durables[0] if durables else ""))
+                           durables[0] if durables else "", ch.carries))
     for b in S.BUCKETS:
         if not b.value:
             continue
@@ -168,6 +170,11 @@ def document() -> dict[str, Any]:
         channel["messages"] = {m: {"$ref": f"#/components/messages/{m}"} for m in ch.messages}
         if ch.stream:
             channel["x-phalanx-stream"] = ch.stream
+        if ch.carries:
+            channel["x-phalanx-carries"] = {
+                "description": "Events carried in the 'events' of each gang.batch on this channel, each handled as "
+                               "if it came alone on its gang's subject (docs/events.md, Batches).",
+                "messages": [{"$ref": f"#/components/messages/{m}"} for m in ch.carries]}
         channels[ch.id] = channel
         msg_refs = [{"$ref": f"#/channels/{ch.id}/messages/{m}"} for m in ch.messages]
         operations[f"{ch.id}Send"] = {

@@ -486,6 +486,44 @@ AnyGangEvent = (
     | EvictPods | EvictionRefused
 )
 
+MAX_BATCH_EVENTS = 1_024
+"""Events one ``GangBatch`` may carry (a scheduling cycle answers at most a few hundred)."""
+
+
+class Carried(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One event of a ``GangBatch``, with the trace it continues (its W3C ``traceparent``: the
+    header it would have travelled with alone)."""
+
+    event: AnyGangEvent
+    traceparent: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class GangBatch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="gang.batch", tag_field="kind"):
+    """Several gang events one process sends over the same hop, as one message (docs/events.md,
+    "Batches"): each is handled as if it had come alone on its gang's subject — checked against
+    the kinds its channel carries, in order with that gang's other messages, in its own trace.
+    The batch is acknowledged once every event in it is handled; one that must be retried
+    sends the whole batch again (handlers are idempotent). ``sender`` names the publishing
+    replica; the key digests the events' keys, so the same batch published twice is stored once."""
+
+    sender: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    events: Annotated[tuple[Carried, ...], msgspec.Meta(min_length=1, max_length=MAX_BATCH_EVENTS)]
+
+    def key(self) -> str:
+        return batch_key(self.sender, (c.event.key() for c in self.events))
+
+
+def batch_of(sender: str, *events: GangEvent, traceparent: str = "") -> GangBatch:
+    """A batch of ``events`` from ``sender`` (tests and tools; services use ``BatchSender``)."""
+    return GangBatch(sender=sender, events=tuple(Carried(event=e, traceparent=traceparent)  # type: ignore[arg-type]
+                                                 for e in events))
+
+
+def batch_key(sender: str, keys: Iterable[str]) -> str:
+    """The idempotency key of a batch: its sender and a digest of its events' keys, in order."""
+    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:24]
+    return f"gang.batch:{sender}:{digest}"
+
 
 class TopologyEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind"):
     """Base of every event on the topology stream."""
@@ -625,13 +663,13 @@ class DecisionsRecorded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
         return f"decisions.recorded:{self.replica}:{self.seq}"
 
 
-gang_decoder = Decoder(AnyGangEvent)
+gang_decoder = Decoder(AnyGangEvent | GangBatch)
 decisions_decoder = Decoder(DecisionsRecorded)
 topology_decoder = Decoder(AnyTopologyEvent)
 node_decoder = Decoder(AnyNodeEvent)
 encoder = msgspec.json.Encoder()
 
-ALL_EVENTS = GANG_EVENTS + TOPOLOGY_EVENTS + NODE_EVENTS + (DecisionsRecorded,)
+ALL_EVENTS = GANG_EVENTS + (GangBatch,) + TOPOLOGY_EVENTS + NODE_EVENTS + (DecisionsRecorded,)
 RETIRED_TAGS = ("placement.requested", "gang.placed", "bind.requested", "gang.bound", "gang.bind_failed")
 """Tags no version sends any more (commands and replies that carried data now held in one
 place, docs/events.md): never given to another event."""

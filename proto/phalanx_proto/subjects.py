@@ -134,6 +134,9 @@ class Channel:
     """Identities allowed a plain (non-durable) subscription, e.g. ``phalanx events``."""
     receiver: str = ""
     """Who consumes it, in words (AsyncAPI)."""
+    carries: tuple[str, ...] = ()
+    """For a channel of ``gang.batch`` messages: the event tags its batches may carry (any
+    other is refused alone, the rest of its batch goes on)."""
 
 
 def _tags(*types) -> tuple[str, ...]:
@@ -156,9 +159,11 @@ CHANNELS = (
     Channel("gangEvictionRefused", "phx.gang.placement.refused.{gang}", STREAM_GANG, _tags(E.EvictionRefused),
             (BINDER,), "Replies of binder to placement: a victim's eviction was refused (a PodDisruptionBudget); "
             "placement drops the preemptor's nomination.", receiver="placement"),
-    Channel("gangPlacementReply", "phx.gang.coord.placement.{gang}", STREAM_GANG,
-            _tags(E.Reserved, E.PlacementFailed, E.Released), (PLACEMENT,),
-            "Replies of placement to gang-coordinator.", receiver="gang-coordinator"),
+    Channel("gangPlacementAnswers", "phx.gang.coord.answers.{replica}", STREAM_GANG, _tags(E.GangBatch),
+            (PLACEMENT,), "Replies of a placement replica to gang-coordinator, in batches: what a scheduling cycle "
+            "decided (and the releases carried out meanwhile) as one message, each reply handled as if it came "
+            "alone on its gang's subject. Replaces phx.gang.coord.placement.{gang} (one reply a message).",
+            receiver="gang-coordinator", carries=_tags(E.Reserved, E.PlacementFailed, E.Released)),
     Channel("gangBinderReply", "phx.gang.coord.binder.{gang}", STREAM_GANG, _tags(E.BindsDone),
             (BINDER,), "Replies of binder to gang-coordinator.", receiver="gang-coordinator"),
     Channel("gangStatus", "phx.gang.status.{gang}", STREAM_GANG,
@@ -223,7 +228,7 @@ CONSUMERS = (
     Consumer("binder", STREAM_GANG, "phx.gang.binder.>", BINDER, ("gangBinder",)),
     Consumer("binder-evict", STREAM_GANG, "phx.gang.evict.>", BINDER, ("gangEvict",)),
     Consumer("gang-coordinator", STREAM_GANG, "phx.gang.coord.>", GANG_COORDINATOR,
-             ("gangPlacementReply", "gangBinderReply")),
+             ("gangPlacementAnswers", "gangBinderReply")),
     Consumer("gang-coordinator-node", STREAM_NODE, "phx.node.*.reply", GANG_COORDINATOR, ("nodeReply",)),
     Consumer("gang-coordinator-deadline", STREAM_DEADLINE, "phx.deadline.fired.>", GANG_COORDINATOR,
              ("deadlineFired",)),
@@ -452,9 +457,10 @@ def eviction_refused_subject(gang_id: str) -> str:
     return render(CHANNEL["gangEvictionRefused"].template, gang=gang_id)
 
 
-def placement_reply_subject(gang_id: str) -> str:
-    """Where placement answers gang-coordinator (Reserved, PlacementFailed, Released)."""
-    return render(CHANNEL["gangPlacementReply"].template, gang=gang_id)
+def placement_answers_subject(replica: str) -> str:
+    """Where placement replica ``replica`` answers gang-coordinator: ``GangBatch``es of
+    Reserved, PlacementFailed and Released."""
+    return render(CHANNEL["gangPlacementAnswers"].template, replica=replica)
 
 
 def binder_reply_subject(gang_id: str) -> str:

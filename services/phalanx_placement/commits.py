@@ -3,7 +3,7 @@ each gang's reservations commit on their own, pipelined while the next cycle dec
 atomic batch expecting the ledger revisions the decision read (``write``); a lost
 compare-and-set drops the assumption, catches the ledger up and puts the request back for the
 next cycle; then the reply (``Reserved``, or for a preemption the eviction to binder and the
-pending reply naming the victims)."""
+pending reply naming the victims), handed to the batch sender with the cycle's other replies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import anyio
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, KvConflict, TemporaryError, kv_atomic_write
+from phalanx_bus import BatchSender, Bus, KvConflict, TemporaryError, kv_atomic_write
 from phalanx_placement import preempting, testhooks
 from phalanx_placement.assumed import Commit
 from phalanx_placement.cache import ClusterCache
@@ -28,8 +28,11 @@ from phalanx_telemetry import log, metrics, tracer
 
 
 class Commits:
-    def __init__(self, bus: Bus, cache: ClusterCache, config: Config, gauges: Gauges, retry: RequestQueue) -> None:
+    def __init__(self, bus: Bus, cache: ClusterCache, config: Config, gauges: Gauges, retry: RequestQueue,
+                 answers: BatchSender) -> None:
         self.bus, self.cache, self.config, self.gauges, self.retry = bus, cache, config, gauges, retry
+        self.answers = answers
+        """gang-coordinator's answers: a cycle's replies go out together (docs/events.md, "Batches")."""
         self.conflicts = 0
 
     async def reply(self, w: Waiting, event, evict: EvictPods | None = None) -> None:
@@ -37,7 +40,7 @@ class Commits:
         try:
             if evict is not None:
                 await self.bus.publish(S.evict_subject(evict.gang_id), evict)
-            await self.bus.publish(S.placement_reply_subject(w.ev.gang_id), event)
+            await self.answers.send(event)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, which retries the message
             w.finish(e)
             return

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from phalanx_bus import Bus, Poisoned, TemporaryError
+from phalanx_bus import BatchSender, Bus, Poisoned, TemporaryError
 from phalanx_engine.queues import usage_drift
 from phalanx_placement import checks
 from phalanx_placement.assumed import Commit
@@ -35,8 +35,11 @@ RELEASE_WAITERS = 8
 
 class Holdings:
     def __init__(self, bus: Bus, cache: ClusterCache, config: Config, queues: PlacementQueues,
-                 write: Callable[[Commit], Awaitable[None]], rewrite: Callable[..., Awaitable[bool]]) -> None:
+                 write: Callable[[Commit], Awaitable[None]], rewrite: Callable[..., Awaitable[bool]],
+                 answers: BatchSender) -> None:
         self.bus, self.cache, self.config, self.queues, self.write = bus, cache, config, queues, write
+        self.answers = answers
+        """Where ``Released`` goes: with the cycles' replies, in the order they were sent."""
         self.rewrite = rewrite
         """``Commits.rewrite``: build the writes from the cache, again after a lost compare-and-set."""
         self._waiters = anyio.CapacityLimiter(RELEASE_WAITERS)
@@ -88,7 +91,7 @@ class Holdings:
                     command="release")
             raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
                                  delay=RELEASE_RETRY_S)
-        await self.bus.publish(S.placement_reply_subject(ev.gang_id), Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+        await self.answers.send(Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
 
     async def _wait_for_reports(self, nodes: set[str], deadline: float) -> bool:
         """Wait, until ``deadline``, for one of ``nodes``' agents to report again (whether its

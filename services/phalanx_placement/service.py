@@ -34,7 +34,7 @@ import time
 import anyio
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, Poisoned, TemporaryError, consume, enable_atomic
+from phalanx_bus import BatchSender, Bus, Delivery, Poisoned, TemporaryError, consume, enable_atomic
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.snapshot import Decision, NoFit
@@ -49,7 +49,7 @@ from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
-from phalanx_placement.recorder import Recorder
+from phalanx_placement.recorder import Recorder, replica_id
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -84,11 +84,14 @@ class Placement:
         self.probes = Probes(cache, self.queues, ProbeBudget(share=config.whatif_share, burst_s=config.whatif_burst_s,
                                                              gang_s=config.whatif_gang_s))
         self.gauges = Gauges(cache, config)
-        self.commits = Commits(bus, cache, config, self.gauges, self.queue)
+        self.replica = replica_id()
+        self.answers = BatchSender(bus, S.placement_answers_subject(self.replica), self.replica)
+        self.commits = Commits(bus, cache, config, self.gauges, self.queue, self.answers)
         self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.rewrite)
-        self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write, self.commits.rewrite)
+        self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write, self.commits.rewrite,
+                                 self.answers)
         self.recorder = Recorder(bus, cache.cluster, enabled=config.record_decisions,
-                                 base_every_s=config.record_base_every_s)
+                                 base_every_s=config.record_base_every_s, replica=self.replica)
 
     @property
     def profile(self):
@@ -337,6 +340,7 @@ async def run(bus: Bus, config: Config | None = None, *, task_status=anyio.TASK_
         tg.start_soon(placement.gauges.flush)
         tg.start_soon(placement.holdings.audit_usage)
         tg.start_soon(placement.recorder.run)
+        await tg.start(placement.answers.run)
         await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
                       filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
                       concurrency=config.cycle_max, task_status=task_status)

@@ -28,6 +28,7 @@ from phalanx_proto.events import (
     PodRef,
     ReleaseRequested,
     Reserved,
+    batch_of,
     uid_digest,
 )
 from phalanx_proto.state import RECONCILER_REPORT_KEY, reconciler_report_decoder
@@ -59,8 +60,8 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
     match kind:
         case "placed":
             digest = uid_digest(m.pod for m in s.members) if rng.random() < 0.5 else uuid.uuid4().hex[:16]
-            await forge(bus, S.placement_reply_subject(s.gang_id), Reserved(
-                gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2) or 1, members_digest=digest))
+            await forge(bus, S.placement_answers_subject("forger"), batch_of("forger", Reserved(
+                gang_id=s.gang_id, attempt=s.attempt + rng.randint(0, 2) or 1, members_digest=digest)))
         case "bound":
             bound = [p for p in await sim.list_pods() if p.node_name]
             if bound:

@@ -58,7 +58,8 @@ def forgeries() -> dict[str, Forgery]:
         "release the victim's reservation": Forgery(S.placement_subject(VICTIM), _ev(
             E.ReleaseRequested(gang_id=VICTIM, attempt=1, pods=(ref,)))),
         "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlaceRequested(gang_id=VICTIM, attempt=9))),
-        "answer Reserved": Forgery(S.placement_reply_subject(VICTIM), _ev(E.Reserved(gang_id=VICTIM, attempt=9))),
+        "answer Reserved": Forgery(S.placement_answers_subject("forger"), _ev(E.batch_of(
+            "forger", E.Reserved(gang_id=VICTIM, attempt=9)))),
         "answer BindsDone": Forgery(S.binder_reply_subject(VICTIM), _ev(E.BindsDone(gang_id=VICTIM, attempt=9,
                                                                                     bound=(ref,)))),
         "destroy a MIG instance on its own node": Forgery(S.mig_subject(NODE), _ev(

@@ -23,6 +23,7 @@ from phalanx_proto.events import (
     PodRef,
     ReleaseRequested,
     Reserved,
+    batch_of,
     uid_digest,
 )
 from stackutil import audit_ledger, bound_pods, gang_states, gpu_pod, wait_until
@@ -55,7 +56,7 @@ async def test_a_reserved_for_an_attempt_never_started_or_not_from_placement_cha
                 namespace="default", name="victim-a", uid="forged")])),                # not the attempt's members
             Reserved(gang_id=state.gang_id, attempt=1, members_digest=ours),          # a replay of the real one
         ):
-            await forge(bus, S.placement_reply_subject(state.gang_id), forged)
+            await forge(bus, S.placement_answers_subject("forger"), batch_of("forger", forged))
         await drained(bus, "gang-coordinator", "placement")
         assert await record(bus, sim) == before
         # Nobody else is put on the victim's GPU afterwards.
@@ -81,8 +82,8 @@ async def test_a_forged_reserved_and_bind_for_a_placing_attempt_bind_nothing(env
                 return s if s is not None and s.phase == "placing" else None
 
             state = await wait_until(placing, 30)
-            await forge(bus, S.placement_reply_subject(state.gang_id), Reserved(
-                gang_id=state.gang_id, attempt=state.attempt, members_digest=uid_digest([pod.ref])))
+            await forge(bus, S.placement_answers_subject("forger"), batch_of("forger", Reserved(
+                gang_id=state.gang_id, attempt=state.attempt, members_digest=uid_digest([pod.ref]))))
             await forge(bus, S.binder_subject(state.gang_id), BindPods(gang_id=state.gang_id, attempt=state.attempt,
                                                                        pods=(pod.ref,)))
             await drained(bus, "gang-coordinator", "binder")

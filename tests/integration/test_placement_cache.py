@@ -246,9 +246,9 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
     replies = []
 
     async def on_reply(msg):
-        replies.append(gang_decoder.decode(msg.data))
+        replies.extend(c.event for c in gang_decoder.decode(msg.data).events)
 
-    sub = await admin.nc.subscribe("phx.gang.coord.placement.>", cb=on_reply)
+    sub = await admin.nc.subscribe("phx.gang.coord.answers.>", cb=on_reply)
     gangs = await admin.kv(S.KV_GANGS)
     try:
         with anyio.fail_after(120):
@@ -304,9 +304,9 @@ async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_p
     replies = []
 
     async def on_reply(msg):
-        replies.append(gang_decoder.decode(msg.data))
+        replies.extend(c.event for c in gang_decoder.decode(msg.data).events)
 
-    sub = await bus.nc.subscribe("phx.gang.coord.placement.>", cb=on_reply)
+    sub = await bus.nc.subscribe("phx.gang.coord.answers.>", cb=on_reply)
     cache = ClusterCache(bus, stale_s=600)
     try:
         with anyio.fail_after(60):
@@ -324,6 +324,7 @@ async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_p
                     placement.queue.put(w)
                     waiting.append(w)
                 await cache.gangs.catch_up()
+                await tg.start(placement.answers.run)
                 tg.start_soon(placement.run_cycles)
                 for w in waiting:
                     await w.done.wait()

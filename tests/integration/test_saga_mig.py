@@ -18,6 +18,7 @@ from phalanx_proto.events import (
     MigFailed,
     MigReady,
     Reserved,
+    batch_of,
     encoder,
     gang_decoder,
     node_decoder,
@@ -96,8 +97,8 @@ async def start_and_place(bus, sim, tg):
     ledger = NodeLedger(node="a100", allocations={
         alloc_key(a.pod): Allocation(gang_id=GANG, attempt=s.attempt, assignment=a) for a in assignments})
     await (await bus.kv(S.KV_LEDGER)).put(S.token("a100"), encoder.encode(ledger))
-    await bus.publish(S.placement_reply_subject(GANG), Reserved(gang_id=GANG, attempt=s.attempt,
-                                                                 members_digest=uid_digest(p.ref for p in pods)))
+    await bus.publish(S.placement_answers_subject("test"), batch_of("test", Reserved(
+        gang_id=GANG, attempt=s.attempt, members_digest=uid_digest(p.ref for p in pods))))
 
     async def preparing():
         st = (await gang_states(bus)).get(GANG)

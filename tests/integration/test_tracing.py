@@ -20,9 +20,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 @pytest.fixture(scope="module")
 def spans():
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # the process's provider can be set only once
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
     return exporter
 
 

@@ -49,7 +49,7 @@ def test_each_consumer_filter_selects_exactly_its_channels(consumer):
 
 
 def test_every_event_kind_travels_on_some_channel_and_every_identity_is_declared():
-    assert {E.tag_of(t) for t in E.ALL_EVENTS} - {k for c in S.CHANNELS for k in c.kinds} == {
+    assert {E.tag_of(t) for t in E.ALL_EVENTS} - {k for c in S.CHANNELS for k in c.kinds + c.carries} == {
         E.tag_of(E.NodeHeartbeat)}  # heartbeats live in KV phx-heartbeat only
     named = {i for c in S.CHANNELS for i in c.publishers + c.subscribers} | {c.identity for c in S.CONSUMERS} | {
         g.identity for b in S.BUCKETS for g in b.grants}

@@ -40,6 +40,8 @@ SAMPLES = [
     E.NodeHeartbeat(node="v100-a", generation=3, at=1.5),
     E.MigPrepareRequested(node="a100-a", gang_id="default/g", pod=POD, gpu=0, profile="3g.20gb", start=4),
     E.MigFailed(node="a100-a", gang_id="default/g", pod=POD, reason="no"),
+    E.batch_of("placement-0-1-ab12cd", E.Reserved(gang_id="default/g", attempt=3), E.Released(gang_id="default/h"),
+               traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
     E.DecisionsRecorded(replica="placement-0-1-ab12cd", seq=7, at=1.5, base=True, items=(
         E.RecordedNode(name="n1", tiers=E.NetworkTiers(hypernode="hn0"), allocations=(ASSIGNMENT,), revision=4,
                        same=("kube",)),
@@ -48,7 +50,7 @@ SAMPLES = [
         E.RecordedDecision(gang_id="default/h", no_fit="0/2 nodes are available"))),
 ]
 
-DECODERS = {E.GangEvent: E.gang_decoder, E.TopologyEvent: E.topology_decoder, E.NodeEvent: E.node_decoder,
+DECODERS = {E.GangEvent: E.gang_decoder, E.GangBatch: E.gang_decoder, E.TopologyEvent: E.topology_decoder, E.NodeEvent: E.node_decoder,
             E.DecisionsRecorded: E.decisions_decoder}
 
 
@@ -74,7 +76,7 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
         "gang.binds_done", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "binder.evict", "placement.eviction_refused",
-        "topology.reported", "topology.heartbeat", "mig.prepare_requested",
+        "gang.batch", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed", "decisions.recorded",
     ]
 
