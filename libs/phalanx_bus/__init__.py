@@ -16,7 +16,7 @@ Mechanisms every service uses (style rules 6 and 7):
 * ``KvMirror`` (``phalanx_bus.mirror``) — a bucket mirrored in memory from a KV watch.
 """
 
-from phalanx_bus.batching import BatchSender
+from phalanx_bus.batching import BatchSender, sender_id
 from phalanx_bus.bus import Bus, BusAuth, DecodeFailure, tail
 from phalanx_bus.consumer import Delivery, PermanentError, TemporaryError, consume
 from phalanx_bus.declare import enable_atomic
@@ -28,7 +28,7 @@ from phalanx_bus.records import BadEntry, Record, read_all, read_one
 from phalanx_bus.stored import Stored, stored_messages
 
 __all__ = [
-    "BatchSender", "Stored", "stored_messages",
+    "BatchSender", "sender_id", "Stored", "stored_messages",
     "Bus", "BusAuth", "BusError", "DecodeFailure", "Kv", "KvEntry", "KvConflict", "enable_atomic", "kv_atomic_write",
     "tail", "Delivery", "KeyedWork", "PermanentError", "TemporaryError", "consume", "BadEntry", "Record", "read_all", "read_one",
     "KvMirror", "MirrorEntry", "MirrorLagging", "Poisoned",

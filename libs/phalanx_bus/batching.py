@@ -7,14 +7,19 @@ goes out at once — no timer, no added wait when idle. ``send`` returns once th
 its event is stored (or raises what the publish raised), so a caller acks the command it
 answers only after its answer is durable, as with a plain ``publish``.
 
-Each event is encoded once, with the ``traceparent`` of the caller's current span, so its
-handler continues the caller's trace. A batch holds at most ``max_events`` events and about
+Each event has its own ``publish`` producer span in the caller's trace, open until its batch is
+stored, and is encoded once with that span's ``traceparent``, so its handler's span is the
+child of this publish as if the event had travelled alone; the batch's own publish span links
+to the events' spans. A batch holds at most ``max_events`` events and about
 ``max_bytes`` (an event larger than that alone goes alone). The message id digests the events'
 keys: publishing the same batch again inside the duplicate window stores it once.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from dataclasses import dataclass, field
 
 import anyio
@@ -31,6 +36,12 @@ MAX_BATCH_BYTES = S.GANG_MESSAGE_MAX // 4
 """A batch stops growing past this size (well inside the stream's message limit)."""
 
 
+def sender_id() -> str:
+    """This process as one subject token: its pod (or host) name, pid and a random part."""
+    host = os.environ.get("POD_NAME") or socket.gethostname()
+    return S.token(f"{host}-{os.getpid()}-{secrets.token_hex(3)}")
+
+
 class _Batch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="gang.batch", tag_field="kind"):
     """``GangBatch`` with its events already encoded (the same bytes)."""
 
@@ -42,8 +53,10 @@ class _Batch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag=
 class _Waiting:
     raw: msgspec.Raw
     key: str
+    span: trace.SpanContext
     done: anyio.Event = field(default_factory=anyio.Event)
     error: BaseException | None = None
+    batch_id: str = ""
 
 
 class BatchSender:
@@ -58,15 +71,24 @@ class BatchSender:
 
     async def send(self, event: GangEvent) -> None:
         """Hand ``event`` to the sender and return once it is stored; raises the publish's error."""
-        headers: dict[str, str] = {}
-        inject_headers(headers)
-        carried = Carried(event=event, traceparent=headers.get("traceparent", ""))  # type: ignore[arg-type]
-        w = _Waiting(msgspec.Raw(encoder.encode(carried)), event.key())
-        self._waiting.append(w)
-        self._ready.set()
-        await w.done.wait()
-        if w.error is not None:
-            raise w.error
+        template = destination_template(self.subject)
+        attributes = {"messaging.system": "nats", "messaging.operation.name": "publish",
+                      "messaging.operation.type": "send", "messaging.destination.name": self.subject,
+                      "messaging.destination.template": template, "phalanx.event": str(event.__struct_config__.tag)}
+        if getattr(event, "gang_id", ""):
+            attributes.update({"phalanx.gang": event.gang_id, "phalanx.attempt": event.attempt})
+        with tracer().start_as_current_span(f"publish {template}", kind=trace.SpanKind.PRODUCER,
+                                            attributes=attributes) as span:
+            headers: dict[str, str] = {}
+            inject_headers(headers)
+            carried = Carried(event=event, traceparent=headers.get("traceparent", ""))  # type: ignore[arg-type]
+            w = _Waiting(msgspec.Raw(encoder.encode(carried)), event.key(), span.get_span_context())
+            self._waiting.append(w)
+            self._ready.set()
+            await w.done.wait()
+            if w.error is not None:
+                raise w.error
+            span.set_attribute("messaging.message.id", w.batch_id)
 
     def _take(self) -> list[_Waiting]:
         """The longest prefix of what waits within the bounds (at least one event)."""
@@ -110,7 +132,9 @@ class BatchSender:
                 "messaging.operation.type": "send", "messaging.destination.name": self.subject,
                 "messaging.destination.template": template, "messaging.message.id": key,
                 "messaging.message.body.size": len(payload), "messaging.batch.message_count": len(taken),
-                "phalanx.event": "gang.batch"}):
+                "phalanx.event": "gang.batch"}, links=[trace.Link(w.span) for w in taken]):
             await self.bus.publish_raw(self.subject, payload, {"Nats-Msg-Id": key, "Phalanx-Kind": "gang.batch"})
         self.batches += 1
+        for w in taken:
+            w.batch_id = key
 

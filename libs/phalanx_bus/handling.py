@@ -207,6 +207,7 @@ async def handle(bus: Bus, stream: str, durable: str, handler, event, msg, max_d
     started = time.monotonic()
     kind = event.__struct_config__.tag
     outcome = await invoke(handler, event, msg, durable, stream, dict(msg.headers or {}), max_deliver)
+    metrics.BUS_EVENTS.inc(consumer=durable, kind=kind, outcome=_EVENT_OUTCOME[outcome.kind])
     await settle(bus, stream, durable, kind, msg, outcome, started, max_deliver)
     if outcome.kind == "ack":
         log("handled", level=10, consumer=durable, kind=kind, gang=getattr(event, "gang_id", ""),
@@ -230,8 +231,8 @@ class Batch:
              index=index, error=why)
         await record_dead_letter(self.bus, self.stream, self.durable, self.msg,
                                  f"misaddressed: event {index} of the batch: {why}", "misaddressed")
-        metrics.BUS_MESSAGES.inc(consumer=self.durable, kind=self.batch.events[index].event.__struct_config__.tag,
-                                 outcome="term")
+        metrics.BUS_EVENTS.inc(consumer=self.durable, kind=self.batch.events[index].event.__struct_config__.tag,
+                               outcome="term")
         await self._done()
 
     async def item(self, index: int) -> None:
@@ -246,6 +247,8 @@ class Batch:
                                      f"event {index} of the batch (gang {gang}): {outcome.error}", "permanent")
         elif outcome.kind == "retry" and (self.retry is None or outcome.delay > self.retry.delay):
             self.retry = outcome
+        metrics.BUS_EVENTS.inc(consumer=self.durable, kind=carried.event.__struct_config__.tag,
+                               outcome=_EVENT_OUTCOME[outcome.kind])
         await self._done()
 
     async def _done(self) -> None:
@@ -253,6 +256,9 @@ class Batch:
         if self.left == 0:
             await settle(self.bus, self.stream, self.durable, "gang.batch", self.msg, self.retry or Outcome("ack"),
                          self.started, self.max_deliver)
+
+
+_EVENT_OUTCOME = {"ack": "ack", "retry": "nak", "refused": "term"}
 
 
 def _observe(durable: str, kind: str, outcome: str, started: float) -> None:

@@ -4,8 +4,11 @@ A live view (a plain NATS subscription; nothing is consumed, acked or replayed),
 watching a cluster: one line per event with the time it arrived, the subject, the event's tag
 and its key fields, or with ``--json`` one JSON object per line::
 
-    {"time": "2026-01-01T12:00:00.123Z", "subject": "phx.gang.coord.default.train", "kind": "gang.reserved",
-     "event": {...the event as on the wire...}}
+    {"time": "2026-01-01T12:00:00.123Z", "subject": "phx.gang.coord.answers.placement-0-1-ab12cd",
+     "kind": "gang.reserved", "event": {...the event as on the wire...}}
+
+A ``gang.batch`` (docs/events.md, "Batches") is shown as its events, one line each, under the
+batch's subject.
 
 Messages that do not decode (a dead letter holding garbage) are shown with ``kind``
 ``undecodable``. Ends after ``--count`` events or ``--timeout`` seconds (0: never), or Ctrl-C.
@@ -30,9 +33,17 @@ import msgspec
 from phalanx_cli.cmd_run import BusUnreachable, add_nats, bus_auth, connect_bus, one_line
 from phalanx_cli.terminal import safe
 from phalanx_proto.codec import Decoder
-from phalanx_proto.events import AnyGangEvent, AnyNodeEvent, AnyTopologyEvent, Assignment, MemberSpec, PodRef
+from phalanx_proto.events import (
+    AnyGangEvent,
+    AnyNodeEvent,
+    AnyTopologyEvent,
+    Assignment,
+    GangBatch,
+    MemberSpec,
+    PodRef,
+)
 
-any_decoder = Decoder(AnyGangEvent | AnyTopologyEvent | AnyNodeEvent)
+any_decoder = Decoder(AnyGangEvent | GangBatch | AnyTopologyEvent | AnyNodeEvent)
 """Every event type of every stream (tags are unique across streams)."""
 
 
@@ -79,9 +90,13 @@ async def tail_events(args: argparse.Namespace, out=None) -> int:
                     print(safe(f"phalanx events: listening on {args.subject} at {args.nats}"), file=sys.stderr,
                           flush=True)
 
-                async for subject, event in tail(bus, args.subject, any_decoder, on_subscribed=listening):
-                    print(render(time.time(), subject, event, as_json=args.json), file=out, flush=True)
-                    printed += 1
+                async for subject, message in tail(bus, args.subject, any_decoder, on_subscribed=listening):
+                    events = [c.event for c in message.events] if isinstance(message, GangBatch) else [message]
+                    for event in events:
+                        print(render(time.time(), subject, event, as_json=args.json), file=out, flush=True)
+                        printed += 1
+                        if args.count and printed >= args.count:
+                            break
                     if args.count and printed >= args.count:
                         break
             tg.cancel_scope.cancel()

@@ -25,6 +25,11 @@ BUS_MESSAGES = Counter(
     "phalanx_bus_messages_total",
     "Messages handled, by consumer, event kind and outcome (ack, nak = retry later, term = never).",
     ["consumer", "kind", "outcome"], allowed={"outcome": OUTCOMES})
+BUS_EVENTS = Counter(
+    "phalanx_bus_events_total",
+    "Events handled, by consumer, event kind and outcome: each event a batch carries counts alone (a batch is one "
+    "message in phalanx_bus_messages_total, kind gang.batch).",
+    ["consumer", "kind", "outcome"], allowed={"outcome": OUTCOMES})
 SENT_KINDS = ("event", "kv_write", "kv_read", "ack", "fetch", "api", "other")
 BUS_SENT = Counter(
     "phalanx_bus_sent_total",

@@ -150,8 +150,15 @@ CHANNELS = (
             "Commands to placement: place and reserve a whole gang (all or nothing), drop exactly the named "
             "reservations, or record one for a pod the reconciler found bound without it. Each is checked "
             "against the gang's record in KV phx-gangs and the ledger.", receiver="placement"),
+    Channel("gangPlacementBatch", "phx.gang.placement.{replica}", STREAM_GANG, _tags(E.GangBatch),
+            (GANG_COORDINATOR,), "The same commands to placement, in batches from one gang-coordinator replica: "
+            "the placements and releases its handlers sent while its previous batch was being stored.",
+            receiver="placement", carries=_tags(E.PlaceRequested, E.ReleaseRequested)),
     Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods), (GANG_COORDINATOR,),
             "Commands to binder: bind a gang's members to the reservations the ledger holds (one BindPods a gang).", receiver="binder"),
+    Channel("gangBinderBatch", "phx.gang.binder.{replica}", STREAM_GANG, _tags(E.GangBatch), (GANG_COORDINATOR,),
+            "The same commands to binder, in batches from one gang-coordinator replica.", receiver="binder",
+            carries=_tags(E.BindPods)),
     Channel("gangEvict", "phx.gang.evict.{gang}", STREAM_GANG, _tags(E.EvictPods), (PLACEMENT,),
             "Commands to binder: evict, through the Eviction API, the pods of the victim gangs of the preemptor's "
             "nomination (docs/preemption.md). Checked against the nomination and the reservations in phx-ledger.",
@@ -164,8 +171,10 @@ CHANNELS = (
             "decided (and the releases carried out meanwhile) as one message, each reply handled as if it came "
             "alone on its gang's subject. Replaces phx.gang.coord.placement.{gang} (one reply a message).",
             receiver="gang-coordinator", carries=_tags(E.Reserved, E.PlacementFailed, E.Released)),
-    Channel("gangBinderReply", "phx.gang.coord.binder.{gang}", STREAM_GANG, _tags(E.BindsDone),
-            (BINDER,), "Replies of binder to gang-coordinator.", receiver="gang-coordinator"),
+    Channel("gangBinderAnswers", "phx.gang.coord.bound.{replica}", STREAM_GANG, _tags(E.GangBatch),
+            (BINDER,), "Replies of a binder replica to gang-coordinator, in batches (the gangs whose binds ended "
+            "while its previous batch was being stored). Replaces phx.gang.coord.binder.{gang}.",
+            receiver="gang-coordinator", carries=_tags(E.BindsDone)),
     Channel("gangStatus", "phx.gang.status.{gang}", STREAM_GANG,
             _tags(E.GangAdmitted, E.GangScheduled, E.GangPending, E.RollbackStarted), (GANG_COORDINATOR,),
             "What happens to a gang, for everybody else: an attempt starts, it is scheduled, it waits (with "
@@ -224,11 +233,12 @@ class Consumer:
 
 
 CONSUMERS = (
-    Consumer("placement", STREAM_GANG, "phx.gang.placement.>", PLACEMENT, ("gangPlacement", "gangEvictionRefused")),
-    Consumer("binder", STREAM_GANG, "phx.gang.binder.>", BINDER, ("gangBinder",)),
+    Consumer("placement", STREAM_GANG, "phx.gang.placement.>", PLACEMENT,
+             ("gangPlacement", "gangPlacementBatch", "gangEvictionRefused")),
+    Consumer("binder", STREAM_GANG, "phx.gang.binder.>", BINDER, ("gangBinder", "gangBinderBatch")),
     Consumer("binder-evict", STREAM_GANG, "phx.gang.evict.>", BINDER, ("gangEvict",)),
     Consumer("gang-coordinator", STREAM_GANG, "phx.gang.coord.>", GANG_COORDINATOR,
-             ("gangPlacementAnswers", "gangBinderReply")),
+             ("gangPlacementAnswers", "gangBinderAnswers")),
     Consumer("gang-coordinator-node", STREAM_NODE, "phx.node.*.reply", GANG_COORDINATOR, ("nodeReply",)),
     Consumer("gang-coordinator-deadline", STREAM_DEADLINE, "phx.deadline.fired.>", GANG_COORDINATOR,
              ("deadlineFired",)),
@@ -463,9 +473,19 @@ def placement_answers_subject(replica: str) -> str:
     return render(CHANNEL["gangPlacementAnswers"].template, replica=replica)
 
 
-def binder_reply_subject(gang_id: str) -> str:
-    """Where binder answers gang-coordinator (BindsDone)."""
-    return render(CHANNEL["gangBinderReply"].template, gang=gang_id)
+def binder_answers_subject(replica: str) -> str:
+    """Where binder replica ``replica`` answers gang-coordinator: ``GangBatch``es of BindsDone."""
+    return render(CHANNEL["gangBinderAnswers"].template, replica=replica)
+
+
+def placement_batch_subject(replica: str) -> str:
+    """Where gang-coordinator replica ``replica`` sends placement its batched commands."""
+    return render(CHANNEL["gangPlacementBatch"].template, replica=replica)
+
+
+def binder_batch_subject(replica: str) -> str:
+    """Where gang-coordinator replica ``replica`` sends binder its batched ``bind.pods``."""
+    return render(CHANNEL["gangBinderBatch"].template, replica=replica)
 
 
 def status_subject(gang_id: str) -> str:

@@ -60,7 +60,16 @@ import msgspec
 from phalanx_binder.evictions import Evictions
 from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
-from phalanx_bus import Bus, Delivery, KvMirror, MirrorLagging, TemporaryError, consume
+from phalanx_bus import (
+    BatchSender,
+    Bus,
+    Delivery,
+    KvMirror,
+    MirrorLagging,
+    TemporaryError,
+    consume,
+    sender_id,
+)
 from phalanx_bus.ledger import LedgerBook
 from phalanx_kube import fence as F
 from phalanx_kube.port import BindConflict, ClusterPort, NotOurs, Pod, PodGone
@@ -117,8 +126,12 @@ def default_instance() -> str:
 
 class Binder:
     def __init__(self, bus: Bus, cluster: ClusterPort, *, topology: KvMirror, ledger: LedgerBook,
-                 mig: KvMirror[NodeMig], fences: NodeFences, pods: PodWatch | None = None) -> None:
+                 mig: KvMirror[NodeMig], fences: NodeFences, pods: PodWatch | None = None,
+                 answers: BatchSender | None = None) -> None:
         self.bus = bus
+        me = sender_id()
+        self.answers = answers or BatchSender(bus, S.binder_answers_subject(me), me)
+        """Where ``BindsDone`` goes: the answers of the binds that end together, as one batch."""
         self.cluster = cluster
         self.topology = topology
         self.ledger = ledger
@@ -214,8 +227,7 @@ class Binder:
         bound = tuple(ref for ref in verdicts if outcomes.get(ref) == "")
         failed = tuple(BindFailure(pod=ref, reason=outcomes[ref]) for ref in verdicts if outcomes.get(ref))
         if bound or failed:
-            await self.bus.publish(S.binder_reply_subject(ev.gang_id), BindsDone(
-                gang_id=ev.gang_id, attempt=ev.attempt, bound=bound, failed=failed))
+            await self.answers.send(BindsDone(gang_id=ev.gang_id, attempt=ev.attempt, bound=bound, failed=failed))
         if retry:
             raise retry[0]
 
@@ -318,6 +330,7 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
         binder = Binder(bus, cluster, topology=topology, ledger=ledger, mig=mig, fences=fences)
         binder.pods = PodWatch(cluster, fenced=binder.fenced, release=fences.release)
         tg.start_soon(binder.pods.run)
+        await tg.start(binder.answers.run)
         log("binder settings", parallelism=config.parallelism, fence_namespace=config.fence_namespace,
             holder=fences.holder)
         await tg.start(lambda task_status: consume(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import msgspec
 from opentelemetry import context as otel_context
 
-from phalanx_bus import Bus, Delivery, KvMirror
+from phalanx_bus import BatchSender, Bus, Delivery, KvMirror
 from phalanx_bus.declare import declare_consumer
 from phalanx_bus.ledger import LedgerBook
 from phalanx_gang_coordinator import effects, fairness, saga
@@ -76,6 +76,9 @@ class SagaDriver:
         """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
         self.missed: dict[str, int] = {}
         """Gang → its attempt that was placing when a release would have woken it (``wake``)."""
+        self.batched: dict[type, BatchSender] = {}
+        """Command type → the sender that batches it with the others sent meanwhile (set by the
+        service; a command without one, or with its own message id, is published alone)."""
 
     # -- effects -----------------------------------------------------------------------------
     def timeout_of(self, state: GangState) -> float:
@@ -89,7 +92,11 @@ class SagaDriver:
                 case effects.Publish(subject=subject, event=event, msg_id=msg_id):
                     if isinstance(event, MigPrepareRequested | MigDestroyRequested):
                         await self.node_consumer(event.node)
-                    await self.bus.publish(subject, event, msg_id=msg_id)
+                    sender = self.batched.get(type(event)) if msg_id is None else None
+                    if sender is not None:
+                        await sender.send(event)
+                    else:
+                        await self.bus.publish(subject, event, msg_id=msg_id)
                 case effects.ScheduleDeadline(event=event, at=at):
                     await self.bus.publish_scheduled(S.deadline_schedule_subject(event.gang_id), event, at=at,
                                                      target=S.deadline_fired_subject(event.gang_id))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from phalanx_bus import Bus, KvMirror, consume
+from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.fairness import MODES
 from phalanx_gang_coordinator.intake import PodIntake
@@ -44,7 +44,7 @@ from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
 from phalanx_proto import subjects as S
-from phalanx_proto.events import gang_decoder, node_decoder
+from phalanx_proto.events import BindPods, PlaceRequested, ReleaseRequested, gang_decoder, node_decoder
 from phalanx_service.config import option
 
 DURABLE = "gang-coordinator"
@@ -113,7 +113,13 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
     """Run gang-coordinator until cancelled; ready once its three consumers and the pod watch are live."""
     coord = Coordinator.build(bus, cluster, await bus.kv(S.KV_GANGS), config)
     driver = coord.driver
+    me = sender_id()
+    to_placement = BatchSender(bus, S.placement_batch_subject(me), me)
+    to_binder = BatchSender(bus, S.binder_batch_subject(me), me)
+    driver.batched = {PlaceRequested: to_placement, ReleaseRequested: to_placement, BindPods: to_binder}
     async with anyio.create_task_group() as tg:
+        await tg.start(to_placement.run)
+        await tg.start(to_binder.run)
         await tg.start(coord.store.run)
         await tg.start(driver.ledger.run)
         await tg.start(driver.mig.run)

@@ -20,16 +20,13 @@ only appends to a list; encoding and publishing happen in the sender.
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 
 import anyio
 import msgspec
 
-from phalanx_bus import Bus
+from phalanx_bus import Bus, sender_id
 from phalanx_engine.decide import Cluster
 from phalanx_engine.recorded import Memory
 from phalanx_engine.snapshot import Decision, NodeView, NoFit
@@ -79,9 +76,8 @@ class JournaledCluster(Cluster):
 
 
 def replica_id() -> str:
-    """This process's name in the log: the pod (or host), the pid, and a random part."""
-    host = os.environ.get("POD_NAME") or socket.gethostname()
-    return S.token(f"{host}-{os.getpid()}-{secrets.token_hex(3)}")
+    """This process's name in the log (and on its answers' subject): ``phalanx_bus.sender_id``."""
+    return sender_id()
 
 
 class Recorder:

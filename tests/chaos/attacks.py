@@ -66,9 +66,9 @@ async def attack(bus, sim, rng, poisoned: list[tuple[str, str]]) -> str:
             bound = [p for p in await sim.list_pods() if p.node_name]
             if bound:
                 p = rng.choice(bound)
-                await forge(bus, S.binder_reply_subject(s.gang_id), BindsDone(
+                await forge(bus, S.binder_answers_subject("forger"), batch_of("forger", BindsDone(
                     gang_id=s.gang_id, attempt=max(1, s.attempt), bound=(p.ref,) if rng.random() < 0.5 else (),
-                    failed=() if rng.random() < 0.5 else (BindFailure(pod=p.ref, reason="forged"),)))
+                    failed=() if rng.random() < 0.5 else (BindFailure(pod=p.ref, reason="forged"),))))
         case "release":
             allocs = [a for led in (await ledger(bus)).values() for a in led.allocations.values()]
             if allocs:

@@ -58,10 +58,14 @@ def forgeries() -> dict[str, Forgery]:
         "release the victim's reservation": Forgery(S.placement_subject(VICTIM), _ev(
             E.ReleaseRequested(gang_id=VICTIM, attempt=1, pods=(ref,)))),
         "request a placement": Forgery(S.placement_subject(VICTIM), _ev(E.PlaceRequested(gang_id=VICTIM, attempt=9))),
+        "ask binder to bind the victim, batched": Forgery(S.binder_batch_subject("forger"), _ev(E.batch_of(
+            "forger", E.BindPods(gang_id=VICTIM, attempt=1, pods=(ref,))))),
+        "request a placement, batched": Forgery(S.placement_batch_subject("forger"), _ev(E.batch_of(
+            "forger", E.PlaceRequested(gang_id=VICTIM, attempt=9)))),
         "answer Reserved": Forgery(S.placement_answers_subject("forger"), _ev(E.batch_of(
             "forger", E.Reserved(gang_id=VICTIM, attempt=9)))),
-        "answer BindsDone": Forgery(S.binder_reply_subject(VICTIM), _ev(E.BindsDone(gang_id=VICTIM, attempt=9,
-                                                                                    bound=(ref,)))),
+        "answer BindsDone": Forgery(S.binder_answers_subject("forger"), _ev(E.batch_of(
+            "forger", E.BindsDone(gang_id=VICTIM, attempt=9, bound=(ref,))))),
         "destroy a MIG instance on its own node": Forgery(S.mig_subject(NODE), _ev(
             E.MigDestroyRequested(node=NODE, gang_id=VICTIM, pod=ref, gpu=0))),
         "destroy a MIG instance on another node": Forgery(S.mig_subject(OTHER), _ev(

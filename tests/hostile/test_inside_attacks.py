@@ -243,11 +243,11 @@ async def test_row_3_junk_under_the_ids_of_another_nodes_commands_drops_nothing(
     ref = E.PodRef(namespace="default", name="mig-victim", uid=uid)
     try:
         ids = {
-            "placement request": (binder, S.binder_reply_subject(gang), E.PlaceRequested(
+            "placement request": (binder, S.binder_answers_subject("x"), E.PlaceRequested(
                 gang_id=gang, attempt=1, members_digest=E.uid_digest([ref])).key()),
             "MIG prepare for a100-b": (node_agent, S.node_reply_subject(A), E.MigPrepareRequested(
                 node=B, gang_id=gang, attempt=1, pod=ref).key()),
-            "bind": (binder, S.binder_reply_subject(gang), E.BindPods(gang_id=gang, attempt=1, pods=(ref,)).key()),
+            "bind": (binder, S.binder_answers_subject("x"), E.BindPods(gang_id=gang, attempt=1, pods=(ref,)).key()),
         }
         for who, subject, msg_id in ids.values():
             await who.js.publish(subject, b"junk", headers={"Nats-Msg-Id": msg_id})

@@ -74,9 +74,9 @@ async def test_a_burst_goes_out_in_a_few_batches_in_order_and_a_lone_event_at_on
 
 
 async def test_a_batched_event_waits_for_its_gangs_earlier_message_on_another_subject(bus):
-    """A gang's reply from binder, published first on the gang's own subject, is handled before
-    its batched answer from placement, and the two are never handled at once."""
-    await bus.publish(S.binder_reply_subject("default/a"), BindsDone(gang_id="default/a", attempt=1))
+    """A gang's reply from binder, published first in binder's batch, is handled before its
+    answer from placement in placement's batch, and the two are never handled at once."""
+    await bus.publish(S.binder_answers_subject("b1"), batch_of("b1", BindsDone(gang_id="default/a", attempt=1)))
     await bus.publish(ANSWERS, batch_of("r1", Reserved(gang_id="default/a", attempt=2),
                                         Reserved(gang_id="default/b", attempt=1)))
     calls, active = [], set()

@@ -138,7 +138,7 @@ async def test_a_binds_done_naming_a_pod_that_is_not_a_member_of_that_attempt_de
             BindsDone(gang_id=other.gang_id, attempt=other.attempt, failed=(
                 BindFailure(pod=victim.ref, reason="forged"),)),                               # a failure not theirs
         ):
-            await forge(bus, S.binder_reply_subject(forged.gang_id), forged)
+            await forge(bus, S.binder_answers_subject("forger"), batch_of("forger", forged))
         await drained(bus, "gang-coordinator")
         assert await record(bus, sim) == before
 
@@ -224,8 +224,8 @@ async def test_a_bind_that_outran_its_attempts_rollback_is_undone_where_the_pod_
 
         state = await wait_until(failed_once, 30, what="late-g's first attempt failed")
         await sim.bind(pod.ref, "v100-a")
-        await forge(bus, S.binder_reply_subject(state.gang_id),
-                    BindsDone(gang_id=state.gang_id, attempt=state.attempt, bound=(pod.ref,)))
+        await forge(bus, S.binder_answers_subject("forger"), batch_of(
+            "forger", BindsDone(gang_id=state.gang_id, attempt=state.attempt, bound=(pod.ref,))))
 
         async def undone():
             p = await sim.get_pod(pod.ref)

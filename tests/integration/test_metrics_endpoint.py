@@ -56,7 +56,7 @@ async def test_a_running_stack_serves_metrics_that_reflect_a_bound_pod_and_a_pen
         gpus = {k: v for k, v in m.items() if k.startswith("phalanx_gpus_allocated{")}
         assert sum(gpus.values()) == 2 and all(f'model="{model}"' in k and 'mode="whole"' in k for k in gpus)
         assert m[f'phalanx_cluster_fragmentation_ratio{{model="{model}"}}'] == pytest.approx(6 / 14)
-        assert m['phalanx_bus_messages_total{consumer="placement",kind="placement.place",outcome="ack"}'] >= 2
+        assert m['phalanx_bus_events_total{consumer="placement",kind="placement.place",outcome="ack"}'] >= 2
         assert 'phalanx_ledger_commit_conflicts_total' in m
 
         b = await anyio.to_thread.run_sync(scrape, stack, "binder")

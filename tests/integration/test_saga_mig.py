@@ -15,6 +15,7 @@ from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
+    GangBatch,
     MigFailed,
     MigReady,
     Reserved,
@@ -56,6 +57,8 @@ async def last(bus: Bus, stream: str, subject: str, decoder, kind: str = ""):
             ev = decoder.decode((await bus.js.get_last_msg(stream, subject)).data)
         except Exception:  # noqa: BLE001 - not there yet
             return None
+        if isinstance(ev, GangBatch):
+            ev = ev.events[-1].event
         return ev if not kind or type(ev).__name__ == kind else None
 
     return await wait_until(get, 10)
@@ -129,7 +132,9 @@ async def test_every_mig_instance_is_prepared_before_binding_and_its_uuid_is_bou
                 return st if st.phase == "binding" else None
 
             await wait_until(binding, 15)
-            bind = await last(bus, S.STREAM_GANG, S.binder_subject(GANG), gang_decoder, "BindPods")
+            # The coordinator sends binder its commands in its replica's batches.
+            bind = await last(bus, S.STREAM_GANG, S.CHANNEL["gangBinderBatch"].template.replace("{replica}", "*"),
+                              gang_decoder, "BindPods")
             assert bind.pods == tuple(p.ref for p in pods)
             tg.cancel_scope.cancel()
     finally:

@@ -88,7 +88,7 @@ def test_every_wire_event_is_a_message_on_a_channel():
 
 @pytest.mark.parametrize("subject", [
     S.placement_subject("default/train"), S.binder_subject("default/train"), S.placement_answers_subject("replica-1"),
-    S.binder_reply_subject("default/train"),
+    S.binder_answers_subject("replica-1"), S.placement_batch_subject("replica-1"), S.binder_batch_subject("replica-1"),
     S.status_subject("default/train"), S.topology_subject("v100-a"), S.mig_subject("v100-a"),
     S.node_reply_subject("v100-a"), S.deadline_schedule_subject("default/train"),
     S.deadline_fired_subject("default/train"),

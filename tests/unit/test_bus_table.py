@@ -139,7 +139,8 @@ def test_rotating_a_signing_key_changes_only_that_key(tmp_path):
 
 
 @pytest.mark.parametrize(("subject", "event", "why"), [
-    ("phx.gang.coord.binder.default.g", E.Reserved(gang_id="default/g"), "kind 'gang.reserved' is not allowed"),
+    ("phx.gang.coord.bound.r1", E.Reserved(gang_id="default/g"), "kind 'gang.reserved' is not allowed"),
+    ("phx.gang.coord.binder.default.g", E.BindsDone(gang_id="default/g"), "is no channel"),
     ("phx.node.v100-a.reply", E.MigReady(node="v100-b", gang_id="default/g", pod=E.PodRef(namespace="d", name="p"),
                                          instance_uuid="u"), "node 'v100-b' of the event is not the node"),
     ("phx.gang.placement.default.other", E.PlaceRequested(gang_id="default/g"), "gang 'default/g'"),
