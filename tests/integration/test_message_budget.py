@@ -34,12 +34,13 @@ BACKGROUND = ("phx-leases",)
 SINGLES = 32
 GANG = 64
 BUDGET = {  # messages sent per pod, all three processes together, by kind; and the total
-    # Measured 2026-12-04 (docs/scale.md, "Messages per pod"): single-pod gangs 5 events (place,
-    # reserved, bind.pods, binds_done, gang.scheduled), 4 KV writes, 4 acks, about 1.4 fetches,
-    # 0.1 KV reads: 14.5 in all (19.6 before the references and batches); a 64-pod gang 0.64 in
-    # all (8.0 before). The margin (a quarter of a message a pod) is for one attempt in four
-    # retried after losing a race for its GPUs.
-    "single": {"event": 5.25, "kv_write": 4.25, "kv_read": 0.5, "ack": 4.25, "total": 16},
+    # Measured 2026-12-06 (docs/scale.md, "Messages per pod"): single-pod gangs 2.3 events
+    # (place, reserved, bind.pods and binds_done travel in per-replica batches; gang.scheduled
+    # alone), 4 KV writes (3 gang-record writes, 1 ledger write), 1.3 acks, 1.5 fetches, 0.1-0.25
+    # KV reads: 9.25-9.5 in all (19.6 before the references, 14.5 before the batches); a 64-pod
+    # gang 0.59-0.72 in all (8.0 before). The margin is for attempts retried after losing a race
+    # for their GPUs and for batches that happen to hold one event each.
+    "single": {"event": 3.0, "kv_write": 4.25, "kv_read": 0.5, "ack": 1.75, "total": 11},
     "gang64": {"event": 0.25, "kv_write": 0.5, "kv_read": 0.25, "ack": 0.25, "total": 1.0},
 }
 
