@@ -11,11 +11,10 @@ Overview (docs/placement.md has the full objective):
    that still suffice) upwards; the profile's filters and the member kind's allocator run on
    each; the first ``CANDIDATES`` that fit are compared by the profile's scores (GPU set
    quality, TDM tightness, best fit), then by name.
-3. **Gang**: domains from the network tiers, smallest first — one node, HyperNode, leaf
-   switch, network-pod. At each tier, the domain filters prune domains (free whole GPUs
-   against the gang's need) before any detailed fit; the survivors are tried tightest first,
-   packing members (largest first) onto the fewest nodes (nodes with most free GPUs first).
-   The first domain that holds every member wins: all or nothing.
+3. **Gang**: domains of the network tiers, smallest first (node, HyperNode, leaf switch,
+   network-pod); at each, the domain filters prune (free whole GPUs against the need), the
+   rest are tried tightest first, packing members (largest first) onto the fewest nodes; the
+   first domain that holds every member wins: all or nothing.
 """
 
 from __future__ import annotations
@@ -311,13 +310,31 @@ def domain_of(state: NodeState, tier: str) -> str:
     """The network domain of ``state``'s node at ``tier`` (one of ``TIERS``), as gangs are
     placed: its own name at the node tier; a node that reports no domain at a tier is alone
     in it. The preemption planner forms its candidate domains with it."""
-    return _domain(state, tier)
-
-
-def _domain(state: NodeState, tier: str) -> str:
     t = state.view.tiers
     value = {"node": state.view.name, "hypernode": t.hypernode, "leaf": t.leaf, "netpod": t.netpod}[tier]
     return value or f"node:{state.view.name}"
+
+
+def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: list[Member],
+             avoid: frozenset[str]) -> Iterator[list[NodeState]]:
+    """The domains of ``tier`` the domain filters pass, fewest free whole GPUs first, then by
+    name; one-node domains lazily from the free-GPU index (in that order, without nodes too
+    small for the gang): a gang that fits on one node costs the nodes tried, not the cluster."""
+    def allowed(ns: list[NodeState]) -> bool:
+        return all(f.filter_domain(members, ns) is None for f in profile.domain_filters)
+
+    if tier == "node":
+        for name in cluster.tightest(need):
+            if name not in avoid and allowed(ns := [cluster.nodes[name]]):
+                yield ns
+        return
+    domains: dict[str, list[NodeState]] = {}
+    for st in cluster.nodes.values():
+        if st.name not in avoid:
+            domains.setdefault(domain_of(st, tier), []).append(st)
+    candidates = sorted((sum(len(s.free_whole()) for s in ns), d) for d, ns in domains.items() if allowed(ns))
+    for _, d in candidates:
+        yield domains[d]
 
 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
@@ -325,22 +342,12 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
     need = sum(m.units for m in members)
     ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
+    order = {m.spec.pod: i for i, m in enumerate(members)}
     for tier in TIERS[:TIERS.index(loosest) + 1]:
-        domains: dict[str, list[NodeState]] = {}
-        # One-node domains that cannot hold the gang's whole GPUs are skipped through the
-        # free-GPU index (what GangGpuCapacity would say of them), as kube-scheduler's
-        # PreFilter narrows the nodes its filters see.
-        pool = (cluster.nodes[n] for n in cluster.tightest(need)) if tier == "node" else cluster.nodes.values()
-        for st in pool:
-            if st.name not in avoid:
-                domains.setdefault(_domain(st, tier), []).append(st)
-        candidates = sorted((sum(len(s.free_whole()) for s in ns), d) for d, ns in domains.items()
-                            if all(f.filter_domain(members, ns) is None for f in profile.domain_filters))
-        for _, d in candidates:
+        for domain in _domains(profile, cluster, tier, need, members, avoid):
             tried_any = True
-            got = _pack(profile, domains[d], ordered)
+            got = _pack(profile, domain, ordered)
             if got is not None:
-                order = {m.spec.pod: i for i, m in enumerate(members)}
                 return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
     if not explain:
         return NoFit(total_nodes=cluster.total)
@@ -354,7 +361,7 @@ def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: s
             avoid: frozenset[str] = frozenset()) -> NoFit:
     netpods: dict[str, list[str]] = {}
     for st in cluster.nodes.values():
-        netpods.setdefault(_domain(st, "netpod"), []).append(st.name)
+        netpods.setdefault(domain_of(st, "netpod"), []).append(st.name)
     return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail, avoid)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from phalanx_engine.decide import TIER_NAMES, TIERS, _domain
+from phalanx_engine.decide import TIER_NAMES, TIERS, domain_of
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
 from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
@@ -67,7 +67,7 @@ def probe_wait(p: Probing) -> list[Answer]:
         domains: dict[str, list[str]] = {}
         for name, st in p.cluster.nodes.items():
             if name not in p.ctx.avoid:
-                domains.setdefault(_domain(st, tier), []).append(name)
+                domains.setdefault(domain_of(st, tier), []).append(name)
         ranked = sorted((max(0, need - sum(len(p.cluster.nodes[n].free_whole()) for n in ns)), d)
                         for d, ns in domains.items() if sum(p.cluster.nodes[n].whole_capacity() for n in ns) >= need)
         best: Answer | None = None
