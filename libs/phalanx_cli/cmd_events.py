@@ -90,13 +90,10 @@ async def tail_events(args: argparse.Namespace, out=None) -> int:
                     print(safe(f"phalanx events: listening on {args.subject} at {args.nats}"), file=sys.stderr,
                           flush=True)
 
-                async for subject, message in tail(bus, args.subject, any_decoder, on_subscribed=listening):
-                    events = [c.event for c in message.events] if isinstance(message, GangBatch) else [message]
-                    for event in events:
-                        print(render(time.time(), subject, event, as_json=args.json), file=out, flush=True)
-                        printed += 1
-                        if args.count and printed >= args.count:
-                            break
+                async for subject, event in _unbatched(tail(bus, args.subject, any_decoder,
+                                                            on_subscribed=listening)):
+                    print(render(time.time(), subject, event, as_json=args.json), file=out, flush=True)
+                    printed += 1
                     if args.count and printed >= args.count:
                         break
             tg.cancel_scope.cancel()
@@ -104,6 +101,13 @@ async def tail_events(args: argparse.Namespace, out=None) -> int:
         with anyio.move_on_after(2, shield=True):
             await bus.close()
     return printed
+
+
+async def _unbatched(messages):
+    """(subject, event) for each message, a ``GangBatch`` as its events in order."""
+    async for subject, message in messages:
+        for event in [c.event for c in message.events] if isinstance(message, GangBatch) else [message]:
+            yield subject, event
 
 
 def render(at: float, subject: str, event: Any, *, as_json: bool) -> str:

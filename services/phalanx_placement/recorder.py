@@ -75,11 +75,6 @@ class JournaledCluster(Cluster):
         return [self.views[n] for n in names if n in self.views]
 
 
-def replica_id() -> str:
-    """This process's name in the log (and on its answers' subject): ``phalanx_bus.sender_id``."""
-    return sender_id()
-
-
 class Recorder:
     """Turns the cache's cluster changes and the cycle's decisions into the replica's log."""
 
@@ -89,7 +84,7 @@ class Recorder:
         self.cluster = cluster
         self.enabled = enabled
         self.base_every_s = base_every_s
-        self.replica = replica or replica_id()
+        self.replica = replica or sender_id()
         self.subject = S.render(S.CHANNEL["placementDecisions"].template, replica=self.replica)
         self.clock = clock
         self.coalesce_s = coalesce_s

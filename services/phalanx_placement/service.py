@@ -34,7 +34,16 @@ import time
 import anyio
 from opentelemetry import context as otel_context
 
-from phalanx_bus import BatchSender, Bus, Delivery, Poisoned, TemporaryError, consume, enable_atomic
+from phalanx_bus import (
+    BatchSender,
+    Bus,
+    Delivery,
+    Poisoned,
+    TemporaryError,
+    consume,
+    enable_atomic,
+    sender_id,
+)
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.snapshot import Decision, NoFit
@@ -49,7 +58,7 @@ from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues, queue_of
-from phalanx_placement.recorder import Recorder, replica_id
+from phalanx_placement.recorder import Recorder
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -84,7 +93,7 @@ class Placement:
         self.probes = Probes(cache, self.queues, ProbeBudget(share=config.whatif_share, burst_s=config.whatif_burst_s,
                                                              gang_s=config.whatif_gang_s))
         self.gauges = Gauges(cache, config)
-        self.replica = replica_id()
+        self.replica = sender_id()
         self.answers = BatchSender(bus, S.placement_answers_subject(self.replica), self.replica)
         self.commits = Commits(bus, cache, config, self.gauges, self.queue, self.answers)
         self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.rewrite)
