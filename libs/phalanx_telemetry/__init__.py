@@ -4,7 +4,9 @@ Logs are one ``key=value`` line per event on stderr with stable keys (``service=
 ``event=``, ``gang=``, ``node=``, …) so they grep and parse alike. Traces are configured only
 by the standard ``OTEL_*`` variables: ``OTEL_TRACES_EXPORTER`` = ``none`` (default),
 ``console`` or ``otlp`` (OTLP over HTTP; endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_SERVICE_NAME`` overrides the service name.
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_SERVICE_NAME`` overrides the service name,
+``OTEL_TRACES_SAMPLER`` the sampler (default: record everything when exporting, nothing new
+when not).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from phalanx_proto.vocab import RefusalRule
 
@@ -76,19 +79,29 @@ def refused(rule: RefusalRule | str, why: str, **kv: object) -> None:
 
 
 def setup_tracing(service: str) -> TracerProvider:
-    """Install a tracer provider whose exporter is chosen by ``OTEL_TRACES_EXPORTER``."""
+    """Install a tracer provider whose exporter is chosen by ``OTEL_TRACES_EXPORTER``.
+
+    With no exporter, nobody reads the spans, so new traces are not recorded (a
+    ``parentbased_always_off`` sampler: span and trace ids are still made, logged and passed on
+    in headers; a parent recorded upstream is still followed). ``OTEL_TRACES_SAMPLER`` set in the
+    environment decides instead."""
     name = os.environ.get("OTEL_SERVICE_NAME", f"phalanx-{service}")
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    processors = []
     for exporter_name in os.environ.get("OTEL_TRACES_EXPORTER", "none").split(","):
         exporter_name = exporter_name.strip().lower()
         if exporter_name == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+            processors.append(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
         elif exporter_name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            processors.append(BatchSpanProcessor(OTLPSpanExporter()))
         elif exporter_name not in ("none", ""):
             warn("unknown OTEL_TRACES_EXPORTER ignored", exporter=exporter_name)
+    unread = not processors and not os.environ.get("OTEL_TRACES_SAMPLER")
+    provider = TracerProvider(resource=Resource.create({"service.name": name}),
+                              sampler=ParentBased(ALWAYS_OFF) if unread else None)
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     return provider
 

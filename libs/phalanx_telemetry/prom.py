@@ -11,7 +11,7 @@ counted in ``phalanx_metrics_dropped_series_total``. Pod names are never labels.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -222,6 +222,13 @@ class Registry:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
         self._dropped: Counter | None = None
+        self._collectors: list[Callable[[], None]] = []
+
+    def collect_on_render(self, collect: Callable[[], None]) -> Callable[[], None]:
+        """Run ``collect`` before each render: gauges that take a pass over a big state are
+        computed when someone reads them, not on a timer. Returns the function that removes it."""
+        self._collectors.append(collect)
+        return lambda: self._collectors.remove(collect)
 
     def register(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -249,6 +256,8 @@ class Registry:
         return out
 
     def render(self) -> str:
+        for collect in list(self._collectors):
+            collect()
         lines: list[str] = []
         for m in self._metrics.values():
             lines.extend(m.render())

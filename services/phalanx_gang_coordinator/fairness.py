@@ -21,9 +21,12 @@ restricted, and gangs already placed are never disturbed (no preemption).
 
 from __future__ import annotations
 
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from phalanx_gang_coordinator.saga import queue_key
+from phalanx_gang_coordinator.saga import queue_key, queue_of
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import IDLE
 
@@ -40,10 +43,25 @@ class Gate:
     head: str = ""
 
 
+def _may_head(s: GangState) -> bool:
+    return s.phase in IDLE and s.attempt >= 1 and s.fits_empty_cluster
+
+
 def head_of(others: list[GangState]) -> GangState | None:
     """The head of the queue among ``others``, or None."""
-    waiting = [o for o in others if o.phase in IDLE and o.attempt >= 1 and o.fits_empty_cluster]
+    waiting = [o for o in others if _may_head(o)]
     return min(waiting, key=queue_key) if waiting else None
+
+
+def contenders(states: Iterable[GangState]) -> dict[str, tuple[GangState, ...]]:
+    """Queue → its first two gangs that may be its head, in queue order: the head of a queue
+    without any one gang is among them, so ``gate(s, contenders[queue])`` decides as
+    ``gate(s, every other gang of the queue)`` does, without a pass over the queue per gang."""
+    by_queue: dict[str, list[GangState]] = defaultdict(list)
+    for s in states:
+        if _may_head(s):
+            by_queue[queue_of(s)].append(s)
+    return {q: tuple(heapq.nsmallest(2, gangs, key=queue_key)) for q, gangs in by_queue.items()}
 
 
 def gate(s: GangState, others: list[GangState], *, now: float, starve_after_s: float,

@@ -38,8 +38,9 @@ class Resync:
         self.intake = intake
         self.driver = driver
         self.config = config
-        self.queue: list[GangState] = []
-        """Gang states as of the last resync: the view the fairness gate decides on."""
+        self.contenders: dict[str, tuple[GangState, ...]] = {}
+        """Per queue, the gangs that may head it as of the last resync (``fairness.contenders``):
+        the view the fairness gate decides on."""
         self._failed_pods: set[tuple[str, str, str]] = set()
         self._listed_at = float("-inf")
         driver.gate = self.gate
@@ -47,9 +48,8 @@ class Resync:
     def gate(self, state: GangState, now: float) -> fairness.Gate:
         """The starvation gate among the gangs of the gang's own queue (across queues, a queue
         below its quota goes first in placement: docs/queues.md)."""
-        queue = saga.queue_of(state)
-        return fairness.gate(state, [s for s in self.queue if s.gang_id != state.gang_id and saga.queue_of(s) == queue],
-                             now=now, starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
+        others = [s for s in self.contenders.get(saga.queue_of(state), ()) if s.gang_id != state.gang_id]
+        return fairness.gate(state, others, now=now, starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
 
     async def run(self) -> None:
         while True:
@@ -80,7 +80,7 @@ class Resync:
             await self._admit(pod)
         if unknown:
             states, _ = await self.store.all()
-        self.queue = [s for s in states if s.phase != "scheduled" and s.members]
+        self.contenders = fairness.contenders(s for s in states if s.members)
         running = {(s.gang_id, s.attempt) for s in states if s.phase in saga.RUNNING}
         self.driver.announced &= running  # forget the attempts that ended
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())

@@ -33,9 +33,6 @@ class Config:
     """Seconds one gang's probes may take at most."""
     nomination_s: float = option(120.0, "seconds a preemptor's nomination keeps the GPUs its victims free for it "
                                  "(docs/preemption.md); then it is dropped and the planner chooses again")
-    metrics_every_s: float = 5.0
-    """Allocation gauges are recomputed (a pass over every node) at most this often: half the
-    10 s scrape interval of ``deploy/prometheus``, so each scrape sees a fresh value."""
     record_decisions: bool = option(True, "do not record each engine decision's inputs and outcome on the bounded "
                                     "phx.decisions stream (`phalanx sim --replay`, docs/whatif.md)",
                                     flag="--no-record-decisions")

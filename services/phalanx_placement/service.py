@@ -20,10 +20,10 @@ frees exactly (gang, attempt, pod uid) and never a live member's reservation; an
 value in ``phx-ledger``, ``phx-topology`` or ``phx-heartbeat`` is isolated by its mirror:
 its node is left out of decisions, the others go on.
 
-Metrics: decision time, ledger conflicts, and (at most every ``metrics_every_s`` after a
-commit) the GPUs, core % and memory allocated by node, model and mode plus fragmentation
-(``phalanx_telemetry.allocation``), and every ``metrics_every_s`` the fresh and stale nodes
-it holds (``phalanx_placement_nodes``). Spans ``placement.decide`` and ``placement.commit`` carry
+Metrics: decision time, ledger conflicts, and, computed when ``/metrics`` is read (``gauges``),
+the GPUs, core % and memory allocated by node, model and mode plus fragmentation
+(``phalanx_telemetry.allocation``) and the fresh and stale nodes it holds
+(``phalanx_placement_nodes``). Spans ``placement.decide`` and ``placement.commit`` carry
 the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 """
 
@@ -75,6 +75,7 @@ from phalanx_proto.events import (
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, tracer, warn
+from phalanx_telemetry.prom import REGISTRY
 
 __all__ = ["Config", "Placement", "run"]
 
@@ -341,18 +342,17 @@ async def run(bus: Bus, config: Config | None = None, *, task_status=anyio.TASK_
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)
         placement = Placement(bus, cache, config)
-        try:
-            placement.gauges.record_allocation(force=True)
-        except Exception as e:  # noqa: BLE001 - metrics never stop placement from starting
-            warn("allocation metrics not computed at start", error=repr(e))
         tg.start_soon(placement.run_cycles)
-        tg.start_soon(placement.gauges.flush)
         tg.start_soon(placement.holdings.audit_usage)
         tg.start_soon(placement.recorder.run)
         await tg.start(placement.answers.run)
-        await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
-                      filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder, handler=placement.on_command,
-                      concurrency=config.cycle_max, task_status=task_status)
+        stop_collecting = REGISTRY.collect_on_render(placement.gauges.collect)
+        try:
+            await consume(bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE,
+                          filter_subject=S.CONSUMER[DURABLE].filter, decoder=gang_decoder,
+                          handler=placement.on_command, concurrency=config.cycle_max, task_status=task_status)
+        finally:
+            stop_collecting()
 
 
 def _running(record: GangState) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from phalanx_gang_coordinator import fairness
@@ -59,3 +60,27 @@ def test_strict_mode_holds_back_even_when_the_heads_nodes_are_known():
 
 def test_the_gate_is_off_with_starve_after_zero():
     assert fairness.gate(q("small", 50), [q("big", 0)], now=1e9, starve_after_s=0) == Gate()
+
+
+def test_each_gang_is_gated_on_its_queues_contenders_as_on_every_other_gang_of_the_queue():
+    import random
+
+    from phalanx_proto.events import MemberSpec, PodRef
+
+    rng = random.Random(7)
+    phases = ("waiting", "backoff", "placing", "scheduled")
+    gangs = []
+    for i in range(60):
+        queue = rng.choice(("", "a", "b"))
+        member = MemberSpec(pod=PodRef(namespace="default", name=f"p{i}", uid=f"u{i}"), gpus=1, queue=queue)
+        g = q(f"g{i}", rng.uniform(0, 100), priority=rng.choice((0, 0, 5)), phase=rng.choice(phases),
+              fits_empty=rng.random() < 0.8, reserve=("n1",) if rng.random() < 0.5 else ())
+        gangs.append(msgspec.structs.replace(g, members=(member,), attempt=rng.choice((0, 1, 2))))
+    contenders = fairness.contenders(gangs)
+    for g in gangs:
+        queue = fairness.queue_of(g)
+        every = [o for o in gangs if o.gang_id != g.gang_id and fairness.queue_of(o) == queue]
+        few = [o for o in contenders.get(queue, ()) if o.gang_id != g.gang_id]
+        for mode in fairness.MODES:
+            assert fairness.gate(g, few, now=300.0, starve_after_s=60.0, mode=mode) == \
+                fairness.gate(g, every, now=300.0, starve_after_s=60.0, mode=mode), g.gang_id

@@ -32,6 +32,19 @@ def test_a_counter_renders_help_type_and_one_sample_per_label_set_sorted():
     ]
 
 
+def test_a_gauge_collected_on_render_shows_the_value_of_the_moment_it_is_read_until_its_collector_is_removed():
+    reg = fresh()
+    g = Gauge("x_free_gpus", "Free GPUs.", registry=reg)
+    free = [3]
+    remove = reg.collect_on_render(lambda: g.set(free[0]))
+    assert "x_free_gpus 3" in reg.render().splitlines()
+    free[0] = 1
+    assert "x_free_gpus 1" in reg.render().splitlines()
+    remove()
+    free[0] = 7
+    assert "x_free_gpus 1" in reg.render().splitlines()
+
+
 def test_an_unlabelled_counter_is_exported_as_zero_before_its_first_increment():
     reg = fresh()
     Counter("x_conflicts_total", "Conflicts.", registry=reg)
