@@ -231,6 +231,7 @@ async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) ->
     from phalanx_proto.events import PodRef
     from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
     from phalanx_proto.state import gang_state_decoder
+    from phalanx_proto.vocab import IDLE
 
     gangs_kv = await bus.kv(S.KV_GANGS)
     deadline = time.monotonic() + timeout
@@ -251,7 +252,7 @@ async def _wait_decided(bus, sim, pods: list[dict[str, Any]], timeout: float) ->
                                                        for m in s.members)), None)
                 cond = next((c for c in (pod.raw.get("status") or {}).get("conditions", [])
                              if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
-                if state is not None and state.phase in ("backoff", "waiting") and state.reason:
+                if state is not None and state.phase in IDLE and state.reason:
                     row["reason"] = f"{state.reason} (attempt {state.attempt})"
                 elif cond is not None:
                     row["reason"] = cond.get("message", "")

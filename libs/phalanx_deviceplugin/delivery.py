@@ -29,6 +29,10 @@ from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLIC
 Isolation = Literal["hard", "mps", "advisory"]
 ISOLATION_ANNOTATION = "phalanx.io/isolation"
 CDI_KIND = "nvidia.com/gpu"
+"""The CDI device kind (``vendor/class``) of the GPUs and MIG instances in the spec ``nvidia-ctk
+cdi generate`` writes: a name in the node's CDI registry, not the Kubernetes resource
+``phalanx_proto.kubeapi.NVIDIA_GPU`` (it names the devices whatever resource, ``aliyun.com/gpu``
+or a TDM/MIG share, the pod asked for)."""
 
 
 @dataclass(frozen=True, slots=True)

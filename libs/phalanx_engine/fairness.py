@@ -2,10 +2,9 @@
 failed one backs off, and which gangs are woken when GPUs are released (docs/saga.md, "Order
 and fairness"; docs/queues.md, "Who goes first").
 
-These are the rules of ``services/phalanx_gang_coordinator`` (``saga.queue_key``,
-``saga.backoff_delay``, ``fairness.gate``, ``driver.SagaDriver.wake``) moved here unchanged so
-that ``phalanx sim`` runs the same code as the service; gang-coordinator is to import them from
-here (its copies are then deleted). Every function takes ``GangState`` records, the service's own.
+gang-coordinator (its saga, resync and driver) and ``phalanx sim`` both run these, so the
+simulator decides as the service does. Every function takes ``GangState`` records, the
+service's own.
 
 Queue order is ``queue_key``: higher priority first, then earlier arrival. The **head** is the
 first gang in that order that has tried at least once, waits (``waiting``/``backoff``) and
@@ -21,12 +20,15 @@ it is *starving* and protected, in one of two modes:
 
 from __future__ import annotations
 
+import heapq
 import random
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from phalanx_proto.queues import DEFAULT_QUEUE
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import IDLE
 
 MODES = ("backfill", "strict")
 WAKE = 8
@@ -49,8 +51,8 @@ def queue_of(s: GangState) -> str:
 def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:
     """Exponential backoff with jitter: base·2^(failures-1), capped, times 0.75..1.25. The
     jitter is seeded by gang and failure count, so replicas, restarts and simulations agree.
-    The exponent stops at 64: gang-coordinator's copy raises OverflowError from 1,025 failures
-    on (2**1024 is no float), about 17 hours of waiting at the default 60 s cap."""
+    The exponent stops at 64 (2**1024 is no float: without the stop a gang that failed 1,025
+    times, about 17 hours of waiting at the default 60 s cap, would raise OverflowError)."""
     raw = min(max_s, base_s * 2 ** min(64, max(0, failures - 1)))
     return raw * (0.75 + 0.5 * random.Random(f"{gang_id}:{failures}").random())
 
@@ -65,10 +67,25 @@ class Gate:
     head: str = ""
 
 
+def _may_head(s: GangState) -> bool:
+    return s.phase in IDLE and s.attempt >= 1 and s.fits_empty_cluster
+
+
 def head_of(others: Iterable[GangState]) -> GangState | None:
     """The head of the queue among ``others``, or None."""
-    waiting = [o for o in others if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster]
+    waiting = [o for o in others if _may_head(o)]
     return min(waiting, key=queue_key) if waiting else None
+
+
+def contenders(states: Iterable[GangState]) -> dict[str, tuple[GangState, ...]]:
+    """Queue → its first two gangs that may be its head, in queue order: the head of a queue
+    without any one gang is among them, so ``gate(s, contenders[queue])`` decides as
+    ``gate(s, every other gang of the queue)`` does, without a pass over the queue per gang."""
+    by_queue: dict[str, list[GangState]] = defaultdict(list)
+    for s in states:
+        if _may_head(s):
+            by_queue[queue_of(s)].append(s)
+    return {q: tuple(heapq.nsmallest(2, gangs, key=queue_key)) for q, gangs in by_queue.items()}
 
 
 def gate(s: GangState, others: Iterable[GangState], *, now: float, starve_after_s: float,

@@ -20,6 +20,7 @@ from phalanx_engine.rdma import choose_gpus_and_nics
 from phalanx_engine.snapshot import NodeView
 from phalanx_engine.status import Code, Status, refuse
 from phalanx_proto.events import Assignment, RequestKind
+from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY
 from phalanx_topology.links import FABRIC_LINKS, LinkClass, link_rank
 
 R_NOT_ENABLED = "not enabled for Phalanx"
@@ -28,8 +29,8 @@ R_NODE_ERROR = "node could not be evaluated"
 R_STALE = "topology heartbeat stale"
 R_NO_GPUS = "no GPUs reported"
 R_GPUS = "insufficient free GPUs"
-R_CORE = "insufficient aliyun.com/gpu-core"
-R_MEMORY = "insufficient aliyun.com/gpu-memory"
+R_CORE = f"insufficient {GPU_CORE}"
+R_MEMORY = f"insufficient {GPU_MEMORY}"
 R_MEM_UNKNOWN = "GPU memory not reported"
 R_NO_MIG = "no MIG-capable GPU"
 R_MIG_OFF = "MIG mode not enabled"

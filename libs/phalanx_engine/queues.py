@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from phalanx_proto.events import Phase
 from phalanx_proto.queues import (
     DEFAULT_QUEUE,
     GPU_UNITS,
@@ -31,6 +32,7 @@ from phalanx_proto.queues import (
     units_of_member,
 )
 from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.vocab import IDLE, OPEN
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,7 @@ def usage_drift(tree: QueueTree, ledgers: Iterable[NodeLedger],
     return out
 
 
-PENDING = ("waiting", "backoff", "placing", "preparing", "binding", "rolling_back")
+PENDING: frozenset[Phase] = IDLE | OPEN
 """Phases of a gang that has not (all) started: what its queue waits for."""
 
 

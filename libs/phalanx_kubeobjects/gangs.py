@@ -42,11 +42,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx_kubeobjects.quantity import Violation, decimal
-from phalanx_kubeobjects.requests import MAX_GANG, GpuRequest, RequestError, RequestKind, parse_pod
+from phalanx_kubeobjects.requests import (
+    MAX_GANG,
+    MIN_MEMBER_LABEL,
+    GpuRequest,
+    RequestError,
+    RequestKind,
+    parse_pod,
+)
 from phalanx_proto.state import GangPart
 
 GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
-MIN_MEMBER_KEYS = ("aliyun.com/min-member", "scheduling.x-k8s.io/min-member",
+MIN_MEMBER_KEYS = (MIN_MEMBER_LABEL, "scheduling.x-k8s.io/min-member",
                    "pod-group.scheduling.sigs.k8s.io/min-available")
 GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name",
                 "pod-group.scheduling.sigs.k8s.io")

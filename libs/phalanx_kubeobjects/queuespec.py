@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from phalanx_kubeobjects import names
+from phalanx_proto.kubeapi import NVIDIA_GPU
 from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec
 
-RESOURCE = "nvidia.com/gpu"
+RESOURCE = NVIDIA_GPU
 MAX_GPUS = 1_000_000
 """No queue is granted a million GPUs."""
 

@@ -64,7 +64,7 @@ from phalanx_kubeobjects.fields import as_map, name_text, shown_value
 from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
 from phalanx_kubeobjects.quantity import Bound, Violation, decimal
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
-from phalanx_proto.kubeapi import NVIDIA_GPU, RDMA, SCHEDULER_NAMES
+from phalanx_proto.kubeapi import ALIYUN_GPU, NVIDIA_GPU, RDMA, SCHEDULER_NAMES
 from phalanx_proto.state import MAX_GANG_MEMBERS
 
 REPLICA_LABEL = "replica"
@@ -233,8 +233,8 @@ def _vendor(annotations: Mapping[str, Any], whole: Mapping[str, int], share: Sha
     if vendor and vendor not in VENDORS:
         v.append(Violation(field, vendor, f"the GPU vendor hint must be one of {', '.join(VENDORS)}"))
     if vendor in ("amd", "ppu") and NVIDIA_GPU in whole:
-        v.append(Violation(field, vendor, f"nvidia.com/gpu asks for NVIDIA GPUs; for {vendor} GPUs ask "
-                                          "aliyun.com/gpu"))
+        v.append(Violation(field, vendor, f"{NVIDIA_GPU} asks for NVIDIA GPUs; for {vendor} GPUs ask "
+                                          f"{ALIYUN_GPU}"))
     if vendor == "amd" and share:
         v.append(Violation(field, vendor, "AMD GPUs take whole-GPU requests only; gpu-core, gpu-memory and "
                                           "gpu-slice cannot be used with them (seed 3.5)"))

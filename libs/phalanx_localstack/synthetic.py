@@ -18,6 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from phalanx_localstack.stack import ClusterFile, ClusterNode, StackError
+from phalanx_topology.tiers import ENABLE_LABEL, HYPERNODE_LABEL, LEAF_LABEL, NETPOD_LABEL
 
 TOPOLOGIES = Path(str(files("phalanx_localstack") / "shapes"))
 """The shapes' topology files: package data, on disk in any installed (not zipped) copy."""
@@ -45,8 +46,8 @@ SHAPES = {
 
 def tier_labels(i: int) -> dict[str, str]:
     """Enablement and network-tier labels of the ``i``-th synthetic node."""
-    return {"lj_runtimekit_enable": "true", "phalanx.io/hypernode": f"hn-{i // HYPERNODE}",
-            "phalanx.io/leaf-switch": f"leaf-{i // LEAF}", "phalanx.io/network-pod": f"pod-{i // NETPOD}"}
+    return {ENABLE_LABEL: "true", HYPERNODE_LABEL: f"hn-{i // HYPERNODE}",
+            LEAF_LABEL: f"leaf-{i // LEAF}", NETPOD_LABEL: f"pod-{i // NETPOD}"}
 
 
 def parse_spec(spec: str) -> tuple[int, str]:

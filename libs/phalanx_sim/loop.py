@@ -47,6 +47,7 @@ from phalanx_engine.whatif import Running, tier_of
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import IDLE
 from phalanx_sim import preemption
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
 from phalanx_sim.derived import Derived
@@ -161,10 +162,10 @@ class Simulation:
                 due[gang_id] = None
             else:
                 s = self.records.get(gang_id)
-                if s is not None and s.phase in ("waiting", "backoff") and s.backoff_until <= t:
+                if s is not None and s.phase in IDLE and s.backoff_until <= t:
                     due[gang_id] = None
         if due:
-            self._cycle(t, [self.records[g] for g in due if self.records[g].phase in ("waiting", "backoff")])
+            self._cycle(t, [self.records[g] for g in due if self.records[g].phase in IDLE])
 
     def _cycle(self, t: float, due: list[GangState]) -> None:
         c = self.config
@@ -192,7 +193,7 @@ class Simulation:
                  if len(queues) > 1 else {})
         owed = queueorder.owed_candidates(self.tree, self.held, (
             (fairness.queue_of(o), o.members) for q in self.pending.values() for o in q.values()
-            if o.phase in ("waiting", "backoff") and o.attempt >= 1 and o.fits_empty_cluster))
+            if o.phase in IDLE and o.attempt >= 1 and o.fits_empty_cluster))
         memo: dict[int, bool] = {}
         starting.sort(key=lambda s: queueorder.cycle_key(ranks.get(fairness.queue_of(s), float("inf")), s.priority,
                                                          self._arrival[s.gang_id]))
@@ -372,7 +373,7 @@ class Simulation:
     def _set(self, s: GangState) -> None:
         self.records[s.gang_id] = s
         queue = self.pending.setdefault(fairness.queue_of(s), {})
-        if s.phase in ("waiting", "backoff"):
+        if s.phase in IDLE:
             queue[s.gang_id] = s
         else:
             queue.pop(s.gang_id, None)

@@ -26,22 +26,27 @@ class TierLabels(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     netpod: tuple[str, ...]
 
 
+HYPERNODE_LABEL = "phalanx.io/hypernode"
+LEAF_LABEL = "phalanx.io/leaf-switch"
+NETPOD_LABEL = "phalanx.io/network-pod"
+"""Phalanx's own label key of each tier, the first of its ``DEFAULT`` keys."""
+
 DEFAULT = TierLabels(
     hypernode=(
-        "phalanx.io/hypernode",
+        HYPERNODE_LABEL,
         "accelerator.topograph.run/domain",         # topograph v1
         "network.topology.nvidia.com/accelerator",  # topograph before v1
         "nvidia.com/gpu.clique",                    # GPU Operator, MNNVL systems
     ),
     leaf=(
-        "phalanx.io/leaf-switch",
+        LEAF_LABEL,
         "alibabacloud.com/asw-id",                  # ACK Lingjun: access switch
         "fabric.topograph.run/tier-0",              # topograph v1: switch closest to the node
         "network.topology.nvidia.com/leaf",         # topograph 0.2+
         "network.topology.nvidia.com/block",        # topograph 0.1
     ),
     netpod=(
-        "phalanx.io/network-pod",
+        NETPOD_LABEL,
         "alibabacloud.com/point-of-delivery",       # ACK Lingjun: PoD above the ASWs
         "fabric.topograph.run/tier-1",              # topograph v1: next switch tier up
         "network.topology.nvidia.com/spine",        # topograph, every version before v1

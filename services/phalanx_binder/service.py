@@ -102,8 +102,8 @@ EVICT_CONCURRENCY = 4
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    rule: str
-    """A value of ``phalanx_telemetry.metrics.REFUSAL_RULES``."""
+    rule: R
+    """The check the pod failed (``phalanx_proto.vocab.RefusalRule``)."""
     why: str
 
 
@@ -161,19 +161,19 @@ class Binder:
         alloc = self.ledger.allocation(ref)
         if alloc is None or (alloc.gang_id, alloc.attempt) != (ev.gang_id, ev.attempt):
             held = f"gang {alloc.gang_id} attempt {alloc.attempt}" if alloc is not None else "nothing"
-            return Refusal("not_in_ledger", f"the ledger holds {held} for {ref} (uid {ref.uid or '-'}), not gang "
+            return Refusal(R.NOT_IN_LEDGER, f"the ledger holds {held} for {ref} (uid {ref.uid or '-'}), not gang "
                                             f"{ev.gang_id} attempt {ev.attempt}")
         a = alloc.assignment
         key = S.token(a.node)
         topo = self.topology.get(key)
         if topo is None or topo.value.node != a.node:
             bad = self.topology.poisoned.get(key)
-            return Refusal("unknown_node", f"node {a.node!r} has no (readable) topology report in phx-topology"
+            return Refusal(R.UNKNOWN_NODE, f"node {a.node!r} has no (readable) topology report in phx-topology"
                                            + (f": {bad.error}" if bad else ""))
         if not topo.value.enabled:
-            return Refusal("node_disabled", f"node {a.node} is not enabled for Phalanx")
+            return Refusal(R.NODE_DISABLED, f"node {a.node} is not enabled for Phalanx")
         if alloc.adopted:
-            return Refusal("adopted_reservation", f"the ledger's reservation of {ref} on {a.node} was recorded for a "
+            return Refusal(R.ADOPTED_RESERVATION, f"the ledger's reservation of {ref} on {a.node} was recorded for a "
                                                   "pod found bound there (an adoption), not by a placement decision: "
                                                   "binder binds only what placement decided")
         if a.mig_profile:
@@ -181,7 +181,7 @@ class Binder:
             record = entry.value.instances.get(mig_slot(a.gpus[0] if a.gpus else 0, max(0, a.mig_start))) \
                 if entry is not None else None
             if record is None or record.state != "ready" or not record.owned_by(ev.gang_id, ev.attempt, ref):
-                return Refusal("mig_not_ready", f"no MIG instance is recorded ready in phx-mig for {ref} at GPU "
+                return Refusal(R.MIG_NOT_READY, f"no MIG instance is recorded ready in phx-mig for {ref} at GPU "
                                                 f"{a.gpus[0] if a.gpus else 0} slot {a.mig_start} of {a.node}")
             return msgspec.structs.replace(a, mig_instance_uuid=record.uuid)
         return a
@@ -192,11 +192,11 @@ class Binder:
         again."""
         verdicts = {ref: self._check(ev, ref) for ref in dict.fromkeys(ev.pods)}
         behind = {v.rule for v in verdicts.values() if isinstance(v, Refusal)} & {
-            "unknown_node", "not_in_ledger", "mig_not_ready"}
+            R.UNKNOWN_NODE, R.NOT_IN_LEDGER, R.MIG_NOT_READY}
         if behind:
             try:
-                for rule, mirror in (("unknown_node", self.topology), ("not_in_ledger", self.ledger),
-                                     ("mig_not_ready", self.mig)):
+                for rule, mirror in ((R.UNKNOWN_NODE, self.topology), (R.NOT_IN_LEDGER, self.ledger),
+                                     (R.MIG_NOT_READY, self.mig)):
                     if rule in behind:
                         await mirror.catch_up()
             except MirrorLagging as e:

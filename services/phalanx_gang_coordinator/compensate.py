@@ -31,6 +31,7 @@ from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
 COMPENSATION_LIMIT_S = 15.0
@@ -106,14 +107,14 @@ class Compensator:
         attempt does not want it there."""
         current = await self.store.get(gang_id)
         if current is None or ref not in {m.pod for m in current.members}:
-            refused("not_member", f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
+            refused(R.NOT_MEMBER, f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
                     gang=gang_id, attempt=attempt)
             return
         if current.phase in ("binding", "scheduled") and any(
                 a.pod == ref and a.node == node for a in self.held(current)):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:
-            refused("foreign_scheduler", f"{ref} has schedulerName {pod.scheduler_name!r}", gang=gang_id)
+            refused(R.FOREIGN_SCHEDULER, f"{ref} has schedulerName {pod.scheduler_name!r}", gang=gang_id)
             return
         await self.notifier.event(ref, "GangRollback", f"gang {gang_id} attempt {attempt} was rolled back "
                                                        "before this pod was bound; deleting it so its controller "

@@ -19,7 +19,8 @@ from opentelemetry import context as otel_context
 from phalanx_bus import BatchSender, Bus, Delivery, KvMirror
 from phalanx_bus.declare import declare_consumer
 from phalanx_bus.ledger import LedgerBook
-from phalanx_gang_coordinator import effects, fairness, saga
+from phalanx_engine import fairness
+from phalanx_gang_coordinator import effects, saga
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.holdings import Holdings
 from phalanx_gang_coordinator.notify import Notifier
@@ -43,10 +44,8 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members
 from phalanx_proto.vocab import IDLE
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, tracer, warn
-
-WAKE = 8
-"""Gangs retried at once when GPUs are released (``SagaDriver.wake``)."""
 
 
 class SagaDriver:
@@ -246,9 +245,9 @@ class SagaDriver:
         waiting = [s for s in states if s.phase == "placing" or (
             s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now)]
         owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
-        waiting.sort(key=lambda s: (not owed(saga.queue_of(s)), saga.queue_key(s)))
+        waiting.sort(key=lambda s: (not owed(fairness.queue_of(s)), fairness.queue_key(s)))
         woken = []
-        for s in waiting[:WAKE]:
+        for s in waiting[:fairness.WAKE]:
             if s.phase == "placing":
                 self.missed[s.gang_id] = s.attempt
             elif await self._wake_one(s.gang_id, now):
@@ -295,7 +294,7 @@ class SagaDriver:
         ledger holds it: a reservation for (gang, attempt, pod uid) for every member."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"Reserved for attempt {ev.attempt}, which this gang never started",
+            refused(R.UNSTARTED_ATTEMPT, f"Reserved for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         if current.attempt != ev.attempt or current.phase != "placing":
@@ -308,12 +307,12 @@ class SagaDriver:
                 await self.bus.publish(S.placement_subject(ev.gang_id), release, msg_id=f"{release.key()}:after-placed")
             return
         if ev.members_digest != saga.members_digest(current):
-            refused("not_members", f"Reserved for members {ev.members_digest}, the attempt's are "
+            refused(R.NOT_MEMBERS, f"Reserved for members {ev.members_digest}, the attempt's are "
                                    f"{saga.members_digest(current)}", gang=ev.gang_id, attempt=ev.attempt)
             return
         missing = await self.holdings.unreserved(current)
         if missing:
-            refused("not_recorded", f"{len(missing)} of {len(attempt_members(current))} member(s) have no reservation "
+            refused(R.NOT_RECORDED, f"{len(missing)} of {len(attempt_members(current))} member(s) have no reservation "
                                     f"in the ledger for this gang attempt ({', '.join(map(str, missing[:3]))})",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
@@ -331,7 +330,7 @@ class SagaDriver:
         attempt back."""
         current = await self.store.get(ev.gang_id)
         if current is None or ev.attempt > current.attempt:
-            refused("unstarted_attempt", f"BindsDone for attempt {ev.attempt}, which this gang never started",
+            refused(R.UNSTARTED_ATTEMPT, f"BindsDone for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         where = self.ledger.held(ev.gang_id, ev.attempt)
@@ -352,7 +351,7 @@ class SagaDriver:
                 seen.append((ref, pod.node_name, pod))
                 continue
             if node is None or pod is None or pod.uid != ref.uid or pod.node_name != node:
-                refused("not_bound", f"{ref} (uid {ref.uid or '-'}) is not bound to "
+                refused(R.NOT_BOUND, f"{ref} (uid {ref.uid or '-'}) is not bound to "
                                      f"{node or 'a node the ledger holds it on'}", gang=ev.gang_id, attempt=ev.attempt)
                 continue
             seen.append((ref, node, pod))

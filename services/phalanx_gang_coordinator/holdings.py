@@ -11,6 +11,7 @@ from phalanx_bus.ledger import LedgerBook
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, MigReady, PodRef
 from phalanx_proto.state import GangState, NodeMig, alloc_key, attempt_members, mig_slot
+from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import refused
 
 
@@ -69,7 +70,7 @@ class Holdings:
             record = self.mig_record(a, ev.gang_id, ev.attempt)
             if record is not None and record.state == "ready" and record.uuid == ev.instance_uuid:
                 return True
-        refused("not_recorded", f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
+        refused(R.NOT_RECORDED, f"no ready MIG instance {ev.instance_uuid} is recorded in phx-mig for {ev.pod} "
                                 f"attempt {ev.attempt}", gang=ev.gang_id, node=ev.node)
         return False
 

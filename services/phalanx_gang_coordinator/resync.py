@@ -21,7 +21,8 @@ from collections import Counter
 
 import anyio
 
-from phalanx_gang_coordinator import fairness, saga
+from phalanx_engine import fairness
+from phalanx_gang_coordinator import saga
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.store import GangStore
@@ -48,7 +49,7 @@ class Resync:
     def gate(self, state: GangState, now: float) -> fairness.Gate:
         """The starvation gate among the gangs of the gang's own queue (across queues, a queue
         below its quota goes first in placement: docs/queues.md)."""
-        others = [s for s in self.contenders.get(saga.queue_of(state), ()) if s.gang_id != state.gang_id]
+        others = [s for s in self.contenders.get(fairness.queue_of(state), ()) if s.gang_id != state.gang_id]
         return fairness.gate(state, others, now=now, starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
 
     async def run(self) -> None:
@@ -85,7 +86,7 @@ class Resync:
         self.driver.announced &= running  # forget the attempts that ended
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
-        for state in sorted(states, key=saga.queue_key):
+        for state in sorted(states, key=fairness.queue_key):
             try:
                 await self._gang(state, live, listed, now)
             except Exception:  # noqa: BLE001 - one gang's trouble must not stall the others

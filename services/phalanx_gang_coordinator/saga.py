@@ -19,10 +19,9 @@ Compensations run in the reverse order of the steps: ``unbind`` (delete bound me
 
 from __future__ import annotations
 
-import random
-
 import msgspec
 
+from phalanx_engine.fairness import backoff_delay
 from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindsDone,
@@ -49,13 +48,6 @@ COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
 
 replace = msgspec.structs.replace
-
-
-def backoff_delay(failures: int, *, base_s: float, max_s: float, gang_id: str = "") -> float:
-    """Exponential backoff with jitter: base·2^(failures-1), capped, times 0.75..1.25. The
-    jitter is seeded by gang and failure count, so replicas and restarts agree."""
-    raw = min(max_s, base_s * 2 ** max(0, failures - 1))
-    return raw * (0.75 + 0.5 * random.Random(f"{gang_id}:{failures}").random())
 
 
 def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_member: int | None,
@@ -271,11 +263,6 @@ def pending_reason(s: GangState, now: float) -> str:
     return f"{s.reason} (attempt {s.attempt}); next try in {retry:.0f}s"
 
 
-def queue_of(s: GangState) -> str:
-    """The queue the gang's members name ("" read as ``default``)."""
-    return next((m.queue for m in s.members if m.queue), DEFAULT_QUEUE)
-
-
 def queue_conflict(s: GangState) -> str:
     """Why the gang cannot start for its queue: its members name different queues ("" when not)."""
     named = sorted({m.queue or DEFAULT_QUEUE for m in s.members})
@@ -283,8 +270,3 @@ def queue_conflict(s: GangState) -> str:
         return ""
     return (f"the gang's members name different queues ({', '.join(named)}): a gang is placed within one queue; "
             f"label every pod with the same {QUEUE_LABEL}")
-
-
-def queue_key(s: GangState) -> tuple:
-    """The documented order: higher ``spec.priority`` first, then earlier arrival."""
-    return (-s.priority, s.created_at, s.gang_id)

@@ -13,8 +13,8 @@ each its own module:
 ``driver``      attempts, replies, deadlines: check, transition, carry the effects out
 ``compensate``  the rollback's compensations, and undoing a late bind
 ``notify``      Warning events and ``PodScheduled`` conditions on pods
-``fairness``    which waiting gang may start now, pure
-``resync``      the periodic safety net and the queue view
+``resync``      the periodic safety net and the queue view; which waiting gang may
+                start now is ``phalanx_engine.fairness`` (pure; ``phalanx sim`` runs it too)
 ``reconciler``  ledger vs gang records vs bound pods, repaired (one replica: ``lease``;
                 the comparison itself is ``audit``, pure)
 ==============  ===========================================================================
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import anyio
 
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
+from phalanx_engine.fairness import MODES
 from phalanx_gang_coordinator.driver import SagaDriver
-from phalanx_gang_coordinator.fairness import MODES
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook

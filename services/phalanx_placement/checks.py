@@ -42,11 +42,11 @@ def check_request(record: GangState | None, ev: PlaceRequested) -> Refusal | Non
         return Refusal(R.UNSTARTED_ATTEMPT, f"attempt {ev.attempt} was never started (the gang is at "
                                             f"attempt {record.attempt})")
     if ev.attempt < record.attempt:
-        return Refusal("stale_attempt", f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
+        return Refusal(R.STALE_ATTEMPT, f"attempt {ev.attempt} is over (the gang is at attempt {record.attempt})")
     if not attempt_members(record):
-        return Refusal("not_members", f"the gang record's attempt {record.attempt} has no member to place")
+        return Refusal(R.NOT_MEMBERS, f"the gang record's attempt {record.attempt} has no member to place")
     if ev.members_digest != members_digest(record):
-        return Refusal("not_members", f"the request is for members {ev.members_digest or '(none named)'}, the gang "
+        return Refusal(R.NOT_MEMBERS, f"the request is for members {ev.members_digest or '(none named)'}, the gang "
                                       f"record's attempt {record.attempt} places members {members_digest(record)}")
     return None
 

@@ -32,6 +32,7 @@ from phalanx_bus import Bus
 from phalanx_kube.port import ClusterPort, Node
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
+from phalanx_proto.kubeapi import ALIYUN_GPU, GPU_CORE, GPU_MEMORY, NVIDIA_GPU
 from phalanx_proto.topology import NodeTopology
 from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
@@ -95,11 +96,11 @@ def extended_resources(topo: NodeTopology) -> dict[str, str]:
     n = len(topo.gpus)
     if n == 0:
         return {}
-    whole = "nvidia.com/gpu" if all(g.vendor == "nvidia" for g in topo.gpus) else "aliyun.com/gpu"
+    whole = NVIDIA_GPU if all(g.vendor == "nvidia" for g in topo.gpus) else ALIYUN_GPU
     mem_gib = sum(g.memory_mib for g in topo.gpus) // 1024
-    res = {whole: str(n), "aliyun.com/gpu-core": str(100 * n)}
+    res = {whole: str(n), GPU_CORE: str(100 * n)}
     if mem_gib:
-        res["aliyun.com/gpu-memory"] = str(mem_gib)
+        res[GPU_MEMORY] = str(mem_gib)
     return res
 
 

@@ -1,12 +1,13 @@
-"""The fairness gate (services/phalanx_gang_coordinator/fairness.py), table-driven."""
+"""The fairness gate and order rules gang-coordinator and the simulator run
+(libs/phalanx_engine/fairness.py), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from phalanx_gang_coordinator import fairness
-from phalanx_gang_coordinator.fairness import Gate
+from phalanx_engine import fairness
+from phalanx_engine.fairness import Gate
 from phalanx_proto.state import GangState
 
 HELD = "held back behind default/big, first in queue and waiting too long (fairness)"
@@ -84,3 +85,7 @@ def test_each_gang_is_gated_on_its_queues_contenders_as_on_every_other_gang_of_t
         for mode in fairness.MODES:
             assert fairness.gate(g, few, now=300.0, starve_after_s=60.0, mode=mode) == \
                 fairness.gate(g, every, now=300.0, starve_after_s=60.0, mode=mode), g.gang_id
+
+
+def test_the_backoff_of_a_gang_refused_for_days_stays_at_its_cap():
+    assert 45 <= fairness.backoff_delay(5000, base_s=1, max_s=60, gang_id="default/x") <= 75
