@@ -13,7 +13,7 @@ Contract:
   ``value`` is the decoder's result. A deleted or purged key leaves ``entries``.
 * **Undecodable values are isolated.** A value the decoder refuses (any exception), or that
   breaks the optional ``check`` (the bucket's rule: ``of_bucket`` takes it from
-  ``phalanx_proto.state.BUCKETS``), is never handed out, stale or new: the key leaves
+  ``phalanx_proto.kvrules.BUCKETS``), is never handed out, stale or new: the key leaves
   ``entries`` and appears in ``poisoned`` with its revision and the error, every such value is
   counted (``undecodable`` and the metric ``phalanx_kv_mirror_undecodable_total``), the
   bucket's ``phalanx_kv_invalid_entries`` gauge holds how many keys are poisoned, and it is
@@ -53,7 +53,7 @@ import anyio
 from phalanx_bus.bus import Bus
 from phalanx_bus.errors import BusError
 from phalanx_bus.kv import Kv, KvEntry
-from phalanx_proto.state import BUCKETS
+from phalanx_proto.kvrules import BUCKETS
 from phalanx_telemetry import log, metrics, warn
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ class KvMirror(Generic[T]):
     @classmethod
     def of_bucket(cls, bus: Bus, bucket: str, *, keys: str = ">", **kw) -> KvMirror:
         """A mirror of one of Phalanx's shared buckets (of the keys matching ``keys``), decoded
-        and checked by the bucket's rule for those keys (``phalanx_proto.state.BUCKETS``: the
+        and checked by the bucket's rule for those keys (``phalanx_proto.kvrules.BUCKETS``: the
         ledger's ``queue.*`` keys hold queue usage): a value breaking it is poisoned like an
         undecodable one."""
         rule = BUCKETS[bucket].for_key(keys)

@@ -1,7 +1,7 @@
 """Reading KV values that may be bad: decode and check each entry, skip the bad ones.
 
 Every service that reads a shared bucket reads it through here, with the bucket's rule from
-``phalanx_proto.state.BUCKETS``. A value that does not decode, or decodes into something its
+``phalanx_proto.kvrules.BUCKETS``. A value that does not decode, or decodes into something its
 bucket's rule refuses, never stops the reader: it comes back as a ``BadEntry`` naming bucket,
 key, revision and error, is logged once per (bucket, key, revision) in this process, and the
 whole-bucket reads set ``phalanx_kv_invalid_entries{bucket}`` to the number found (0 is
@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from phalanx_bus.kv import Kv, KvEntry
-from phalanx_proto.state import BUCKETS, BucketRule
+from phalanx_proto.kvrules import BUCKETS, BucketRule
 from phalanx_telemetry import metrics, warn
 
 

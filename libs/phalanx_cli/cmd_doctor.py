@@ -2,7 +2,7 @@
 
 It reads only what is on the bus (no cluster access): every value of the shared KV buckets
 (``phx-ledger``, ``phx-gangs``, ``phx-topology``, ``phx-heartbeat``, ``phx-mig``) against its
-bucket's rule (``phalanx_proto.state.BUCKETS``: it decodes, its key names it, no GPU booked
+bucket's rule (``phalanx_proto.kvrules.BUCKETS``: it decodes, its key names it, no GPU booked
 twice on a node), and gang-coordinator's reconciler lease and last report (``phx-leases``):
 who holds the lease, when the last pass was, and what it found where the ledger, the gang
 records and the cluster's bound pods disagree. Output is a few labelled lines, or with
@@ -64,11 +64,10 @@ async def _bounded(args: argparse.Namespace) -> dict[str, Any]:
 async def gather(args: argparse.Namespace) -> dict[str, Any]:
     from phalanx_bus import BadEntry, read_all
     from phalanx_proto import subjects as S
+    from phalanx_proto.kvrules import BUCKETS, BucketRule
     from phalanx_proto.state import (
-        BUCKETS,
         RECONCILER_LEASE_KEY,
         RECONCILER_REPORT_KEY,
-        BucketRule,
         lease_decoder,
         reconciler_report_decoder,
     )

@@ -38,8 +38,9 @@ from phalanx_engine.queues import QueueTree, usage_drift
 from phalanx_kube.port import Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, decode_assignment
+from phalanx_proto.kvrules import gpu_conflicts
 from phalanx_proto.queues import QueueUsage, shown
-from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key, gpu_conflicts
+from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key
 from phalanx_proto.subjects import gang_key
 from phalanx_proto.vocab import OPEN
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from phalanx_bus import BadEntry, Kv, KvConflict, read_one
 from phalanx_proto.events import encoder
-from phalanx_proto.state import BucketRule, Lease, lease_decoder
+from phalanx_proto.kvrules import BucketRule
+from phalanx_proto.state import Lease, lease_decoder
 
 _RULE = BucketRule(lease_decoder, lambda key, lease: "" if key == lease.name else f"key {key!r} is not lease {lease.name!r}")
 

@@ -12,15 +12,8 @@ from dataclasses import dataclass
 import msgspec
 
 from phalanx_proto.events import AdoptRequested, PlaceRequested, ReleaseRequested
-from phalanx_proto.state import (
-    Allocation,
-    GangState,
-    NodeLedger,
-    alloc_key,
-    attempt_members,
-    gpu_conflicts,
-    members_digest,
-)
+from phalanx_proto.kvrules import gpu_conflicts
+from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members, members_digest
 from phalanx_proto.topology import NodeTopology
 from phalanx_proto.vocab import LIVE
 from phalanx_proto.vocab import RefusalRule as R

@@ -17,7 +17,8 @@ from phalanx_kube.sim import SimCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
-from phalanx_proto.state import BucketRule, NodeLedger, ledger_decoder
+from phalanx_proto.kvrules import BucketRule
+from phalanx_proto.state import NodeLedger, ledger_decoder
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "2x8v100.yaml"
 """The demo's 2 x 8-V100 cluster file."""

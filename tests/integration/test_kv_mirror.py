@@ -18,7 +18,8 @@ from phalanx_bus import Bus, KvMirror, MirrorLagging
 from phalanx_bus.mirror import MirrorEntry
 from phalanx_localstack.natsserver import free_port
 from phalanx_proto import subjects as S
-from phalanx_proto.state import NodeLedger, ledger_problem
+from phalanx_proto.kvrules import ledger_problem
+from phalanx_proto.state import NodeLedger
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -2,7 +2,7 @@
 (issue: attacks from inside the permission table, rows 1, 5 and 6).
 
 Table-driven: each adversarial report a node's agent could write under its own key is refused
-by the bucket's rule (``phalanx_proto.state.BUCKETS``, at decode or by ``report_problem``) with
+by the bucket's rule (``phalanx_proto.kvrules.BUCKETS``, at decode or by ``report_problem``) with
 a message naming the field and the rule. Then a property test: whatever report passes the
 rules, or whatever a plugin makes of it, a node's trouble stays that node's — the engine keeps
 placing on the others. And placement's staleness deadlines stay one per node however often, or
@@ -23,7 +23,7 @@ from phalanx_engine.snapshot import Decision, NoFit, Snapshot
 from phalanx_engine.status import Code
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
-from phalanx_proto.state import BUCKETS, heartbeat_problem
+from phalanx_proto.kvrules import BUCKETS, heartbeat_problem
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 
 V100 = msgspec.structs.replace(TOPOLOGIES["V100"], node="n1")

@@ -17,8 +17,9 @@ from phalanx_kube.port import EvictionBlocked
 from phalanx_placement import preempting
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, EvictionRefused, EvictPods, MemberSpec, PodRef
+from phalanx_proto.kvrules import ledger_problem
 from phalanx_proto.queues import GPU_UNITS
-from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key, ledger_problem
+from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key
 
 pytestmark = pytest.mark.anyio
 
