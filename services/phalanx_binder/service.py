@@ -313,7 +313,7 @@ def _ours(pod: Pod) -> bool:
     return pod.scheduler_name in SCHEDULER_NAMES
 
 
-async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
+async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run binder until cancelled; ready once both mirrors are listed and its durable consumer
     is live (the pod watch starts alongside and never holds binds up)."""

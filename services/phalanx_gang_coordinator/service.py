@@ -108,7 +108,7 @@ class Coordinator:
                    queues)
 
 
-async def run(bus: Bus, cluster: ClusterPort, config: Config = Config(), *,
+async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run gang-coordinator until cancelled; ready once its three consumers and the pod watch are live."""
     coord = Coordinator.build(bus, cluster, await bus.kv(S.KV_GANGS), config)

@@ -63,13 +63,17 @@ KV_MIG = S.KV_MIG
 
 @dataclass(frozen=True)
 class Config:
-    """mig-manager's configuration: each field is a flag of ``phalanx run mig-manager``."""
+    """mig-manager's configuration: each ``option``/``required`` field is a flag of ``phalanx run mig-manager``."""
 
     node: str = required("this node's name", env="NODE_NAME")
     nvml: str = option("real", "'real' (the driver), or 'fake:<model>x<count>[@off][,...]' (tests and the "
                        "simulator only: phalanx_mig_manager.devices)", env="PHALANX_MIG_NVML")
     reconcile_s: float = option(30.0, "seconds between reconciliation passes")
     orphan_grace_s: float = option(60.0, "an instance owned by nothing is destroyed after this many seconds")
+    devices: MigDevices | None = None
+    """The tests' devices (no flag; None: what ``nvml`` names)."""
+    clock: Callable[[], float] = time.monotonic
+    """The tests' clock (no flag)."""
 """Ownership records of MIG instances: one ``NodeMig`` per node, under the node's token (a
 node's agent may write its own node's key only)."""
 CAS_RETRIES = 20
@@ -377,19 +381,17 @@ async def _reconcile_loop(manager: MigManager, every_s: float, *, task_status=an
             warn("mig reconcile failed", node=manager.node, error=repr(e))
 
 
-async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED, devices: MigDevices | None = None,
-              clock: Callable[[], float] = time.monotonic) -> None:
+async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run mig-manager for ``config.node`` until cancelled; ready once it has reconciled once.
     Its durable consumer is made by gang-coordinator before the node's first MIG command (a
     node agent may create no consumer: docs/security.md); until then it waits for it, and the
-    commands wait in the stream. ``devices`` and ``clock`` are the tests' (default: what
-    ``config.nvml`` names, and the monotonic clock)."""
+    commands wait in the stream."""
     node = config.node
     own = S.durable("mig-manager-{node}", node)
     records = await bus.kv(S.KV_MIG)
     ledger = await bus.kv(S.KV_LEDGER)
-    devices = devices if devices is not None else devices_from(config.nvml, node)
-    manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=config.orphan_grace_s, clock=clock)
+    devices = config.devices if config.devices is not None else devices_from(config.nvml, node)
+    manager = MigManager(bus, node, devices, records, ledger, orphan_grace_s=config.orphan_grace_s, clock=config.clock)
     await manager.reconcile()
     async with anyio.create_task_group() as tg:
         await tg.start(_reconcile_loop, manager, config.reconcile_s)

@@ -333,9 +333,8 @@ def _annotate_decision(span, result) -> None:
         span.set_attribute("phalanx.rdma_level", levels)
 
 
-async def run(bus: Bus, config: Config | None = None, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run placement until cancelled; ready once its cache is listed and its durable consumer is live."""
-    config = config or Config()
     await enable_atomic(bus, S.KV_LEDGER)
     cache = ClusterCache(bus, stale_s=config.heartbeat_stale_s,
                          node_states=NodeStates(bus, policy=config.node_state, grace_s=config.node_state_grace_s))

@@ -96,8 +96,8 @@ async def with_manager(bus, fake: FakeMigNvml, body, *, clock=None, grace=60.0, 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             manager = await tg.start(lambda task_status: run(
-                bus, Config(node=NODE, reconcile_s=reconcile_s, orphan_grace_s=grace), devices=NvmlMig(fake),
-                clock=clock or Clock(), task_status=task_status))
+                bus, Config(node=NODE, reconcile_s=reconcile_s, orphan_grace_s=grace, devices=NvmlMig(fake),
+                            clock=clock or Clock()), task_status=task_status))
             await body(manager)
             tg.cancel_scope.cancel()
 
