@@ -37,15 +37,9 @@ from pathlib import Path
 
 from phalanx_bench import engine_replay
 from phalanx_bench.plotting import PlotUnavailable, Series, line_plot
-from phalanx_bench.sharepack import (
-    POLICIES,
-    PhalanxPack,
-    PodRequest,
-    ShareCluster,
-    ShareNode,
-    TargetMix,
-    make_policy,
-)
+from phalanx_bench.sharecluster import ShareCluster
+from phalanx_bench.sharepack import PodRequest, ShareNode, TargetMix
+from phalanx_bench.sharepolicies import POLICIES, PhalanxPack, make_policy
 from phalanx_engine.decide import default_profile
 from phalanx_sim import trace as sim_trace
 

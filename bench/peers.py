@@ -4,7 +4,7 @@ The peers: Kueue v0.17.0 with Topology Aware Scheduling (admitting; kube-schedul
 kube-scheduler v1.37.2 with its own gang scheduling (the Workload API's PodGroups, gate
 ``GenericWorkload``) and topology-aware workload scheduling (alpha gate
 ``TopologyAwareWorkloadScheduling``, one required level), and plain kube-scheduler (no gangs).
-``bench/peers_backends.py`` says how each is run and configured.
+``bench/peers_backends.py`` (Kueue: ``bench/peers_kueue.py``) says how each is run and configured.
 
 One control plane: etcd and kwok from ``tools/kube``, kube-apiserver v1.37.2 from
 ``tools/peers`` with both gates and ``scheduling.k8s.io/v1beta1`` on. ``--nodes`` kwok nodes of
@@ -18,10 +18,11 @@ bound, when nothing new was bound for ``--quiet-s`` after the last create, or at
 then what a pending gang's pods say is read, the pods are deleted and the scheduler stopped.
 The figures (``phalanx_bench.peers``) come only from create times and the watch.
 
-A scenario is a small declarative ``Scenario`` (parts: gang size, share of the cluster's GPUs,
-RDMA, team; creation order; waves). ``two-teams`` needs queues with quota: Kueue runs it with
-two ClusterQueues in a cohort, Phalanx with two Queues under one parent; kube-scheduler prints
-why it cannot.
+A scenario is a small declarative ``Scenario`` (``phalanx_bench.peers_scenarios``; parts: gang
+size, share of the cluster's GPUs, RDMA, team; creation order; waves). ``two-teams`` needs
+queues with quota: Kueue runs it with two ClusterQueues in a cohort, Phalanx with two Queues
+under one parent; kube-scheduler prints why it cannot. What this bench shares with
+``bench/scale.py`` (kwok stages, threads, progress lines, matplotlib) is ``bench/kwokbench.py``.
 
     make peers && .venv/bin/python bench/peers.py                 # every scenario and scheduler
     .venv/bin/python bench/peers.py --scenarios jobset7 --schedulers kueue,kube-gang
@@ -34,94 +35,30 @@ import argparse
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "kube"))
 sys.path.insert(0, str(REPO / "bench"))
 
-import kubeharness  # noqa: E402
 from kubeharness import ControlPlane, fake_gpu_node  # noqa: E402
 
 from kube_baseline import BindWatch  # noqa: E402
-from peers_backends import BACKENDS, Backend, Gang, Terminator, base_pod, say  # noqa: E402
+from kwokbench import in_threads, kwok_stages, pyplot_or_exit, say  # noqa: E402
+from peers_backends import Backend, Gang, KubeGang, KubePlain, Phalanx, Terminator, base_pod  # noqa: E402
+from peers_kueue import Kueue  # noqa: E402
 from phalanx_bench.peers import Layout, Member, gang_metrics, pct  # noqa: E402
+from phalanx_bench.peers_scenarios import SCENARIOS, Scenario  # noqa: E402
 from procstat import cpu_seconds  # noqa: E402
 
 PEERS_BUILD = REPO / "tools" / "peers" / "build.sh"
-CREATORS = 8
-
-
-# -- scenarios ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Part:
-    """``share`` of the cluster's GPUs asked as gangs of ``size`` one-GPU pods (1: single pods)."""
-
-    size: int
-    share: float
-    rdma: bool = False
-    team: str = ""
-    wave: int = 0
-    """Waves start in order, each once the one before has settled."""
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    what: str
-    parts: tuple[Part, ...]
-    order: str = "shuffled"
-    """``shuffled``: gangs (and single pods) in a seeded random order, each gang's pods together;
-    ``interleaved``: one pod of each gang in turn (what a controller racing others looks like)."""
-    quotas: tuple[tuple[str, float], ...] = ()
-    """Team → share of the GPUs as its nominal quota (the teams borrow from each other)."""
-
-    def members(self, layout: Layout, seed: int) -> list[list[Member]]:
-        """The pods of each wave, in creation order."""
-        rng = random.Random(seed)
-        waves: dict[int, list[list[Member]]] = {}
-        for k, part in enumerate(self.parts):
-            count = int(part.share * layout.gpus) // part.size
-            for g in range(count):
-                gang = f"{part.team or 'g'}{k}-{g:02d}x{part.size}" if part.size > 1 else ""
-                name = gang or f"{part.team or 's'}{k}-{g:03d}"
-                waves.setdefault(part.wave, []).append(
-                    [Member(f"{name}-m{m:02d}" if gang else name, gang, part.size, rdma=part.rdma, team=part.team)
-                     for m in range(part.size)])
-        out = []
-        for w in sorted(waves):
-            units = waves[w]
-            rng.shuffle(units)
-            if self.order == "interleaved":
-                out.append([u[i] for i in range(max(map(len, units))) for u in units if i < len(u)])
-            else:
-                out.append([m for u in units for m in u])
-        return out
-
-
-SCENARIOS = {s.name: s for s in (
-    Scenario("jobset7", "the seed's JobSet: gangs of 7 workers x (1 GPU + 1 RDMA NIC, host network), "
-             "80 % of the GPUs", (Part(7, 0.8, rdma=True),)),
-    Scenario("gangs8-64", "gangs of 8 and of 64 one-GPU pods (25 % and 50 % of the GPUs), gangs in random order",
-             (Part(8, 0.25), Part(64, 0.5))),
-    Scenario("mix90", "single one-GPU pods (40 %), gangs of 8 (25 %) and of 64 (25 %): the cluster filled to 90 %, "
-             "all in random order", (Part(1, 0.4), Part(8, 0.25), Part(64, 0.25))),
-    Scenario("contention", "gangs of 8 (50 %) and of 64 (75 %): 125 % of the GPUs asked, the pods created "
-             "round-robin across gangs", (Part(8, 0.5), Part(64, 0.75)), order="interleaved"),
-    Scenario("two-teams", "two teams with 50 % of the GPUs each as quota, in one cohort: team a asks 75 % "
-             "in gangs of 8, then team b asks 50 %", (Part(8, 0.75, team="a"), Part(8, 0.5, team="b", wave=1)),
-             quotas=(("a", 0.5), ("b", 0.5))),
-)}
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (Phalanx, Kueue, KubeGang, KubePlain)}
 
 
 # -- the control plane --------------------------------------------------------------------------
@@ -134,21 +71,13 @@ def build_dir(script: Path, what: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def kwok_stages(workdir: Path) -> Path:
-    """The harness's kwok stages without the periodic node heartbeat (as bench/scale.py)."""
-    docs = [d for d in yaml.safe_load_all(kubeharness.STAGES.read_text()) if d]
-    out = workdir / "kwok-stages-peers.yaml"
-    out.write_text(yaml.safe_dump_all([d for d in docs if d["metadata"]["name"] != "node-heartbeat"]))
-    return out
-
-
 GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 
 
 def start_plane(peers_bin: Path, work: Path, layout: Layout) -> ControlPlane:
     bins = build_dir(REPO / "tools" / "kube" / "build.sh", "etcd and kwok")
     plane = ControlPlane(bins=bins, workdir=Path(tempfile.mkdtemp(prefix="peers-kube-", dir=str(work))),
-                         kwok_config=kwok_stages(work), kwok_lease_s=600, kwok_cidr="10.0.0.0/16",
+                         kwok_config=kwok_stages(work, "peers"), kwok_lease_s=600, kwok_cidr="10.0.0.0/16",
                          bin_overrides={"kube-apiserver": peers_bin / "kube-apiserver"},
                          apiserver_args=(f"--feature-gates={GATES}", "--runtime-config=scheduling.k8s.io/v1beta1=true"))
     plane.start()
@@ -161,8 +90,7 @@ def start_plane(peers_bin: Path, work: Path, layout: Layout) -> ControlPlane:
             obj["status"][k]["aliyun.com/rdma"] = str(layout.gpus_per_node)
         api.create_node(obj)
 
-    with ThreadPoolExecutor(CREATORS) as pool:
-        list(pool.map(node, range(layout.nodes)))
+    in_threads(node, range(layout.nodes))
     say(f"control plane up: kube-apiserver {version} with {GATES}, {layout.nodes} kwok nodes")
     return plane
 
@@ -194,8 +122,7 @@ def run_phase(plane: ControlPlane, backend: Backend, scenario: Scenario, layout:
 
         started = time.perf_counter()
         for i, wave in enumerate(waves):
-            with ThreadPoolExecutor(CREATORS) as pool:
-                list(pool.map(create, wave))
+            in_threads(create, wave)
             last = wait_settled(watch, members, created, started, args, label, final=i == len(waves) - 1)
         end = time.perf_counter()
         cpu = sum(map(cpu_seconds, pids)) - cpu0
@@ -337,13 +264,7 @@ def table(results: list[dict], skipped: list[tuple[str, str, str]], layout: Layo
 
 
 def plot(results: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise SystemExit(f"--plot needs matplotlib (make install installs the plot extra): {e}") from e
+    plt = pyplot_or_exit()
     scen = [s for s in SCENARIOS if any(r["scenario"] == s for r in results)]
     scheds = [b for b in BACKENDS if any(r["scheduler"] == b for r in results)]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

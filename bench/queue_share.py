@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kwokbench import pyplot_or_exit
 from phalanx_engine.queues import QueueTree, fair_shares
 from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, QueueSpec
 
@@ -190,11 +191,7 @@ def share_table(result: dict, nodes: int) -> str:
 
 
 def share_plot(result: dict, nodes: int, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot_or_exit()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     t = [s["t"] for s in result["samples"]]
     for (q, *_), color in zip(SHARE_QUEUES, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True):

@@ -33,7 +33,9 @@ of the scheduler (Phalanx: placement, gang-coordinator, binder, nats-server; the
 shown apart, since real node agents run on their nodes) from ``/proc/<pid>/stat``; the API
 server, etcd and kwok are shown per phase for context. kwok runs without its periodic node
 heartbeat stage and with 10-minute leases (at thousands of nodes they would take the
-control plane's CPU; nothing here needs them), and hands out pod IPs from a /16.
+control plane's CPU; nothing here needs them), and hands out pod IPs from a /16. The table and
+the plot are ``bench/scale_report.py``'s; what this bench shares with ``bench/peers.py`` is in
+``bench/kwokbench.py``.
 
     .venv/bin/python bench/scale.py                                   # 100, 1,000, 5,000 nodes
     .venv/bin/python bench/scale.py --nodes 1000 --pods 2000 --cap-s 600 --json
@@ -53,7 +55,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -68,38 +69,19 @@ from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E
 
 import preempt_kwok  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
+from kwokbench import delete_pods, in_threads, kwok_stages, say  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
 from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
 from preemption import run_small  # noqa: E402
 from procstat import Cpu, memory_mib, pct, start_profiles, stop_profiles  # noqa: E402
-from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot, share_table  # noqa: E402
+from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot  # noqa: E402
+from scale_report import plot, table  # noqa: E402
 
 SERVICES = ("placement", "gang-coordinator", "binder")
-CREATORS = 8
 FLEET_HEARTBEAT_S = 10.0
 STALE_S = 45.0
 """The fleet beats every 10 s and placement allows 45 s: the simulated agents share the CPUs."""
-
-
-def kwok_stages(workdir: Path) -> Path:
-    """The harness's kwok stages without the periodic node heartbeat."""
-    docs = [d for d in yaml.safe_load_all(kubeharness.STAGES.read_text()) if d]
-    kept = [d for d in docs if d["metadata"]["name"] != "node-heartbeat"]
-    workdir.mkdir(parents=True, exist_ok=True)  # --keep DIR may not exist yet
-    out = workdir / "kwok-stages-scale.yaml"
-    out.write_text(yaml.safe_dump_all(kept))
-    return out
-
-
-def say(*a: object) -> None:
-    print(*a, file=sys.stderr, flush=True)
-
-
-def in_threads(fn, items, workers: int = CREATORS) -> None:
-    with ThreadPoolExecutor(workers) as pool:
-        for _ in pool.map(fn, items):
-            pass
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -196,20 +178,11 @@ def check_phalanx_bindings(api: KubeApi, namespace: str) -> None:
             seen.add((node, g))
 
 
-def delete_pods(api: KubeApi, namespace: str) -> None:
-    api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
-    deadline = time.monotonic() + 120
-    while api.get(f"/api/v1/namespaces/{namespace}/pods", query={"limit": 1})["items"]:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"pods of {namespace} not gone after 120 s")
-        time.sleep(0.5)
-
-
 # -- one cluster size -------------------------------------------------------------------------
 def run_size(n: int, args, work: Path) -> list[dict]:
     t0 = time.monotonic()
     cluster = synthetic_cluster(f"{n}x8v100")
-    plane = kubeharness.start_control_plane(kwok_config=kwok_stages(work), kwok_lease_s=600,
+    plane = kubeharness.start_control_plane(kwok_config=kwok_stages(work, "scale"), kwok_lease_s=600,
                                             kwok_cidr="10.0.0.0/16")
     rows = []
     try:
@@ -303,87 +276,6 @@ def share_phase(plane: ControlPlane, n: int, args) -> dict:
     finally:
         watch.close()
     return {"scheduler": "phalanx", "share": result}
-
-
-# -- output -----------------------------------------------------------------------------------
-def _secs(v: float, cap: float) -> str:
-    return f">{cap:.0f} s" if math.isinf(v) else (f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s")
-
-
-def table(rows: list[dict], small: dict | None = None) -> str:
-    shares = [share_table(r["share"], r["nodes"]) for r in rows if "share" in r]
-    preempts = [{"nodes": r["nodes"], **r["preempt"]} for r in rows if "preempt" in r]
-    if preempts:
-        shares.append(preempt_kwok.table(preempts, small))
-    rows = [r for r in rows if "share" not in r and "preempt" not in r]
-    if not rows:
-        return "\n\n".join(shares)
-    out = [f"{'nodes':>6} {'workload':<8} {'scheduler':<15} {'bound':>11} {'pods/s':>8} {'p50':>9} {'p99':>9} "
-           f"{'gang-8 p50':>11} {'gang-64 p50':>12} {'CPU s/pod':>10} {'agents':>8} {'apiserver+':>11} "
-           f"{'plc RSS':>8}", "-" * 136]
-    for r in rows:
-        per_pod = {g: c / max(1, r["bound"]) for g, c in r["cpu_s"].items()}
-        gangs = r["gang_p50_s"]
-        out.append(
-            f"{r['nodes']:>6} {r['workload']:<8} {('Phalanx' if r['scheduler'] == 'phalanx' else 'kube-scheduler'):<15} "
-            f"{r['bound']:>5}/{r['pods']:<5} {r['pods_per_s']:>8.1f} {_secs(r['p50_s'], r['cap_s']):>9} "
-            f"{_secs(r['p99_s'], r['cap_s']):>9} "
-            f"{(_secs(gangs[8], r['cap_s']) if 8 in gangs else '-'):>11} "
-            f"{(_secs(gangs[64], r['cap_s']) if 64 in gangs else '-'):>12} "
-            f"{per_pod['scheduler']:>10.4f} {per_pod.get('node agents', 0):>8.4f} {per_pod['control plane']:>11.4f} "
-            f"{(str(round(r['placement_rss_mib'])) + ' MiB') if 'placement_rss_mib' in r else '-':>8}")
-    pairs = {}
-    for r in rows:
-        pairs.setdefault((r["nodes"], r["workload"]), {})[r["scheduler"]] = r
-    ratios = [f"Phalanx / kube-scheduler pods/s at {n} nodes, {w}: "
-              f"{p['phalanx']['pods_per_s'] / p['default-scheduler']['pods_per_s']:.2f}"
-              for (n, w), p in pairs.items() if len(p) == 2 and p["default-scheduler"]["pods_per_s"] > 0]
-    costs = [f"Phalanx at {n} nodes, queues against gangs (the cost of quota): pods/s "
-             f"{p['queues']['pods_per_s'] / p['gangs']['pods_per_s']:.2f}x, CPU s/pod "
-             f"{_per_pod(p['queues']) / _per_pod(p['gangs']):.2f}x"
-             for n, p in _by_workload(rows, "phalanx").items() if {"queues", "gangs"} <= p.keys()
-             and p["gangs"]["pods_per_s"] > 0 and _per_pod(p["gangs"]) > 0]
-    split = [f"{r['nodes']} nodes {r['workload']}: Phalanx CPU s/pod by process: " + ", ".join(
-        f"{g.strip()} {c / max(1, r['bound']):.4f}" for g, c in r["cpu_s"].items() if g.startswith("  "))
-        for r in rows if r["scheduler"] == "phalanx"]
-    return "\n".join(out + [""] + ratios + costs + split + [""] + shares)
-
-
-def _per_pod(r: dict) -> float:
-    return r["cpu_s"]["scheduler"] / max(1, r["bound"])
-
-
-def _by_workload(rows: list[dict], scheduler: str) -> dict[int, dict[str, dict]]:
-    out: dict[int, dict[str, dict]] = {}
-    for r in rows:
-        if r["scheduler"] == scheduler:
-            out.setdefault(r["nodes"], {})[r["workload"]] = r
-    return out
-
-
-def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise SystemExit(f"--plot needs matplotlib ({e})") from e
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scheduler, name, color in (("phalanx", "Phalanx", "tab:blue"), ("default-scheduler", "kube-scheduler",
-                                                                           "tab:orange")):
-        mine = sorted((r for r in rows if r["scheduler"] == scheduler and r["workload"] == "single" and "share" not in r),
-                      key=lambda r: r["nodes"])
-        for key, style in (("p50_s", "-o"), ("p99_s", "--s")):
-            pts = [(r["nodes"], r[key]) for r in mine if math.isfinite(r[key])]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), style, color=color, label=f"{name} {key[:3]}")
-    ax.set(xscale="log", yscale="log", xlabel="nodes (8 GPUs each)", ylabel="pending→bound (s)",
-           title="One-GPU pods on kwok nodes, same kube-apiserver")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

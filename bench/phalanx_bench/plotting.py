@@ -2,10 +2,13 @@
 Benchmark-only, like the rest of ``phalanx_bench`` (import-linter keeps it out of production).
 
 ``line_plot`` takes named series of (x, y) points and writes a PNG with matplotlib's Agg
-backend (no display needed). matplotlib comes with the ``plot`` extra, which ``make install``
-installs (``pip install -e '.[dev,plot]'``); without it ``line_plot`` raises ``PlotUnavailable``
-saying how to get it. Used by ``bench/packing.py`` (unallocated GPU against arrived demand) and
-meant for the scale benchmarks (latency against nodes, one series per scheduler)::
+backend (no display needed); ``pyplot`` hands a bench that draws its own figure (bars, several
+axes) the same matplotlib, loaded the same way. matplotlib comes with the ``plot`` extra, which
+``make install`` installs (``pip install -e '.[dev,plot]'``); without it both raise
+``PlotUnavailable`` saying how to get it. ``line_plot`` is used by ``bench/packing.py``
+(unallocated GPU against arrived demand) and meant for the scale benchmarks (latency against
+nodes, one series per scheduler); ``pyplot`` by ``bench/scale.py``, ``bench/peers.py`` and
+``bench/queue_share.py`` (through ``bench/kwokbench.py``)::
 
     from phalanx_bench.plotting import Series, line_plot
     line_plot("scale.png", [Series("Phalanx", nodes, p99_ms), Series("kube-scheduler", nodes, k8s_ms)],
@@ -35,10 +38,9 @@ class Series:
     marker: str | None = field(default=None)
 
 
-def line_plot(path: str, series: Sequence[Series], *, xlabel: str, ylabel: str, title: str = "",
-              ylim: tuple[float, float] | None = None, logx: bool = False, logy: bool = False,
-              size: tuple[float, float] = (8, 4)) -> str:
-    """Write the series as one PNG at ``path`` (120 dpi); returns ``path``."""
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), for a bench that draws its own
+    figure; ``PlotUnavailable`` saying how to install it when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -47,6 +49,14 @@ def line_plot(path: str, series: Sequence[Series], *, xlabel: str, ylabel: str, 
     except ImportError as e:
         raise PlotUnavailable("--plot needs matplotlib: run 'make install' (it installs the plot extra) or "
                               "'.venv/bin/pip install -e .[plot]'") from e
+    return plt
+
+
+def line_plot(path: str, series: Sequence[Series], *, xlabel: str, ylabel: str, title: str = "",
+              ylim: tuple[float, float] | None = None, logx: bool = False, logy: bool = False,
+              size: tuple[float, float] = (8, 4)) -> str:
+    """Write the series as one PNG at ``path`` (120 dpi); returns ``path``."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=size)
     try:
         for s in series:

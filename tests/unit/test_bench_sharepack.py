@@ -1,4 +1,5 @@
-"""Unit tests for phalanx_bench.sharepack: filter, fragmentation, policies, placement loop."""
+"""Unit tests for phalanx_bench.sharepack (filter, fragmentation), .sharepolicies (policies) and
+.sharecluster (the placement loop)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,28 @@ from pathlib import Path
 
 import pytest
 
+from phalanx_bench.sharecluster import ShareCluster
 from phalanx_bench.sharepack import (
-    FGD,
     MILLI,
-    BestFit,
-    PhalanxPack,
     PodRequest,
-    RandomFit,
     ShareChoice,
-    ShareCluster,
     ShareNode,
     TargetMix,
     WorkloadShape,
-    best_fit,
-    best_fit_score,
     candidate_gpus,
-    fgd,
     fgd_score_value,
     fits,
-    make_policy,
     node_fragmentation,
+)
+from phalanx_bench.sharepolicies import (
+    FGD,
+    BestFit,
+    PhalanxPack,
+    RandomFit,
+    best_fit,
+    best_fit_score,
+    fgd,
+    make_policy,
     phalanx_pack,
     place_one,
     random_fit,

@@ -1,0 +1,70 @@
+"""What the benchmarks that run schedulers on a kwok control plane share.
+
+``bench/scale.py``, ``bench/peers.py`` and their helpers (``peers_backends.py``,
+``peers_kueue.py``, ``queue_share.py``, ``scale_report.py``) import it; like them it needs
+``tests/kube`` (``kubeharness``) on ``sys.path``, which the two scripts put there. It holds:
+progress lines on stderr (``say``), the harness's kwok stages without the periodic node
+heartbeat (``kwok_stages``), creating objects from a few threads (``in_threads``), deleting a
+namespace's pods and waiting until they are gone (``delete_pods``), and matplotlib for a
+``--plot`` (``pyplot_or_exit``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubeharness
+import yaml
+from kubeharness import KubeApi
+
+from phalanx_bench.plotting import PlotUnavailable, pyplot
+
+CREATORS = 8
+"""Threads that create pods (and nodes) at once."""
+
+
+def say(*a: object) -> None:
+    """A progress line on stderr (stdout is the results)."""
+    print(*a, file=sys.stderr, flush=True)
+
+
+def kwok_stages(workdir: Path, bench: str) -> Path:
+    """The harness's kwok stages without the periodic node heartbeat (at thousands of nodes it
+    would take the control plane's CPU; nothing here needs it), written to
+    ``workdir/kwok-stages-<bench>.yaml``."""
+    docs = [d for d in yaml.safe_load_all(kubeharness.STAGES.read_text()) if d]
+    workdir.mkdir(parents=True, exist_ok=True)  # --keep DIR may not exist yet
+    out = workdir / f"kwok-stages-{bench}.yaml"
+    out.write_text(yaml.safe_dump_all([d for d in docs if d["metadata"]["name"] != "node-heartbeat"]))
+    return out
+
+
+def in_threads(fn: Callable[[Any], object], items: Iterable, workers: int = CREATORS) -> None:
+    """``fn`` on every item from ``workers`` threads; the first exception is raised."""
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def delete_pods(api: KubeApi, namespace: str, timeout_s: float = 120) -> None:
+    """Delete every pod of ``namespace`` (no grace period) and wait until none is listed."""
+    api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + timeout_s
+    while api.get(f"/api/v1/namespaces/{namespace}/pods", query={"limit": 1})["items"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pods of {namespace} not gone after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def pyplot_or_exit():
+    """``phalanx_bench.plotting.pyplot()``, or exit with its message saying how to install
+    matplotlib (a script's ``--plot``)."""
+    try:
+        return pyplot()
+    except PlotUnavailable as e:
+        raise SystemExit(str(e)) from e
