@@ -27,6 +27,7 @@ from pathlib import Path
 from phalanx_cli import sim_replay
 from phalanx_cli.cmd_run import add_nats
 from phalanx_cli.terminal import safe, safe_lines
+from phalanx_engine import fairness as order
 from phalanx_input import Invalid
 
 TRACE_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "traces" / "alibaba-gpu-v2023"
@@ -78,12 +79,15 @@ def register(sub) -> None:
                                                      "left to happen; 7d for a timed trace)")
     run.add_argument("--sample", metavar="D", help="virtual time between samples (default: a 500th of the run, "
                                                    "at least 1s; 60s without --duration)")
-    run.add_argument("--starve-after-s", type=float, default=60.0, help="gang-coordinator's fairness: a queue's "
-                                                                        "head is protected after this wait; 0 off "
-                                                                        "(default %(default)s)")
-    run.add_argument("--fairness", choices=("backfill", "strict"), default="backfill")
-    run.add_argument("--backoff-base-s", type=float, default=1.0)
-    run.add_argument("--backoff-max-s", type=float, default=60.0)
+    run.add_argument("--starve-after-s", type=float, default=order.STARVE_AFTER_S,
+                     help="gang-coordinator's fairness: a queue's head is protected after this wait; 0 off "
+                          "(default %(default)s)")
+    run.add_argument("--fairness", choices=order.MODES, default=order.MODES[0],
+                     help="how a starving head is protected, as gang-coordinator's flag (default %(default)s)")
+    run.add_argument("--backoff-base-s", type=float, default=order.BACKOFF_BASE_S,
+                     help="first retry delay (default %(default)s)")
+    run.add_argument("--backoff-max-s", type=float, default=order.BACKOFF_MAX_S,
+                     help="largest retry delay (default %(default)s)")
     run.add_argument("--no-preemption", action="store_true", help="gangs only wait: no gang evicts another "
                      "(the services preempt: docs/preemption.md)")
     run.add_argument("--exact", action="store_true", help="decide every retry, even one nothing could have changed "

@@ -31,6 +31,11 @@ from phalanx_proto.state import GangState
 from phalanx_proto.vocab import IDLE
 
 MODES = ("backfill", "strict")
+"""How a starving head is protected; the first is the default."""
+STARVE_AFTER_S = 60.0
+"""The default wait after which a queue's head is protected."""
+BACKOFF_BASE_S, BACKOFF_MAX_S = 1.0, 60.0
+"""The default first and largest retry delay (``backoff_delay``)."""
 WAKE = 8
 """Gangs retried at once when GPUs are released."""
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from phalanx_engine import fairness as order
 from phalanx_engine.queueorder import queue_of
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import units_of_member
@@ -40,10 +41,10 @@ class SimGang:
 class SimConfig:
     """The services' settings the run uses (gang-coordinator's flags, same defaults)."""
 
-    starve_after_s: float = 60.0
-    fairness: str = "backfill"
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
+    starve_after_s: float = order.STARVE_AFTER_S
+    fairness: str = order.MODES[0]
+    backoff_base_s: float = order.BACKOFF_BASE_S
+    backoff_max_s: float = order.BACKOFF_MAX_S
     resync_s: float = 2.0
     """How soon a gang held back by the fairness gate asks again (gang-coordinator's resync)."""
     horizon_s: float | None = None

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import anyio
 
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
-from phalanx_engine.fairness import MODES
+from phalanx_engine import fairness as order
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
@@ -61,16 +61,16 @@ class Config:
     full_resync_s: float = option(30.0, "seconds between resync passes that list the pods from the API server; "
                                   "the passes in between replay the pod watch's view")
     redrive_after_s: float = option(5.0, "re-publish the commands of a gang without progress for this long")
-    backoff_base_s: float = option(1.0, "first retry delay")
-    backoff_max_s: float = option(60.0, "largest retry delay")
+    backoff_base_s: float = option(order.BACKOFF_BASE_S, "first retry delay")
+    backoff_max_s: float = option(order.BACKOFF_MAX_S, "largest retry delay")
     default_timeout_s: float = option(180.0, "attempt deadline when the pods set no "
                                       "phalanx.io/gang-timeout-seconds")
     settle_s: float = option(2.0, "a gang without min-member starts after no member arrived for this long")
-    starve_after_s: float = option(60.0, "a head-of-line gang waiting this long is protected from starvation; "
+    starve_after_s: float = option(order.STARVE_AFTER_S, "a head-of-line gang waiting this long is protected from starvation; "
                                    "0 turns it off")
-    fairness: str = option("backfill", "how a starving head of the queue is protected: 'backfill' lets later "
+    fairness: str = option(order.MODES[0], "how a starving head of the queue is protected: 'backfill' lets later "
                            "gangs run on nodes its placement does not need, 'strict' holds them all back (FIFO)",
-                           choices=MODES)
+                           choices=order.MODES)
     reconcile_s: float = option(5.0, "seconds between reconciler passes (ledger vs gang records vs bound pods; "
                                 "one replica at a time holds its lease); 0 runs no reconciler here")
     tombstone_s: float = option(3600.0, "keep the entry of a gang whose pods are all gone this long, so a gang "
