@@ -162,6 +162,8 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         reason = f"not scheduled by phalanx (schedulerName {pod.scheduler_name!r})"
     elif state is None:
         reason = "not seen by gang-coordinator yet"
+    elif state.phase == "placing" and assignment is not None:
+        reason = f"gang placed: reserved on {assignment.node}, being bound"  # the binds go out from placing
     else:
         reason = f"gang {state.phase}"
     trace_id = state.trace_id if state is not None and state.trace_id else None

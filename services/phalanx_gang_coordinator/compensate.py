@@ -110,7 +110,7 @@ class Compensator:
             refused(R.NOT_MEMBER, f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
                     gang=gang_id, attempt=attempt)
             return
-        if current.phase in ("binding", "scheduled") and any(
+        if current.phase in saga.BOUND_WANTED and any(
                 a.pod == ref and a.node == node for a in self.held(current)):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:

@@ -317,11 +317,16 @@ class SagaDriver:
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         held = self.held(current)
-        state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(
-            s, ev, mig=any(a.mig_profile for a in held))))
+        nodes = ",".join(sorted({a.node for a in held}))
+        if not any(a.mig_profile for a in held):
+            # Nothing to prepare: the binds go out now and the record stays placing (one write
+            # fewer an attempt); the ledger says it is placed, and bound() moves it on.
+            await self.execute(effects.binds(current))
+            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase="placing", nodes=nodes)
+            return
+        state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(s, ev)))
         if state is not None:
-            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase,
-                nodes=",".join(sorted({a.node for a in held})))
+            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=state.phase, nodes=nodes)
 
     async def on_binds_done(self, ev: BindsDone) -> None:
         """Record members bound only for an attempt this gang started and only when the
@@ -334,7 +339,7 @@ class SagaDriver:
                     gang=ev.gang_id, attempt=ev.attempt)
             return
         where = self.ledger.held(ev.gang_id, ev.attempt)
-        wanted = current.attempt == ev.attempt and current.phase in ("binding", "scheduled")
+        wanted = current.attempt == ev.attempt and current.phase in saga.BOUND_WANTED
         seen: list[tuple[PodRef, str, object]] = []
         for ref in ev.bound:
             a = where.get(alloc_key(ref))
@@ -359,11 +364,12 @@ class SagaDriver:
         t = await self.store.transition(ev.gang_id, lambda s: saga.bound(s, ev.attempt, tuple(r for r, _, _ in seen)))
         if t is not None:
             if t.after.phase == "scheduled":
+                self.missed.pop(ev.gang_id, None)  # woken while its binds were out: nothing to retry
                 log("gang scheduled", gang=ev.gang_id, attempt=ev.attempt)
             await self.apply(t)
         elif seen:
             latest = await self.store.get(ev.gang_id)
-            if not (latest is not None and latest.attempt == ev.attempt and latest.phase in ("binding", "scheduled")):
+            if not (latest is not None and latest.attempt == ev.attempt and latest.phase in saga.BOUND_WANTED):
                 for ref, node, pod in seen:  # binds the attempt no longer wants
                     pod = pod or await self.cluster.get_pod(ref)
                     if pod is not None and pod.uid == ref.uid and pod.node_name == node:

@@ -99,13 +99,22 @@ def _mig_prepares(s: GangState, held: Held) -> tuple[Effect, ...]:
         profile=a.mig_profile, start=max(0, a.mig_start))) for a in held if a.mig_profile and not a.mig_instance_uuid)
 
 
-def _binds(s: GangState) -> tuple[Effect, ...]:
+def binds(s: GangState) -> tuple[Effect, ...]:
     """One command for every member of the attempt not bound yet (binder reads each one's
-    assignment from the ledger)."""
+    assignment from the ledger): after the MIG instances are ready, or straight from ``placing``
+    when the attempt's reservations hold no MIG slice."""
     done = set(s.bound)
     pods = tuple(m.pod for m in saga.attempt_members(s) if m.pod not in done)
     return (Publish(S.binder_subject(s.gang_id), BindPods(gang_id=s.gang_id, attempt=s.attempt, pods=pods)),) \
         if pods else ()
+
+
+def reserved_without_mig(s: GangState, held: Held) -> bool:
+    """The ledger holds every member of the attempt and none on a MIG slice: its binds may go
+    out (placement's ``Reserved`` says so too, but the ledger is the reservations' home)."""
+    pods = {a.pod for a in held}
+    return bool(held) and not any(a.mig_profile for a in held) and all(
+        m.pod in pods for m in saga.attempt_members(s))
 
 
 def pending(s: GangState, now: float) -> tuple[Effect, ...]:
@@ -137,9 +146,9 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
             return (*(announce(after, timeout_s=timeout_s) if announce_now else ()), _placement(after))
         case "preparing" if was == "placing":
             return _mig_prepares(after, held)
-        case "binding" if was in ("placing", "preparing"):
-            return _binds(after)
-        case "scheduled" if was == "binding":
+        case "binding" if was == "preparing":
+            return binds(after)
+        case "scheduled" if was in ("placing", "binding"):
             return (Publish(S.status_subject(after.gang_id), GangScheduled(
                 gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),)
         case "rolling_back" if was in saga.RUNNING:
@@ -158,11 +167,11 @@ def redrive(s: GangState, *, timeout_s: float, held: Held = ()) -> tuple[Effect,
     time, so a crash between the state write and its scheduling loses nothing."""
     match s.phase:
         case "placing":
-            return (_deadline(s, timeout_s), _placement(s))
+            return (_deadline(s, timeout_s), _placement(s), *(binds(s) if reserved_without_mig(s, held) else ()))
         case "preparing":
             return (_deadline(s, timeout_s), *_mig_prepares(s, held))
         case "binding":
-            return (_deadline(s, timeout_s), *_binds(s))
+            return (_deadline(s, timeout_s), *binds(s))
         case "rolling_back":
             return (Compensate(s.gang_id, s.attempt),)
     return ()

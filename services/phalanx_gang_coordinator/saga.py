@@ -7,8 +7,9 @@ redelivered command, a duplicate reply, a reply for an old attempt or a pod even
 must produce. The side effects that follow a transition are data too (``effects.py``), carried
 out by ``driver.SagaDriver``.
 
-    waiting ──complete──▶ placing ──Reserved──▶ preparing (any MIG) ──all MigReady──▶ binding
-    placing ──Reserved (no MIG)──▶ binding ──every member in BindsDone──▶ scheduled
+    waiting ──complete──▶ placing ──Reserved (a MIG slice)──▶ preparing ──all MigReady──▶ binding
+    placing (Reserved, no MIG: the binds go out, no write) ──every member in BindsDone──▶ scheduled
+    placing/binding ──some members in BindsDone──▶ binding ──the rest──▶ scheduled
     placing ──PlacementFailed──▶ backoff                     (nothing was reserved)
     preparing/binding: MigFailed, a failure in BindsDone, deadline; placing: deadline
         ──▶ rolling_back ──compensations done──▶ backoff ──backoff over──▶ placing
@@ -46,6 +47,10 @@ from phalanx_proto.vocab import IDLE, OPEN, RUNNING
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
+
+BOUND_WANTED = ("placing", "binding", "scheduled")
+"""The phases in which an attempt wants its members bound where the ledger holds them
+(``placing``: its binds go out from there when no MIG instance is to be made first)."""
 
 replace = msgspec.structs.replace
 
@@ -137,13 +142,17 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
                    running=running, held=False)
 
 
-def placed(s: GangState | None, ev: Reserved, *, mig: bool) -> GangState | None:
-    """placing → preparing (``mig``: some reservation of the attempt is a MIG slice) or
-    binding. The reply is a reference: the driver has read one reservation per attempt member
-    from the ledger before calling this."""
+def placed(s: GangState | None, ev: Reserved) -> GangState | None:
+    """placing → preparing: some reservation of the attempt is a MIG slice, whose instance is
+    made before any member is bound. The reply is a reference: the driver has read one
+    reservation per attempt member from the ledger before calling this.
+
+    Without MIG there is nothing to prepare and no transition: the driver sends the binds at
+    once and the record stays ``placing`` until ``bound`` moves it on — the ledger, the home
+    of the reservations, already says the attempt is placed (docs/saga.md, "One write fewer")."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing" or ev.members_digest != members_digest(s):
         return None
-    return replace(s, phase="preparing" if mig else "binding", whatif=None)
+    return replace(s, phase="preparing", whatif=None)
 
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
@@ -176,9 +185,10 @@ def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangStat
 
 
 def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangState | None:
-    """binding: more members bound (the driver checked each against the cluster); →
-    scheduled when every member of the attempt is."""
-    if s is None or s.attempt != attempt or s.phase != "binding":
+    """binding, or placing without MIG (its binds went out from there): more members bound (the
+    driver checked each against the cluster and the ledger); → scheduled when every member of
+    the attempt is, else binding."""
+    if s is None or s.attempt != attempt or s.phase not in ("placing", "binding"):
         return None
     wanted = {m.pod for m in attempt_members(s)}
     new = tuple(p for p in dict.fromkeys(pods) if p in wanted and p not in s.bound)
@@ -186,7 +196,9 @@ def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangSt
         return None
     now_bound = s.bound + new
     done = wanted <= set(now_bound)
-    return replace(s, bound=now_bound, phase="scheduled" if done else "binding", reason="" if done else s.reason)
+    if done:
+        return replace(s, bound=now_bound, phase="scheduled", reason="", whatif=None)
+    return replace(s, bound=now_bound, phase="binding")
 
 
 def fail(s: GangState | None, attempt: int, reason: str, *, code: str, phases=RUNNING) -> GangState | None:
@@ -214,12 +226,13 @@ def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
 
 
 def bind_failed(s: GangState | None, ev: BindsDone) -> GangState | None:
-    """binder could not bind one of the attempt's members: roll back (the first failure names it)."""
+    """binder could not bind one of the attempt's members: roll back (the first failure names it).
+    While ``binding``, or ``placing`` when the binds went out from there (no MIG)."""
     failure = next((f for f in ev.failed if _in_attempt(s, f.pod)), None)
     if failure is None:
         return None
     return fail(s, ev.attempt, f"bind of {failure.pod} failed: {failure.reason}", code="bind_failed",
-                phases=("binding",))
+                phases=("placing", "binding"))
 
 
 def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:

@@ -146,3 +146,31 @@ def test_events_prints_the_saga_of_a_new_pod_as_json_lines(stack):
     assert kinds.index("placement.place") < kinds.index("gang.reserved") < kinds.index("gang.binds_done")
     placed = next(d for d in seen if d["kind"] == "gang.reserved")
     assert placed["subject"].startswith("phx.gang.coord.") and placed["time"].endswith("Z")
+
+
+def test_explain_a_pod_placed_while_binder_is_down_says_where_it_is_reserved_and_that_it_is_being_bound(stack):
+    # Without MIG a placed attempt's record stays placing while its binds are out (docs/saga.md,
+    # "One write fewer"); explain reads the ledger to say the pod is placed, not still placing.
+    stack.kill("binder")
+    try:
+        async def submit() -> None:
+            bus, sim = await connect(stack)
+            try:
+                await sim.apply_pod(gpu_pod("waits-for-binder", 1))
+            finally:
+                await bus.close()
+
+        anyio.run(submit)
+        deadline = time.monotonic() + 45
+        r: dict = {}
+        while time.monotonic() < deadline:
+            out = explain(stack, "default/waits-for-binder", "--json")
+            assert out.returncode == 0, out.stderr
+            r = json.loads(out.stdout)
+            if r["assignment"] is not None:
+                break
+            time.sleep(0.3)
+        assert r["status"] == "pending" and r["gang"]["phase"] == "placing", r
+        assert r["reason"] == f"gang placed: reserved on {r['assignment']['node']}, being bound"
+    finally:
+        stack.restart("binder")

@@ -34,13 +34,14 @@ BACKGROUND = ("phx-leases",)
 SINGLES = 32
 GANG = 64
 BUDGET = {  # messages sent per pod, all three processes together, by kind; and the total
-    # Measured 2026-12-06 (docs/scale.md, "Messages per pod"): single-pod gangs 2.3 events
+    # Measured 2026-12-06 (docs/scale.md, "Messages per pod"): single-pod gangs 2.1-2.4 events
     # (place, reserved, bind.pods and binds_done travel in per-replica batches; gang.scheduled
-    # alone), 4 KV writes (3 gang-record writes, 1 ledger write), 1.3 acks, 1.5 fetches, 0.1-0.25
-    # KV reads: 9.25-9.5 in all (19.6 before the references, 14.5 before the batches); a 64-pod
-    # gang 0.59-0.72 in all (8.0 before). The margin is for attempts retried after losing a race
-    # for their GPUs and for batches that happen to hold one event each.
-    "single": {"event": 3.0, "kv_write": 4.25, "kv_read": 0.5, "ack": 1.75, "total": 11},
+    # alone), 3 KV writes (2 gang-record writes: admitted+started, scheduled; 1 ledger write),
+    # 1.1-1.3 acks, 1.2-1.6 fetches, 0.1 KV reads: 7.5-8.4 in all (19.6 before the references,
+    # 14.5 before the batches, 8.8-9.5 while a reservation without MIG was also written into the
+    # gang record); a 64-pod gang 0.56-0.66 in all (8.0 before). The margin is for attempts
+    # retried after losing a race for their GPUs and for batches that happen to hold one event each.
+    "single": {"event": 3.0, "kv_write": 3.25, "kv_read": 0.5, "ack": 1.75, "total": 10},
     "gang64": {"event": 0.25, "kv_write": 0.5, "kv_read": 0.25, "ack": 0.25, "total": 1.0},
 }
 

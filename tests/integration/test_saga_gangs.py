@@ -135,8 +135,11 @@ async def test_the_deadline_fires_even_if_the_coordinator_was_killed_and_restart
         await sim.apply_pod(gang_pod("d0", 1, "d", 1, annotations={"phalanx.io/gang-timeout-seconds": "5"}))
 
         async def placed():
+            # Placed and not bound (binder is down): without MIG the record stays placing while
+            # the ledger holds the reservation and the bind waits for binder.
             s = (await gang_states(bus)).get("default/JobSet:d")
-            return s if s is not None and s.phase == "binding" else None
+            held = await audit_ledger(bus)
+            return s if s is not None and s.phase == "placing" and held.get("default/d0") == 1 else None
 
         s = await wait_until(placed, 30)
         assert s.attempt == 1 and s.timeout_s == 5.0

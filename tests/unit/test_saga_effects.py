@@ -72,7 +72,11 @@ ENTERED = [
      replace(PLACING, phase="backoff", attempt=1), replace(PLACING, avoid_nodes=("n2",), avoid_for="default/big"), (),
      (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
       REQUEST)),
-    ("placed without MIG asks binder for every member in one command", PLACING, BINDING, HELD, (BIND_ALL,)),
+    ("part of the members bound while placing (binds out without MIG) publishes nothing",
+     PLACING, replace(BINDING, bound=(P1,)), HELD, ()),
+    ("every member bound while placing announces the gang scheduled",
+     PLACING, replace(PLACING, phase="scheduled", bound=(P1, P2)), HELD,
+     (Publish(S.status_subject(G), GangScheduled(gang_id=G, attempt=2, assignments=(A1, A2))),)),
     ("placed with MIG asks the node for the instance only",
      PLACING, PREPARING, (M1, A2), (Publish(S.mig_subject("a100"), MigPrepareRequested(
          node="a100", gang_id=G, attempt=2, pod=P1, gpu=3, profile="3g.20gb", start=4)),)),
@@ -109,8 +113,18 @@ def test_an_attempt_taking_a_while_is_announced_with_its_deadline():
         DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)))
 
 
+def test_a_reservation_without_mig_asks_binder_for_every_member_in_one_command():
+    assert effects.binds(PLACING) == (BIND_ALL,)
+    assert effects.binds(replace(BINDING, bound=(P1,))) == (BIND2,)
+
+
 REDRIVE = [
     ("a placing gang asks placement again and re-schedules its deadline", PLACING, (), (DEADLINE, REQUEST)),
+    ("a placing gang the ledger holds whole without MIG asks binder too (its Reserved may have been taken)",
+     PLACING, HELD, (DEADLINE, REQUEST, BIND_ALL)),
+    ("a placing gang the ledger holds only in part asks placement alone", PLACING, (A1,), (DEADLINE, REQUEST)),
+    ("a placing gang holding a MIG slice asks placement alone (the instance comes first)", PLACING, (M1, A2),
+     (DEADLINE, REQUEST)),
     ("a binding gang asks again only for the members not bound yet", replace(BINDING, bound=(P1,)), HELD,
      (DEADLINE, BIND2)),
     ("a gang preparing MIG asks again only for instances not ready", PREPARING,
