@@ -48,6 +48,7 @@ from phalanx_kubeobjects.requests import (
     GpuRequest,
     RequestError,
     RequestKind,
+    gang_timeout,
     parse_pod,
 )
 from phalanx_proto.state import GangPart
@@ -82,6 +83,10 @@ class GangIdentity:
     min_member: int | None
     part: GangPart | None = None
     jobs: int = 0
+    timeout_s: float = 0.0
+    """The ``phalanx.io/gang-timeout-seconds`` annotation; 0 when absent."""
+    priority: int = 0
+    """The pod's ``spec.priority`` (``pod_priority``; a template has none: 0)."""
 
 
 def gang_id(namespace: str, kind: str, name: str) -> str:
@@ -120,11 +125,24 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
         jobs = _count(said(JOBSET_JOBS), JOBSET_JOBS, v) or 0
         part = GangPart(name=str(said(JOBSET_REPLICATED_JOB) or ""), jobs=replicas or 1, members=declared or 0)
         declared = None
+    timeout_s = gang_timeout(annotations, v)
     if v:
         raise RequestError(v, f"{namespace}/{name}")
     if kind == "Pod":
-        return GangIdentity(gang_id(namespace, kind, group), kind, 1)
-    return GangIdentity(gang_id(namespace, kind, group), kind, explicit or declared, part, jobs)
+        return GangIdentity(gang_id(namespace, kind, group), kind, 1, timeout_s=timeout_s)
+    return GangIdentity(gang_id(namespace, kind, group), kind, explicit or declared, part, jobs, timeout_s=timeout_s)
+
+
+def pod_priority(spec: Mapping[str, Any] | None) -> int:
+    """A pod's ``spec.priority`` (the admission controller's resolution of its class); 0 when unset."""
+    value = (spec or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def preemption_policy(spec: Mapping[str, Any] | None) -> str:
+    """A pod's ``spec.preemptionPolicy`` when it is one Kubernetes knows, else ""."""
+    policy = (spec or {}).get("preemptionPolicy")
+    return policy if policy in ("Never", "PreemptLowerPriority") else ""
 
 
 def _count(raw: str | None, key: str, v: list[Violation]) -> int | None:

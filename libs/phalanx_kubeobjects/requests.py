@@ -28,7 +28,8 @@ Pod metadata: label ``replica: "N"`` - N GPUs (1..64), each with the share in ``
 (R4); label ``aliyun.com/min-member`` - gang size (R8), 1..10000; label values are strings of
 ASCII digits (``quantity.decimal``). The pod's name, namespace, label keys and values and
 annotation keys must follow the API server's rules (``names``). Annotation ``phalanx.io/gpu-vendor``
-(``nvidia``, ``amd``, ``ppu``) - vendor hint. Shares are per GPU and per pod: every
+(``nvidia``, ``amd``, ``ppu``) - vendor hint; annotation ``phalanx.io/gang-timeout-seconds`` - the
+gang's attempt deadline, a whole number of seconds up to a week (``gang_timeout``). Shares are per GPU and per pod: every
 container that names a share must name the same one (they share the pod's GPUs);
 whole GPUs add up over containers, as in Kubernetes.
 
@@ -65,10 +66,12 @@ from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
 from phalanx_kubeobjects.quantity import Bound, Violation, decimal
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.kubeapi import ALIYUN_GPU, NVIDIA_GPU, RDMA, SCHEDULER_NAMES
-from phalanx_proto.state import MAX_GANG_MEMBERS
+from phalanx_proto.state import MAX_GANG_MEMBERS, MAX_GANG_TIMEOUT_S
 
 REPLICA_LABEL = "replica"
 MIN_MEMBER_LABEL = "aliyun.com/min-member"
+TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"
+MAX_TIMEOUT = Bound(int(MAX_GANG_TIMEOUT_S), "a gang waits at most a week for its members")
 VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
 VENDORS = ("nvidia", "amd", "ppu")
 RDMA_MAX_GPUS = 8
@@ -167,6 +170,7 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     min_member = _label_int(labels, MIN_MEMBER_LABEL, MAX_GANG, v, "min-member is the number of pods in the gang")
     share = shares[0][1] if shares else None
     vendor = _vendor(as_map(meta.get("annotations")), whole, share, v)
+    gang_timeout(as_map(meta.get("annotations")), v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
     constraints = parse_constraints(spec, RESOURCES, v, warnings)
     if v:
@@ -305,6 +309,19 @@ def _constraints_text(c: PodConstraints) -> str:
 def _capabilities(c: Mapping[str, Any]) -> list[str]:
     caps = as_map(as_map(c.get("securityContext")).get("capabilities")).get("add") or []
     return [str(x) for x in caps] if isinstance(caps, list) else []
+
+
+def gang_timeout(annotations: Mapping[str, Any], v: list[Violation]) -> float:
+    """The ``phalanx.io/gang-timeout-seconds`` annotation in seconds (whole, 1 s to a week);
+    0.0 when absent or invalid (then a violation says why)."""
+    raw = annotations.get(TIMEOUT_ANNOTATION)
+    if raw is None:
+        return 0.0
+    value = decimal(raw, f"metadata.annotations[{TIMEOUT_ANNOTATION}]", most=MAX_TIMEOUT)
+    if isinstance(value, Violation):
+        v.append(Violation(value.field, value.value, f"the gang timeout is a whole number of seconds: {value.rule}"))
+        return 0.0
+    return float(value)
 
 
 def _label_int(labels: Mapping[str, Any], key: str, most: Bound, v: list[Violation], what: str) -> int | None:

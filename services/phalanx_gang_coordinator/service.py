@@ -43,6 +43,7 @@ from phalanx_gang_coordinator.reconciler import Reconciler
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
+from phalanx_kubeobjects.requests import TIMEOUT_ANNOTATION
 from phalanx_proto import subjects as S
 from phalanx_proto.events import BindPods, PlaceRequested, ReleaseRequested, gang_decoder, node_decoder
 from phalanx_service.config import option
@@ -63,8 +64,7 @@ class Config:
     redrive_after_s: float = option(5.0, "re-publish the commands of a gang without progress for this long")
     backoff_base_s: float = option(order.BACKOFF_BASE_S, "first retry delay")
     backoff_max_s: float = option(order.BACKOFF_MAX_S, "largest retry delay")
-    default_timeout_s: float = option(180.0, "attempt deadline when the pods set no "
-                                      "phalanx.io/gang-timeout-seconds")
+    default_timeout_s: float = option(180.0, f"attempt deadline when the pods set no {TIMEOUT_ANNOTATION}")
     settle_s: float = option(2.0, "a gang without min-member starts after no member arrived for this long")
     starve_after_s: float = option(order.STARVE_AFTER_S, "a head-of-line gang waiting this long is protected from starvation; "
                                    "0 turns it off")

@@ -292,6 +292,11 @@ INVALID = [
     ("a min-member of zero is rejected", pod(ctr(nvidia_gpu="1"), labels={"aliyun.com/min-member": "0"}),
      [Violation("metadata.labels[aliyun.com/min-member]", "0",
                 "min-member is the number of pods in the gang: must be at least 1")]),
+    ("a gang timeout of a fraction of a second is rejected as gang-coordinator rejects it",
+     pod(ctr(nvidia_gpu="1"), annotations={"phalanx.io/gang-timeout-seconds": "0.5"}),
+     [Violation("metadata.annotations[phalanx.io/gang-timeout-seconds]", "0.5",
+                "the gang timeout is a whole number of seconds: must be a whole number written with ASCII digits "
+                "0-9 only")]),
     ("every broken rule is listed, not just the first", pod(ctr(aliyun_gpu__core="0", aliyun_gpu__slice="5")),
      [Violation(lim("app", "aliyun.com/gpu-core"), "0", HANG),
       Violation(lim("app", "aliyun.com/gpu-slice"), "5", SLICES)]),
