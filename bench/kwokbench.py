@@ -5,14 +5,17 @@
 ``tests/kube`` (``kubeharness``) on ``sys.path``, which the two scripts put there. It holds:
 progress lines on stderr (``say``), the harness's kwok stages without the periodic node
 heartbeat (``kwok_stages``), creating objects from a few threads (``in_threads``), deleting a
-namespace's pods and waiting until they are gone (``delete_pods``), and matplotlib for a
+namespace's pods and waiting until they are gone (``delete_pods``), the API server's own count
+of the requests it served and the watch events it sent (``api_counts``), and matplotlib for a
 ``--plot`` (``pyplot_or_exit``).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +29,29 @@ from phalanx_bench.plotting import PlotUnavailable, pyplot
 
 CREATORS = 8
 """Threads that create pods (and nodes) at once."""
+
+
+_SAMPLE = re.compile(r'^(apiserver_request_total|apiserver_watch_events_total)\{(.*)\} ([0-9.e+]+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def api_counts(api: KubeApi) -> Counter:
+    """What the API server has served so far, from its ``/metrics``: requests by
+    ``"VERB resource[/subresource]"`` and watch events sent by ``"WATCH-EVENT kind"`` (every
+    client's: take the difference over a phase)."""
+    out: Counter = Counter()
+    text = api.get("/metrics")
+    for line in text.splitlines() if isinstance(text, str) else ():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        labels = dict(_LABEL.findall(m.group(2)))
+        if m.group(1) == "apiserver_request_total":
+            sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+            out[f"{labels.get('verb', '?')} {labels.get('resource', '?')}{sub}"] += float(m.group(3))
+        else:
+            out[f"WATCH-EVENT {labels.get('kind', '?')}"] += float(m.group(3))
+    return out
 
 
 def say(*a: object) -> None:

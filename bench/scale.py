@@ -69,7 +69,7 @@ from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E
 
 import preempt_kwok  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
-from kwokbench import delete_pods, in_threads, kwok_stages, say  # noqa: E402
+from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, say  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
 from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
@@ -114,6 +114,7 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
     api.create_namespace(namespace)
     watch = BindWatch(plane, namespace)
     created: dict[str, float] = {}
+    served = api_counts(api)
     cpu = Cpu(groups)
 
     def create(item: tuple[str, str, int]) -> None:
@@ -133,6 +134,7 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
                 say(f"  [{label}] {len(created)} created, {len(watch.bound)}/{len(pods)} bound, "
                     f"{len(watch.bound) / (last_report - started):.1f} pods/s, {last_report - started:.0f} s")
         used = cpu.stop()
+        served = api_counts(api) - served
         creator.join(120)
     finally:
         watch.close()
@@ -149,7 +151,9 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
     result = {"scheduler": scheduler, "pods": len(pods), "bound": len(bound), "seconds": span,
               "pods_per_s": len(bound) / span if span > 0 else 0.0, "p50_s": pct(lat, 0.5), "p99_s": pct(lat, 0.99),
               "gang_p50_s": {size: pct(times, 0.5) for size, times in sorted(gang_done.items())},
-              "cpu_s": used, "cap_s": cap_s}
+              "cpu_s": used, "cap_s": cap_s,
+              "api_per_pod": {k: round(v / max(1, len(bound)), 2) for k, v in sorted(served.items())
+                              if v / max(1, len(bound)) >= 0.05}}
     say(f"  [{label}] done: {len(bound)}/{len(pods)} bound in {span:.1f} s"
         + (f" (the API server ended the bench's pod watch {watch.resumed} time(s); resumed)" if watch.resumed else ""))
     return result

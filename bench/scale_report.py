@@ -1,6 +1,6 @@
 """The table and the plot of ``bench/scale.py``'s results (its rows, one per nodes × workload ×
 scheduler): pods/s, pending→bound latency, gang latency and CPU per pod side by side, the ratios
-between the schedulers, the cost of quota, and the share and preempt workloads' own tables
+between the schedulers, the API server's requests and watch events per pod, the cost of quota, and the share and preempt workloads' own tables
 (``queue_share.share_table``, ``preempt_kwok.table``).
 """
 
@@ -53,7 +53,14 @@ def table(rows: list[dict], small: dict | None = None) -> str:
     split = [f"{r['nodes']} nodes {r['workload']}: Phalanx CPU s/pod by process: " + ", ".join(
         f"{g.strip()} {c / max(1, r['bound']):.4f}" for g, c in r["cpu_s"].items() if g.startswith("  "))
         for r in rows if r["scheduler"] == "phalanx"]
-    return "\n".join(out + [""] + ratios + costs + split + [""] + shares)
+    served = [f"{r['nodes']} nodes {r['workload']} {_name(r)}: API server per pod (every client's): " + ", ".join(
+        f"{k} {v:g}" for k, v in sorted(r["api_per_pod"].items(), key=lambda kv: -kv[1]))
+        for r in rows if r.get("api_per_pod")]
+    return "\n".join(out + [""] + ratios + costs + split + served + [""] + shares)
+
+
+def _name(r: dict) -> str:
+    return "Phalanx" if r["scheduler"] == "phalanx" else "kube-scheduler"
 
 
 def _per_pod(r: dict) -> float:
