@@ -50,7 +50,7 @@ def api_counts(api: KubeApi) -> Counter:
             sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
             out[f"{labels.get('verb', '?')} {labels.get('resource', '?')}{sub}"] += float(m.group(3))
         else:
-            out[f"WATCH-EVENT {labels.get('kind', '?')}"] += float(m.group(3))
+            out[f"WATCH-EVENT {labels.get('resource') or labels.get('kind', '?')}"] += float(m.group(3))
     return out
 
 
