@@ -50,7 +50,8 @@ from phalanx_proto.vocab import IDLE
 
 ORDER_EVERY_S = 0.5
 WAITING = IDLE | {"placing"}
-"""Phases of a gang that asks for GPUs it does not hold yet: its demand counts towards its queue's fair share."""
+"""Phases of a gang that asks for GPUs it does not hold yet: its demand counts towards its queue's fair share
+(a placing gang only until its reservation is in: then it holds them, and is being bound)."""
 
 
 def queue_of(members: Iterable[MemberSpec]) -> str:
@@ -228,7 +229,7 @@ class PlacementQueues:
             demand[q] += held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ()))
         for entry in self.cache.gangs:
             s: GangState = entry.value
-            if s.phase in WAITING and s.members:
+            if s.phase in WAITING and s.members and not (s.phase == "placing" and self._reserved(s)):
                 demand[queue_of(s.members)] += sum(units_of_member(m) for m in s.members)
         capacity = sum(len(v.topology.gpus) for v in self.cache.views.values() if v.enabled and not v.invalid) * GPU_UNITS
         self.shares = fair_shares(tree, demand, capacity)
