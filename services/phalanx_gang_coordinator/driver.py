@@ -2,7 +2,9 @@
 
 Every handler does the same three things: check the message against the record (the gang's
 state, the ledger, the cluster — docs/saga.md "Checks"), apply a pure transition by
-compare-and-set (``store``, ``saga``), then carry out ``effects.entered(before, after)``.
+compare-and-set (``store``, ``saga``), then carry out ``effects.entered(before, after)``. The
+one exception is a ``Reserved`` without MIG: it changes no state (the ledger holds the
+reservations), and its binds go out at once (docs/saga.md, "One write fewer").
 State is written before the commands that follow from it are published, and every command
 carries its idempotency key as ``Nats-Msg-Id``, so a crash in between only delays the gang:
 resync re-drives it with the same commands (``redrive``).
