@@ -113,6 +113,10 @@ class Reading:
     """Queue → its usage record (``phx-ledger`` ``queue.*``; only queues with a limit keep one)."""
     queues: QueueTree | None = None
     """The queue tree (which queues have a limit)."""
+    recent: dict[str, NodeLedger] = field(default_factory=dict)
+    """Nodes whose ledger was read again after the pods were listed, because a pod bound there
+    had no reservation in ``ledgers``: a pod bound while the reading was taken had its
+    reservation written before its Binding, so rule 4 looks here too before it concludes."""
 
 
 def audit(r: Reading) -> list[Finding]:
@@ -173,7 +177,7 @@ def _unreadable_gang(r: Reading, gang_id: str) -> bool:
 def _bound_pod(r: Reading, pod: Pod) -> Finding | None:
     """Rule 4 for one bound pod."""
     node = pod.node_name
-    ledger = r.ledgers.get(node)
+    ledger = r.recent.get(node) or r.ledgers.get(node)
     held = ledger.allocations if ledger is not None else {}
     if alloc_key(pod.ref) in held:
         return None

@@ -25,7 +25,7 @@ from collections import Counter
 
 import anyio
 
-from phalanx_bus import Bus, read_all
+from phalanx_bus import Bus, Record, read_all, read_one
 from phalanx_gang_coordinator import audit
 from phalanx_gang_coordinator.gangs import InvalidMember, identity
 from phalanx_gang_coordinator.intake import PodIntake
@@ -36,7 +36,7 @@ from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import AdoptRequested, ReleaseRequested, encoder
-from phalanx_proto.state import RECONCILER_LEASE_KEY, RECONCILER_REPORT_KEY, ReconcilerReport
+from phalanx_proto.state import RECONCILER_LEASE_KEY, RECONCILER_REPORT_KEY, ReconcilerReport, alloc_key
 from phalanx_telemetry import log, metrics, warn
 
 DETAILS_KEPT = 20
@@ -85,15 +85,24 @@ class Reconciler:
                     pass
 
     async def read(self) -> audit.Reading:
-        """Ledger first, then gang records and MIG records, then pods (see ``audit``)."""
+        """Ledger first, then gang records and MIG records, then pods (see ``audit``); then, again,
+        the ledger of each node where a pod is bound that the first read did not hold — it may
+        have been bound while the reading was taken."""
         ledger_kv = await self.bus.kv(S.KV_LEDGER)
         ledgers, bad_ledgers = await read_all(ledger_kv, pattern="*")
         usage, _ = await read_all(ledger_kv, pattern="queue.*")
         gangs, bad_gangs = await self.store.all(current=True)
         mig, bad_mig = await read_all(await self.bus.kv(S.KV_MIG))
         pods = await self.cluster.list_pods()
+        by_node = {r.value.node: r.value for r in ledgers}
+        recent = {}
+        for node in sorted({p.node_name for p in pods if p.node_name and (
+                p.node_name not in by_node or alloc_key(p.ref) not in by_node[p.node_name].allocations)}):
+            again = await read_one(ledger_kv, S.token(node))
+            if isinstance(again, Record):
+                recent[node] = again.value
         return audit.Reading(
-            ledgers={r.value.node: r.value for r in ledgers}, gangs={g.gang_id: g for g in gangs}, pods=pods,
+            ledgers=by_node, recent=recent, gangs={g.gang_id: g for g in gangs}, pods=pods,
             gang_of={p.uid: _gang_of(p) for p in pods if p.node_name},
             mig=[rec for r in mig for rec in r.value.instances.values()],
             unreadable=tuple(str(b) for b in (*bad_ledgers, *bad_gangs, *bad_mig)),
