@@ -9,6 +9,7 @@ out twice (a redelivery, a crash before the ack, a re-drive) stores each command
     entered(before, after, held)   the effects of one transition (before → after)
     announce(state)                an attempt taking a while: its deadline and GangAdmitted
     redrive(state, held)           what a running state waits for, again (same message ids)
+    binds(state)                   the attempt's bind command (straight from placing without MIG)
     compensation(state, step, held) one compensation's effects (``unbind`` is carried out by
                                    the compensator itself, it needs the cluster)
     member_gone(state, pod, held)  give back what one deleted member held
