@@ -70,10 +70,8 @@ class Config:
                        "simulator only: phalanx_mig_manager.devices)", env="PHALANX_MIG_NVML")
     reconcile_s: float = option(30.0, "seconds between reconciliation passes")
     orphan_grace_s: float = option(60.0, "an instance owned by nothing is destroyed after this many seconds")
-    devices: MigDevices | None = None
-    """The tests' devices (no flag; None: what ``nvml`` names)."""
-    clock: Callable[[], float] = time.monotonic
-    """The tests' clock (no flag)."""
+    devices: MigDevices | None = None  # no flag: the tests' devices (None: what ``nvml`` names)
+    clock: Callable[[], float] = time.monotonic  # no flag: the tests' clock
 """Ownership records of MIG instances: one ``NodeMig`` per node, under the node's token (a
 node's agent may write its own node's key only)."""
 CAS_RETRIES = 20
