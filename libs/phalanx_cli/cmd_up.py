@@ -9,7 +9,9 @@ was read but is invalid (the field path is named) exits 1; nothing is started fo
 
 SIGTERM (what systemd, ``timeout`` and CI send) stops ``up`` as Ctrl-C does: every service,
 then the nats-server, then the temp dir is removed; a second signal during that shutdown is
-ignored. No child outlives ``up``: each runs in its own process group and, on Linux, gets
+ignored. Once the event loop runs, a signal is a message to it (``_until_signalled`` cancels the
+run), never an exception raised wherever the main thread happens to be: one raised inside the
+NATS client's reconnect task could leave the loop unable to finish. No child outlives ``up``: each runs in its own process group and, on Linux, gets
 SIGTERM if ``up`` itself is killed (``phalanx_localstack.children``). When the embedded
 nats-server dies, ``up`` says so and starts it again on the same port and store; the services
 reconnect to it.
@@ -127,11 +129,29 @@ async def _apply_queues(bus, sim, queues, namespaces) -> None:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM does what Ctrl-C does: unwind ``_drive`` and stop the stack."""
+    """Before the event loop runs (and after it), SIGTERM does what Ctrl-C does."""
     raise KeyboardInterrupt
 
 
 async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, queues=([], [])) -> int:
+    """Run the stack until done or until SIGINT/SIGTERM; a signal cancels the run (0 either way).
+    The receiver stays open until the run has unwound, so a second signal meanwhile is ignored."""
+    code = 0
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signalled, signals, tg.cancel_scope)
+            code = await _serve(stack, pods, args, demo, queues)
+            tg.cancel_scope.cancel()
+    return code
+
+
+async def _until_signalled(signals, scope: anyio.CancelScope) -> None:
+    async for _signum in signals:
+        scope.cancel()
+        return
+
+
+async def _serve(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, queues) -> int:
     from phalanx_bus import BusAuth
     from phalanx_kube.sim import SimCluster
     from phalanx_proto import subjects as S
@@ -140,7 +160,7 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, que
     started = time.monotonic()
     stack.start_nats()
     _progress(quiet, f"nats: {stack.url}")
-    await anyio.to_thread.run_sync(stack.bootstrap)
+    await anyio.to_thread.run_sync(stack.bootstrap, abandon_on_cancel=True)
     admin = stack.identity_env(S.ADMIN)
     if admin:
         reader = stack.identity_env(S.READER)
@@ -154,7 +174,8 @@ async def _drive(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, que
             await sim.apply_node(node)
         _progress(quiet, f"starting {len(stack.plan())} service processes for {len(stack.cluster.nodes)} nodes ...")
         stack.spawn_services()  # from the main thread, so the children die with this process
-        await anyio.to_thread.run_sync(stack.wait_ready, list(stack.procs), stack.ready_timeout_s)
+        await anyio.to_thread.run_sync(stack.wait_ready, list(stack.procs), stack.ready_timeout_s,
+                                       abandon_on_cancel=True)
         topo_kv = await bus.kv(S.KV_TOPOLOGY)
         with anyio.fail_after(30 + 0.01 * len(stack.cluster.nodes)):
             while len(await topo_kv.keys()) < len(stack.cluster.nodes):

@@ -45,6 +45,7 @@ FLEET_ABOVE = 16
 """Clusters with more nodes than this run their node agents as one ``node-fleet`` process."""
 WORKDIR_PREFIX = "phalanx-stack-"
 OWNER_FILE = "owner.pid"
+STOP_GRACE_S = 10.0  # for all services together, after SIGTERM; then SIGKILL
 
 
 def remove_stale_workdirs(tmp: str | None = None) -> list[Path]:
@@ -316,7 +317,8 @@ class Stack:
             self.nats.restart()
 
     def stop(self) -> dict[str, float]:
-        """SIGTERM every service, wait, then stop nats; returns seconds each took to exit."""
+        """SIGTERM every service, give them ``STOP_GRACE_S`` together, SIGKILL what is left, then
+        stop nats; returns seconds each took to exit."""
         took: dict[str, float] = {}
         started = time.monotonic()
         for sp in self.procs.values():
@@ -326,7 +328,7 @@ class Stack:
             if sp.proc is None:
                 continue
             try:
-                sp.proc.wait(10)
+                sp.proc.wait(max(0.0, started + STOP_GRACE_S - time.monotonic()))
             except subprocess.TimeoutExpired:
                 sp.proc.kill()
                 sp.proc.wait(5)

@@ -48,6 +48,16 @@ class Up:
                 return line
         raise AssertionError(f"no line with {text!r} within {timeout}s: {self.seen}")
 
+    def exit_code(self, timeout: float) -> int | None:
+        """The exit code, or None (with what it printed so far) if it has not exited in time."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            while not self.lines.empty():
+                self.seen.append(self.lines.get())
+            print("phalanx up did not exit; it printed:", *self.seen, sep="\n", file=sys.stderr)
+            return None
+
     def descendants(self) -> set[int]:
         return descendants(self.proc.pid)
 
@@ -114,7 +124,7 @@ def test_up_restarts_a_dead_nats_server_and_sigterm_leaves_no_process_and_no_tem
         stack = up.descendants()
         assert nats_pid(stack) != old_nats and len(stack) == 8
         up.proc.send_signal(signal.SIGTERM)
-        assert up.proc.wait(120) == 0
+        assert up.exit_code(120) == 0
         up.wait_for("stopped 7 services")
         assert wait_gone(stack | up.descendants()) == set()
         assert up.stack_dirs() == []
