@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from kubeharness import ControlPlane, fake_gpu_node  # noqa: E402
 
 from kube_baseline import BindWatch  # noqa: E402
-from kwokbench import in_threads, kwok_stages, pyplot_or_exit, say  # noqa: E402
+from kwokbench import api_counts, in_threads, kwok_stages, kwok_took_in, pyplot_or_exit, say  # noqa: E402
 from peers_backends import Backend, Gang, KubeGang, KubePlain, Phalanx, Terminator, base_pod  # noqa: E402
 from peers_kueue import Kueue  # noqa: E402
 from phalanx_bench.peers import Layout, Member, gang_metrics, pct  # noqa: E402
@@ -90,7 +90,9 @@ def start_plane(peers_bin: Path, work: Path, layout: Layout) -> ControlPlane:
             obj["status"][k]["aliyun.com/rdma"] = str(layout.gpus_per_node)
         api.create_node(obj)
 
+    before = api_counts(api)
     in_threads(node, range(layout.nodes))
+    kwok_took_in(api, layout.nodes, before, 60 + 0.05 * layout.nodes)
     say(f"control plane up: kube-apiserver {version} with {GATES}, {layout.nodes} kwok nodes")
     return plane
 

@@ -69,7 +69,7 @@ from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E
 
 import preempt_kwok  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
-from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, say  # noqa: E402
+from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, kwok_took_in, say  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
 from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
@@ -82,6 +82,8 @@ SERVICES = ("placement", "gang-coordinator", "binder")
 FLEET_HEARTBEAT_S = 10.0
 STALE_S = 45.0
 """The fleet beats every 10 s and placement allows 45 s: the simulated agents share the CPUs."""
+IDLE_S = 5.0
+"""Seconds of CPU measured with no pods before each Phalanx phase (``idle_cpu``)."""
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -194,8 +196,10 @@ def run_size(n: int, args, work: Path) -> list[dict]:
         if {"queues", "share"} & set(args.workloads):
             kubeharness.apply_crds(plane, [d for f in sorted(kubeharness.PHALANX_CRDS.glob("*.yaml"))
                                            for d in yaml.safe_load_all(f.read_text()) if d])
+        before = api_counts(api)
         in_threads(lambda node: api.create_node(fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
-        say(f"{n} nodes: control plane up and nodes created ({time.monotonic() - t0:.0f} s)")
+        kwok_took_in(api, n, before, 60 + 0.05 * n)
+        say(f"{n} nodes: control plane up, nodes created and taken in by kwok ({time.monotonic() - t0:.0f} s)")
         context = {"control plane": [plane.procs[p].pid for p in ("kube-apiserver", "etcd", "kwok")]}
         kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig),
                      "--kube-api-qps", str(args.qps), "--kube-api-burst", str(args.burst)]
@@ -218,6 +222,15 @@ def run_size(n: int, args, work: Path) -> list[dict]:
     finally:
         plane.stop()
     return rows
+
+
+def idle_cpu(groups: dict[str, list[int]], seconds: float = IDLE_S) -> dict[str, float]:
+    """CPU seconds per second of each group while no pod is submitted: what a cluster of this
+    size costs with nothing to place (heartbeats, watches, leases), to tell apart from the
+    phase's cost per pod."""
+    cpu = Cpu(groups)
+    time.sleep(seconds)
+    return {g: round(v / seconds, 3) for g, v in cpu.stop().items()}
 
 
 def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work: Path, context) -> dict:
@@ -245,6 +258,8 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         groups = {"scheduler": [pid[s] for s in SERVICES] + [stack.nats.proc.pid],
                   "node agents": [pid["node-fleet"]], **context,
                   **{f"  {s}": [pid[s]] for s in SERVICES}, "  nats-server": [stack.nats.proc.pid]}
+        idle = idle_cpu(groups)
+        say(f"{n} nodes: CPU s/s with no pods: " + ", ".join(f"{g.strip()} {v:.2f}" for g, v in idle.items()))
         if kind in ("queues", "share"):
             for q in queue_objects(8 * n, limits=kind == "queues"):
                 api.post(QUEUES_PATH, q)
@@ -260,6 +275,7 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         finally:
             stop_profiles(profilers)
         r["placement_rss_mib"] = memory_mib(pid["placement"])[1]
+        r["idle_cpu_s_per_s"] = idle
         check_phalanx_bindings(api, f"p-{kind}")
     finally:
         stack.stop()
