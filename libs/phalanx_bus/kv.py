@@ -82,10 +82,10 @@ class Kv:
         return await self._kv.put(key, value)
 
     async def delete(self, key: str, *, last: int | None = None) -> None:
+        """Delete ``key``; with ``last``, only if its revision is still ``last`` (``KvConflict``
+        otherwise: nats-py reports that as a plain ``BadRequestError`` with err_code 10071)."""
         try:
-            await self._kv.delete(key, last=last)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise KvConflict(f"{self.bucket}/{key} changed since revision {last}") from e
+            await _cas(self._kv.delete(key, last=last), f"{self.bucket}/{key} changed since revision {last}")
         except nats.js.errors.KeyNotFoundError:
             return
 

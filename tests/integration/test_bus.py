@@ -228,6 +228,17 @@ async def test_kv_compare_and_set_refuses_a_stale_revision(bus):
     assert (await kv.get("n1")).value == b"b"
 
 
+async def test_a_delete_at_a_stale_revision_is_a_conflict_and_deletes_nothing(bus):
+    kv = await bus.kv(S.KV_LEDGER)
+    rev = await kv.create("n1", b"a")
+    await kv.update("n1", b"b", last=rev)
+    with pytest.raises(KvConflict):
+        await kv.delete("n1", last=rev)
+    assert (await kv.get("n1")).value == b"b"
+    await kv.delete("n1", last=rev + 1)
+    assert await kv.get("n1") is None
+
+
 async def test_declare_is_idempotent_and_keeps_data(bus):
     await bus.publish("phx.gang.coord.default.x", Released(gang_id="default/x"))
     await bus.declare()
