@@ -54,12 +54,12 @@ def api_counts(api: KubeApi) -> Counter:
     return out
 
 
-def kwok_took_in(api: KubeApi, n: int, before, deadline_s: float) -> None:
+def kwok_took_in(api: KubeApi, n: int, before: Counter) -> None:
     """Wait until kwok has taken in every node: it lists each new node's pods once (one ``LIST
     pods`` per node on the API server, counted since ``before``), 15 s for 5,000 nodes on a quiet
     machine. A phase started earlier pays for it: at 5,000 nodes, the first phase of
     ``bench/scale.py`` counted 0.94 pod listings per pod bound, and kwok's CPU in the control plane's."""
-    deadline = time.monotonic() + deadline_s
+    deadline = time.monotonic() + 60 + 0.05 * n
     while True:
         done = (api_counts(api) - before)["LIST pods"]
         if done >= n:

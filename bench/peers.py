@@ -92,7 +92,7 @@ def start_plane(peers_bin: Path, work: Path, layout: Layout) -> ControlPlane:
 
     before = api_counts(api)
     in_threads(node, range(layout.nodes))
-    kwok_took_in(api, layout.nodes, before, 60 + 0.05 * layout.nodes)
+    kwok_took_in(api, layout.nodes, before)
     say(f"control plane up: kube-apiserver {version} with {GATES}, {layout.nodes} kwok nodes")
     return plane
 

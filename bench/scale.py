@@ -198,7 +198,7 @@ def run_size(n: int, args, work: Path) -> list[dict]:
                                            for d in yaml.safe_load_all(f.read_text()) if d])
         before = api_counts(api)
         in_threads(lambda node: api.create_node(fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
-        kwok_took_in(api, n, before, 60 + 0.05 * n)
+        kwok_took_in(api, n, before)
         say(f"{n} nodes: control plane up, nodes created and taken in by kwok ({time.monotonic() - t0:.0f} s)")
         context = {"control plane": [plane.procs[p].pid for p in ("kube-apiserver", "etcd", "kwok")]}
         kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig),
