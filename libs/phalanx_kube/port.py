@@ -206,6 +206,17 @@ class ClusterPort(Protocol):
         """Every namespace's labels, by name."""
         ...
 
+    async def get_namespace(self, name: str) -> dict[str, str] | None:
+        """The namespace's labels read now, None when there is no such namespace (the
+        simulator's namespaces exist implicitly: one never applied has no labels)."""
+        ...
+
+    def watch_namespaces(self) -> AsyncIterator[dict[str, dict[str, str]]]:
+        """Every namespace's labels, by name: the current ones first, then the whole map again
+        after each change (several changes may come as one). Implementations re-list after
+        errors."""
+        ...
+
     async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
         """Set the Queue's ``status`` (a Queue that is gone is no error)."""
         ...

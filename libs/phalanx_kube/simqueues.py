@@ -5,7 +5,9 @@ are opened on first use (only the simulator and gang-coordinator may open them).
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -51,9 +53,36 @@ class SimQueues:
     async def list_namespaces(self) -> dict[str, dict[str, str]]:
         out = {}
         for e in await (await self._kv(S.KV_SIM_NAMESPACES)).items():
-            meta = msgspec.json.decode(e.value).get("metadata") or {}
-            out[meta.get("name", "")] = dict(meta.get("labels") or {})
+            out[(msgspec.json.decode(e.value).get("metadata") or {}).get("name", "")] = _labels(e.value)
         return out
+
+    async def get_namespace(self, name: str) -> dict[str, str] | None:
+        """A simulated namespace exists implicitly: one never applied has no labels."""
+        entry = await (await self._kv(S.KV_SIM_NAMESPACES)).get(queue_key(name))
+        return {} if entry is None else _labels(entry.value)
+
+    async def watch_namespaces(self) -> AsyncIterator[dict[str, dict[str, str]]]:
+        while True:
+            known: dict[str, dict[str, str]] = {}
+            listed = False
+            try:
+                async for entry in (await self._kv(S.KV_SIM_NAMESPACES)).watch():
+                    if entry is None:
+                        listed = True
+                        yield dict(known)
+                        continue
+                    meta_name = entry.key
+                    if entry.deleted:
+                        known = {n: v for n, v in known.items() if queue_key(n) != meta_name}
+                    else:
+                        obj = msgspec.json.decode(entry.value).get("metadata") or {}
+                        known[obj.get("name", "")] = dict(obj.get("labels") or {})
+                    if listed:
+                        yield dict(known)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - watch broke (server restart): list again
+                await asyncio.sleep(0.5)
 
     async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
         kv = await self._kv(S.KV_SIM_QUEUES)
@@ -68,3 +97,7 @@ class SimQueues:
                 return
             except KvConflict:
                 continue
+
+
+def _labels(raw: bytes) -> dict[str, str]:
+    return dict((msgspec.json.decode(raw).get("metadata") or {}).get("labels") or {})

@@ -64,7 +64,7 @@ class PodIntake:
                 await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
                 continue
             if self.queues is not None:
-                queue, problem = self.queues.resolve(pod)
+                queue, problem = await self.queues.resolve(pod)
                 if problem:
                     warn("pod not admitted for its queue", pod=f"{pod.namespace}/{pod.name}", queue=queue,
                          reason=problem)

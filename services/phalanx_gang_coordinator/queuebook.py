@@ -1,7 +1,7 @@
 """The queue book: the cluster's Queue objects and namespaces as gang-coordinator knows them,
 brought onto the bus, and the queue each pod is in (docs/queues.md).
 
-* **Sync.** Every ``sync_s`` it lists the Queues and the namespaces, reads each Queue
+* **Sync.** Every ``sync_s`` it lists the Queues, reads each Queue
   (``phalanx_kubeobjects.queuespec``: the CRD's rules), checks the tree (a parent that exists, no
   cycle, children's quotas within the parent's) and writes each queue's ``QueueSpec`` — its
   problem included — to KV ``phx-queues``, where placement reads it. A Queue that is gone
@@ -9,7 +9,12 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
 * **Which queue.** A pod names its queue with the label ``scheduling.phalanx.io/queue``; else
   its namespace's label of that name does; else it is in ``default`` (quota 0, no limit: it
   only borrows). The queue must exist, be usable, and select the pod's namespace
-  (``spec.namespaceSelector``); otherwise the pod is told why and not admitted.
+  (``spec.namespaceSelector``); otherwise the pod is told why and not admitted. The namespaces'
+  labels come from a watch; a namespace the watch has not shown yet is read from the API
+  server before its pod is given a queue, and a pod whose namespace cannot be read waits with
+  that reason — a pod is never put in a queue by a label set Phalanx has not read. The queue
+  is decided once, when the pod is admitted: a namespace whose labels change sends its new
+  pods to the new queue, and the gangs already admitted keep theirs (docs/queues.md).
 * **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
   Queue's ``status``: allocated and borrowed GPUs (the reservations that name the queue in
   ``phx-ledger``, mirrored here), pending gangs and GPUs (from the gang records), its fair
@@ -24,15 +29,14 @@ import time
 import anyio
 
 from phalanx_bus import Bus, KvMirror
+from phalanx_engine import queueorder
 from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.queues import (
-    DEFAULT_QUEUE,
     GPU_UNITS,
-    QUEUE_LABEL,
     QueueSpec,
     queue_key,
 )
@@ -62,11 +66,21 @@ class QueueBook:
         async with anyio.create_task_group() as tg:
             await tg.start(self.ledger.run)
             await tg.start(self.topology.run)
+            await tg.start(self._follow_namespaces)
             await self._sync_logged()
             task_status.started()
             while True:
                 await anyio.sleep(self.sync_s)
                 await self._sync_logged()
+
+    async def _follow_namespaces(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep ``namespaces`` as the watch shows them; started once they were listed."""
+        started = False
+        async for labels in self.cluster.watch_namespaces():
+            self.namespaces = labels
+            if not started:
+                started = True
+                task_status.started()
 
     async def _sync_logged(self) -> None:
         try:
@@ -75,7 +89,7 @@ class QueueBook:
             warn("queue sync failed", error=repr(e)[:300])
 
     async def sync(self) -> None:
-        """Read the Queues and namespaces; write what changed to ``phx-queues``."""
+        """Read the Queues; write what changed to ``phx-queues``."""
         specs: list[QueueSpec] = []
         for obj in await self.cluster.list_queues():
             try:
@@ -89,7 +103,6 @@ class QueueBook:
         specs = [s if s.problem or s.name not in problems else _with_problem(s, problems[s.name]) for s in specs]
         self.tree = QueueTree.of(specs)
         self.declared = {s.name for s in specs}
-        self.namespaces = await self.cluster.list_namespaces()
         kv = await self.bus.kv(S.KV_QUEUES)
         wanted = {queue_key(s.name): encoder.encode(s) for s in specs}
         for key, raw in wanted.items():
@@ -101,18 +114,19 @@ class QueueBook:
             await kv.delete(key)
             self._written.pop(key, None)
 
-    def resolve(self, pod: Pod) -> tuple[str, str]:
-        """(the pod's queue, why it may not be in it — "" when it may)."""
-        ns_labels = self.namespaces.get(pod.namespace, {})
-        queue = pod.labels.get(QUEUE_LABEL) or ns_labels.get(QUEUE_LABEL) or DEFAULT_QUEUE
-        problem = self.tree.problem(queue)
-        if problem:
-            return queue, problem
-        spec = self.tree.specs[queue]
-        if spec.namespace_selector is not None and not spec.namespace_selector.matches(ns_labels):
-            return queue, (f"queue {queue} does not admit pods of namespace {pod.namespace} (its "
-                           "spec.namespaceSelector does not select the namespace's labels)")
-        return queue, ""
+    async def resolve(self, pod: Pod) -> tuple[str, str]:
+        """(the pod's queue, why it may not be in it — "" when it may). A namespace the watch has
+        not shown yet is read first; one that cannot be read leaves the pod waiting."""
+        ns_labels = self.namespaces.get(pod.namespace)
+        if ns_labels is None:
+            try:
+                ns_labels = await self.cluster.get_namespace(pod.namespace)
+            except Exception as e:  # noqa: BLE001 - the pod waits; resync tries it again
+                return "", f"namespace {pod.namespace} could not be read to find the pod's queue ({e!r:.200}); waiting"
+            if ns_labels is None:
+                return "", f"namespace {pod.namespace} is not known to the API server yet; waiting to read its labels"
+            self.namespaces = {**self.namespaces, pod.namespace: ns_labels}
+        return queueorder.resolve(self.tree, pod.namespace, pod.labels, ns_labels)
 
     # -- what each queue holds ---------------------------------------------------------------------
     def _ledger_put(self, entry, previous) -> None:

@@ -85,6 +85,10 @@ class Backend:
     async def labelled_namespace(self, name: str, labels: dict[str, str]) -> None:
         await self._create_namespace(name, labels)
 
+    async def relabel_namespace(self, name: str, labels: dict[str, str]) -> None:
+        """Replace the namespace's labels (``kubectl label --overwrite`` of each, the others removed)."""
+        await self._create_namespace(name, labels, replace=True)
+
 
 @pytest.fixture(params=["sim", "kube"])
 async def backend(request) -> Any:
@@ -100,7 +104,10 @@ async def backend(request) -> Any:
             return (await sim.apply_pod(obj)).uid
 
         try:
-            yield Backend("sim", sim, ns, create_pod, sim.apply_node, sim.apply_queue, sim.apply_namespace)
+            async def create_namespace(name, labels, replace=False):
+                await sim.apply_namespace(name, labels)
+
+            yield Backend("sim", sim, ns, create_pod, sim.apply_node, sim.apply_queue, create_namespace)
         finally:
             await bus.close()
     else:
@@ -119,7 +126,13 @@ async def backend(request) -> Any:
         async def create_queue(obj):
             await anyio.to_thread.run_sync(lambda: api.post("/apis/scheduling.phalanx.io/v1alpha1/queues", obj))
 
-        async def create_namespace(name, labels):
+        async def create_namespace(name, labels, replace=False):
+            if replace:
+                old = (await anyio.to_thread.run_sync(api.get, f"/api/v1/namespaces/{name}"))["metadata"]["labels"]
+                patch = {**{k: None for k in old if not k.startswith("kubernetes.io/")}, **labels}
+                await anyio.to_thread.run_sync(lambda: api.patch(f"/api/v1/namespaces/{name}",
+                                                                 {"metadata": {"labels": patch}}))
+                return
             await anyio.to_thread.run_sync(lambda: api.post("/api/v1/namespaces", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}))
 
@@ -467,3 +480,31 @@ async def test_namespaces_are_listed_with_their_labels(backend):
     labels = (await backend.cluster.list_namespaces())[name]
     assert {k: v for k, v in labels.items() if not k.startswith("kubernetes.io/")} == {
         "scheduling.phalanx.io/queue": "team-a", "team": "a"}
+
+
+async def test_a_namespace_is_read_alone_and_followed_by_its_watch_as_its_labels_change(backend):
+    name = unique("ns")
+    watched: list[dict[str, dict[str, str]]] = []
+
+    async def follow() -> None:
+        async for labels in backend.cluster.watch_namespaces():
+            watched.append(labels)
+
+    def mine(labels: dict[str, str] | None) -> dict[str, str] | None:
+        return None if labels is None else {k: v for k, v in labels.items() if not k.startswith("kubernetes.io/")}
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await backend.labelled_namespace(name, {"team": "a"})
+        assert mine(await backend.cluster.get_namespace(name)) == {"team": "a"}
+        with anyio.fail_after(10):
+            while not watched or mine(watched[-1].get(name)) != {"team": "a"}:
+                await anyio.sleep(0.05)
+        await backend.relabel_namespace(name, {"team": "b"})
+        with anyio.fail_after(10):
+            while mine(watched[-1].get(name)) != {"team": "b"}:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    missing = unique("never")
+    # the simulator's namespaces exist implicitly (no labels); the API server knows none by that name
+    assert await backend.cluster.get_namespace(missing) == ({} if backend.name == "sim" else None)

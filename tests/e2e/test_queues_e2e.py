@@ -51,6 +51,55 @@ def pod_of(api: KubeApi, ns: str, name: str) -> dict:
     return api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
+def labelled_namespace(api: KubeApi, labels: dict[str, str]) -> str:
+    name = unique("ns-race")
+    api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                    "metadata": {"name": name, "labels": labels}})
+    return name
+
+
+def test_pods_created_with_their_namespace_are_in_the_queue_its_labels_name(stack4, kube_api):  # noqa: F811
+    """A pipeline creates a namespace and its pods in the same second: each pod is in the queue
+    its namespace's labels say, never in the one an unread (empty) label set would give — for a
+    limit, a ``NotIn`` selector and an ``In`` selector."""
+    lim, notin, inq = unique("q-lim"), unique("q-notin"), unique("q-in")
+    kube_api.post(QUEUES, queue(lim, 2, 2))
+    kube_api.post(QUEUES, queue(notin, 4, namespaceSelector={
+        "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]}))
+    kube_api.post(QUEUES, queue(inq, 4, namespaceSelector={
+        "matchExpressions": [{"key": "team", "operator": "In", "values": ["b"]}]}))
+    # gang-coordinator has read the Queues once it writes their status
+    wait_for(lambda: all((kube_api.get(f"{QUEUES}/{q}").get("status") or {}).get("conditions")
+                         for q in (lim, notin, inq)), 30, "the Queues' status")
+    ns_lim = labelled_namespace(kube_api, {QUEUE_LABEL: lim})
+    for i in range(4):
+        kube_api.create_pod(gpu_pod(f"lim-{i}", ns_lim, 1))
+    ns_a = labelled_namespace(kube_api, {"team": "a"})
+    kube_api.create_pod(team_pod("notin-0", ns_a, 1, notin))
+    ns_b = labelled_namespace(kube_api, {"team": "b"})
+    kube_api.create_pod(team_pod("in-0", ns_b, 1, inq))
+    try:
+        bound(kube_api, ns_b, f"{QUEUE_LABEL}={inq}", 1, stack4, timeout_s=60)
+        waiting = "at its limit 2 (allocated 2, this gang needs 1)"
+        wait_for(lambda: sum(bool(p["spec"].get("nodeName")) for p in live(kube_api, ns_lim, "")) == 2 and all(
+            waiting in ((condition(p) or {}).get("message") or "") for p in live(kube_api, ns_lim, "")
+            if not p["spec"].get("nodeName")), 60, "two pods bound and two waiting at the queue's limit")
+        refused = f"queue {notin} does not admit pods of namespace {ns_a}"
+        wait_for(lambda: refused in ((condition(pod_of(kube_api, ns_a, "notin-0")) or {}).get("message") or ""),
+                 30, "the NotIn queue to refuse the team-a pod")
+        wait_for(lambda: (kube_api.get(f"{QUEUES}/{lim}").get("status") or {}).get("allocated") == 2 and
+                 (kube_api.get(f"{QUEUES}/{inq}").get("status") or {}).get("allocated") == 1, 30,
+                 "the Queues' status to count the pods")
+        assert not pod_of(kube_api, ns_a, "notin-0")["spec"].get("nodeName")
+        assert sum(bool(p["spec"].get("nodeName")) for p in live(kube_api, ns_lim, "")) == 2
+    finally:
+        for ns in (ns_lim, ns_a, ns_b):
+            for p in live(kube_api, ns, ""):
+                kube_api.delete(f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}")
+        for q in (lim, notin, inq):
+            kube_api.request("DELETE", f"{QUEUES}/{q}", ok=(404,))
+
+
 def test_two_teams_borrow_reclaim_first_and_wait_at_their_limit(stack4, kube_api, kube_ns, teams):  # noqa: F811
     wait_for(lambda: all(n in {q["metadata"]["name"] for q in kube_api.get(QUEUES)["items"]} for n in teams.values()),
              10, "the Queues to exist")
