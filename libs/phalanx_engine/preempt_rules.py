@@ -8,6 +8,11 @@ every victim set it considers.
   queue's ``spec.preemption.withinQueue`` is ``LowerPriority``.
 * **reclaim**: a gang of another queue, whatever its priority, when the preemptor's queue has
   ``spec.preemption.reclaim: Any`` and holds less than its quota now.
+* Nominations in force count as what they will be (``with_nominations``): the GPUs another
+  preemptor's nomination keeps for it count toward its queue's line, and the gangs it names
+  as victims count as gone from theirs. Preemptors deciding together (in one cycle, or on two
+  replicas: the nomination's batch rewrites the queues' usage records, so the later one
+  decides again on the first's nomination) therefore never reclaim past a quota between them.
 * A set of victims must leave, once the preemptor is placed and the victims are gone:
   every queue on the preemptor's chain within its limit; with reclaim victims, every queue on
   the preemptor's chain that the units enter from outside its subtree within its quota
@@ -29,6 +34,7 @@ from typing import Literal
 from phalanx_engine.queues import QueueTree
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.queues import DEFAULT_QUEUE, QueueSpec, shown, units_of_assignment, units_of_member
+from phalanx_proto.state import NodeLedger
 
 Rule = Literal["priority", "reclaim"]
 PRIORITY: Rule = "priority"
@@ -181,3 +187,31 @@ class Rules:
         else:
             reclaim = "no other queue holds a gang it could give up without going below its quota"
         return f"no running gang may be preempted: {within}; {reclaim}"
+
+
+def with_nominations(held_by: Mapping[str, int], ledgers: Iterable[NodeLedger], tree: QueueTree, now: float,
+                     but: str = "") -> dict[str, int]:
+    """Units each queue holds (``held_by``: its reservations, subtree included) once every
+    nomination in force at ``now`` counts as what it will be: its assignment's units added to
+    the nominating gang's queue and its ancestors, and the reservations of the gangs it names as
+    victims (while they still hold them) taken off theirs. The nominations of ``but`` (the
+    preemptor deciding again: its new plan replaces them) are left out."""
+    out = dict(held_by)
+    victims: set[str] = set()
+    for ledger in ledgers:
+        for n in ledger.nominations.values():
+            if n.gang_id == but or not n.active(now):
+                continue
+            units = units_of_assignment(n.assignment)
+            for q in tree.chain(n.queue) or (n.queue,):
+                out[q] = out.get(q, 0) + units
+            victims.update(n.victims)
+    victims.discard(but)
+    if victims:
+        for ledger in ledgers:
+            for a in ledger.allocations.values():
+                if a.gang_id in victims:
+                    units = units_of_assignment(a.assignment)
+                    for q in a.queues:
+                        out[q] = out.get(q, 0) - units
+    return out

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import NoPlan, plan_preemption
+from phalanx_engine.preempt_rules import with_nominations
 from phalanx_placement import preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
@@ -63,18 +64,20 @@ class Preemptions:
             return None
         refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
         running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
+        held_by = with_nominations(self.cache.queue_units, ledgers, self.queues.tree(), now, but=ev.gang_id)
         plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
-                               held_by=dict(self.cache.queue_units), profile=self.profile(),
-                               avoid=record.avoid_nodes, now=now)
+                               held_by=held_by, profile=self.profile(), avoid=record.avoid_nodes, now=now)
         if isinstance(plan, NoPlan) or not plan.victims:
             log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
                 reason=plan.reason if isinstance(plan, NoPlan) else "the planner placed it without victims")
             if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
                 return None
-            return Relaxed(preemptor, running, self.queues.tree(), dict(self.cache.queue_units), plan.reason,
+            return Relaxed(preemptor, running, self.queues.tree(), held_by, plan.reason,
                            avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now)
-        writes = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id), ev.gang_id,
-                                     ev.attempt, plan, preemptor, expires_at=now + self.config.nomination_s, now=now)
+        writes: dict = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id),
+                                           ev.gang_id, ev.attempt, plan, preemptor,
+                                           expires_at=now + self.config.nomination_s, now=now)
+        writes.update(self.queues.reclaim_fence(queue, plan.victims))
         reason = preempting.preempting_reason(plan)
         log("preempting", gang=ev.gang_id, attempt=ev.attempt, reason=reason,
             victims=",".join(v.gang_id for v in plan.victims), gpus=shown(plan.units))

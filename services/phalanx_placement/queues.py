@@ -9,6 +9,9 @@ node ledgers (assumed commits included), the gang records. Pure but for that rea
 * **What a queue holds** is the units of the reservations that name it (``Allocation.queues``:
   the gang's queue and its ancestors when it was placed), summed from the ledgers the cache
   believes (``ClusterCache.queue_units``).
+* **Reclaims are committed with their queues.** A nomination that takes GPUs back from
+  another queue rewrites the usage record of every queue it moves units between in its own
+  batch (``reclaim_fence``), so two replicas' reclaims are serialized as two limits' are.
 * **Limits are committed with the reservations.** A queue with a limit also keeps a usage
   record (``QueueUsage``, a charge per gang attempt): after any change to a gang's reservations
   (a decision, a release, an adoption) the gang's charges to every limited queue it touches are
@@ -207,6 +210,31 @@ class PlacementQueues:
             charges.update({k: v for k, v in charged.get(q, {}).items() if v})
             if charges != self.cache.usage_of(q).charges:
                 out[usage_key(q)] = QueueUsage(queue=q, charges=dict(sorted(charges.items())))
+        return out
+
+    def reclaim_fence(self, queue: str, victims) -> dict[str, QueueUsage]:
+        """The usage records a nomination's batch rewrites when it reclaims (any victim of
+        another queue): every queue on the preemptor's line and every queue a victim's units
+        leave, each as it is (a queue without a limit keeps no charges: an empty record), each
+        expecting the revision the decision read — so two replicas' reclaims between the same
+        queues never both commit on the same view: the later decides again on the first's
+        nomination (``phalanx_engine.preempt_rules.with_nominations``)."""
+        reclaimed = [v for v in victims if v.queue != queue]
+        if not reclaimed:
+            return {}
+        tree = self.tree()
+        chain = tree.chain(queue) or (queue,)
+        giving = {q for v in reclaimed for q in (tree.chain(v.queue) or (v.queue,)) if q not in chain}
+        out = {}
+        for q in (*chain, *sorted(giving)):
+            spec = tree.get(q)
+            if spec is not None and spec.limit is not None:
+                current = self.cache.usage_of(q)
+                if self.cache.usage.get(usage_key(q)) is None and not current.charges:
+                    current = QueueUsage(queue=q, charges=self._from_ledgers(q))
+                out[usage_key(q)] = current
+            else:
+                out[usage_key(q)] = QueueUsage(queue=q)
         return out
 
     def _from_ledgers(self, queue: str) -> dict[str, int]:

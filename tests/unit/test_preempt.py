@@ -328,3 +328,76 @@ def test_with_no_ties_to_try_the_first_plan_of_the_lowest_cost_is_taken():
     got = plan(w, wants("p", 4), bounds=SearchBounds(ties=0))
     assert got == Plan(victims=(victim("low", "priority", gpus=4, priority=1),),
                        placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G)
+
+
+# -- preemptors that decide together ----------------------------------------------------------------
+def _ledgers(world: World, noms: list) -> list[NodeLedger]:
+    """The nodes' ledgers: ``world``'s gangs as reservations (charged to their queues) and ``noms``."""
+    from phalanx_proto.state import Nomination, alloc_key
+
+    out = []
+    for name in world.nodes:
+        allocs = {alloc_key(a.pod): Allocation(gang_id=g.gang_id, attempt=1, assignment=a, queues=g.queues)
+                  for g in world.gangs for a in g.assignments if a.node == name}
+        mine = {alloc_key(n.assignment.pod): n for n in noms if isinstance(n, Nomination) and n.assignment.node == name}
+        out.append(NodeLedger(node=name, allocations=allocs, nominations=mine))
+    return out
+
+
+@pytest.mark.parametrize("count_nominations", [True, False], ids=["nominations counted", "nominations ignored"])
+def test_preemptors_deciding_one_after_another_reclaim_up_to_the_quota_and_no_further(count_nominations):
+    """The burst: team-a (quota 8) holds all 16 GPUs in one-GPU gangs — 4 of them already taken back
+    by team-b's gang and nominated — and six one-GPU team-b pods (team-b quota 8, holding 0 but
+    those 4) decide one after another, each on the ledgers with the nominations before it. Counting
+    nominations, exactly 4 more reclaim (team-b 8, team-a 8) and 2 find no plan; ignoring them (the
+    bug), all 6 do, taking team-a to 6 and team-b to 10."""
+    from phalanx_engine.preempt_rules import with_nominations
+    from phalanx_engine.queues import held_by_queue
+    from phalanx_proto.state import Nomination
+
+    w = World(v100("a"), v100("b"))
+    for i in range(16):
+        w.gang(f"a{i:02d}", ("ab"[i // 8], i % 8), priority=0, queue="team-a")
+    tree = QueueTree.of(teams())
+    noms: list[Nomination] = [  # team-b's gang of 4 reclaimed a00..a03 and waits for them to go
+        Nomination(gang_id="default/b-gang", attempt=1, assignment=placed(f"b-gang-{i}", "a", i), queue="team-b",
+                   victims={f"ns/a{i:02d}": "reclaim"}, expires_at=2_000.0) for i in range(4)]
+    outcomes = []
+    for p in range(6):
+        taken = {v for n in noms for v in n.victims}
+        running = [g for g in w.gangs if g.gang_id not in taken]
+        ledgers = _ledgers(w, noms)
+        held = held_by_queue(ledgers)
+        if count_nominations:
+            held = with_nominations(held, ledgers, tree, 1_000.0)
+        got = plan_preemption(w.cluster(), wants(f"b{p}", 1, priority=0, queue="team-b"), running, tree, held_by=held)
+        outcomes.append(isinstance(got, Plan) and bool(got.victims))
+        if isinstance(got, Plan):
+            noms += [Nomination(gang_id=f"default/b{p}", attempt=1, assignment=a, queue="team-b",
+                                victims={v.gang_id: v.rule for v in got.victims}, expires_at=2_000.0)
+                     for a in got.placement.assignments]
+    taken = {v for n in noms for v in n.victims}
+    team_a = sum(1 for g in w.gangs if g.gang_id not in taken)
+    if count_nominations:
+        assert (outcomes, team_a, 16 - team_a) == ([True] * 4 + [False] * 2, 8, 8)
+    else:
+        assert (outcomes, team_a, 16 - team_a) == ([True] * 6, 6, 10)
+
+
+def test_nominations_in_force_count_toward_the_queues_they_move_units_between():
+    from phalanx_engine.preempt_rules import with_nominations
+    from phalanx_proto.state import Nomination
+
+    tree = QueueTree.of((q("org", 16), q("team-a", 8, parent="org"), q("team-b", 8, parent="org"), q("other", 0)))
+    a0 = Allocation(gang_id="ns/a0", attempt=1, assignment=placed("a0", "n", 0, 1), queues=("team-a", "org"))
+    o0 = Allocation(gang_id="ns/o0", attempt=1, assignment=placed("o0", "n", 2), queues=("other",))
+    nom = Nomination(gang_id="ns/b0", attempt=1, assignment=placed("b0", "n", 0, 1), queue="team-b",
+                     victims={"ns/a0": "reclaim"}, expires_at=50.0)
+    old = Nomination(gang_id="ns/b1", attempt=1, assignment=placed("b1", "n", 2), queue="team-b",
+                     victims={"ns/o0": "reclaim"}, expires_at=5.0)
+    led = NodeLedger(node="n", allocations={"a0": a0, "o0": o0}, nominations={"b0": nom, "b1": old})
+    held = {"team-a": 2 * G, "org": 2 * G, "other": 1 * G}
+    # b0's nomination: +2 to team-b and org, -2 (a0, its victim) from team-a and org; b1's expired
+    assert with_nominations(held, [led], tree, 10.0) == {"team-a": 0, "team-b": 2 * G, "org": 2 * G, "other": G}
+    # the preemptor deciding again leaves its own nomination out
+    assert with_nominations(held, [led], tree, 10.0, but="ns/b0") == held
