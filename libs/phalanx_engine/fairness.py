@@ -23,9 +23,10 @@ from __future__ import annotations
 import heapq
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
+from phalanx_proto.events import PlacementFailed
 from phalanx_proto.queues import DEFAULT_QUEUE
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import IDLE
@@ -38,6 +39,10 @@ BACKOFF_BASE_S, BACKOFF_MAX_S = 1.0, 60.0
 """The default first and largest retry delay (``backoff_delay``)."""
 WAKE = 8
 """Gangs retried at once when GPUs are released."""
+UNSCHEDULABLE_RETRY_S = 300.0
+"""The default wait before a gang that fits no node set of the cluster as it is (``waits_for``
+``cluster``) is tried again although nothing it needs changed: the safety net of a missed
+change, as kube-scheduler's ``podMaxInUnschedulablePodsDuration`` (5 minutes)."""
 
 
 def queue_key(s: GangState) -> tuple:
@@ -109,12 +114,59 @@ def gate(s: GangState, others: Iterable[GangState], *, now: float, starve_after_
                 head=head.gang_id)
 
 
+def waits_for(s: GangState | PlacementFailed) -> str:
+    """What a gang that did not fit waits for (``phalanx_proto.events.WaitsFor``): as its last
+    placement said, or for a record or reply without the field, ``gpus`` when it could fit the
+    empty cluster and ``cluster`` when not."""
+    return s.waits_for or ("gpus" if s.fits_empty_cluster else "cluster")
+
+
+def retry_delay(s: GangState, failures: int, *, base_s: float, max_s: float,
+                unschedulable_s: float = UNSCHEDULABLE_RETRY_S) -> float:
+    """How long a gang that did not fit waits before it is tried again on a timer: the
+    exponential ``backoff_delay``, but for a gang waiting for the cluster to change
+    (``waits_for`` ``cluster``) ``unschedulable_s`` — such a gang is retried when a node
+    changes (``woken_by_cluster_change``), the timer only covers a change that was missed."""
+    if waits_for(s) == "cluster":
+        return unschedulable_s * (0.75 + 0.5 * random.Random(f"{s.gang_id}:{failures}").random())
+    return backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
+
+
+def _backing_off(s: GangState, now: float) -> bool:
+    return s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now
+
+
 def wake_order(states: Iterable[GangState], *, now: float, below_quota: Callable[[str], bool],
-               limit: int = WAKE) -> list[GangState]:
+               limit: int = WAKE, freed: Collection[str] | None = None,
+               chain: Callable[[str], Iterable[str]] = lambda q: (q,)) -> list[GangState]:
     """GPUs were released: the gangs that try again now instead of at the end of their
-    backoff — at most ``limit`` of those backing off after a failed placement, queues below
-    their quota first, then by priority and arrival (as kube-scheduler moves unschedulable
-    pods back to its active queue on a cluster event)."""
-    waiting = [s for s in states if s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now]
+    backoff — at most ``limit`` of those backing off after a failed placement that waits for
+    GPUs, or for its queue when the release gave units back to a queue of its line (``freed``:
+    those queues, None when unknown; ``chain``: a queue and its ancestors), queues below their
+    quota first, then by priority and arrival. Gangs waiting for the cluster to change are not
+    woken by a release: as kube-scheduler moves unschedulable pods back to its active queue only
+    on a cluster event its queueing hints say may help them."""
+    def woken(s: GangState) -> bool:
+        match waits_for(s):
+            case "gpus":
+                return True
+            case "queue":
+                return freed is None or any(q in freed for q in chain(queue_of(s)))
+        return False
+
+    waiting = [s for s in states if _backing_off(s, now) and woken(s)]
     waiting.sort(key=lambda s: (not below_quota(queue_of(s)), queue_key(s)))
     return waiting[:limit]
+
+
+def woken_by_cluster_change(states: Iterable[GangState], *, now: float) -> list[GangState]:
+    """A node was added, removed or changed (its topology, labels, taints, readiness,
+    allocatable or other pods): every gang backing off because it fit no node set of the
+    cluster is tried again, in queue order."""
+    return sorted((s for s in states if _backing_off(s, now) and waits_for(s) == "cluster"), key=queue_key)
+
+
+def woken_by_queue_change(states: Iterable[GangState], *, now: float) -> list[GangState]:
+    """The queues changed (a Queue created, edited or deleted): every gang backing off at its
+    queue is tried again, in queue order."""
+    return sorted((s for s in states if _backing_off(s, now) and waits_for(s) == "queue"), key=queue_key)

@@ -149,9 +149,11 @@ class Simulation:
             if kind == END and self._ends.get(gang_id) != seq:
                 continue  # the run it ended was cut short by preemption
             if kind == END:
+                freed = self.tree.chain(self.outcomes[gang_id].gang.queue)
                 self._end(gang_id)
                 # each queue asked once: nothing changes while the order is drawn
-                for s in fairness.wake_order(self._failed.values(), now=t, below_quota=cache(self._below_quota)):
+                for s in fairness.wake_order(self._failed.values(), now=t, below_quota=cache(self._below_quota),
+                                             freed=freed, chain=self.tree.chain):
                     self._set(evolve(s, backoff_until=t))
                     due[s.gang_id] = None
             elif kind == ARRIVE:
@@ -207,14 +209,14 @@ class Simulation:
         refusal = queueorder.refusal(self.tree, s.members, self.held)
         if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
             if self.tree.problem(queue) or not preemption.may_preempt(self, s) or not self._preempt(t, s):
-                self._refused(t, s, refusal, fits_empty=False)
+                self._refused(t, s, refusal, fits_empty=False, waits_for="queue")
             return None
         if queueorder.borrowing(self.tree, s.members, self.held):
             kept = queueorder.owed(self.tree, queue, owed, self._fits_now, memo)
             if kept:
                 return self._refused(t, s, f"queue {queue} would borrow beyond its quota, and the GPUs free now are "
                                            f"kept for queue(s) {', '.join(kept)}, below quota, whose gangs wait for them",
-                                     fits_empty=False)
+                                     fits_empty=False, waits_for="gpus")
         may_preempt = preemption.may_preempt(self, s)
         if not self.config.exact and not may_preempt and self._still_refused(s):
             return self._refused(t, s, s.reason or NO_FIT, *self._on_empty(s))
@@ -298,12 +300,15 @@ class Simulation:
             self._empty_memo[key] = got
         return got
 
-    def _refused(self, t: float, s: GangState, reason: str, fits_empty: bool, reserve: tuple[str, ...] = ()) -> None:
+    def _refused(self, t: float, s: GangState, reason: str, fits_empty: bool, reserve: tuple[str, ...] = (),
+                 waits_for: str = "") -> None:
         c = self.config
         failures = s.failures + 1
-        delay = fairness.backoff_delay(failures, base_s=c.backoff_base_s, max_s=c.backoff_max_s, gang_id=s.gang_id)
+        s = evolve(s, fits_empty_cluster=fits_empty, waits_for=waits_for or ("gpus" if fits_empty else "cluster"))
+        delay = fairness.retry_delay(s, failures, base_s=c.backoff_base_s, max_s=c.backoff_max_s,
+                                     unschedulable_s=c.unschedulable_retry_s)
         self._set(evolve(s, phase="backoff", failures=failures, backoff_until=t + delay, reason=reason,
-                          failure="placement_failed", fits_empty_cluster=fits_empty, reserve_nodes=reserve))
+                          failure="placement_failed", reserve_nodes=reserve))
         self.outcomes[s.gang_id].reason = reason
         self._agenda.push(t + delay, RETRY, s.gang_id)
 

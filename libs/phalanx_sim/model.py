@@ -45,6 +45,7 @@ class SimConfig:
     fairness: str = order.MODES[0]
     backoff_base_s: float = order.BACKOFF_BASE_S
     backoff_max_s: float = order.BACKOFF_MAX_S
+    unschedulable_retry_s: float = order.UNSCHEDULABLE_RETRY_S
     resync_s: float = 2.0
     """How soon a gang held back by the fairness gate asks again (gang-coordinator's resync)."""
     horizon_s: float | None = None

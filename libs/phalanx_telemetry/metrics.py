@@ -183,6 +183,14 @@ GANG_ROLLBACKS = Counter(
     f"({', '.join(ROLLBACK_REASONS)}).", ["reason"], allowed={"reason": ROLLBACK_REASONS})
 GANGS = Gauge("phalanx_gangs", "Gangs known to gang-coordinator, by saga phase.", ["phase"],
               allowed={"phase": PHASES})
+NOTICES_WAITING = Gauge(
+    "phalanx_notices_waiting_pods",
+    "Pods with a Warning event or PodScheduled condition handed to gang-coordinator's notifier and not yet sent "
+    "(sent off the saga's path, at most one pod's calls in flight each; docs/observability.md).")
+NOTICES_DROPPED = Counter(
+    "phalanx_notices_dropped_total",
+    "Pod events the notifier dropped unsent because newer ones for the same pod came first (it keeps the "
+    "latest few per pod).")
 RESYNC_POD_FAILURES = Counter(
     "phalanx_resync_pod_failures_total",
     "Pods whose admission failed during a gang-coordinator resync (logged once per pod; the others go on).")

@@ -43,6 +43,14 @@ MAX_BATCH_PODS = 10_000
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
+WaitsFor = Literal["", "gpus", "queue", "cluster"]
+"""What a gang that did not fit waits for before it is tried again (docs/saga.md, "Retried when
+something changed"): ``gpus`` — GPUs to be released; ``queue`` — its queue's usage to drop (a
+release charged to its queue's line) or the queues to change; ``cluster`` — the cluster itself
+to change (a node added, relabelled, uncordoned…), since it would not fit even were every GPU
+free. "" (a sender from before the field): ``gpus`` when it fits the empty cluster, else
+``cluster``."""
+
 class PodRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A pod by namespace/name, plus its uid so a recreated pod is not mistaken for the old one."""
 
@@ -335,6 +343,9 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
     the wire's bounds (``WhatIf.bounded``); None when they were not run (out of their time budget)
     or before they existed. gang-coordinator stores it in the record and appends its top line
     to the pending reason."""
+    waits_for: WaitsFor = ""
+    """What must change before trying again can help (``WaitsFor``): gang-coordinator retries
+    the gang when that happens, not on a timer."""
 
     def scope(self) -> str:
         return uid_digest(self.members)
@@ -411,6 +422,9 @@ class Released(GangEvent, tag="gang.released"):
     """Reply from placement: the reservations are gone from the ledger."""
 
     pods: tuple[PodRef, ...] = ()
+    queues: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=253)], ...], msgspec.Meta(max_length=64)] = ()
+    """The queues the freed reservations were charged to (``Allocation.queues``): gangs waiting
+    at a limit of one of them are tried again."""
 
     def scope(self) -> str:
         return uid_digest(self.pods)

@@ -20,6 +20,7 @@ from phalanx_proto.events import (
     NodeTopologyReported,
     Phase,
     PodRef,
+    WaitsFor,
     WhatIf,
     pod_key,
     uid_digest,
@@ -168,6 +169,9 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     whatif: WhatIf | None = None
     """From the last PlacementFailed: what would start the gang now (docs/whatif.md); None
     before the first, once placed, or when placement's probes ran out of their time budget."""
+    waits_for: WaitsFor = ""
+    """From the last PlacementFailed: what must change before a retry can help (``WaitsFor``);
+    gang-coordinator wakes the gang when it does (``phalanx_engine.fairness``)."""
 
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:

@@ -312,7 +312,8 @@ BUCKETS = (
     Bucket(KV_NODE_STATE, 1, "Each node's Kubernetes state for the non-GPU filters (allocatable, taints, labels, "
            "cordon, Ready, the requests and host ports of the pods Phalanx did not place there) and the pods "
            "Phalanx placed that run there.",
-           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           (Grant(TOPOLOGY_DISCOVERY, WRITE, "{node}"), Grant(PLACEMENT, WATCH), Grant(GANG_COORDINATOR, WATCH),
+            Grant(READER, READ)),
            max_value_size=NODE_STATE_MAX, max_bytes=512 * MIB, value="kv.NodeKubeState", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node (key: the node), and what each queue holds (key: "
            "queue.<queue>); all nodes and queues of a decision commit in one atomic batch.",
@@ -337,7 +338,7 @@ BUCKETS = (
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(READER, READ)),
            max_value_size=64 * KIB, max_bytes=64 * MIB, simulator_only=True),
     Bucket(KV_SIM_NAMESPACES, 2, "Simulated cluster: Namespace objects (their labels).",
-           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(READER, READ)),
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)),
            max_value_size=64 * KIB, max_bytes=64 * MIB, simulator_only=True),
     Bucket(KV_SIM_PODS, 4, "Simulated cluster: pods.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH),

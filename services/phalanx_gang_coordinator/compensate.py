@@ -83,8 +83,8 @@ class Compensator:
             pod = await self.cluster.get_pod(a.pod)
             if pod is None or not pod.node_name or pod.uid != a.pod.uid or pod.scheduler_name not in SCHEDULER_NAMES:
                 continue
-            await self.notifier.event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its controller "
-                                                             "recreates it")
+            self.notifier.event(a.pod, "GangRollback", f"{reason}; deleting this bound pod so its controller "
+                                                       "recreates it")
             if await self._delete(a.pod):
                 deleted.append(a.pod)
         return tuple(deleted)
@@ -116,7 +116,7 @@ class Compensator:
         if pod.scheduler_name not in SCHEDULER_NAMES:
             refused(R.FOREIGN_SCHEDULER, f"{ref} has schedulerName {pod.scheduler_name!r}", gang=gang_id)
             return
-        await self.notifier.event(ref, "GangRollback", f"gang {gang_id} attempt {attempt} was rolled back "
-                                                       "before this pod was bound; deleting it so its controller "
+        self.notifier.event(ref, "GangRollback", f"gang {gang_id} attempt {attempt} was rolled back "
+                                                 "before this pod was bound; deleting it so its controller "
                                                        "recreates it")
         await self._delete(ref)

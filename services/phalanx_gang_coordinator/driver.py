@@ -102,7 +102,7 @@ class SagaDriver:
                     await self.bus.publish_scheduled(S.deadline_schedule_subject(event.gang_id), event, at=at,
                                                      target=S.deadline_fired_subject(event.gang_id))
                 case effects.Notify(pods=pods, reason=reason, message=message, condition=condition):
-                    await self.notifier.tell(pods, reason, message, condition=condition)
+                    self.notifier.tell(pods, reason, message, condition=condition)
                 case effects.Compensate(gang_id=gang_id, attempt=attempt):
                     await self.roll_back(gang_id, attempt)
 
@@ -221,35 +221,37 @@ class SagaDriver:
                 c = self.config
                 missed = self.missed.pop(event.gang_id, None) == event.attempt
                 state = await self.apply(await self.store.transition(event.gang_id, lambda s: saga.placement_failed(
-                    s, event, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s)))
-                if missed and state is not None and await self._wake_one(event.gang_id, time.time()):
+                    s, event, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s,
+                    unschedulable_s=c.unschedulable_retry_s)))
+                if missed and state is not None and fairness.waits_for(state) != "cluster" and \
+                        await self._wake_one(event.gang_id, time.time()):
                     log("gang woken: GPUs were released during its attempt", gang=event.gang_id,
                         attempt=event.attempt)
             case BindsDone():
                 await self.on_binds_done(event)
             case Released():
-                await self.wake()  # GPUs came free: gangs that did not fit may now
+                await self.wake(freed=event.queues or None)  # GPUs came free: gangs that did not fit may now
             case _:
                 warn("unexpected event on coordinator subject", kind=type(event).__name__)
 
-    async def wake(self, now: float | None = None) -> list[str]:
-        """GPUs were released: the first ``WAKE`` gangs waiting in backoff after a failed
-        placement try again now instead of at the end of their backoff — those of queues below
-        their quota first, then by priority and arrival (as kube-scheduler moves unschedulable
-        pods back to its active queue on a cluster event). Returns the gangs woken.
+    async def wake(self, now: float | None = None, *, freed: tuple[str, ...] | None = None) -> list[str]:
+        """GPUs were released (charged to the queues ``freed``, None when unknown): the gangs
+        ``fairness.wake_order`` picks try again now instead of at the end of their backoff.
+        Returns the gangs woken.
 
         A gang whose attempt is under way competes too: placement may have decided it before
-        these GPUs came free, so if that attempt fails it is tried again at once (``missed``)
-        instead of sleeping its whole backoff — a preemptor woken by each of its victims'
-        releases is nearly always placing when the last one comes."""
+        these GPUs came free, so if that attempt fails waiting for GPUs it is tried again at once
+        (``missed``) instead of sleeping its whole backoff — a preemptor woken by each of its
+        victims' releases is nearly always placing when the last one comes."""
         now = time.time() if now is None else now
         states, _ = await self.store.all()
-        waiting = [s for s in states if s.phase == "placing" or (
-            s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now)]
         owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
-        waiting.sort(key=lambda s: (not owed(fairness.queue_of(s)), fairness.queue_key(s)))
+        chain = self.queues.tree.chain if self.queues is not None else (lambda q: (q,))
+        placing = [s for s in states if s.phase == "placing"]
+        backing_off = fairness.wake_order(states, now=now, below_quota=owed, freed=freed, chain=chain)
         woken = []
-        for s in waiting[:fairness.WAKE]:
+        for s in sorted((*placing, *backing_off),
+                        key=lambda s: (not owed(fairness.queue_of(s)), fairness.queue_key(s)))[:fairness.WAKE]:
             if s.phase == "placing":
                 self.missed[s.gang_id] = s.attempt
             elif await self._wake_one(s.gang_id, now):
@@ -257,6 +259,15 @@ class SagaDriver:
         if woken:
             log("gangs woken: GPUs were released", gangs=",".join(woken))
         return woken
+
+    async def wake_all(self, woken: list[GangState], why: str, now: float | None = None) -> list[str]:
+        """Try ``woken`` again now (``fairness.woken_by_cluster_change``, ``woken_by_queue_change``):
+        something they wait for changed. Returns the gangs woken."""
+        now = time.time() if now is None else now
+        done = [s.gang_id for s in woken if await self._wake_one(s.gang_id, now)]
+        if done:
+            log("gangs woken", why=why, gangs=",".join(done[:20]), count=len(done))
+        return done
 
     async def _wake_one(self, gang_id: str, now: float) -> bool:
         """End the backoff of a gang that failed to place and start its next attempt."""

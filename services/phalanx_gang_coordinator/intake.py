@@ -61,7 +61,7 @@ class PodIntake:
                 spec = member_spec(pod)
             except InvalidMember as e:
                 warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
-                await self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
+                self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
                 continue
             if self.queues is not None:
                 queue, problem = await self.queues.resolve(pod)
@@ -69,7 +69,7 @@ class PodIntake:
                     warn("pod not admitted for its queue", pod=f"{pod.namespace}/{pod.name}", queue=queue,
                          reason=problem)
                     metrics.QUEUE_ADMISSIONS_REFUSED.inc(reason=_refusal_kind(problem))
-                    await self.notifier.once(pod, "FailedScheduling", problem)
+                    self.notifier.once(pod, "FailedScheduling", problem)
                     continue
                 spec = msgspec.structs.replace(spec, queue=queue)
             admitted.append((pod, ident, spec))
@@ -92,8 +92,8 @@ class PodIntake:
             t = await self.driver.admit(gang_id, add)
         except UnreadableRecord as e:
             for pod, _, _ in arrivals:
-                await self.notifier.once(pod, "FailedScheduling", f"gang {gang_id}: its record cannot be read "
-                                                                  f"({e.bad}); see `phalanx doctor`")
+                self.notifier.once(pod, "FailedScheduling", f"gang {gang_id}: its record cannot be read "
+                                                            f"({e.bad}); see `phalanx doctor`")
             return
         if t is not None:
             for pod, ident, _ in arrivals:
@@ -116,7 +116,7 @@ class PodIntake:
         # Fewer members than min-member: the pods are told once the gang has waited --settle-s
         # (resync, ``tell_incomplete``); a gang whose pods arrive together writes nothing to them.
         if msg:
-            await self.notifier.event(pod.ref, "GangMembership", msg)
+            self.notifier.event(pod.ref, "GangMembership", msg)
 
     async def tell_incomplete(self, s: GangState, now: float) -> None:
         """``PodScheduled=False`` on each member of a gang that waits for more members, unless
@@ -126,7 +126,7 @@ class PodIntake:
             pod = self.watched.get((m.pod.namespace, m.pod.name))
             if pod is None or pod.uid != m.pod.uid or pod.node_name or _condition_message(pod) == message:
                 continue
-            await self.notifier.condition(m.pod, message)
+            self.notifier.condition(m.pod, message)
 
     async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None) -> None:
         """Forget a deleted member, then give back what it held (its MIG instance, its

@@ -31,6 +31,7 @@ import anyio
 from phalanx_bus import Bus, KvMirror
 from phalanx_engine import queueorder
 from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
+from phalanx_gang_coordinator.changes import Signal
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 from phalanx_proto import subjects as S
@@ -45,10 +46,15 @@ from phalanx_telemetry import log, metrics, warn
 
 
 class QueueBook:
-    def __init__(self, bus: Bus, cluster: ClusterPort, *, sync_s: float = 2.0) -> None:
+    def __init__(self, bus: Bus, cluster: ClusterPort, topology: KvMirror, *, sync_s: float = 2.0,
+                 changed: Signal | None = None) -> None:
         self.bus = bus
         self.cluster = cluster
         self.sync_s = sync_s
+        self.changed = changed or Signal()
+        """Fired when a sync wrote a queue that changed (not by the first): the gangs waiting at
+        their queue are tried again."""
+        self._synced = False
         self.tree = QueueTree.of(())
         self.namespaces: dict[str, dict[str, str]] = {}
         self.held: dict[str, int] = {}
@@ -56,7 +62,8 @@ class QueueBook:
         self._held_at: dict[str, dict[str, int]] = {}
         self.ledger: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put,
                                                    on_delete=self._ledger_gone)
-        self.topology: KvMirror = KvMirror.of_bucket(bus, S.KV_TOPOLOGY)
+        self.topology = topology
+        """Each node's topology report (``changes.ClusterChanges``' mirror; run by it)."""
         self._written: dict[str, bytes] = {}
         self.declared: set[str] = set()
         self._told: set[str] = set()
@@ -65,7 +72,6 @@ class QueueBook:
         """Follow the queues until cancelled; started once they were read once."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.ledger.run)
-            await tg.start(self.topology.run)
             await tg.start(self._follow_namespaces)
             await self._sync_logged()
             task_status.started()
@@ -105,14 +111,20 @@ class QueueBook:
         self.declared = {s.name for s in specs}
         kv = await self.bus.kv(S.KV_QUEUES)
         wanted = {queue_key(s.name): encoder.encode(s) for s in specs}
+        changed = False
         for key, raw in wanted.items():
             if self._written.get(key) != raw:
                 await kv.put(key, raw)
                 self._written[key] = raw
+                changed = True
                 log("queue written", queue=key, spec=raw.decode()[:300])
         for key in set(await kv.keys()) - set(wanted):
             await kv.delete(key)
             self._written.pop(key, None)
+            changed = True
+        if changed and self._synced:
+            self.changed.fire()
+        self._synced = True
 
     async def resolve(self, pod: Pod) -> tuple[str, str]:
         """(the pod's queue, why it may not be in it — "" when it may). A namespace the watch has

@@ -167,12 +167,12 @@ class Reconciler:
                 if key not in self._suspects:
                     return ""
                 warn("reconciler rolls back a pod that shares a GPU", pod=str(pod), why=message)
-                await self.notifier.event(pod, "PhalanxDoubleBooked", message)
+                self.notifier.event(pod, "PhalanxDoubleBooked", message)
                 await self.cluster.delete_pod(pod)
                 return "evict"
             case audit.Report(pod=pod, message=message):
                 warn("reconciler found a pod it cannot repair", pod=str(pod), why=message)
-                await self.notifier.event(pod, "PhalanxUnreserved", message)
+                self.notifier.event(pod, "PhalanxUnreserved", message)
                 return "report"
         return ""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import msgspec
 
-from phalanx_engine.fairness import backoff_delay
+from phalanx_engine.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindsDone,
@@ -156,15 +156,18 @@ def placed(s: GangState | None, ev: Reserved) -> GangState | None:
 
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
-                     max_s: float) -> GangState | None:
+                     max_s: float, unschedulable_s: float = UNSCHEDULABLE_RETRY_S) -> GangState | None:
     """placing → backoff: nothing was reserved, so there is nothing to compensate. A reply
-    naming other pods than the members (another incarnation of the gang) changes nothing."""
+    naming other pods than the members (another incarnation of the gang) changes nothing.
+    The gang keeps what it waits for (``fairness.waits_for``) and is retried when that changes,
+    or after ``fairness.retry_delay`` at the latest."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
         return None
     if ev.members and set(ev.members) != {m.pod for m in attempt_members(s)}:
         return None
     failures = s.failures + 1
-    delay = backoff_delay(failures, base_s=base_s, max_s=max_s, gang_id=s.gang_id)
+    delay = retry_delay(replace(s, waits_for=waits_for(ev), fits_empty_cluster=ev.fits_empty_cluster), failures,
+                        base_s=base_s, max_s=max_s, unschedulable_s=unschedulable_s)
     reason = ev.summary
     if s.avoid_nodes:
         reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
@@ -173,7 +176,7 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
         reason = f"{reason.removesuffix('.')}; {top}"
     return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
-                   reserve_nodes=ev.reserve_nodes, whatif=ev.whatif)
+                   reserve_nodes=ev.reserve_nodes, whatif=ev.whatif, waits_for=waits_for(ev))
 
 
 def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangState | None:

@@ -12,7 +12,8 @@ each its own module:
 ``effects``     the side effects of a transition as data, pure
 ``driver``      attempts, replies, deadlines: check, transition, carry the effects out
 ``compensate``  the rollback's compensations, and undoing a late bind
-``notify``      Warning events and ``PodScheduled`` conditions on pods
+``notify``      Warning events and ``PodScheduled`` conditions on pods, sent off the saga's
+                path (at most one pod's calls in flight each, the latest condition wins)
 ``resync``      the periodic safety net and the queue view; which waiting gang may
                 start now is ``phalanx_engine.fairness`` (pure; ``phalanx sim`` runs it too)
 ``reconciler``  ledger vs gang records vs bound pods, repaired (one replica: ``lease``;
@@ -29,12 +30,14 @@ down.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import anyio
 
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
 from phalanx_engine import fairness as order
+from phalanx_gang_coordinator.changes import ClusterChanges, Signal
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
@@ -64,6 +67,9 @@ class Config:
     redrive_after_s: float = option(5.0, "re-publish the commands of a gang without progress for this long")
     backoff_base_s: float = option(order.BACKOFF_BASE_S, "first retry delay")
     backoff_max_s: float = option(order.BACKOFF_MAX_S, "largest retry delay")
+    unschedulable_retry_s: float = option(order.UNSCHEDULABLE_RETRY_S,
+                                          "a gang that fits no node set of the cluster is tried again when a node "
+                                          "changes, and after this long at the latest")
     default_timeout_s: float = option(180.0, f"attempt deadline when the pods set no {TIMEOUT_ANNOTATION}")
     settle_s: float = option(2.0, "a gang without min-member starts after no member arrived for this long")
     starve_after_s: float = option(order.STARVE_AFTER_S, "a head-of-line gang waiting this long is protected from starvation; "
@@ -95,17 +101,27 @@ class Coordinator:
     reconciler: Reconciler
     queues: QueueBook
 
+    changes: ClusterChanges
+
     @classmethod
     def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config) -> Coordinator:
         store = GangStore(gangs_kv, KvMirror.of_bucket(bus, S.KV_GANGS))
         notifier = Notifier(cluster)
-        queues = QueueBook(bus, cluster, sync_s=config.queue_sync_s)
+        changes = ClusterChanges(bus)
+        queues = QueueBook(bus, cluster, changes.topology, sync_s=config.queue_sync_s)
         driver = SagaDriver(bus, cluster, store, notifier, config, queues)
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
                            queues=queues)
         return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config),
                    Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s, queues=queues),
-                   queues)
+                   queues, changes)
+
+    async def wake_on(self, signal: Signal, pick, why: str) -> None:
+        """Whenever ``signal`` fires, try again the gangs ``pick`` says wait for it
+        (``fairness.woken_by_cluster_change``, ``woken_by_queue_change``)."""
+        async for _ in signal.changes():
+            states, _ = await self.store.all()
+            await self.driver.wake_all(pick(states, now=time.time()), why)
 
 
 async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
@@ -120,7 +136,9 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
     async with anyio.create_task_group() as tg:
         await tg.start(to_placement.run)
         await tg.start(to_binder.run)
+        await tg.start(coord.notifier.run)
         await tg.start(coord.store.run)
+        await tg.start(coord.changes.run)
         await tg.start(driver.ledger.run)
         await tg.start(driver.mig.run)
         await tg.start(coord.queues.run)
@@ -135,6 +153,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
             bus, stream=S.CONSUMER[DURABLE_DEADLINE].stream, durable=DURABLE_DEADLINE, filter_subject=S.CONSUMER[DURABLE_DEADLINE].filter,
             decoder=gang_decoder, handler=driver.on_deadline, task_status=task_status))
         await tg.start(coord.intake.watch)
+        tg.start_soon(coord.wake_on, coord.changes.signal, order.woken_by_cluster_change, "the cluster changed")
+        tg.start_soon(coord.wake_on, coord.queues.changed, order.woken_by_queue_change, "the queues changed")
         tg.start_soon(coord.resync.run)
         if config.reconcile_s > 0:
             tg.start_soon(coord.reconciler.run)

@@ -57,7 +57,7 @@ class Holdings:
         if refusal is not None:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
-        released, held, held_on, freeing = 0, [], set(), 0
+        released, held, held_on, freeing, queues = 0, [], set(), 0, set()
 
         def build() -> dict:
             nonlocal held, held_on, freeing
@@ -72,6 +72,8 @@ class Holdings:
                     held_on.add(ledger.node)
                 if out.ledger is not None:
                     freeing += len(ledger.allocations) - len(out.ledger.allocations)
+                    queues.update(q for k, a in ledger.allocations.items() if k not in out.ledger.allocations
+                                  for q in a.queues)
                     writes[key] = out.ledger
             writes.update(self.queues.usage_writes(ev.gang_id, writes))
             return writes
@@ -91,7 +93,8 @@ class Holdings:
                     command="release")
             raise TemporaryError(f"gang {ev.gang_id}: {len(held)} reservation(s) held under running pods",
                                  delay=RELEASE_RETRY_S)
-        await self.answers.send(Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods))
+        await self.answers.send(Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods,
+                                         queues=tuple(sorted(queues))[:64]))
 
     async def _wait_for_reports(self, nodes: set[str], deadline: float) -> bool:
         """Wait, until ``deadline``, for one of ``nodes``' agents to report again (whether its

@@ -37,4 +37,4 @@ def pending(ev: PlaceRequested, members, reason: str, nodes: list[str], *, fits_
     gate should it starve)."""
     return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=reason, reasons={reason: 1},
                                  fits_empty_cluster=fits_empty, members=tuple(m.pod for m in members),
-                                 reserve_nodes=tuple(nodes)))
+                                 reserve_nodes=tuple(nodes), waits_for="gpus"))

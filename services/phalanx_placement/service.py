@@ -216,6 +216,7 @@ class Placement:
             metrics.QUEUE_REFUSALS.inc(queue=queue)
             return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
                                           fits_empty_cluster=False, members=tuple(m.pod for m in members),
+                                          waits_for="queue",
                                           whatif=self._whatif(ev.gang_id, members, record, blocked, running,
                                                               preempt=preempted)))
         if self.queues.borrowing(members, ev.gang_id, running):
@@ -227,6 +228,7 @@ class Placement:
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
                                               fits_empty_cluster=False, members=tuple(m.pod for m in members),
+                                              waits_for="gpus",
                                               whatif=self._whatif(ev.gang_id, members, record, why, running, owed)))
         avoid = record.avoid_nodes
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
@@ -253,7 +255,7 @@ class Placement:
             fits = isinstance(empty, Decision)
             return Reply(PlacementFailed(
                 gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
-                fits_empty_cluster=fits, members=tuple(m.pod for m in members),
+                fits_empty_cluster=fits, members=tuple(m.pod for m in members), waits_for="gpus" if fits else "cluster",
                 reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
                 whatif=self._whatif(ev.gang_id, members, record, result.summary, running, preempt=preempted)))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))

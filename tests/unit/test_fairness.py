@@ -89,3 +89,50 @@ def test_each_gang_is_gated_on_its_queues_contenders_as_on_every_other_gang_of_t
 
 def test_the_backoff_of_a_gang_refused_for_days_stays_at_its_cap():
     assert 45 <= fairness.backoff_delay(5000, base_s=1, max_s=60, gang_id="default/x") <= 75
+
+
+def waiting(name: str, waits: str, *, queue: str = "", created: float = 0.0, until: float = 200.0) -> GangState:
+    """A gang backing off after a failed placement that waits for ``waits``."""
+    from phalanx_proto.events import MemberSpec, PodRef
+
+    member = MemberSpec(pod=PodRef(namespace="default", name=name, uid=name), gpus=1, queue=queue)
+    return GangState(gang_id=f"default/{name}", phase="backoff", attempt=1, created_at=created, members=(member,),
+                     failure="placement_failed", backoff_until=until, waits_for=waits,
+                     fits_empty_cluster=waits != "cluster")
+
+
+HINTS = [waiting("gpus", "gpus", created=3), waiting("big", "cluster", created=1),
+         waiting("at-limit-a", "queue", queue="a", created=2), waiting("at-limit-b", "queue", queue="b", created=4),
+         waiting("old", "", created=0),  # a record from before the field: its fits_empty_cluster says
+         msgspec.structs.replace(waiting("old-too-big", "cluster", created=0.5), waits_for="")]
+WAKES = [
+    ("a release wakes the gangs waiting for GPUs and for the queues it gave back to, never those that fit no "
+     "node set", dict(freed=("a",)), ["default/old", "default/at-limit-a", "default/gpus"]),
+    ("a release whose queues are unknown wakes every gang waiting at a queue", dict(freed=None),
+     ["default/old", "default/at-limit-a", "default/gpus", "default/at-limit-b"]),
+    ("a release to a parent queue wakes the gangs of its children at their limit",
+     dict(freed=("org",), chain=lambda q: (q, "org")),
+     ["default/old", "default/at-limit-a", "default/gpus", "default/at-limit-b"]),
+    ("the wake-up is bounded", dict(freed=None, limit=2), ["default/old", "default/at-limit-a"]),
+]
+
+
+@pytest.mark.parametrize(("name", "kw", "expected"), WAKES, ids=[c[0] for c in WAKES])
+def test_a_release_wakes_only_the_gangs_a_release_can_help(name, kw, expected):
+    got = fairness.wake_order(HINTS, now=100.0, below_quota=lambda q: False, **kw)
+    assert [s.gang_id for s in got] == expected
+
+
+def test_a_cluster_change_wakes_the_gangs_that_fit_no_node_set_and_a_queue_change_those_at_their_queue():
+    assert [s.gang_id for s in fairness.woken_by_cluster_change(HINTS, now=100.0)] == [
+        "default/old-too-big", "default/big"]
+    assert [s.gang_id for s in fairness.woken_by_queue_change(HINTS, now=100.0)] == [
+        "default/at-limit-a", "default/at-limit-b"]
+    assert fairness.woken_by_cluster_change(HINTS, now=300.0) == []  # their timers are over: resync starts them
+
+
+def test_a_gang_that_fits_no_node_set_is_retried_on_a_five_minute_timer_and_the_others_back_off():
+    big, gpus = waiting("big", "cluster"), waiting("gpus", "gpus")
+    assert 225.0 <= fairness.retry_delay(big, 1, base_s=1.0, max_s=60.0) <= 375.0
+    assert fairness.retry_delay(gpus, 1, base_s=1.0, max_s=60.0) == fairness.backoff_delay(
+        1, base_s=1.0, max_s=60.0, gang_id=gpus.gang_id)

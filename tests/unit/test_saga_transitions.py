@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from phalanx_engine import fairness
 from phalanx_gang_coordinator import saga
 from phalanx_proto.events import (
     BindFailure,
@@ -89,8 +90,19 @@ CASES = [
      lambda s: saga.bound(s, 2, (P1, P2)), replace(PLACING, whatif=WHATIF), gang("scheduled", 2, bound=(P1, P2))),
     ("PlacementFailed goes to backoff with the reason and a retry time",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes"), now=100.0, **BO),
-     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes", failure="placement_failed",
+     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes", failure="placement_failed", waits_for="gpus",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a gang that fits no node set of the cluster waits for the cluster to change, and on the timer 5 minutes",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes",
+                                                        fits_empty_cluster=False), now=100.0, **BO),
+     PLACING, gang("backoff", 2, failures=1, reason="0/2 nodes", failure="placement_failed", waits_for="cluster",
+                   fits_empty_cluster=False,
+                   backoff_until=100.0 + fairness.retry_delay(replace(PLACING, waits_for="cluster"), 1, **BO))),
+    ("a gang refused at its queue's limit waits for its queue, on the exponential timer",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="at its limit",
+                                                        fits_empty_cluster=False, waits_for="queue"), now=100.0, **BO),
+     PLACING, gang("backoff", 2, failures=1, reason="at its limit", failure="placement_failed", waits_for="queue",
+                   fits_empty_cluster=False, backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("PlacementFailed for an old attempt changes nothing",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=1), now=1.0, **BO), PLACING, None),
     ("the MigReady after which every instance is recorded ready moves to binding",
@@ -186,19 +198,20 @@ CASES = [
                                                         reserve_nodes=("n1",)), now=100.0, **BO),
      replace(PLACING, avoid_nodes=("n1", "n2"), avoid_for="default/big"),
      replace(PLACING, phase="backoff", failures=1, failure="placement_failed", reserve_nodes=("n1",),
-             avoid_nodes=("n1", "n2"), avoid_for="default/big",
+             avoid_nodes=("n1", "n2"), avoid_for="default/big", waits_for="gpus",
              reason="0/1 nodes are available. (backfill behind default/big, first in queue and waiting too long: "
                     "n1, n2)", backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a failed placement carrying what-if answers keeps them and appends the top one to the reason",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes", whatif=WHATIF),
                                      now=100.0, **BO),
-     PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=WHATIF,
+     PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=WHATIF, waits_for="gpus",
                    reason="0/2 nodes; would start if 2 GPUs free on node n1 (held by gang a/x)",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("answers none of which starts the gang alone are kept, and the reason is left as it is",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="0/2 nodes", whatif=NOT_ALONE),
                                      now=100.0, **BO),
      PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=NOT_ALONE, reason="0/2 nodes",
+                   waits_for="gpus",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a placement forgets the answers of the attempt before",
      lambda s: saga.placed(s, RESERVED), replace(PLACING, whatif=WHATIF), PREPARING),
