@@ -124,5 +124,25 @@ async def test_placement_checks_the_node_state_the_agents_report_and_refuses_wha
         # it waits for the cluster to change, so its reason is its first attempt's.
         assert (reason.split("; ")[0].removesuffix("."), node) == (
             "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable", "v100-b")
+        # A pod only the cordoned node could take waits for the cluster to change (minutes on its
+        # timer); uncordoning the node is such a change: it is tried again and bound at once.
+        pinned = gpu_pod("pinned", 1)
+        pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "v100-a"}
+        await sim.apply_pod(pinned)
+
+        async def waiting():
+            s = (await gang_states(bus)).get("default/pinned")
+            return s if s is not None and s.phase == "backoff" else None
+
+        before = await wait_until(waiting, 30)
+        assert (before.waits_for, before.attempt) == ("cluster", 1)
+        assert before.backoff_until - before.updated_at > 200
+        cordoned["spec"] = {}
+        await sim.apply_node(cordoned)
+
+        async def pinned_bound():
+            return (await bound_pods(sim)).get("default/pinned")
+
+        assert (await wait_until(pinned_bound, 30))[0] == "v100-a"
     finally:
         await bus.close()
