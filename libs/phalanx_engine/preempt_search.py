@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 from phalanx_engine.decide import TIERS, Cluster, domain_of
 from phalanx_engine.preempt_order import Cost, Trials, plan_order
-from phalanx_engine.preempt_rules import Rules, RunningGang
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import RequestKind, pod_key
 from phalanx_proto.queues import GPU_UNITS
+from phalanx_rules.preemption import Rules, RunningGang
 
 
 @dataclass(frozen=True, slots=True)

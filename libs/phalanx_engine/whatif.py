@@ -32,15 +32,15 @@ from typing import Protocol
 
 import msgspec
 
-from phalanx_engine import queueorder
 from phalanx_engine.decide import DEFAULT_PROFILE, TIER_NAMES, TIERS, Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.nodestate import NodeState
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, RequestKind
 from phalanx_proto.queues import GPU_UNITS, shown
 from phalanx_proto.whatif import PROBES, Answer, Holder, WhatIf
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree
 
 DEFAULT_BUDGET_S = 0.05
 """Time all probes of one gang share unless the caller says otherwise (docs/whatif.md has the

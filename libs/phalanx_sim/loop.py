@@ -34,13 +34,11 @@ from functools import cache
 
 from msgspec.structs import replace as evolve
 
-from phalanx_engine import fairness, queueorder
 from phalanx_engine.candidates import checks_resources
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.kube_plugins import resources_fit
 from phalanx_engine.packing import stranded_milli
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import Status
 from phalanx_engine.whatif import Running, tier_of
@@ -48,6 +46,8 @@ from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import IDLE
+from phalanx_rules import fairness, queueorder
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
 from phalanx_sim.derived import Derived

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from phalanx_engine import queueorder
 from phalanx_engine.preempt import Plan, Preemptor, RunningGang, plan_preemption
 from phalanx_proto.state import GangState
+from phalanx_rules import queueorder
 
 if TYPE_CHECKING:
     from phalanx_sim.loop import Simulation

@@ -13,11 +13,11 @@ from typing import Any
 import msgspec
 
 from phalanx_engine.decide import decide
-from phalanx_engine.queueorder import owed, owed_candidates, queue_of
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
 from phalanx_engine.whatif import ProbeContext, QueueView, Running, what_if
 from phalanx_proto.queues import GPU_UNITS
+from phalanx_rules.queueorder import owed, owed_candidates, queue_of
 from phalanx_sim.loop import Outcome, Simulation
 from phalanx_sim.model import clock
 

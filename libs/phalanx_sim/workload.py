@@ -32,12 +32,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx_engine import queueorder
-from phalanx_engine.queues import QueueTree
 from phalanx_input import Invalid, yaml_file
 from phalanx_kubeobjects import gangs, workloads
 from phalanx_kubeobjects.requests import RequestError
 from phalanx_proto.events import MemberSpec, PodRef
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree
 from phalanx_sim.model import SimGang, parse_duration
 
 ARRIVAL = "sim.phalanx.io/arrival"

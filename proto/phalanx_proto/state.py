@@ -171,7 +171,7 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     before the first, once placed, or when placement's probes ran out of their time budget."""
     waits_for: WaitsFor = ""
     """From the last PlacementFailed: what must change before a retry can help (``WaitsFor``);
-    gang-coordinator wakes the gang when it does (``phalanx_engine.fairness``)."""
+    gang-coordinator wakes the gang when it does (``phalanx_rules.fairness``)."""
 
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:

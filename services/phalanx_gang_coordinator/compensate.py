@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, NotOurs, Pod
@@ -32,6 +32,7 @@ from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import saga
 from phalanx_telemetry import log, metrics, refused, warn
 
 COMPENSATION_LIMIT_S = 15.0

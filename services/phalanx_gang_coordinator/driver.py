@@ -21,8 +21,7 @@ from opentelemetry import context as otel_context
 from phalanx_bus import BatchSender, Bus, Delivery, KvMirror
 from phalanx_bus.declare import declare_consumer
 from phalanx_bus.ledger import LedgerBook
-from phalanx_engine import fairness
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.holdings import Holdings
 from phalanx_gang_coordinator.notify import Notifier
@@ -47,6 +46,7 @@ from phalanx_proto.events import (
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members
 from phalanx_proto.vocab import IDLE
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import fairness, saga
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from phalanx_gang_coordinator import saga
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
@@ -42,6 +41,7 @@ from phalanx_proto.events import (
     RollbackStarted,
 )
 from phalanx_proto.state import GangState
+from phalanx_rules import saga
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
 * **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
   Queue's ``status``: allocated and borrowed GPUs (the reservations that name the queue in
   ``phx-ledger``, mirrored here), pending gangs and GPUs (from the gang records), its fair
-  share (``phalanx_engine.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
+  share (``phalanx_rules.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
   condition naming the problem.
 """
 
@@ -29,8 +29,6 @@ import time
 import anyio
 
 from phalanx_bus import Bus, KvMirror
-from phalanx_engine import queueorder
-from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_gang_coordinator.changes import Signal
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
@@ -42,6 +40,8 @@ from phalanx_proto.queues import (
     queue_key,
 )
 from phalanx_proto.state import GangState
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_telemetry import log, metrics, warn
 
 
@@ -162,7 +162,7 @@ class QueueBook:
         return sum(len(e.value.topology.gpus) for e in self.topology if e.value.enabled) * GPU_UNITS
 
     def report(self, states: list[GangState]) -> dict[str, dict]:
-        """Each queue's status (``phalanx_engine.queues.queue_report``), and its metrics."""
+        """Each queue's status (``phalanx_rules.queues.queue_report``), and its metrics."""
         out = queue_report(self.tree, self.held, states, self.capacity())
         for q, r in out.items():
             metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)

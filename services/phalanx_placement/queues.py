@@ -35,8 +35,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from phalanx_engine.queues import QueueTree, expected_usage, fair_shares, over_limit
-from phalanx_engine.queues import rank as queue_rank
 from phalanx_placement.cache import ClusterCache
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import (
@@ -50,6 +48,8 @@ from phalanx_proto.queues import (
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, attempt_members
 from phalanx_proto.vocab import IDLE
+from phalanx_rules.queues import QueueTree, expected_usage, fair_shares, over_limit
+from phalanx_rules.queues import rank as queue_rank
 
 ORDER_EVERY_S = 0.5
 WAITING = IDLE | {"placing"}
@@ -218,7 +218,7 @@ class PlacementQueues:
         leave, each as it is (a queue without a limit keeps no charges: an empty record), each
         expecting the revision the decision read — so two replicas' reclaims between the same
         queues never both commit on the same view: the later decides again on the first's
-        nomination (``phalanx_engine.preempt_rules.with_nominations``)."""
+        nomination (``phalanx_rules.preemption.with_nominations``)."""
         reclaimed = [v for v in victims if v.queue != queue]
         if not reclaimed:
             return {}

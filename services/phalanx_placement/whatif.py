@@ -37,13 +37,13 @@ import msgspec
 from phalanx_engine.decide import Cluster
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import Plan, Preemptor, RunningGang, SearchBounds, plan_preemption
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.whatif import PreemptPlan, ProbeContext, QueueView, Running, what_if
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.queues import PlacementQueues, queue_of
 from phalanx_proto.events import MemberSpec, PodRef, WhatIf
 from phalanx_proto.queues import QueueSpec
 from phalanx_proto.state import GangState
+from phalanx_rules.queues import QueueTree
 from phalanx_telemetry import warn
 
 KEPT = 4096

@@ -1,12 +1,10 @@
-"""The saga's pure transitions (services/phalanx_gang_coordinator/saga.py), table-driven."""
+"""The saga's pure transitions (libs/phalanx_rules/saga.py), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from phalanx_engine import fairness
-from phalanx_gang_coordinator import saga
 from phalanx_proto.events import (
     BindFailure,
     BindsDone,
@@ -21,6 +19,7 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import GangPart, GangState, Running
 from phalanx_proto.whatif import Answer, Holder, WhatIf
+from phalanx_rules import fairness, saga
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")

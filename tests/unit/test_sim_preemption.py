@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from engine_builders import node, pod
 
-from phalanx_engine.queues import QueueTree
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.loop import Simulation
 from phalanx_sim.model import SimConfig, SimGang

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from phalanx_engine.queues import QueueTree, fair_shares, over_limit
-from phalanx_engine.queues import rank as queue_rank
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL, units_of_member
+from phalanx_rules.queues import QueueTree, fair_shares, over_limit
+from phalanx_rules.queues import rank as queue_rank
 
 
 def queue_of(members: Iterable[MemberSpec]) -> str:

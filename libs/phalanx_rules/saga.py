@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import msgspec
 
-from phalanx_engine.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindsDone,
@@ -44,6 +43,7 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
     members_digest,
 )
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
+from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""

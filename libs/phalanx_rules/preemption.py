@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from phalanx_engine.queues import QueueTree
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.queues import DEFAULT_QUEUE, QueueSpec, shown, units_of_assignment, units_of_member
 from phalanx_proto.state import NodeLedger
+from phalanx_rules.queues import QueueTree
 
 Rule = Literal["priority", "reclaim"]
 PRIORITY: Rule = "priority"
