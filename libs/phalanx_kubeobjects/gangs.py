@@ -51,6 +51,7 @@ from phalanx_kubeobjects.requests import (
     gang_timeout,
     parse_pod,
 )
+from phalanx_proto.kubeapi import PREEMPTION_POLICIES
 from phalanx_proto.state import GangPart
 
 GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
@@ -142,7 +143,7 @@ def pod_priority(spec: Mapping[str, Any] | None) -> int:
 def preemption_policy(spec: Mapping[str, Any] | None) -> str:
     """A pod's ``spec.preemptionPolicy`` when it is one Kubernetes knows, else ""."""
     policy = (spec or {}).get("preemptionPolicy")
-    return policy if policy in ("Never", "PreemptLowerPriority") else ""
+    return policy if policy in PREEMPTION_POLICIES else ""
 
 
 def _count(raw: str | None, key: str, v: list[Violation]) -> int | None:

@@ -40,6 +40,14 @@ GPU_MEMORY_MIB_UNIT = 128
 """``aliyun.com/gpu-memory-mib`` is a multiple of 128 MiB; the device plugin advertises one ID
 per 128 MiB."""
 
+PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority"
+"""``spec.preemptionPolicy`` (Kubernetes' default): the pod's gang may evict gangs of lower
+priority (docs/preemption.md)."""
+NEVER = "Never"
+"""``spec.preemptionPolicy``: the pod's gang waits and never preempts. Also the Queue's
+``spec.preemption.withinQueue``/``reclaim`` value that turns a rule off."""
+PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, NEVER)
+
 # --- what binder writes on the pod ---------------------------------------------------------------
 ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
 """The pod annotation holding its ``Assignment`` as JSON, written by binder with the Binding."""

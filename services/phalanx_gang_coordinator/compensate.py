@@ -31,6 +31,7 @@ from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import BOUND_WANTED
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules import saga
 from phalanx_telemetry import log, metrics, refused, warn
@@ -111,7 +112,7 @@ class Compensator:
             refused(R.NOT_MEMBER, f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
                     gang=gang_id, attempt=attempt)
             return
-        if current.phase in saga.BOUND_WANTED and any(
+        if current.phase in BOUND_WANTED and any(
                 a.pod == ref and a.node == node for a in self.held(current)):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:

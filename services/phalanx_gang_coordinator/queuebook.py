@@ -154,8 +154,7 @@ class QueueBook:
             self.held[q] -= n
 
     def below_quota(self, queue: str) -> bool:
-        spec = self.tree.get(queue)
-        return spec is not None and self.held.get(queue, 0) < spec.quota
+        return queueorder.below_quota(self.tree, self.held, queue)
 
     def capacity(self) -> int:
         """The enabled nodes' GPUs, in queue units."""

@@ -57,7 +57,7 @@ from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queue import RequestQueue, Waiting
-from phalanx_placement.queues import PlacementQueues, queue_of
+from phalanx_placement.queues import PlacementQueues
 from phalanx_placement.recorder import Recorder
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
@@ -74,6 +74,8 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import queueorder
+from phalanx_rules.queueorder import queue_of
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 from phalanx_telemetry.prom import REGISTRY
 
@@ -223,8 +225,7 @@ class Placement:
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))
             if owed:
-                why = (f"queue {queue} would borrow beyond its quota, and the GPUs free now are kept for queue(s) "
-                       f"{', '.join(owed)}, below quota, whose gangs wait for them")
+                why = queueorder.borrow_reason(queue, owed)
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
                                               fits_empty_cluster=False, members=tuple(m.pod for m in members),
