@@ -48,6 +48,7 @@ from phalanx_rules import fairness, queueorder, saga
 from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
+from phalanx_sim.books import SimQueues
 from phalanx_sim.derived import Derived
 from phalanx_sim.model import Outcome, Sample, SimConfig, SimGang
 
@@ -83,6 +84,8 @@ class Simulation:
         """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
         self.held: dict[str, int] = dict(held or {})
         self.waiting_units: dict[str, int] = {}
+        self.queues = SimQueues(tree, self.held, self.waiting_units, self.capacity)
+        """The books above as the rulebook's arguments (``books``)."""
         self.running: dict[str, tuple[Assignment, ...]] = {}
         self.owner: dict[PodRef, str] = {}
         self.samples: list[Sample] = []
@@ -193,14 +196,11 @@ class Simulation:
             return
         queues = {fairness.queue_of(s) for s in starting}
         # One queue among them: its rank is the same for all, so the order is priority, arrival.
-        ranks = (queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)[1]
-                 if len(queues) > 1 else {})
+        ranks = self.queues.shares_and_ranks()[1] if len(queues) > 1 else {}
         # As placement sees the records: the gangs starting now are placing (their attempt counted).
         records = {o.gang_id: o for q in self.pending.values() for o in q.values()}
         records.update((o.gang_id, o) for o in starting)
-        owed = queueorder.owed_candidates(self.tree, self.held, (
-            (fairness.queue_of(o), attempt_members(o)) for o in records.values()
-            if queueorder.owed_candidate(o, _unreserved)))
+        owed = self.queues.owed_candidates(records.values())
         memo: dict[int, bool] = {}
         starting.sort(key=lambda s: queueorder.cycle_key(ranks.get(fairness.queue_of(s), float("inf")), s.priority,
                                                          self._arrival[s.gang_id]))
@@ -211,16 +211,16 @@ class Simulation:
     def _place(self, t: float, s: GangState, owed: list, memo: dict[int, bool]) -> None:
         """placement's handling of one request: queue, borrow gate, decision."""
         queue = fairness.queue_of(s)
-        refusal = queueorder.refusal(self.tree, s.members, self.held)
+        refusal = self.queues.refusal(s.members)
         if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
-            if self.tree.problem(queue) or not preemption.may_preempt(self, s) or not self._preempt(t, s):
+            if self.tree.problem(queue) or not preemption.worth_planning(self, s) or not self._preempt(t, s):
                 self._refused(t, s, refusal, fits_empty=False, waits_for="queue")
             return None
-        if queueorder.borrowing(self.tree, s.members, self.held):
-            kept = queueorder.owed(self.tree, queue, owed, self._fits_now, memo)
+        if self.queues.borrowing(s.members):
+            kept = self.queues.owed_now(queue, owed, self._fits_now, memo)
             if kept:
                 return self._refused(t, s, queueorder.borrow_reason(queue, kept), fits_empty=False, waits_for="gpus")
-        may_preempt = preemption.may_preempt(self, s)
+        may_preempt = preemption.worth_planning(self, s)
         if not self.config.exact and not may_preempt and self._still_refused(s):
             return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self.decisions += 1
@@ -392,10 +392,10 @@ class Simulation:
             self._failed.pop(s.gang_id, None)
 
     def _below_quota(self, queue: str) -> bool:
-        return queueorder.below_quota(self.tree, self.held, queue)
+        return self.queues.below_quota(queue)
 
     def _sample(self, t: float) -> None:
-        shares, _ = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        shares, _ = self.queues.shares_and_ranks()
         allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
         stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
         self.samples.append(Sample(
@@ -407,7 +407,3 @@ class Simulation:
 
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
 
-
-def _unreserved(s: GangState) -> bool:
-    """A placing gang's reservation is never in yet here: the run decides it in the same instant."""
-    return False

@@ -30,7 +30,7 @@ def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
     return tuple(out)
 
 
-def may_preempt(sim: Simulation, s: GangState) -> bool:
+def worth_planning(sim: Simulation, s: GangState) -> bool:
     """Could any plan exist? The rulebook's cheap necessary condition (``preemption.may_preempt``,
     it only saves asking the planner), with preemption on in this run."""
     who = sim.derived.preemptor(s) if sim.config.preemption else None

@@ -254,7 +254,7 @@ class ClusterCache:
     def forget(self, commit: Commit) -> None:
         """The commit failed: its assumptions go, and so do those of every commit whose
         decision read them (each fails when it tries to commit: ``expected``)."""
-        for c in assumed.fail(commit):
+        for c in assumed.fail_commit(commit):
             for key in c.writes:
                 self._normalize(key)
 
