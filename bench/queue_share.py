@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kwokbench import pyplot_or_exit
-from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, QueueSpec
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import GPU_UNITS, QueueSpec
 from phalanx_rules.queues import QueueTree, fair_shares
 
 QUEUES_PATH = "/apis/scheduling.phalanx.io/v1alpha1/queues"

@@ -41,7 +41,7 @@ from phalanx_kube.port import (
 from phalanx_kube.simqueues import SimQueues
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
-from phalanx_proto.kubeapi import SCHEDULER_NAMES
+from phalanx_proto.kubeapi import DISRUPTION_BUDGET_ANNOTATION, SCHEDULER_NAMES
 from phalanx_proto.subjects import token
 
 KV_PODS = S.KV_SIM_PODS
@@ -49,9 +49,6 @@ KV_NODES = S.KV_SIM_NODES
 KV_EVENTS = S.KV_SIM_EVENTS
 KV_LEASES = S.KV_SIM_LEASES
 
-DISRUPTION_BUDGET_ANNOTATION = "sim.phalanx.io/disruptions-allowed"
-"""Simulated cluster only: ``"0"`` on a pod stands for a PodDisruptionBudget that allows no
-disruption of it now (``evict_pod`` refuses it)."""
 NODE_POLL_S = 2.0
 """How often ``watch_node`` looks at a simulated node and its pods."""
 

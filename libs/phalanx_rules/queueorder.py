@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from phalanx_proto.events import MemberSpec
-from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL, units_of_member
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import DEFAULT_QUEUE, units_of_member
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import ASKING
 from phalanx_rules.queues import QueueTree, fair_shares, over_limit

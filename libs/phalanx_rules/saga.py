@@ -38,7 +38,8 @@ from phalanx_proto.events import (
     Reserved,
     WhatIf,
 )
-from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import DEFAULT_QUEUE
 from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_digest: part of the saga's vocabulary
     MAX_GANG_MEMBERS,
     GangPart,

@@ -45,9 +45,9 @@ from phalanx_gang_coordinator.reconciler import Reconciler
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
-from phalanx_kubeobjects.requests import TIMEOUT_ANNOTATION
 from phalanx_proto import subjects as S
 from phalanx_proto.events import BindPods, PlaceRequested, ReleaseRequested, gang_decoder, node_decoder
+from phalanx_proto.kubeapi import TIMEOUT_ANNOTATION
 from phalanx_rules import fairness as order
 from phalanx_service.config import option
 

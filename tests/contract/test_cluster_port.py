@@ -31,8 +31,8 @@ from phalanx_kube.port import (
     Pod,
     PodGone,
 )
-from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import DISRUPTION_BUDGET_ANNOTATION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 

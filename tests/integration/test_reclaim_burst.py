@@ -16,7 +16,7 @@ import pytest
 
 from hostile import audited, cleaned_env, hostile_stack
 from phalanx_placement.testhooks import DECIDE_DELAY_ENV
-from phalanx_proto.queues import QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
 from stackutil import gang_pod, gang_states, gpu_pod, ledger, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
