@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx_kubeobjects.quantity import Violation, decimal
+from phalanx_kubeobjects.quantity import decimal
 from phalanx_kubeobjects.requests import (
     MAX_GANG,
     GpuRequest,
@@ -51,6 +51,7 @@ from phalanx_kubeobjects.requests import (
     min_member_said,
     parse_pod,
 )
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.kubeapi import (
     GROUP_ANNOTATION,
     GROUP_LABELS,

@@ -61,9 +61,10 @@ from phalanx_kubeobjects.containers import (
     share_of,
     share_text,
 )
-from phalanx_kubeobjects.fields import as_map, name_text, shown_value
+from phalanx_kubeobjects.names import name_text
 from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
-from phalanx_kubeobjects.quantity import Bound, Violation, decimal
+from phalanx_kubeobjects.quantity import Bound, decimal
+from phalanx_kubeobjects.violations import Violation, as_map, shown_value
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.kubeapi import (
     ALIYUN_GPU,

@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 
 from phalanx_kubeobjects import gangs, names
-from phalanx_kubeobjects.fields import as_map, name_text
-from phalanx_kubeobjects.quantity import Violation, integer, shown
+from phalanx_kubeobjects.names import name_text
+from phalanx_kubeobjects.quantity import integer
 from phalanx_kubeobjects.requests import MAX_GANG, GpuRequest, RequestError, min_member_said
+from phalanx_kubeobjects.violations import Violation, as_map, shown
 from phalanx_proto import kubeapi
 from phalanx_proto.kubeapi import MIN_MEMBER_LABEL, SCHEDULER_NAMES
 from phalanx_proto.state import GangPart
