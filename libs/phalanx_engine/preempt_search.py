@@ -96,7 +96,7 @@ class Occupancy:
                     self.on[g.gang_id][a.node] = self.on[g.gang_id].get(a.node, 0) + len(a.gpus)
         self._held: dict[str, tuple[frozenset[str], ...]] = {}
 
-    def held(self, node: str) -> tuple[frozenset[str], ...]:
+    def holders_of(self, node: str) -> tuple[frozenset[str], ...]:
         if node not in self._held:
             st = self.cluster.nodes[node]
             by_gpu: dict[int, set[str]] = {}
@@ -110,7 +110,7 @@ class Occupancy:
 
     def free_after(self, node: str, victims: Set[str]) -> int:
         """Whole GPUs free on ``node`` once ``victims`` are gone."""
-        return self.free[node] + sum(1 for holders in self.held(node) if holders <= victims)
+        return self.free[node] + sum(1 for holders in self.holders_of(node) if holders <= victims)
 
 
 @dataclass

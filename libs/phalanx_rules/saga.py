@@ -142,15 +142,15 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
         return None
     return replace(s, phase="placing", attempt=s.attempt + 1, bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
-                   running=running, held=False)
+                   running=running, held_back=False)
 
 
 def held_back(s: GangState | None, reason: str) -> GangState | None:
     """A waiting gang may not start its attempt now (the fairness gate, its members' queues):
     it keeps its phase and says why (``held``). Already held for the same reason: no change."""
-    if s is None or s.phase not in IDLE or (s.held and s.reason == reason):
+    if s is None or s.phase not in IDLE or (s.held_back and s.reason == reason):
         return None
-    return replace(s, reason=reason, held=True)
+    return replace(s, reason=reason, held_back=True)
 
 
 def woken(s: GangState | None, now: float) -> GangState | None:
@@ -305,7 +305,7 @@ def next_compensation(s: GangState) -> str | None:
 
 def pending_reason(s: GangState, now: float) -> str:
     """What the pods say while the gang waits: attempt count and last failure."""
-    if s.held:
+    if s.held_back:
         return s.reason if s.attempt == 0 else f"{s.reason} (attempt {s.attempt} was the last)"
     if s.phase == "waiting" or s.attempt == 0:
         have, need = len(s.members), s.min_member

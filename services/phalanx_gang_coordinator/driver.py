@@ -60,13 +60,13 @@ class SagaDriver:
         self.mig = mig or KvMirror.of_bucket(bus, S.KV_MIG)
         """The MIG ownership records (``phx-mig``, mirrored): the one home of every instance."""
         self.holdings = Holdings(self.ledger, self.mig)
-        self.held = self.holdings.held
+        self.reservations_of = self.holdings.reservations_of
         self.cluster = cluster
         self.store = store
         self.notifier = notifier
         self.config = config
         self.queues = queues
-        self.compensator = Compensator(store, cluster, notifier, self.execute, self.held,
+        self.compensator = Compensator(store, cluster, notifier, self.execute, self.reservations_of,
                                        backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
         self.bound_seen: dict[str, str] = {}
         """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
@@ -119,7 +119,7 @@ class SagaDriver:
         if t is None:
             return None
         await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
-                                           held=self.held(t.after), announce_now=self.config.announce_after_s <= 0))
+                                           held=self.reservations_of(t.after), announce_now=self.config.announce_after_s <= 0))
         return t.after
 
     async def roll_back(self, gang_id: str, attempt: int) -> None:
@@ -132,7 +132,7 @@ class SagaDriver:
 
     async def redrive(self, state: GangState) -> None:
         """Publish what ``state`` waits for again (idempotent: same commands, same message ids)."""
-        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.held(state)))
+        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.reservations_of(state)))
 
     # -- attempts ----------------------------------------------------------------------------
     async def admit(self, gang_id: str, add: Change) -> Transition | None:
@@ -312,7 +312,7 @@ class SagaDriver:
             return
         if current.attempt != ev.attempt or current.phase != "placing":
             # Late or redelivered: a reservation nobody will use (old attempt, or rolled back).
-            held = tuple(self.ledger.held(ev.gang_id, ev.attempt).values())
+            held = tuple(self.ledger.reservations(ev.gang_id, ev.attempt).values())
             pods = tuple(a.pod for a in held)
             if pods and not (current.attempt == ev.attempt and current.phase in ("preparing", "binding", "scheduled")):
                 release = ReleaseRequested(gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt",
@@ -329,7 +329,7 @@ class SagaDriver:
                                     f"in the ledger for this gang attempt ({', '.join(map(str, missing[:3]))})",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        held = self.held(current)
+        held = self.reservations_of(current)
         nodes = ",".join(sorted({a.node for a in held}))
         if saga.binds_without_write(current, held):
             # Nothing to prepare: the binds go out now and the record stays placing (one write
@@ -351,7 +351,7 @@ class SagaDriver:
             refused(R.UNSTARTED_ATTEMPT, f"BindsDone for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        where = self.ledger.held(ev.gang_id, ev.attempt)
+        where = self.ledger.reservations(ev.gang_id, ev.attempt)
         wanted = current.attempt == ev.attempt and current.phase in BOUND_WANTED
         seen: list[tuple[PodRef, str, object]] = []
         for ref in ev.bound:

@@ -57,7 +57,7 @@ class QueueBook:
         self._synced = False
         self.tree = QueueTree.of(())
         self.namespaces: dict[str, dict[str, str]] = {}
-        self.held: dict[str, int] = {}
+        self.units: dict[str, int] = {}
         """Units each queue holds (its subtree's included), from the ledger mirror."""
         self._held_at: dict[str, dict[str, int]] = {}
         self.ledger: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put,
@@ -145,16 +145,16 @@ class QueueBook:
         self._ledger_gone(entry)
         units = held_by_queue((entry.value,))
         for q, n in units.items():
-            self.held[q] = self.held.get(q, 0) + n
+            self.units[q] = self.units.get(q, 0) + n
         if units:
             self._held_at[entry.key] = units
 
     def _ledger_gone(self, previous) -> None:
         for q, n in self._held_at.pop(previous.key, {}).items():
-            self.held[q] -= n
+            self.units[q] -= n
 
     def below_quota(self, queue: str) -> bool:
-        return queueorder.below_quota(self.tree, self.held, queue)
+        return queueorder.below_quota(self.tree, self.units, queue)
 
     def capacity(self) -> int:
         """The enabled nodes' GPUs, in queue units."""
@@ -162,7 +162,7 @@ class QueueBook:
 
     def report(self, states: list[GangState]) -> dict[str, dict]:
         """Each queue's status (``phalanx_rules.queues.queue_report``), and its metrics."""
-        out = queue_report(self.tree, self.held, states, self.capacity())
+        out = queue_report(self.tree, self.units, states, self.capacity())
         for q, r in out.items():
             metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)
             metrics.QUEUE_QUOTA.set(r["quota"], queue=q)

@@ -68,7 +68,7 @@ class PlacementQueues:
             self._tree_at = self.cache.queues.revision
         return self._tree
 
-    def held(self, queue: str) -> int:
+    def units_held(self, queue: str) -> int:
         """Units ``queue`` holds (its subtree's included), as the ledgers say."""
         return self.cache.queue_units.get(queue, 0)
 
@@ -82,7 +82,7 @@ class PlacementQueues:
             if spec is not None and spec.limit is not None:
                 entry = self.cache.usage.get(usage_key(q))
                 assumed = self.cache.usage_of(q)
-                out[q] = assumed.allocated if entry is not None or assumed.charges else self.held(q)
+                out[q] = assumed.allocated if entry is not None or assumed.charges else self.units_held(q)
         return out
 
     # -- a decision ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 It decides on a watch-fed cache of ``phx-topology``, ``phx-heartbeat``, ``phx-node-state``
 (``nodestate.py``), ``phx-ledger`` and ``phx-gangs`` (``cache.py``): no request reads a bucket. ``PlaceRequested`` commands wait
-in a queue (``queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
+in a queue (``cycle_queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
 highest priority first, then by arrival, and decides them one after the other on the cache,
 each decision assumed into it before the next. Each gang's reservations then commit on their
 own (pipelined, while the next cycle decides) in one atomic batch expecting the ledger
@@ -51,12 +51,12 @@ from phalanx_placement import checks, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
+from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.holdings import Holdings
 from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
-from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_placement.queues import PlacementQueues
 from phalanx_placement.recorder import Recorder
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed

@@ -220,6 +220,6 @@ class Probes:
                     owed: tuple[str, ...]) -> QueueView:
         q = self.queues
         chain = q.chain(members)
-        held = {name: q.held(name) for name in chain}
+        held = {name: q.units_held(name) for name in chain}
         held.update(q.limited_held(chain))
         return QueueView(tree=q.tree(), held=held, releasing=q._replaced(gang_id, keep), owed=owed)

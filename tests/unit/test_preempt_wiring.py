@@ -282,7 +282,7 @@ def wide_world(pods: int) -> Book:
 async def test_a_victim_of_many_pods_is_evicted_many_at_a_time_not_one_by_one():
     # The kwok benchmark (docs/preemption.md, Measured): one request at a time, ~100 ms each on
     # the API server, a preemptor whose victims held 50 pods waited 5 s for its evictions.
-    from phalanx_binder.evictions import EVICT_CONCURRENCY
+    from phalanx_binder.evictions import EVICT_PODS_AT_ONCE
 
     cluster = SlowCluster()
     with anyio.fail_after(5):
@@ -290,7 +290,7 @@ async def test_a_victim_of_many_pods_is_evicted_many_at_a_time_not_one_by_one():
             EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
     assert sorted(cluster.evicted) == sorted(f"low-{i}" for i in range(64))
     assert len(cluster.events) == 64
-    assert cluster.most == EVICT_CONCURRENCY
+    assert cluster.most == EVICT_PODS_AT_ONCE
 
 
 async def test_a_budget_that_changes_after_the_dry_run_stops_further_evictions_and_is_reported_once():

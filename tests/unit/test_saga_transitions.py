@@ -214,10 +214,10 @@ CASES = [
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a waiting gang the gate holds back keeps its phase and says why",
      lambda s: saga.held_back(s, "held back behind default/big"), gang("backoff", 1, backoff_until=5.0),
-     gang("backoff", 1, backoff_until=5.0, reason="held back behind default/big", held=True)),
+     gang("backoff", 1, backoff_until=5.0, reason="held back behind default/big", held_back=True)),
     ("a gang held back for the same reason again changes nothing",
      lambda s: saga.held_back(s, "held back behind default/big"),
-     gang("waiting", reason="held back behind default/big", held=True), None),
+     gang("waiting", reason="held back behind default/big", held_back=True), None),
     ("a running attempt is never held back", lambda s: saga.held_back(s, "held"), PLACING, None),
     ("a gang backing off whose wait is over by a release is due now",
      lambda s: saga.woken(s, 50.0), gang("backoff", 1, backoff_until=80.0), gang("backoff", 1, backoff_until=50.0)),
@@ -328,12 +328,12 @@ def test_the_pending_reason_shows_the_attempt_and_the_last_failure():
 
 def test_a_hold_is_shown_as_a_hold_by_its_flag_and_never_by_its_text():
     hold = "the gang's members name different queues (a, b): a gang is placed within one queue"
-    held = gang("backoff", 2, failures=2, reason=hold, held=True, backoff_until=14.0)
+    held = gang("backoff", 2, failures=2, reason=hold, held_back=True, backoff_until=14.0)
     assert saga.pending_reason(held, 10.0) == f"{hold} (attempt 2 was the last)"
     failed = gang("backoff", 2, failures=2, reason="held back by a node: 0/2 nodes are available", backoff_until=14.0)
     assert saga.pending_reason(failed, 10.0) == "held back by a node: 0/2 nodes are available (attempt 2); next try in 4s"
     started = saga.start_attempt(replace(held, backoff_until=0.0), now=20.0, settle_s=2)
-    assert started is not None and not started.held, "an attempt that starts is no longer held back"
+    assert started is not None and not started.held_back, "an attempt that starts is no longer held back"
 
 
 def test_binds_go_out_without_a_write_only_when_the_ledger_holds_every_member_and_no_mig_slice():
