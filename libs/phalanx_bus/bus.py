@@ -115,15 +115,20 @@ def _is_refusal(e: BaseException) -> bool:
 class Bus:
     """One NATS connection with JetStream; the process's handle on the bus."""
 
-    def __init__(self, nc, service: str, msg_ids: msgid.MsgIds | None = None) -> None:
+    def __init__(self, nc, service: str, msg_ids: msgid.MsgIds | None = None, *,
+                 closing: dict | None = None, refusals: list[str] | None = None) -> None:
+        """``closing``: set ``["yes"]`` by ``close`` so the connection's callbacks know a break is
+        ours; ``refusals``: the list the connection's error callback appends the server's refusals
+        to (``connect`` makes both before the connection exists, so it can pass them)."""
         self.nc = nc
+        self._closing = closing if closing is not None else {}
         counting.count_sends(nc)
         self.js = nc.jetstream(timeout=5.0)
         self.service = service
         self.msg_id = msg_ids or msgid.MsgIds(None)
         """Idempotency key → this identity's ``Nats-Msg-Id`` (``phalanx_bus.msgid``)."""
         self._kv: dict[str, Kv] = {}
-        self.refusals: list[str] = []
+        self.refusals: list[str] = refusals if refusals is not None else []
         """The server's recent "Permissions Violation" errors on this connection, oldest first."""
         self.reconnects = 0
         """How many times this connection came back after a break (server restart, network)."""
@@ -217,14 +222,12 @@ class Bus:
                     raise BusError(f"cannot connect to NATS at {url}: {e}") from e
                 await asyncio.sleep(0.5)
                 continue
-            bus = cls(nc, service, msgid.MsgIds.from_seed(auth.seed()))
-            bus._closing = closing
-            bus.refusals = refusals
+            bus = cls(nc, service, msgid.MsgIds.from_seed(auth.seed()), closing=closing, refusals=refusals)
             made["bus"] = bus
             return bus
 
     async def close(self) -> None:
-        getattr(self, "_closing", {})["yes"] = True
+        self._closing["yes"] = True
         try:
             await self.nc.drain()
         except Exception:  # noqa: BLE001 - closing a broken connection

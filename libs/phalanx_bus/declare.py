@@ -21,18 +21,26 @@ settings.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import nats.errors
 import nats.js.errors
 from nats.js import api
 
 from phalanx_bus.errors import BusError
+from phalanx_bus.kv import Kv
 from phalanx_proto import subjects as S
 
-if TYPE_CHECKING:
-    from phalanx_bus.bus import Bus
-    from phalanx_bus.kv import Kv
+
+class Bus(Protocol):
+    """What declaring needs of the bus (``phalanx_bus.bus.Bus`` is one): its JetStream context
+    and its buckets' ``Kv`` (forgotten once a bucket's configuration changed)."""
+
+    js: Any
+
+    async def kv(self, bucket: str, **kw: Any) -> Kv: ...
+
+    def forget_kv(self, bucket: str) -> None: ...
 
 DUPLICATE_WINDOW_S = 120.0
 MAX_ACK_PENDING = 1000

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import anyio
 import nats.errors
@@ -17,10 +18,14 @@ import nats.js.errors
 
 from phalanx_bus.errors import BusError, KvConflict
 
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
-    from phalanx_bus.bus import Bus
+class Connection(Protocol):
+    """What a bucket needs of the bus (``phalanx_bus.bus.Bus`` is one): its NATS connection, and
+    the ``Kv`` of a bucket."""
+
+    nc: Any
+
+    async def kv(self, bucket: str, **kw: Any) -> Kv: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +51,7 @@ async def _cas(write, conflict: str) -> int:
 class Kv:
     """Compare-and-set access to one KV bucket (style rule 7)."""
 
-    def __init__(self, bus: Bus, bucket: str, handle) -> None:
+    def __init__(self, bus: Connection, bucket: str, handle) -> None:
         self._bus = bus
         self.bucket = bucket
         self._kv = handle
@@ -142,7 +147,7 @@ class Kv:
                     pass
 
 
-async def kv_atomic_write(bus: Bus, bucket: str, writes: list[tuple[str, bytes, int]], *,
+async def kv_atomic_write(bus: Connection, bucket: str, writes: list[tuple[str, bytes, int]], *,
                           timeout_s: float = 5.0) -> int:
     """Write several KV keys in one JetStream atomic batch: all or none.
 

@@ -74,9 +74,7 @@ class PluginAgent:
             if old.topology == topo:
                 return
             if old.resources == table.resources:
-                self.session.plugin.table = table
-                self.session.unhealthy = self._unhealthy(table)
-                await self.session.devices.update(table=table)
+                await self.session.retable(table, self._unhealthy(table))
                 log("device table updated", node=self.config.node, generation=topo.generation)
                 return
             await self.stop()

@@ -192,6 +192,13 @@ class KubeletSession:
     def kubelet_socket(self) -> Path:
         return self.dir / "kubelet.sock"
 
+
+    async def retable(self, table, unhealthy: Callable[[], frozenset[str]]) -> None:
+        """The node's topology changed but not its resources: the plugin allocates from ``table``,
+        health is read through ``unhealthy``, and the kubelet's lists are updated."""
+        self.plugin.table = table
+        self.unhealthy = unhealthy
+        await self.devices.update(table=table)
     async def _serve(self) -> None:
         await self._stop()
         for resource in self.devices.table.resources:

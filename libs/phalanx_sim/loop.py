@@ -235,7 +235,8 @@ class Simulation:
     def _preempt(self, t: float, s: GangState) -> bool:
         """Plan a preemption for ``s``; if there is one, evict its victims and start ``s`` on the
         plan's placement now."""
-        plan = preemption.plan(self, s, t)
+        plan, trials = preemption.plan(self, s, t)
+        self.decisions += trials
         if plan is None:
             return False
         self.preemptions += 1

@@ -7,17 +7,39 @@ preemptor starts on the plan's placement at the same instant (docs/whatif.md, "T
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
+from phalanx_engine.decide import Cluster
+from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import Plan, RunningGang, plan_preemption
+from phalanx_proto.events import Assignment
 from phalanx_proto.state import GangState
 from phalanx_rules import preemption as rules
+from phalanx_rules.preemption import Preemptor
+from phalanx_rules.queues import QueueTree
+from phalanx_sim.model import Outcome, SimConfig
 
-if TYPE_CHECKING:
-    from phalanx_sim.loop import Simulation
+
+class Derived(Protocol):
+    def preemptor(self, s: GangState) -> Preemptor | None: ...
 
 
-def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
+class Books(Protocol):
+    """What preemption reads of the run (``loop.Simulation``)."""
+
+    cluster: Cluster
+    profile: Profile
+    tree: QueueTree
+    config: SimConfig
+    derived: Derived
+    held: Mapping[str, int]
+    running: Mapping[str, tuple[Assignment, ...]]
+    running_priorities: Mapping[str, Mapping[int, int]]
+    outcomes: Mapping[str, Outcome]
+
+
+def running(sim: Books, but: str) -> tuple[RunningGang, ...]:
     """Every running gang but ``but``, with its priority, its queue chain and when it started."""
     out = []
     for gang_id in sorted(sim.running):
@@ -30,20 +52,19 @@ def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
     return tuple(out)
 
 
-def worth_planning(sim: Simulation, s: GangState) -> bool:
+def worth_planning(sim: Books, s: GangState) -> bool:
     """Could any plan exist? The rulebook's cheap necessary condition (``preemption.may_preempt``,
     it only saves asking the planner), with preemption on in this run."""
     who = sim.derived.preemptor(s) if sim.config.preemption else None
     return who is not None and rules.may_preempt(who, sim.tree, sim.held, sim.running_priorities)
 
 
-def plan(sim: Simulation, s: GangState, t: float) -> Plan | None:
-    """The planner's plan with victims for ``s`` at ``t``, or None. Its engine decisions count in
-    the run's, whatever it answers."""
+def plan(sim: Books, s: GangState, t: float) -> tuple[Plan | None, int]:
+    """The planner's plan with victims for ``s`` at ``t`` (None when there is none), and the engine
+    decisions it took (they count in the run's, whatever it answers)."""
     who = sim.derived.preemptor(s)
     if who is None:
-        return None
+        return None, 0
     got = plan_preemption(sim.cluster, who, running(sim, s.gang_id), sim.tree, held_by=dict(sim.held),
                           profile=sim.profile, avoid=s.avoid_nodes, now=t)
-    sim.decisions += got.search.trials
-    return got if isinstance(got, Plan) and got.victims else None
+    return (got if isinstance(got, Plan) and got.victims else None), got.search.trials

@@ -53,6 +53,7 @@ import socket
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 import msgspec
@@ -125,6 +126,13 @@ def default_instance() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def node_fenced(topology: KvMirror, node: str) -> bool:
+    """The node's agent serves the device plugin (its topology report says so), so binds to it go
+    through its fence."""
+    entry = topology.get(S.token(node))
+    return entry is not None and entry.value.node == node and entry.value.device_plugin
+
+
 class Binder:
     def __init__(self, bus: Bus, cluster: ClusterPort, *, topology: KvMirror, ledger: LedgerBook,
                  mig: KvMirror[NodeMig], fences: NodeFences, pods: PodWatch | None = None,
@@ -152,9 +160,7 @@ class Binder:
 
     # -- the checks -----------------------------------------------------------------------------
     def fenced(self, node: str) -> bool:
-        """The node's agent serves the device plugin, so binds to it go through its fence."""
-        entry = self.topology.get(S.token(node))
-        return entry is not None and entry.value.node == node and entry.value.device_plugin
+        return node_fenced(self.topology, node)
 
     def _check(self, ev: BindPods, ref: PodRef) -> Refusal | Assignment:
         """What to bind ``ref`` to: the ledger's reservation for exactly (gang, attempt, pod uid)
@@ -328,9 +334,9 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
         await tg.start(mig.run)
         fences = NodeFences(tg, cluster, namespace=config.fence_namespace,
                             holder=config.instance or default_instance())
-        binder = Binder(bus, cluster, topology=topology, ledger=ledger, mig=mig, fences=fences)
-        binder.pods = PodWatch(cluster, fenced=binder.fenced, release=fences.release)
-        tg.start_soon(binder.pods.run)
+        pods = PodWatch(cluster, fenced=partial(node_fenced, topology), release=fences.release)
+        binder = Binder(bus, cluster, topology=topology, ledger=ledger, mig=mig, fences=fences, pods=pods)
+        tg.start_soon(pods.run)
         await tg.start(binder.answers.run)
         log("binder settings", parallelism=config.parallelism, fence_namespace=config.fence_namespace,
             holder=fences.holder)

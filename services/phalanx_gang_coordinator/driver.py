@@ -13,7 +13,7 @@ resync re-drives it with the same commands (``redrive``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgspec
 from opentelemetry import context as otel_context
@@ -53,7 +53,15 @@ from phalanx_telemetry import log, metrics, refused, tracer, warn
 class SagaDriver:
     def __init__(self, bus: Bus, cluster: ClusterPort, store: GangStore, notifier: Notifier, config,
                  queues: QueueBook | None = None, *, ledger: LedgerBook | None = None,
-                 mig: KvMirror[NodeMig] | None = None) -> None:
+                 mig: KvMirror[NodeMig] | None = None,
+                 gate: Callable[[GangState, float], fairness.Gate] | None = None,
+                 bound_seen: dict[str, str] | None = None,
+                 batched: Mapping[type, BatchSender] | None = None) -> None:
+        """``gate``: the fairness gate (``heads.QueueHeads.gate``; none: never held back);
+        ``bound_seen``: pod uid → the node the pod watch last showed it bound to (the intake keeps
+        it); ``batched``: command type → the sender that batches it with the others sent
+        meanwhile (a command without one, or with its own message id, is published alone).
+        ``ledger``/``mig``: mirrors to share (None: the driver's own; None for tests)."""
         self.bus = bus
         self.ledger = ledger or LedgerBook(bus)
         """The reservations (``phx-ledger``, mirrored): the one home of every assignment."""
@@ -68,19 +76,15 @@ class SagaDriver:
         self.queues = queues
         self.compensator = Compensator(store, cluster, notifier, self.execute, self.reservations_of,
                                        backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
-        self.bound_seen: dict[str, str] = {}
-        """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
-        self.gate: Callable[[GangState, float], fairness.Gate] = lambda state, now: fairness.Gate()
-        """The fairness gate for ``state`` now (set by resync, which holds the queue)."""
+        self.bound_seen: dict[str, str] = bound_seen if bound_seen is not None else {}
+        self.gate: Callable[[GangState, float], fairness.Gate] = gate or (lambda state, now: fairness.Gate())
         self._node_consumers: set[str] = set()
         self.announced: set[tuple[str, int]] = set()
         """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
         self.missed: dict[str, tuple[int, tuple[str, ...] | None]] = {}
         """Gang → its attempt that was placing when a release would have woken it (``wake``), and
         the queues that release freed."""
-        self.batched: dict[type, BatchSender] = {}
-        """Command type → the sender that batches it with the others sent meanwhile (set by the
-        service; a command without one, or with its own message id, is published alone)."""
+        self.batched: Mapping[type, BatchSender] = batched or {}
 
     # -- effects -----------------------------------------------------------------------------
     def timeout_of(self, state: GangState) -> float:
@@ -200,6 +204,10 @@ class SagaDriver:
             log("attempt started", gang=gang_id, attempt=state.attempt, members=len(state.members), trace=trace_id)
             await self.apply(t)
             return t
+
+    def forget_announced(self, running: set[tuple[str, int]]) -> None:
+        """Forget the announced attempts that are no longer running."""
+        self.announced &= running
 
     async def announce(self, state: GangState) -> None:
         """An attempt that runs longer than ``announce_after_s``: schedule its deadline and tell

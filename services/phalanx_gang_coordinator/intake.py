@@ -31,9 +31,13 @@ from phalanx_telemetry import log, metrics, warn
 
 class PodIntake:
     def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
-                 settle_s: float, *, parallelism: int = 1, queues: QueueBook | None = None) -> None:
+                 settle_s: float, *, parallelism: int = 1, queues: QueueBook | None = None,
+                 bound_seen: dict[str, str] | None = None) -> None:
+        """``bound_seen``: pod uid → the node the watch last showed it bound to, kept here and read
+        by the driver (the same map is passed to both)."""
         self.cluster = cluster
         self.parallelism = parallelism
+        self.bound_seen: dict[str, str] = bound_seen if bound_seen is not None else {}
         self.watched: dict[tuple[str, str], Pod] = {}
         """The pods as the watch last showed them, by (namespace, name)."""
         self.listed = False
@@ -203,16 +207,16 @@ class PodIntake:
 
 
     def _note_binding(self, etype: str, pod: Pod) -> None:
-        """Keep ``watched`` and the driver's pod uid → bound node map (``SagaDriver.on_bound``)
-        as the watch shows them."""
+        """Keep ``watched`` and the pod uid → bound node map (``bound_seen``, which the driver
+        reads) as the watch shows them."""
         if etype == "DELETED":
             self.watched.pop((pod.namespace, pod.name), None)
         else:
             self.watched[(pod.namespace, pod.name)] = pod
         if etype == "DELETED" or pod.deleting:
-            self.driver.bound_seen.pop(pod.uid, None)
+            self.bound_seen.pop(pod.uid, None)
         elif pod.node_name and pod.uid:
-            self.driver.bound_seen[pod.uid] = pod.node_name
+            self.bound_seen[pod.uid] = pod.node_name
 
 
 def _condition_message(pod: Pod) -> str | None:

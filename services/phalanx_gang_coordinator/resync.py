@@ -22,6 +22,7 @@ from collections import Counter
 import anyio
 
 from phalanx_gang_coordinator.driver import SagaDriver
+from phalanx_gang_coordinator.heads import QueueHeads
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, Pod
@@ -32,24 +33,17 @@ from phalanx_telemetry import log, metrics
 
 
 class Resync:
-    def __init__(self, cluster: ClusterPort, store: GangStore, intake: PodIntake, driver: SagaDriver, config) -> None:
+    def __init__(self, cluster: ClusterPort, store: GangStore, intake: PodIntake, driver: SagaDriver, config,
+                 heads: QueueHeads) -> None:
         self.cluster = cluster
         self.store = store
         self.intake = intake
         self.driver = driver
         self.config = config
-        self.contenders: dict[str, tuple[GangState, ...]] = {}
-        """Per queue, the gangs that may head it as of the last resync (``fairness.contenders``):
-        the view the fairness gate decides on."""
+        self.heads = heads
+        """The queues' heads the fairness gate decides on (noted each pass)."""
         self._failed_pods: set[tuple[str, str, str]] = set()
         self._listed_at = float("-inf")
-        driver.gate = self.gate
-
-    def gate(self, state: GangState, now: float) -> fairness.Gate:
-        """The starvation gate among the gangs of the gang's own queue (across queues, a queue
-        below its quota goes first in placement: docs/queues.md)."""
-        others = [s for s in self.contenders.get(fairness.queue_of(state), ()) if s.gang_id != state.gang_id]
-        return fairness.gate(state, others, now=now, starve_after_s=self.config.starve_after_s, mode=self.config.fairness)
 
     async def run(self) -> None:
         while True:
@@ -80,9 +74,9 @@ class Resync:
             await self._admit(pod)
         if unknown:
             states, _ = await self.store.all()
-        self.contenders = fairness.contenders(s for s in states if s.members)
+        self.heads.update(states)
         running = {(s.gang_id, s.attempt) for s in states if s.phase in saga.RUNNING}
-        self.driver.announced &= running  # forget the attempts that ended
+        self.driver.forget_announced(running)
         metrics.GANGS.replace(({"phase": p}, n) for p, n in Counter(s.phase for s in states).items())
         now = time.time()
         for state in sorted(states, key=fairness.queue_key):

@@ -31,6 +31,7 @@ down.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -38,6 +39,7 @@ import anyio
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
 from phalanx_gang_coordinator.changes import ClusterChanges, Signal
 from phalanx_gang_coordinator.driver import SagaDriver
+from phalanx_gang_coordinator.heads import QueueHeads
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
@@ -104,15 +106,21 @@ class Coordinator:
     changes: ClusterChanges
 
     @classmethod
-    def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config) -> Coordinator:
+    def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config,
+              batched: Mapping[type, BatchSender] | None = None) -> Coordinator:
+        """The parts, each given its collaborators; ``batched``: command type → the sender that
+        batches it (none: every command published alone)."""
         store = GangStore(gangs_kv, KvMirror.of_bucket(bus, S.KV_GANGS))
         notifier = Notifier(cluster)
         changes = ClusterChanges(bus)
         queues = QueueBook(bus, cluster, changes.topology, sync_s=config.queue_sync_s)
-        driver = SagaDriver(bus, cluster, store, notifier, config, queues)
+        heads = QueueHeads(starve_after_s=config.starve_after_s, mode=config.fairness)
+        bound_seen: dict[str, str] = {}
+        driver = SagaDriver(bus, cluster, store, notifier, config, queues, gate=heads.gate, bound_seen=bound_seen,
+                            batched=batched)
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
-                           queues=queues)
-        return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config),
+                           queues=queues, bound_seen=bound_seen)
+        return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config, heads),
                    Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s, queues=queues),
                    queues, changes)
 
@@ -127,12 +135,12 @@ class Coordinator:
 async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
               task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Run gang-coordinator until cancelled; ready once its three consumers and the pod watch are live."""
-    coord = Coordinator.build(bus, cluster, await bus.kv(S.KV_GANGS), config)
-    driver = coord.driver
     me = sender_id()
     to_placement = BatchSender(bus, S.placement_batch_subject(me), me)
     to_binder = BatchSender(bus, S.binder_batch_subject(me), me)
-    driver.batched = {PlaceRequested: to_placement, ReleaseRequested: to_placement, BindPods: to_binder}
+    coord = Coordinator.build(bus, cluster, await bus.kv(S.KV_GANGS), config, batched={
+        PlaceRequested: to_placement, ReleaseRequested: to_placement, BindPods: to_binder})
+    driver = coord.driver
     async with anyio.create_task_group() as tg:
         await tg.start(to_placement.run)
         await tg.start(to_binder.run)

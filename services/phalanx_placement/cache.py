@@ -50,7 +50,7 @@ from phalanx_engine.decide import Cluster
 from phalanx_engine.snapshot import NodeView
 from phalanx_placement import assumed
 from phalanx_placement.assumed import Assumed, Commit
-from phalanx_placement.nodestate import NodeStates
+from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
@@ -61,10 +61,13 @@ from phalanx_rules.queues import held_by_queue
 
 class ClusterCache:
     def __init__(self, bus: Bus, *, stale_s: float, clock: Callable[[], float] = time.time,
-                 node_states: NodeStates | None = None) -> None:
+                 node_state_policy: str | None = None, node_state_grace_s: float = GRACE_S) -> None:
+        """``node_state_policy``: how nodes without a Kubernetes state report are taken
+        (``nodestate``'s rule; None: no node has one, the non-GPU filters are off)."""
         self.stale_s = stale_s
         self.clock = clock
-        self.node_states = node_states
+        self.node_states = (None if node_state_policy is None else
+                            NodeStates(bus, policy=node_state_policy, grace_s=node_state_grace_s, on_change=self._mark))
         """Each node's Kubernetes state (``NodeView.kube``); None: no node has one."""
         self.topology = KvMirror.of_bucket(bus, S.KV_TOPOLOGY, on_put=self._changed, on_delete=self._gone)
         self.beats = KvMirror.of_bucket(bus, S.KV_HEARTBEAT, on_put=self._beat, on_delete=self._gone)
@@ -74,8 +77,6 @@ class ClusterCache:
         self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
         self._dirty: set[str] = set()
-        if node_states is not None:
-            node_states.on_change = self._mark  # not self._dirty.add: refresh() swaps the set
         self.cluster = JournaledCluster(nodes={}, total=0)
         """Every node as decisions see it; it notes its changes for the decision log (``recorder``)."""
         self.empty = Cluster(nodes={}, total=0)

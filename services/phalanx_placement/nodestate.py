@@ -40,7 +40,9 @@ class NodeStates:
     """The mirror of ``phx-node-state`` and the reporting rule (module docstring)."""
 
     def __init__(self, bus: Bus, *, policy: str = "auto", grace_s: float = GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_change: Callable[[str], object] | None = None) -> None:
+        """``on_change``: called with a node's key whenever its state changes or goes (placement's
+        cache marks the node to rebuild)."""
         if policy not in POLICIES:
             raise ValueError(f"node state policy {policy!r}: one of {', '.join(POLICIES)}")
         self.policy = policy
@@ -48,8 +50,7 @@ class NodeStates:
         self._clock = clock
         self._since: float | None = None
         """When this process first saw a report (``auto``)."""
-        self.on_change: Callable[[str], object] | None = None
-        """Called with a node's key whenever its state changes or goes (placement's cache)."""
+        self.on_change = on_change
         self._waiters: dict[str, set[anyio.Event]] = {}
         self.mirror: KvMirror[NodeKubeState] = KvMirror.of_bucket(bus, S.KV_NODE_STATE, on_put=self._seen,
                                                                    on_delete=self._gone)

@@ -68,6 +68,11 @@ class JournaledCluster(Cluster):
             self.overflowed = True
         self.journal.append(change)
 
+    def restart_journal(self) -> None:
+        """A base was taken: the journal starts again from here."""
+        self.journal.clear()
+        self.overflowed = False
+
     def in_order(self) -> list[NodeView]:
         """Every node's view in the order that rebuilds this cluster from empty (usable nodes as
         the engine holds them, then the others)."""
@@ -121,7 +126,7 @@ class Recorder:
         self.flush()
         self._memory.clear()
         self._items.extend(self._memory.record(v) for v in self.cluster.in_order())
-        self.cluster.overflowed = False
+        self.cluster.restart_journal()
         self._base, self._needs_base, self._based_at = True, False, self.clock()
 
     def flush(self) -> None:

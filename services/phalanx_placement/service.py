@@ -54,7 +54,6 @@ from phalanx_placement.config import Config
 from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.holdings import Holdings
-from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queues import PlacementQueues
@@ -340,7 +339,7 @@ async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED
     """Run placement until cancelled; ready once its cache is listed and its durable consumer is live."""
     await enable_atomic(bus, S.KV_LEDGER)
     cache = ClusterCache(bus, stale_s=config.heartbeat_stale_s,
-                         node_states=NodeStates(bus, policy=config.node_state, grace_s=config.node_state_grace_s))
+                         node_state_policy=config.node_state, node_state_grace_s=config.node_state_grace_s)
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)
         placement = Placement(bus, cache, config)

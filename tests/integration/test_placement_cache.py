@@ -22,7 +22,6 @@ from phalanx_engine.decide import Cluster
 from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_localstack.synthetic import synthetic_cluster
 from phalanx_placement.cache import ClusterCache
-from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.service import Config
 from phalanx_placement.service import run as run_placement
 from phalanx_proto import subjects as S
@@ -171,7 +170,7 @@ async def test_random_changes_leave_the_cache_equal_to_a_fresh_read_of_the_bucke
     await bus.declare()
     reps = reports(12)
     clock = Clock()
-    cache = ClusterCache(bus, stale_s=STALE_S, clock=clock, node_states=NodeStates(bus, policy="optional"))
+    cache = ClusterCache(bus, stale_s=STALE_S, clock=clock, node_state_policy="optional")
     try:
         with anyio.fail_after(120):
             async with anyio.create_task_group() as tg:

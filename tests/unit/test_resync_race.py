@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx_gang_coordinator.heads import QueueHeads
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_kube.port import Pod
 from phalanx_proto.events import MemberSpec, PodRef
@@ -57,10 +58,11 @@ class Intake:
 
 
 class Driver:
-    gate = None
-
     def __init__(self) -> None:
         self.announced: set = set()
+
+    def forget_announced(self, running) -> None:
+        self.announced &= running
 
     async def announce(self, state) -> None:
         pass
@@ -70,6 +72,9 @@ class Driver:
 
     async def redrive(self, state) -> None:
         pass
+
+
+HEADS = QueueHeads(starve_after_s=0.0, mode="backfill")
 
 
 class Config:
@@ -86,7 +91,7 @@ async def test_a_pod_admitted_while_the_resync_lists_is_not_taken_for_gone_and_a
     store = Store([gang(OLD)])  # "old" was deleted before the listing began
     cluster = Cluster([], during=lambda: store.states.append(gang(FRESH)))  # "fresh" admitted meanwhile
     intake = Intake()
-    await Resync(cluster, store, intake, Driver(), Config()).once()
+    await Resync(cluster, store, intake, Driver(), Config(), HEADS).once()
     assert intake.deleted == ["ns/old"]
 
 
@@ -96,7 +101,7 @@ async def test_between_listings_a_tick_takes_the_watchs_view_admits_what_it_miss
     listings = []
     cluster = Cluster([], during=lambda: listings.append("listed"))
     intake = Intake(watched=[missed])
-    resync = Resync(cluster, store, intake, Driver(), Config())
+    resync = Resync(cluster, store, intake, Driver(), Config(), HEADS)
     resync._listed_at = float("inf")  # a listing just happened
     await resync.once()
     assert (intake.admitted, intake.deleted, listings) == (["ns/missed"], [], [])
