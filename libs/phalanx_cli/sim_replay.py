@@ -111,11 +111,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _text(replicas, replay, wall: float) -> str:
-    lines = [f"{'REPLICA':<36} {'RECORDS':>9} {'BASES':>5} {'GAPS':>4} {'DECISIONS':>9} {'AGREE':>7} "
-             f"{'DIFFER':>6} {'NOT REPLAYABLE':>14}"]
+    lines = [f"{'REPLICA':<36} {'RECORDS':>9} {'BASES':>5} {'GAPS':>4} {'DECISIONS':>9} {'QUEUE':>6} {'PLANS':>5} "
+             f"{'AGREE':>7} {'DIFFER':>6} {'NOT REPLAYABLE':>14}"]
     for r in replicas:
-        lines.append(f"{r.replica[:36]:<36} {r.records:>9} {r.bases:>5} {r.gaps:>4} {r.decisions:>9} {r.agree:>7} "
-                     f"{len(r.differences):>6} {r.not_replayable:>14}")
+        lines.append(f"{r.replica[:36]:<36} {r.records:>9} {r.bases:>5} {r.gaps:>4} {r.decisions:>9} "
+                     f"{r.queue_checks:>6} {r.plans:>5} {r.agree:>7} {len(r.differences):>6} {r.not_replayable:>14}")
     lines.append(f"{replay.decisions} decisions replayed, {len(replay.differences)} differ ({wall:.1f} s)")
     for d in replay.differences[:50]:
         lines += [f"DIFFERS {d.replica} record {d.seq} gang {d.gang_id} attempt {d.attempt}",

@@ -4,9 +4,13 @@
 Each placement replica logs its cluster's changes and its engine decisions in order
 (``DecisionsRecorded`` on ``phx.decisions.<replica>``, written by
 ``services/phalanx_placement/recorder.py``). ``Replay`` rebuilds each replica's cluster from a
-base record, applies the changes as they come, and asks the engine the same question with the
-same profile: the same members, the same nodes to avoid. The answer must be the recorded one,
-to the GPU (``Decision.assignments``) or to the word (``NoFit.summary``).
+base record, applies the changes as they come, and asks the same questions again: the queue
+rules (``phalanx_rules.queueorder``: the limit's refusal, whether the gang would borrow) on the
+queues and units the decision read, the engine with the same profile (the same members, the
+same nodes to avoid), and the preemption planner on the running gangs, priorities, queues and
+units it read. Each answer must be the recorded one: the refusal to the word, the placement to
+the GPU (``Decision.assignments``) or the engine's reason to the word (``NoFit.summary``), the
+plan to its victims and placement.
 
 A replica's log read from the middle, or after a gap (records lost, ``seq`` not one more than
 the last), cannot be rebuilt until its next base: its decisions until then are counted as not
@@ -18,9 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx_engine.decide import Cluster, decide, default_profile
+from phalanx_engine.preempt import Plan, plan_preemption
 from phalanx_engine.recorded import Memory
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, RecordedNode
+from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
+from phalanx_rules import queueorder
+from phalanx_rules.preemption import Preemptor, RunningGang
+from phalanx_rules.queues import QueueTree
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,10 @@ class ReplicaReplay:
     decisions: int = 0
     agree: int = 0
     not_replayable: int = 0
+    queue_checks: int = 0
+    """Decisions whose queue rules were asked again."""
+    plans: int = 0
+    """Decisions whose preemption plan was made again."""
     first_at: float = 0.0
     last_at: float = 0.0
     differences: list[Difference] = field(default_factory=list)
@@ -94,13 +107,62 @@ class ReplicaReplay:
         if self._cluster is None:
             self.not_replayable += 1
             return
-        result = decide(self._cluster, item.members, _profile(item.node_state_required), avoid=item.avoid)
-        now = (result.assignments, "") if isinstance(result, Decision) else ((), result.summary)
-        if now == (item.placed, item.no_fit):
+        found = []
+        if item.queue is not None:
+            self.queue_checks += 1
+            found += _queue_differs(item)
+        if item.engine:
+            result = decide(self._cluster, item.members, _profile(item.node_state_required), avoid=item.avoid)
+            now = (result.assignments, "") if isinstance(result, Decision) else ((), result.summary)
+            if now != (item.placed, item.no_fit):
+                found.append((_words(item.placed, item.no_fit), _words(*now)))
+        if item.preemption is not None and not item.preemption.omitted:
+            self.plans += 1
+            found += self._plan_differs(item)
+        if not found:
             self.agree += 1
-        else:
+        for recorded, replayed in found:
             self.differences.append(Difference(self.replica, record.seq, record.at, item.gang_id, item.attempt,
-                                               recorded=_words(item.placed, item.no_fit), replayed=_words(*now)))
+                                               recorded=recorded, replayed=replayed))
+
+    def _plan_differs(self, item: RecordedDecision) -> list[tuple[str, str]]:
+        """The preemption planner asked again on what it read: the running gangs' assignments are
+        the replayed cluster's."""
+        p = item.preemption
+        held = {a.pod: a for st in self._cluster.nodes.values() for a in st.view.allocations}
+        running = tuple(RunningGang(gang_id=g.gang_id, assignments=tuple(held[pod] for pod in g.pods if pod in held),
+                                    priority=g.priority, queues=g.queues, started_at=g.started_at)
+                        for g in p.running)
+        who = Preemptor(gang_id=item.gang_id, members=item.members, priority=p.priority, queue=p.queue,
+                        preemption_policy=p.policy or PREEMPT_LOWER_PRIORITY)
+        got = plan_preemption(self._cluster, who, running, QueueTree.of(p.specs), held_by=p.held_by,
+                              profile=_profile(item.node_state_required), avoid=item.avoid, now=p.now)
+        recorded = _plan_words(p.victims, p.placed, p.no_plan)
+        replayed = (_plan_words(tuple(v.gang_id for v in got.victims), got.placement.assignments, "")
+                    if isinstance(got, Plan) else _plan_words((), (), got.reason))
+        return [] if recorded == replayed else [(recorded, replayed)]
+
+
+def _queue_differs(item: RecordedDecision) -> list[tuple[str, str]]:
+    """The queue rules asked again on the queues and units the decision read."""
+    q = item.queue
+    tree = QueueTree.of(q.specs)
+    refusal = queueorder.refusal(tree, item.members, q.limited_held, q.releasing)
+    out = []
+    if refusal != q.refusal:
+        out.append((f"queue refusal: {q.refusal or 'none'}", f"queue refusal: {refusal or 'none'}"))
+    if not refusal:
+        queue = queueorder.queue_of(item.members)
+        borrowing = queueorder.borrowing(tree, item.members, q.held, q.releasing.get(queue, 0))
+        if borrowing != q.borrowing:
+            out.append((f"borrowing: {q.borrowing}", f"borrowing: {borrowing}"))
+    return out
+
+
+def _plan_words(victims: tuple[str, ...], placed: tuple[Assignment, ...], no_plan: str) -> str:
+    if not victims and not placed:
+        return f"no plan: {no_plan}"
+    return f"evict {', '.join(victims) or 'nobody'}; " + _words(placed, "")
 
 
 class Replay:

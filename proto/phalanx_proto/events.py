@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from phalanx_proto.codec import Decoder
+from phalanx_proto.queuespec import QueueSpec
 from phalanx_proto.scheduling import (
     MAX_HOST_PORTS,
     MAX_RESOURCES,
@@ -645,10 +646,64 @@ class RecordedNode(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     same: tuple[Literal["topology", "kube"], ...] = ()
 
 
+RecordedUnits = Annotated[dict[Annotated[str, msgspec.Meta(max_length=253)], Annotated[int, msgspec.Meta(ge=0)]],
+                          msgspec.Meta(max_length=1024)]
+RecordedSpecs = Annotated[tuple[QueueSpec, ...], msgspec.Meta(max_length=1024)]
+
+
+class RecordedQueueGate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What placement's queue rules read for one request (``phalanx_rules.queueorder``) and what
+    they answered: the queues of the gang's line, the units each holds (``limited_held``: by the
+    usage records where the queue has a limit; ``held``: by the ledgers), the units the decision
+    gives back, the limit's refusal ("" none), whether it would borrow, and the queues below
+    their quota it left the free GPUs to."""
+
+    specs: RecordedSpecs = ()
+    limited_held: RecordedUnits = {}
+    held: RecordedUnits = {}
+    releasing: RecordedUnits = {}
+    refusal: Annotated[str, msgspec.Meta(max_length=2000)] = ""
+    borrowing: bool = False
+    owed: tuple[Annotated[str, msgspec.Meta(max_length=253)], ...] = ()
+
+
+class RecordedRunning(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A running gang the preemption planner could choose from: its pods (their assignments are
+    the recorded cluster's), priority, queues and start."""
+
+    gang_id: str
+    pods: tuple[PodRef, ...] = ()
+    priority: int = 0
+    queues: tuple[str, ...] = ()
+    started_at: float | None = None
+
+
+class RecordedPreemption(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the preemption planner read for one request and what it answered: the preemptor's
+    priority, policy and queue (its members are the decision's), the queue tree, the units each
+    queue holds with the nominations in force, the running gangs it could choose from, and the
+    plan (victims and where the preemptor goes) or why there is none. ``omitted``: the running
+    gangs were too many to record (the plan is then not replayed)."""
+
+    priority: int = 0
+    policy: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
+    specs: RecordedSpecs = ()
+    held_by: RecordedUnits = {}
+    running: tuple[RecordedRunning, ...] = ()
+    now: float = 0.0
+    victims: tuple[str, ...] = ()
+    placed: tuple[Assignment, ...] = ()
+    no_plan: Annotated[str, msgspec.Meta(max_length=2000)] = ""
+    omitted: bool = False
+
+
 class RecordedDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="decision",
                        tag_field="item"):
-    """One engine decision of a scheduling cycle: its request, and what it came to (``placed``,
-    or the ``NoFit`` summary in ``no_fit``)."""
+    """One decision of a scheduling cycle: its request, what its queue's rules read and said
+    (``queue``), what the engine came to (``placed``, or the ``NoFit`` summary in ``no_fit``;
+    nothing when the queue refused it first: ``engine`` False), and what the preemption planner
+    read and planned when it was asked (``preemption``)."""
 
     gang_id: str
     attempt: Attempt = 1
@@ -657,6 +712,9 @@ class RecordedDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     avoid: tuple[str, ...] = ()
     placed: tuple[Assignment, ...] = ()
     no_fit: str = ""
+    engine: bool = True
+    queue: RecordedQueueGate | None = None
+    preemption: RecordedPreemption | None = None
 
 
 class DecisionsRecorded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="decisions.recorded",

@@ -10,11 +10,16 @@ kind is a whole number of units, and sums never round.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
+from phalanx_proto.queuespec import LabelRequirement as LabelRequirement
+from phalanx_proto.queuespec import LabelSelector as LabelSelector
+from phalanx_proto.queuespec import QueueName as QueueName
+from phalanx_proto.queuespec import QueueSpec as QueueSpec
+from phalanx_proto.queuespec import Units as Units
 
 GROUP, VERSION, KIND, PLURAL = "scheduling.phalanx.io", "v1alpha1", "Queue", "queues"
 """The Queue custom resource (deploy/k8s/crds/queues.scheduling.phalanx.io.yaml)."""
@@ -29,62 +34,6 @@ MAX_QUEUES = 1024
 MAX_DEPTH = 16
 MAX_CHARGES = 20_000
 """Gang attempts one queue's usage record lists at most (about 60 bytes each)."""
-
-QueueName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
-Units = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
-
-
-class LabelRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    key: Annotated[str, msgspec.Meta(max_length=317)]
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=63)], ...], msgspec.Meta(max_length=64)] = ()
-
-
-class LabelSelector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A Kubernetes label selector (``matchLabels`` and ``matchExpressions``, all must hold);
-    an empty one selects everything."""
-
-    match_labels: Annotated[dict[str, str], msgspec.Meta(max_length=64)] = {}
-    match_expressions: Annotated[tuple[LabelRequirement, ...], msgspec.Meta(max_length=16)] = ()
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        for r in self.match_expressions:
-            present = r.key in labels
-            if r.operator == "In" and (not present or labels[r.key] not in r.values):
-                return False
-            if r.operator == "NotIn" and present and labels[r.key] in r.values:
-                return False
-            if r.operator == "Exists" and not present:
-                return False
-            if r.operator == "DoesNotExist" and present:
-                return False
-        return True
-
-
-class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One queue as its ``Queue`` object says, in queue units (KV ``phx-queues``, key
-    ``queue_key(name)``). ``problem`` is why the queue cannot be used (an unknown parent, a
-    cycle, children's quotas beyond the parent's): its gangs wait with that reason."""
-
-    name: QueueName
-    parent: Annotated[str, msgspec.Meta(max_length=253)] = ""
-    quota: Units = 0
-    """Guaranteed share (deserved)."""
-    limit: Units | None = None
-    """Hard cap including borrowing; None: no cap beyond the cluster."""
-    over_quota_weight: Annotated[float, msgspec.Meta(ge=0, le=1e6)] = 1.0
-    """Share of idle capacity beyond the quotas, relative to the queue's siblings."""
-    namespace_selector: LabelSelector | None = None
-    """Which namespaces' pods may name the queue; None: every namespace."""
-    within_queue: Literal["LowerPriority", "Never"] = "LowerPriority"
-    """Preemption inside the queue: a gang may evict gangs of strictly lower priority, or never."""
-    reclaim: Literal["Any", "Never"] = "Any"
-    """Below its quota, the queue may take back what queues above theirs borrowed, or never."""
-    problem: Annotated[str, msgspec.Meta(max_length=1000)] = ""
-    generation: Annotated[int, msgspec.Meta(ge=0)] = 0
-
 
 class QueueUsage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What one queue holds: a charge per gang attempt (``charge_key``) in queue units, for the

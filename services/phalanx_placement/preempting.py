@@ -15,13 +15,15 @@ publishes the eviction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 
-from phalanx_engine.preempt import Plan, Preemptor, RunningGang, running_gangs
+from phalanx_engine.preempt import NoPlan, Plan, Preemptor, RunningGang, running_gangs
+from phalanx_proto.events import RecordedPreemption, RecordedRunning
 from phalanx_proto.queues import shown
 from phalanx_proto.state import GangState, NodeLedger, Nomination, alloc_key
+from phalanx_rules.queues import QueueTree
 
 
 def nominations(ledgers: Iterable[NodeLedger], gang_id: str, now: float) -> list[Nomination]:
@@ -108,3 +110,22 @@ def preemption_rule(plan: Plan) -> str:
     """The metric label of a preemption: ``reclaim`` when any victim is taken back across
     queues, else ``priority``."""
     return "reclaim" if any(v.rule == "reclaim" for v in plan.victims) else "priority"
+
+
+MAX_RECORDED_PODS = 4096
+"""Running pods a decision log record names at most (beyond, the plan is logged unreplayable)."""
+
+
+def recorded(preemptor: Preemptor, running: tuple[RunningGang, ...], tree: QueueTree, held_by: Mapping[str, int],
+             now: float, plan: Plan | NoPlan) -> RecordedPreemption:
+    """What the planner read and answered, for the decision log (``phalanx sim --replay`` plans
+    again on it)."""
+    omitted = sum(len(g.assignments) for g in running) > MAX_RECORDED_PODS
+    return RecordedPreemption(
+        priority=preemptor.priority, policy=preemptor.preemption_policy, queue=preemptor.queue,
+        specs=tuple(tree.specs.values()), held_by={q: max(0, n) for q, n in held_by.items()}, now=now,
+        running=() if omitted else tuple(RecordedRunning(gang_id=g.gang_id, pods=g.pods, priority=g.priority,
+                                                         queues=g.queues, started_at=g.started_at) for g in running),
+        victims=tuple(v.gang_id for v in plan.victims) if isinstance(plan, Plan) else (),
+        placed=plan.placement.assignments if isinstance(plan, Plan) else (),
+        no_plan=plan.reason if isinstance(plan, NoPlan) else "", omitted=omitted)

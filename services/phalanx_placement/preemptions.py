@@ -17,7 +17,7 @@ from phalanx_placement.outcomes import Decided, Reply, pending
 from phalanx_placement.queues import PlacementQueues
 from phalanx_placement.whatif import Relaxed
 from phalanx_proto import subjects as S
-from phalanx_proto.events import EvictionRefused, EvictPods, MemberSpec, PlaceRequested
+from phalanx_proto.events import EvictionRefused, EvictPods, MemberSpec, PlaceRequested, RecordedPreemption
 from phalanx_proto.queues import shown
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.vocab import RefusalRule as R
@@ -38,12 +38,14 @@ class Preemptions:
         return [led for key in self.cache.views if (led := self.cache.ledger_of(key)) is not None]
 
     def plan(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...],
-             queue: str) -> Decided | Reply | Relaxed | None:
+             queue: str) -> tuple[Decided | Reply | Relaxed | None, RecordedPreemption | None]:
         """A gang that does not fit: wait for the victims its nomination names, or plan a
         preemption (``phalanx_engine.preempt``) on the cluster without the gang's own
         reservations and nominations (the caller's ``excluding``). Otherwise no preemption
         helps (the caller answers the engine's reason): the preempt probe's planner, which says
-        which victims the refusing rules kept it from (``whatif.Relaxed``), or None."""
+        which victims the refusing rules kept it from (``whatif.Relaxed``), or None. Beside the
+        outcome, what the planner read and answered for the decision log (None when it was not
+        asked)."""
         now = self.cache.clock()
         ledgers = self.ledgers()
         own = preempting.nominations(ledgers, ev.gang_id, now)
@@ -57,23 +59,24 @@ class Preemptions:
             named = sorted({v for n in own if n.attempt == latest for v in n.victims})
             reply = pending(ev, members, preempting.waiting_reason(own, holding),
                                   sorted({n.assignment.node for n in own}))
-            return Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named)))
+            return Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named))), None
         preemptor = preemptor_of(ev.gang_id, members, queue)
         if isinstance(preemptor, str):
             log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
-            return None
+            return None, None
         refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
         running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
         held_by = with_nominations(self.cache.queue_units, ledgers, self.queues.tree(), now, but=ev.gang_id)
         plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
                                held_by=held_by, profile=self.profile(), avoid=record.avoid_nodes, now=now)
+        logged = preempting.recorded(preemptor, running, self.queues.tree(), held_by, now, plan)
         if isinstance(plan, NoPlan) or not plan.victims:
             log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
                 reason=plan.reason if isinstance(plan, NoPlan) else "the planner placed it without victims")
             if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
-                return None
+                return None, logged
             return Relaxed(preemptor, running, self.queues.tree(), held_by, plan.reason,
-                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now)
+                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now), logged
         writes: dict = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id),
                                            ev.gang_id, ev.attempt, plan, preemptor,
                                            expires_at=now + self.config.nomination_s, now=now)
@@ -83,8 +86,8 @@ class Preemptions:
             victims=",".join(v.gang_id for v in plan.victims), gpus=shown(plan.units))
         reply = pending(ev, members, reason, sorted({a.node for a in plan.placement.assignments})).event
         return Decided(self.cache.assume(writes), plan.placement, plan=plan, reply=reply,
-                        evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
-                                        victims=tuple(v.gang_id for v in plan.victims)))
+                       evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
+                                       victims=tuple(v.gang_id for v in plan.victims))), logged
 
     def _holds(self, gang_id: str) -> bool:
         """The gang still holds a reservation somewhere."""

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from phalanx_placement.cache import ClusterCache
-from phalanx_proto.events import MemberSpec
+from phalanx_proto.events import MemberSpec, RecordedQueueGate
 from phalanx_proto.queues import (
     GPU_UNITS,
     QueueUsage,
@@ -104,6 +104,18 @@ class PlacementQueues:
                 for q in a.queues:
                     out[q] += units_of_assignment(a.assignment)
         return out
+
+    def recorded(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str], *, refusal: str,
+                 borrowing: bool = False, owed: tuple[str, ...] = ()) -> RecordedQueueGate:
+        """What the queue rules read for this request and what they answered, for the decision
+        log (``phalanx sim --replay`` asks the rules again on it)."""
+        tree = self.tree()
+        chain = tree.chain(queue_of(members))
+        return RecordedQueueGate(specs=tuple(s for q in chain if (s := tree.get(q)) is not None),
+                                 limited_held=self.limited_held(chain),
+                                 held={q: self.cache.queue_units.get(q, 0) for q in chain},
+                                 releasing=dict(self._replaced(gang_id, keep)), refusal=refusal,
+                                 borrowing=borrowing, owed=owed)
 
     def borrowing(self, members: tuple[MemberSpec, ...], gang_id: str, keep: frozenset[str]) -> bool:
         """Would placing the gang put its queue above its quota (``queueorder.borrowing`` on the

@@ -31,7 +31,14 @@ from phalanx_engine.decide import Cluster
 from phalanx_engine.recorded import Memory
 from phalanx_engine.snapshot import Decision, NodeView, NoFit
 from phalanx_proto import subjects as S
-from phalanx_proto.events import MemberSpec, RecordedDecision, RecordedNode, encoder
+from phalanx_proto.events import (
+    MemberSpec,
+    RecordedDecision,
+    RecordedNode,
+    RecordedPreemption,
+    RecordedQueueGate,
+    encoder,
+)
 from phalanx_telemetry import warn
 
 JOURNAL_MAX = 200_000
@@ -104,8 +111,11 @@ class Recorder:
         """Records published (for tests and the log)."""
 
     def decided(self, gang_id: str, attempt: int, members: tuple[MemberSpec, ...], *, node_state_required: bool,
-                avoid: frozenset[str] | tuple[str, ...], result: Decision | NoFit) -> None:
-        """One engine decision on ``cluster`` as it is now: the changes since the last one, then it."""
+                avoid: frozenset[str] | tuple[str, ...], result: Decision | NoFit | None,
+                queue: RecordedQueueGate | None = None) -> None:
+        """One decision on ``cluster`` as it is now: the changes since the last one, then it — the
+        engine's answer (None: the queue refused it before the engine was asked) and what the
+        queue rules read and said (``queue``)."""
         if not self.enabled:
             self.cluster.journal.clear()
             return
@@ -119,7 +129,16 @@ class Recorder:
         placed = result.assignments if isinstance(result, Decision) else ()
         self._items.append(RecordedDecision(
             gang_id=gang_id, attempt=attempt, members=members, node_state_required=node_state_required,
-            avoid=tuple(sorted(avoid)), placed=placed, no_fit=result.summary if isinstance(result, NoFit) else ""))
+            avoid=tuple(sorted(avoid)), placed=placed, no_fit=result.summary if isinstance(result, NoFit) else "",
+            engine=result is not None, queue=queue))
+
+    def planned(self, preemption: RecordedPreemption | None) -> None:
+        """What the preemption planner read and answered for the decision just recorded."""
+        if not self.enabled or preemption is None or not self._items:
+            return
+        last = self._items[-1]
+        if isinstance(last, RecordedDecision):
+            self._items[-1] = msgspec.structs.replace(last, preemption=preemption)
 
     def _start_base(self) -> None:
         """Send what this cycle recorded so far, then write every node from empty."""

@@ -208,9 +208,12 @@ class Placement:
             # Over a limit (not an invalid queue), it may preempt its own queue's gangs of lower
             # priority to get under it: the planner counts the victims' units off the limit.
             preempted = None
-            if not self.queues.tree().problem(queue):
-                with self.cache.excluding(ev.gang_id, running):
-                    preempted = self.preemptions.plan(ev, record, members, queue)
+            with self.cache.excluding(ev.gang_id, running):
+                self._record(ev, members, record.avoid_nodes, None, self.queues.recorded(
+                    ev.gang_id, members, running, refusal=blocked))
+                if not self.queues.tree().problem(queue):
+                    preempted, logged = self.preemptions.plan(ev, record, members, queue)
+                    self.recorder.planned(logged)
             if isinstance(preempted, Decided | Reply):
                 return preempted
             log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
@@ -220,11 +223,14 @@ class Placement:
                                           waits_for="queue",
                                           whatif=self._whatif(ev.gang_id, members, record, blocked, running,
                                                               preempt=preempted)))
-        if self.queues.borrowing(members, ev.gang_id, running):
+        borrows = self.queues.borrowing(members, ev.gang_id, running)
+        if borrows:
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))
             if owed:
                 why = queueorder.borrow_reason(queue, owed)
+                self._record(ev, members, record.avoid_nodes, None, self.queues.recorded(
+                    ev.gang_id, members, running, refusal="", borrowing=True, owed=owed))
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
                                               fits_empty_cluster=False, members=tuple(m.pod for m in members),
@@ -238,9 +244,12 @@ class Placement:
             with self.cache.excluding(ev.gang_id, running):
                 result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
                 elapsed = time.perf_counter() - started
-                self.recorder.decided(ev.gang_id, ev.attempt, members, node_state_required=self._node_state_required,
-                                      avoid=avoid, result=result)
-                preempted = self.preemptions.plan(ev, record, members, queue) if isinstance(result, NoFit) else None
+                self._record(ev, members, avoid, result, self.queues.recorded(
+                    ev.gang_id, members, running, refusal="", borrowing=borrows))
+                preempted = None
+                if isinstance(result, NoFit):
+                    preempted, logged = self.preemptions.plan(ev, record, members, queue)
+                    self.recorder.planned(logged)
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
         _report_node_errors()
@@ -262,6 +271,13 @@ class Placement:
         writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
         writes.update(self.queues.usage_writes(ev.gang_id, writes))
         return Decided(self.cache.assume(writes), result)
+
+    def _record(self, ev: PlaceRequested, members: tuple[MemberSpec, ...], avoid, result: Decision | NoFit | None,
+                gate) -> None:
+        """Log the decision (``recorder``): the engine's answer, or none when the queue refused
+        first, and what the queue rules read and said."""
+        self.recorder.decided(ev.gang_id, ev.attempt, members, node_state_required=self._node_state_required,
+                              avoid=avoid, result=result, queue=gate)
 
     def _whatif(self, gang_id: str, members: tuple[MemberSpec, ...], record: GangState, refusal: str,
                 running: frozenset[str], owed: tuple[str, ...] = (), preempt: Relaxed | None = None) -> WhatIf | None:

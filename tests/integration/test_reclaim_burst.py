@@ -17,7 +17,7 @@ import pytest
 from hostile import audited, cleaned_env, hostile_stack
 from phalanx_placement.testhooks import DECIDE_DELAY_ENV
 from phalanx_proto.kubeapi import QUEUE_LABEL
-from stackutil import gang_pod, gang_states, gpu_pod, ledger, wait_until
+from stackutil import gang_pod, gang_states, gpu_pod, ledger, replay_log, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -108,6 +108,16 @@ async def test_preemptors_arriving_together_reclaim_up_to_their_quota_and_never_
         assert waiting and all(n > 8 - b for n in waiting), (b, waiting)  # what waits would pass team-b's quota
         if wave is b_singles:  # the gang of 4 first, then four of the six singles
             assert (a, b, waiting) == (8, 8, [1, 1])
+
+
+async def test_the_decision_log_of_the_bursts_replays_to_the_same_queue_answers_plans_and_placements(stack):
+    """After the bursts above, both placement replicas' decision logs are read back: every
+    decision — its queue rules (limit, borrowing), its engine answer and its preemption plan —
+    decides again to what was logged (``phalanx sim --replay``)."""
+    code, log, err = await anyio.to_thread.run_sync(lambda: replay_log(stack, "--require", "20"))
+    assert code == 0, (err, log.get("differences"))
+    replicas = log["replicas"]
+    assert sum(r["queue_checks"] for r in replicas) >= 20 and sum(r["plans"] for r in replicas) >= 4, replicas
 
 
 async def _at_least(count, n: int) -> bool:

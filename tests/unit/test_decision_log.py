@@ -229,3 +229,70 @@ def test_the_sender_writes_exactly_the_wire_contract():
     sent = R._Record(replica="p", seq=3, at=2.5, base=True,
                      items=(msgspec.Raw(encoder.encode(node_)), msgspec.Raw(encoder.encode(item))))
     assert encoder.encode(sent) == encoder.encode(wire) and sent.key() == wire.key()
+
+
+def _logged_decision_with_queue_and_preemption():
+    """A base of two full V100 nodes (three running gangs of two queues) and one decision whose
+    queue rules and preemption plan are logged as placement logs them."""
+    from phalanx_engine.decide import Cluster
+    from phalanx_engine.preempt import Plan, plan_preemption
+    from phalanx_engine.recorded import Memory
+    from phalanx_engine.snapshot import Snapshot
+    from phalanx_placement import preempting
+    from phalanx_proto.events import RecordedQueueGate
+    from phalanx_proto.queues import GPU_UNITS, QueueSpec
+    from phalanx_rules import queueorder
+    from phalanx_rules.preemption import Preemptor, RunningGang
+    from phalanx_rules.queues import QueueTree
+
+    def running(name, node_name, gpus, prio, queue):
+        a = Assignment(pod=pod(name).spec().pod, node=node_name, gpus=gpus, gpu_uuids=("",) * len(gpus))
+        return RunningGang(gang_id=f"ns/{name}", assignments=(a,), priority=prio, queues=(queue,), started_at=10.0)
+
+    gangs = (running("a0", "n0", tuple(range(8)), 1, "team-a"), running("a1", "n1", (0, 1, 2, 3), 2, "team-a"),
+             running("b0", "n1", (4, 5, 6, 7), 0, "team-b"))
+    built = {n: node(n).gpus(8).tiers(hypernode="hn0", leaf="leaf0", netpod="pod0") for n in ("n0", "n1")}
+    for g in gangs:
+        for a in g.assignments:
+            built[a.node].reserved(a)
+    nodes = [b.view() for b in built.values()]
+    cluster = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
+    tree = QueueTree.of((QueueSpec(name="team-a", quota=4 * GPU_UNITS, limit=12 * GPU_UNITS),
+                         QueueSpec(name="team-b", quota=8 * GPU_UNITS)))
+    members = (pod("hi-0").gpus(4).spec(),)
+    members = (msgspec.structs.replace(members[0], queue="team-b"),)
+    held = {"team-a": 12 * GPU_UNITS, "team-b": 4 * GPU_UNITS}
+    gate = RecordedQueueGate(specs=tuple(tree.specs.values()), limited_held={}, held={"team-b": held["team-b"]},
+                             refusal=queueorder.refusal(tree, members, {}), borrowing=queueorder.borrowing(
+                                 tree, members, held))
+    who = Preemptor(gang_id="ns/hi", members=members, priority=5, queue="team-b")
+    plan = plan_preemption(cluster, who, gangs, tree, held_by=held, now=20.0)
+    assert isinstance(plan, Plan) and [v.gang_id for v in plan.victims] == ["ns/b0"]  # its own queue's lowest
+    logged = preempting.recorded(who, gangs, tree, held, 20.0, plan)
+    memory = Memory()
+    base = DecisionsRecorded(replica="p1", seq=1, base=True, items=(
+        *(memory.record(v) for v in nodes),
+        RecordedDecision(gang_id="ns/hi", members=members, engine=False, queue=gate, preemption=logged)))
+    return base, plan
+
+
+def test_the_queue_rules_and_the_preemption_plan_a_decision_read_replay_to_what_was_logged():
+    base, plan = _logged_decision_with_queue_and_preemption()
+    r = replayed([decisions_decoder.decode(encoder.encode(base))])
+    assert (r.differences, r.replicas["p1"].agree, r.replicas["p1"].decisions) == ([], 1, 1)
+    assert [v.gang_id for v in plan.victims] == list(base.items[-1].preemption.victims)
+
+
+@pytest.mark.parametrize(("what", "change", "words"), [
+    ("a limit refusal the rules would not give", lambda d: msgspec.structs.replace(
+        d, queue=msgspec.structs.replace(d.queue, refusal="at its limit")), "queue refusal: at its limit"),
+    ("a borrowing the rules would not say", lambda d: msgspec.structs.replace(
+        d, queue=msgspec.structs.replace(d.queue, borrowing=True)), "borrowing: True"),
+    ("victims the planner would not choose", lambda d: msgspec.structs.replace(
+        d, preemption=msgspec.structs.replace(d.preemption, victims=("ns/a1",))), "evict ns/a1"),
+])
+def test_a_queue_or_preemption_answer_that_is_not_the_rules_is_named_with_both(what, change, words):
+    base, _ = _logged_decision_with_queue_and_preemption()
+    forged = msgspec.structs.replace(base, items=base.items[:-1] + (change(base.items[-1]),))
+    diffs = replayed([forged]).differences
+    assert len(diffs) == 1 and words in diffs[0].recorded and words not in diffs[0].replayed, diffs
