@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One image for every Phalanx service and for the chart's Jobs: `phalanx run <service>`,
-# `phalanx bus init`, `phalanx bus kube-secrets` (deploy/helm/phalanx). README.md, "The image".
+# `phalanx bus init`, `phalanx bus kube-secrets` (deploy/helm/phalanx). docs/install.md, "The image".
 #
 #   docker build -t ghcr.io/phalanx-scheduler/phalanx:0.1.0 .
 #

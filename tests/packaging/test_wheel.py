@@ -1,7 +1,7 @@
 """What can be checked of the container image without a Docker engine: the wheel its build stage
 makes (tools/image/wheel.sh) holds the packages and nothing of the tests or benchmarks, installs
 into a clean virtualenv with its dependencies from the package index, and `phalanx` runs from
-there; and the Dockerfile keeps the shape README.md describes (two stages, the wheel, a pinned
+there; and the Dockerfile keeps the shape docs/install.md describes (two stages, the wheel, a pinned
 base, an unprivileged user, the health endpoint the chart probes)."""
 
 from __future__ import annotations
