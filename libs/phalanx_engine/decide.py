@@ -33,6 +33,7 @@ from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import NoFit, Status
+from phalanx_engine.topology import TIER_NAMES, TIERS, Topology, domain_of
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 from phalanx_proto.scheduling import CPU, MEMORY, PODS
 
@@ -40,9 +41,6 @@ CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
 SHARE_CANDIDATES = 64
 """Feasible nodes at the tightest free-core level compared for one TDM share."""
-
-TIERS = ("node", "hypernode", "leaf", "netpod")
-TIER_NAMES = {"node": "node", "hypernode": "HyperNode", "leaf": "leaf switch", "netpod": "network-pod"}
 
 
 def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
@@ -86,6 +84,9 @@ class Cluster:
     _room: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False, compare=False)
     """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
     unbounded): the single-member searches pass over the nodes it refuses in bulk."""
+    topology: Topology = field(default_factory=Topology, init=False, repr=False, compare=False)
+    """Tier → domain → usable nodes, with each domain's free whole GPUs and capacity: the gang
+    search, the preemption planner and the what-if probes read domains here, not by a scan."""
 
     def __post_init__(self) -> None:
         for st in self.nodes.values():
@@ -102,12 +103,14 @@ class Cluster:
         self._room[st.name] = _UNBOUNDED if kube is None else (
             kube.allocatable.get(PODS, 0) - st.pods, kube.allocatable.get(CPU, 0) - st.requested.get(CPU, 0),
             kube.allocatable.get(MEMORY, 0) - st.requested.get(MEMORY, 0))
+        self.topology.add(st)
 
     def _unindex(self, st: NodeState) -> None:
         self._leave(False, len(st.free_whole()), st.name)
         for level in self._levels.pop(st.name, ()):
             self._leave(True, level, st.name)
         self._room.pop(st.name, None)
+        self.topology.remove(st.name)
 
     def _enter(self, shares: bool, key: int, name: str) -> None:
         names = (self.by_core if shares else self.by_free).setdefault(key, set())
@@ -304,15 +307,6 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
 def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision:
     unchecked = sorted({a.node for a in assignments if cluster.nodes[a.node].view.kube is None})
     return Decision(assignments=assignments, unchecked=tuple(unchecked))
-
-
-def domain_of(state: NodeState, tier: str) -> str:
-    """The network domain of ``state``'s node at ``tier`` (one of ``TIERS``), as gangs are
-    placed: its own name at the node tier; a node that reports no domain at a tier is alone
-    in it. The preemption planner forms its candidate domains with it."""
-    t = state.view.tiers
-    value = {"node": state.view.name, "hypernode": t.hypernode, "leaf": t.leaf, "netpod": t.netpod}[tier]
-    return value or f"node:{state.view.name}"
 
 
 def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: list[Member],

@@ -11,13 +11,14 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from phalanx_engine.decide import TIERS, Cluster, decide, domain_of
+from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.gpu_plugins import GpuTopology
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.preempt_rules import RunningGang
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
+from phalanx_engine.topology import TIERS, domain_of
 from phalanx_proto.events import MemberSpec, pod_key
 
 Cost = tuple[int, int, int]

@@ -5,7 +5,7 @@ how many (docs/preemption.md, "The search and its bound"). Called by
 Overview:
 
 1. **Domains.** Where the preemptor could land: each node and, for a gang, each HyperNode,
-   leaf switch and network-pod (the engine's own domains, ``decide.domain_of``) that could
+   leaf switch and network-pod (the engine's own domains, ``topology.domain_of``) that could
    hold it empty, with the candidate gangs holding GPUs there (the domain's *pool*), each
    with a cheap lower bound of the cost of what it can offer.
 2. **Bounds, lazily.** Domains wait in a heap by bound; the one at the head gets its exact
@@ -38,10 +38,11 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 
-from phalanx_engine.decide import TIERS, Cluster, domain_of
+from phalanx_engine.decide import Cluster
 from phalanx_engine.preempt_order import Cost, Trials, plan_order
 from phalanx_engine.preempt_rules import Rules, RunningGang
 from phalanx_engine.snapshot import Decision
+from phalanx_engine.topology import TIERS, domain_of
 from phalanx_proto.events import RequestKind, pod_key
 from phalanx_proto.queues import GPU_UNITS
 

@@ -33,11 +33,12 @@ from typing import Protocol
 import msgspec
 
 from phalanx_engine import queueorder
-from phalanx_engine.decide import DEFAULT_PROFILE, TIER_NAMES, TIERS, Cluster, decide
+from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
+from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, RequestKind
 from phalanx_proto.queues import GPU_UNITS, shown
 from phalanx_proto.whatif import PROBES, Answer, Holder, WhatIf

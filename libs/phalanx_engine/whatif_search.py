@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from phalanx_engine.decide import TIER_NAMES, TIERS, domain_of
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
+from phalanx_engine.topology import TIER_NAMES, TIERS, domain_of
 from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.scheduling import CPU, MEMORY
