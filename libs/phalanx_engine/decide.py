@@ -33,7 +33,7 @@ from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import NoFit, Status
-from phalanx_engine.topology import TIER_NAMES, TIERS, Topology, domain_of
+from phalanx_engine.topology import TIER_NAMES, TIERS, Topology
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 from phalanx_proto.scheduling import CPU, MEMORY, PODS
 
@@ -313,7 +313,10 @@ def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: 
              avoid: frozenset[str]) -> Iterator[list[NodeState]]:
     """The domains of ``tier`` the domain filters pass, fewest free whole GPUs first, then by
     name; one-node domains lazily from the free-GPU index (in that order, without nodes too
-    small for the gang): a gang that fits on one node costs the nodes tried, not the cluster."""
+    small for the gang): a gang that fits on one node costs the nodes tried, not the cluster.
+    Wider domains come from the topology index, ordered by its sums (less the avoided nodes');
+    when the profile runs ``GangGpuCapacity`` the domains it would refuse (fewer free than
+    ``need``) are passed over on the sums alone, and only the domains reached are listed."""
     def allowed(ns: list[NodeState]) -> bool:
         return all(f.filter_domain(members, ns) is None for f in profile.domain_filters)
 
@@ -322,13 +325,12 @@ def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: 
             if name not in avoid and allowed(ns := [cluster.nodes[name]]):
                 yield ns
         return
-    domains: dict[str, list[NodeState]] = {}
-    for st in cluster.nodes.values():
-        if st.name not in avoid:
-            domains.setdefault(domain_of(st, tier), []).append(st)
-    candidates = sorted((sum(len(s.free_whole()) for s in ns), d) for d, ns in domains.items() if allowed(ns))
-    for _, d in candidates:
-        yield domains[d]
+    floor = need if any(type(f) is gpu.GangGpuCapacity for f in profile.domain_filters) else 0
+    ranked = sorted((free, d) for d, (free, _) in cluster.topology.sums(tier, avoid).items() if free >= floor)
+    domains = cluster.topology.domains(tier)
+    for _, d in ranked:
+        if allowed(ns := [cluster.nodes[n] for n in domains[d] if n not in avoid]):
+            yield ns
 
 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
@@ -353,10 +355,8 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
 
 def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: str = "",
             avoid: frozenset[str] = frozenset()) -> NoFit:
-    netpods: dict[str, list[str]] = {}
-    for st in cluster.nodes.values():
-        netpods.setdefault(domain_of(st, "netpod"), []).append(st.name)
-    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail, avoid)
+    netpods = cluster.topology.domains("netpod").values()
+    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods, detail, avoid)
 
 
 def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> list[Assignment] | None:
