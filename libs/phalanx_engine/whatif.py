@@ -287,16 +287,10 @@ def probe_tier(p: Probing) -> list[Answer]:
 
 
 def tier_of(cluster: Cluster, assignments: tuple[Assignment, ...]) -> tuple[str, str]:
-    """(tier, domain): the tightest network tier holding every node of ``assignments``."""
-    names = sorted({a.node for a in assignments})
-    if len(names) <= 1:
-        return "node", names[0] if names else ""
-    tiers = [cluster.nodes[n].view.tiers for n in names if n in cluster.nodes]
-    for tier in ("hypernode", "leaf", "netpod"):
-        values = {getattr(t, tier) for t in tiers}
-        if len(values) == 1:
-            return tier, values.pop()
-    return "cluster", ""
+    """(tier, domain): the tightest network tier one domain of which holds every node of
+    ``assignments`` (``Topology.tier_of``: ``domain_of``'s rule, so nodes that report no domain
+    at a tier never share one there); ``("cluster", "")`` when no network-pod holds them all."""
+    return cluster.topology.tier_of(a.node for a in assignments)
 
 
 def _where(p: Probing, fits: Decision | None) -> dict[str, str]:

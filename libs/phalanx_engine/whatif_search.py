@@ -23,7 +23,7 @@ import msgspec
 
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
-from phalanx_engine.topology import TIER_NAMES, TIERS, domain_of
+from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.scheduling import CPU, MEMORY
@@ -59,26 +59,26 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | N
 def probe_wait(p: Probing) -> list[Answer]:
     """Which GPUs must be free, and which running gangs hold them (module docstring): tiers
     from the tightest whose domains can hold the gang at all (a single pod: nodes) up to the
-    loosest the gang may span, the first tier with an answer wins."""
+    loosest the gang may span, the first tier with an answer wins. Domains are ranked on the
+    topology index's sums (less the avoided nodes'), without a pass over the nodes."""
     single = len(p.members) == 1
     need = sum(m.gpus for m in p.members if m.kind is RequestKind.WHOLE)
     first = Member.of(p.members[0])
+    avoid = p.ctx.avoid
     for tier in ("node",) if single else TIERS[:TIERS.index(p.ctx.loosest) + 1]:
-        domains: dict[str, list[str]] = {}
-        for name, st in p.cluster.nodes.items():
-            if name not in p.ctx.avoid:
-                domains.setdefault(domain_of(st, tier), []).append(name)
-        ranked = sorted((max(0, need - sum(len(p.cluster.nodes[n].free_whole()) for n in ns)), d)
-                        for d, ns in domains.items() if sum(p.cluster.nodes[n].whole_capacity() for n in ns) >= need)
+        domains = p.cluster.topology.domains(tier)
+        ranked = sorted((max(0, need - free), d) for d, (free, capacity) in p.cluster.topology.sums(tier, avoid).items()
+                        if capacity >= need)
         best: Answer | None = None
         tried = 0
         for short, d in ranked:
             if tried >= (2 * MAX_DOMAINS if single else MAX_DOMAINS) or (best is not None and best.gpus <= short):
                 break  # no domain further down can need fewer GPUs freed than it lacks
-            if single and not _could(p, first, domains[d][0]):
+            names = sorted(n for n in domains[d] if n not in avoid)
+            if single and not _could(p, first, names[0]):
                 continue  # a node the member can never use (a taint, a selector, too few GPUs)
             tried += 1
-            got = _release_in(p, sorted(domains[d]))
+            got = _release_in(p, names)
             if got is not None and (best is None or (got.gpus, len(got.holders)) < (best.gpus, len(best.holders))):
                 best = got
         if best is not None:

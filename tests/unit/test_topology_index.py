@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from engine_builders import node, snapshot
+from engine_builders import node, pod, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx_engine.decide import Cluster
+from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.snapshot import NodeView
 from phalanx_engine.topology import TIERS, Topology, domain_of
+from phalanx_engine.whatif import tier_of
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.topology import NetworkTiers
 
@@ -137,3 +138,16 @@ def test_tier_of_names_the_tightest_domain_holding_every_node(names, expected):
         b = node(name).gpus(8)
         cluster.upsert(dataclasses.replace(b.view(), tiers=NetworkTiers(netpod=netpod)))
     assert cluster.topology.tier_of(names) == expected
+
+
+def test_what_if_names_the_domain_the_engine_placed_in_when_nodes_report_no_hypernode():
+    """Nodes that report no HyperNode or leaf are each alone at those tiers (``domain_of``): a
+    gang across two of them is placed in their network-pod, and ``tier_of`` says so (before
+    #42 it read the raw labels and named HyperNode "")."""
+    views = [dataclasses.replace(node(n).gpus(8).view(), tiers=NetworkTiers(netpod="pod-1")) for n in ("u1", "u2")]
+    cluster = Cluster(nodes={}, total=0)
+    for v in views:
+        cluster.upsert(v)
+    placed = decide(cluster, (pod("g-0").gpus(8).spec(), pod("g-1").gpus(8).spec()))
+    assert sorted(a.node for a in placed.assignments) == ["u1", "u2"]
+    assert tier_of(cluster, placed.assignments) == ("netpod", "pod-1")
