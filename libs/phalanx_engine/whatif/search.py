@@ -1,4 +1,4 @@
-"""The probes of ``whatif`` that search for their smallest change: ``wait`` (which running
+"""The what-if probes that search for their smallest change: ``wait`` (which running
 gangs must finish), ``model``, ``smaller`` and ``fewer``. Each step of a search is a decision
 by the engine (``Probing.decide``), so an answer is always a placement that fits.
 
@@ -24,7 +24,7 @@ import msgspec
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
 from phalanx_engine.topology import TIER_NAMES, TIERS
-from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
+from phalanx_engine.whatif.probing import Probing, busy_gpus, holders, names_text, where
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.scheduling import CPU, MEMORY
 from phalanx_proto.whatif import Answer
@@ -131,17 +131,17 @@ def _release_in(p: Probing, names: list[str]) -> Answer | None:
     fits = p.decide(p.members, p.released(names, release(chosen)))
     assert fits is not None, "releasing a superset of a fitting release must fit"
     pods = release(chosen)
-    holders = _holders(p, pods, fits.assignments)
+    found = holders(p, pods, fits.assignments)
     gpus = busy_gpus(p.cluster, fits.assignments)
-    where = _where(p, fits)
-    place = (f"on node {where['domain']}" if where["tier"] == "node"
-             else f"in {TIER_NAMES.get(where['tier'], 'the cluster')} {where['domain']}".rstrip())
+    at = where(p, fits)
+    place = (f"on node {at['domain']}" if at["tier"] == "node"
+             else f"in {TIER_NAMES.get(at['tier'], 'the cluster')} {at['domain']}".rstrip())
     if gpus:
-        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free {place} (held by {_gangs(holders)})"
+        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free {place} (held by {_gangs(found)})"
     else:
-        text = f"would start once {_gangs(holders)} end{'s' if len(holders) == 1 else ''} (what it needs {place})"
-    return Answer(probe="wait", text=text, starts=p.queue_lets(p.members), gpus=gpus, holders=holders,
-                  minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **where)
+        text = f"would start once {_gangs(found)} end{'s' if len(found) == 1 else ''} (what it needs {place})"
+    return Answer(probe="wait", text=text, starts=p.queue_lets(p.members), gpus=gpus, holders=found,
+                  minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **at)
 
 
 def _gangs(holders) -> str:
@@ -169,7 +169,7 @@ def probe_model(p: Probing) -> list[Answer]:
             if fits is not None:
                 was = ", ".join(sorted(asked))
                 return [Answer(probe="model", text=f"would start on {key}={value} (it asks for {was})",
-                               change=f"{key}={value}", assignments=fits.assignments, **_where(p, fits))]
+                               change=f"{key}={value}", assignments=fits.assignments, **where(p, fits))]
     return []
 
 
@@ -228,7 +228,7 @@ def probe_smaller(p: Probing) -> list[Answer]:
     for _, dim, most, value, fits in sorted(found, key=lambda f: (f[0], f[1])):
         text = f"would start with {_amount(dim, value)} per member instead of {_amount(dim, most)}"
         out.append(Answer(probe="smaller", text=text, change=f"{dim} {most} -> {value}",
-                          assignments=fits.assignments, **_where(p, fits)))
+                          assignments=fits.assignments, **where(p, fits)))
     return out
 
 
@@ -265,4 +265,4 @@ def probe_fewer(p: Probing) -> list[Answer]:
         return []
     got = hit[k]
     return [Answer(probe="fewer", text=f"would start now with {k} of its {n} members", members=k,
-                   assignments=got.assignments, **_where(p, got))]
+                   assignments=got.assignments, **where(p, got))]
