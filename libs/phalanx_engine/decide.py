@@ -158,6 +158,20 @@ class Cluster:
         self.nodes[state.name] = state
         self._index(state)
 
+    def copy(self) -> Cluster:
+        """A scratch ``Cluster`` over the same node states, its indexes copied rather than
+        rebuilt (the preemption planner's ``Trials``). The states are shared: change the copy
+        with ``put``/``upsert``/``remove`` only (``assume`` changes a state in place, so both
+        clusters would see it). Always a plain ``Cluster``, whatever this one is."""
+        other = Cluster.__new__(Cluster)
+        other.nodes, other.total, other.excluded = dict(self.nodes), self.total, dict(self.excluded)
+        other.by_free = {k: set(v) for k, v in self.by_free.items()}
+        other.by_core = {k: set(v) for k, v in self.by_core.items()}
+        other._levels, other._room = dict(self._levels), dict(self._room)
+        other._sorted = {k: list(v) for k, v in self._sorted.items()}
+        other.topology = self.topology.copy()
+        return other
+
     # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------
     def upsert(self, view: NodeView) -> None:
         """Add or replace one node from its view: usable nodes get fresh scratch state, the

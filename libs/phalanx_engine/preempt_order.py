@@ -74,7 +74,7 @@ class Trials:
 
     def __init__(self, cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile,
                  avoid: Collection[str], gangs: Mapping[str, RunningGang]) -> None:
-        self.scratch = Cluster(nodes=dict(cluster.nodes), total=cluster.total, excluded=cluster.excluded)
+        self.scratch = cluster.copy()
         self.members, self.profile, self.avoid, self.gangs = members, profile, frozenset(avoid), gangs
         self.done: dict[frozenset[str], Decision | None] = {}
         self.calls = 0

@@ -40,7 +40,7 @@ class Topology:
     are those of the states the cluster holds now. A domain with no node left is gone. Sets
     are unordered: a reader that needs an order sorts."""
 
-    __slots__ = ("_members", "_sums", "_nodes")
+    __slots__ = ("_members", "_sums", "_nodes", "_tiers")
 
     def __init__(self) -> None:
         self._members: dict[str, dict[str, set[str]]] = {t: {} for t in TIERS}
@@ -48,6 +48,8 @@ class Topology:
         """Tier → domain → (free whole GPUs, whole capacity) of its nodes."""
         self._nodes: dict[str, tuple[tuple[str, ...], int, int]] = {}
         """Node → (its domain per tier, in ``TIERS`` order; the free and capacity it added)."""
+        self._tiers = tuple((self._members[t], self._sums[t]) for t in TIERS)
+        """Per tier in ``TIERS`` order, its members and sums (the loops of ``add``/``remove``)."""
 
     def add(self, state: NodeState) -> None:
         """Count ``state``'s node in its domains (it must not be counted already)."""
@@ -55,11 +57,14 @@ class Topology:
         where = tuple(domain_of(state, t) for t in TIERS)
         free, capacity = len(state.free_whole()), state.whole_capacity()
         self._nodes[name] = (where, free, capacity)
-        for tier, d in zip(TIERS, where, strict=True):
-            self._members[tier].setdefault(d, set()).add(name)
-            sums = self._sums[tier]
-            f, c = sums.get(d, (0, 0))
-            sums[d] = (f + free, c + capacity)
+        for (members, sums), d in zip(self._tiers, where, strict=True):
+            names = members.get(d)
+            if names is None:
+                members[d], sums[d] = {name}, (free, capacity)
+            else:
+                names.add(name)
+                f, c = sums[d]
+                sums[d] = (f + free, c + capacity)
 
     def remove(self, name: str) -> None:
         """Take the node out of its domains, with what it added; an unknown name is ignored."""
@@ -67,14 +72,23 @@ class Topology:
         if got is None:
             return
         where, free, capacity = got
-        for tier, d in zip(TIERS, where, strict=True):
-            names = self._members[tier][d]
+        for (members, sums), d in zip(self._tiers, where, strict=True):
+            names = members[d]
             names.discard(name)
             if names:
-                f, c = self._sums[tier][d]
-                self._sums[tier][d] = (f - free, c - capacity)
+                f, c = sums[d]
+                sums[d] = (f - free, c - capacity)
             else:
-                del self._members[tier][d], self._sums[tier][d]
+                del members[d], sums[d]
+
+    def copy(self) -> Topology:
+        """An index equal to this one that changes independently of it."""
+        other = Topology()
+        for t in TIERS:
+            other._members[t].update((d, set(names)) for d, names in self._members[t].items())
+            other._sums[t].update(self._sums[t])
+        other._nodes.update(self._nodes)
+        return other
 
     # -- reading -----------------------------------------------------------------------------
     def domains(self, tier: str) -> Mapping[str, Set[str]]:

@@ -66,6 +66,12 @@ def tightest(cluster: Cluster, names: list[str]) -> tuple[str, str]:
     return "cluster", ""
 
 
+def whole(cluster: Cluster) -> tuple:
+    """Everything a decision reads of a cluster (an index bucket left empty is no bucket)."""
+    return (cluster.nodes, cluster.total, cluster.excluded, {k: v for k, v in cluster.by_free.items() if v},
+            {k: v for k, v in cluster.by_core.items() if v}, cluster._levels, cluster._room, indexed(cluster.topology))
+
+
 upserts = st.tuples(st.just("upsert"), st.sampled_from(NAMES), st.sampled_from([0, 2, 8]),
                     st.tuples(*[st.sampled_from(DOMAINS)] * 3), st.sets(st.integers(0, 7)),
                     st.sampled_from(["usable", "usable", "stale", "mig"]))
@@ -112,6 +118,28 @@ def test_the_index_equals_a_fresh_scan_after_any_changes(steps, avoid, names):
         assert {n: cluster.topology.domain(n, tier) for n in cluster.nodes} == {
             n: domain_of(s, tier) for n, s in cluster.nodes.items()}
     assert cluster.topology.tier_of(names) == tightest(cluster, names)
+
+
+@settings(max_examples=100)
+@given(changes, st.lists(st.one_of(upserts, removes), max_size=20))
+def test_a_copy_keeps_the_indexes_and_changes_apart_from_its_original(before, after):
+    """``Cluster.copy`` (the preemption planner's scratch) copies the indexes instead of
+    rebuilding them: equal to a cluster built over the same states, and changed by ``put``,
+    ``upsert`` and ``remove`` without touching the original."""
+    cluster = Cluster(nodes={}, total=0)
+    for k, change in enumerate(before):
+        apply(cluster, change, k)
+    decide(cluster, (pod("p").gpus(1).spec(),))  # fills the sorted buckets the copy must keep in step
+    kept = indexed(cluster.topology), dict(cluster.nodes), {k: set(v) for k, v in cluster.by_free.items()}
+    copy = cluster.copy()
+    rebuilt = Cluster(nodes=dict(cluster.nodes), total=cluster.total, excluded=dict(cluster.excluded))
+    assert (whole(copy), sorted(vars(copy))) == (whole(rebuilt), sorted(vars(rebuilt)))
+    for k, change in enumerate(after):
+        apply(copy, change, k)
+    assert indexed(copy.topology) == scan(copy)
+    for c in (copy, cluster):
+        assert all(names == sorted((c.by_core if shares else c.by_free)[key]) for (shares, key), names in c._sorted.items())
+    assert (indexed(cluster.topology), cluster.nodes, cluster.by_free) == kept
 
 
 @pytest.mark.parametrize("names, expected", [
