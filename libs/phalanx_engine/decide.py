@@ -84,13 +84,23 @@ class Cluster:
     _room: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False, compare=False)
     """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
     unbounded): the single-member searches pass over the nodes it refuses in bulk."""
-    topology: Topology = field(default_factory=Topology, init=False, repr=False, compare=False)
-    """Tier → domain → usable nodes, with each domain's free whole GPUs and capacity: the gang
-    search, the preemption planner and the what-if probes read domains here, not by a scan."""
+    _topology: Topology | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for st in self.nodes.values():
             self._index(st)
+
+    @property
+    def topology(self) -> Topology:
+        """Tier → domain → usable nodes, with each domain's free whole GPUs and capacity: the gang
+        search, the preemption planner and the what-if probes read domains here, not by a scan.
+        Built on the first read (a cluster that only ever places single pods never pays for
+        it), then kept in step by ``_index``/``_unindex``."""
+        if self._topology is None:
+            self._topology = Topology()
+            for st in self.nodes.values():
+                self._topology.add(st)
+        return self._topology
 
     def _index(self, st: NodeState) -> None:
         self._enter(False, len(st.free_whole()), st.name)
@@ -103,14 +113,16 @@ class Cluster:
         self._room[st.name] = _UNBOUNDED if kube is None else (
             kube.allocatable.get(PODS, 0) - st.pods, kube.allocatable.get(CPU, 0) - st.requested.get(CPU, 0),
             kube.allocatable.get(MEMORY, 0) - st.requested.get(MEMORY, 0))
-        self.topology.add(st)
+        if self._topology is not None:
+            self._topology.add(st)
 
     def _unindex(self, st: NodeState) -> None:
         self._leave(False, len(st.free_whole()), st.name)
         for level in self._levels.pop(st.name, ()):
             self._leave(True, level, st.name)
         self._room.pop(st.name, None)
-        self.topology.remove(st.name)
+        if self._topology is not None:
+            self._topology.remove(st.name)
 
     def _enter(self, shares: bool, key: int, name: str) -> None:
         names = (self.by_core if shares else self.by_free).setdefault(key, set())
@@ -169,7 +181,7 @@ class Cluster:
         other.by_core = {k: set(v) for k, v in self.by_core.items()}
         other._levels, other._room = dict(self._levels), dict(self._room)
         other._sorted = {k: list(v) for k, v in self._sorted.items()}
-        other.topology = self.topology.copy()
+        other._topology = None if self._topology is None else self._topology.copy()
         return other
 
     # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------

@@ -5,9 +5,10 @@ kept per cluster as nodes come, go and take work instead of rebuilt per decision
 
 Readers: the gang search (``decide._domains``, ``decide._no_fit``), the preemption planner
 (``preempt_search``, ``preempt_order.placement_rank``) and the what-if probes (``probe_wait``,
-``tier_of``). The ``Cluster`` owning the index is the only writer (``add``/``remove``, from its
-own indexing of each node state); ``tests/unit/test_topology_index.py`` holds it equal to a fresh
-scan of the nodes after random changes.
+``tier_of``). The ``Cluster`` owning the index builds it on its first read and is then its only
+writer (``add``/``remove``, from its own indexing of each node state);
+``tests/unit/test_topology_index.py`` holds it equal to a fresh scan of the nodes after random
+changes.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ class Topology:
     """Tier → domain → the names of the usable nodes in it, and per domain the sum of its
     nodes' free whole GPUs (``len(free_whole())``) and whole-GPU capacity (``whole_capacity()``).
 
-    Written only by the owning ``Cluster``: ``add`` when a node state enters its index,
-    ``remove`` when it leaves (a state that takes work leaves and enters again), so the sums
-    are those of the states the cluster holds now. A domain with no node left is gone. Sets
-    are unordered: a reader that needs an order sorts."""
+    Written only by the owning ``Cluster`` (``Cluster.topology``): ``add`` when a node state
+    enters its index, ``remove`` when it leaves (a state that takes work leaves and enters
+    again), so the sums are those of the states the cluster holds now. A domain with no node
+    left is gone. Sets are unordered: a reader that needs an order sorts."""
 
     __slots__ = ("_members", "_sums", "_nodes", "_tiers")
 

@@ -107,10 +107,14 @@ def apply(cluster: Cluster, change: tuple, k: int) -> None:
 
 
 @settings(max_examples=300)
-@given(changes, st.sets(st.sampled_from([*NAMES, "ghost"])), st.lists(st.sampled_from([*NAMES, "ghost"]), max_size=4))
-def test_the_index_equals_a_fresh_scan_after_any_changes(steps, avoid, names):
+@given(changes, st.integers(0, 40), st.sets(st.sampled_from([*NAMES, "ghost"])),
+       st.lists(st.sampled_from([*NAMES, "ghost"]), max_size=4))
+def test_the_index_equals_a_fresh_scan_after_any_changes(steps, first_read, avoid, names):
+    """The index is built on its first read (``first_read`` changes in) and kept in step after."""
     cluster = Cluster(nodes={}, total=0)
     for k, change in enumerate(steps):
+        if k == first_read:
+            assert indexed(cluster.topology) == scan(cluster)
         apply(cluster, change, k)
     assert indexed(cluster.topology) == scan(cluster)
     for tier in TIERS:
@@ -130,6 +134,7 @@ def test_a_copy_keeps_the_indexes_and_changes_apart_from_its_original(before, af
     for k, change in enumerate(before):
         apply(cluster, change, k)
     decide(cluster, (pod("p").gpus(1).spec(),))  # fills the sorted buckets the copy must keep in step
+    assert indexed(cluster.topology) == scan(cluster)  # and builds the index the copy must copy
     kept = indexed(cluster.topology), dict(cluster.nodes), {k: set(v) for k, v in cluster.by_free.items()}
     copy = cluster.copy()
     rebuilt = Cluster(nodes=dict(cluster.nodes), total=cluster.total, excluded=dict(cluster.excluded))
