@@ -13,7 +13,7 @@ changes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Set
+from collections.abc import Collection, Iterable, Iterator, Mapping, Set
 from types import MappingProxyType
 
 from phalanx_engine.nodestate import NodeState
@@ -32,9 +32,15 @@ def domain_of(state: NodeState, tier: str) -> str:
     return value or f"node:{state.view.name}"
 
 
+NETWORK_TIERS = TIERS[1:]
+"""The tiers whose domains hold several nodes; at the node tier each node is its own domain."""
+
+
 class Topology:
     """Tier → domain → the names of the usable nodes in it, and per domain the sum of its
     nodes' free whole GPUs (``len(free_whole())``) and whole-GPU capacity (``whole_capacity()``).
+    The node tier is read from the nodes themselves (each node alone, ``domain_of``'s rule
+    there); the network tiers are kept as sets and sums.
 
     Written only by the owning ``Cluster`` (``Cluster.topology``): ``add`` when a node state
     enters its index, ``remove`` when it leaves (a state that takes work leaves and enters
@@ -44,18 +50,18 @@ class Topology:
     __slots__ = ("_members", "_sums", "_nodes", "_tiers")
 
     def __init__(self) -> None:
-        self._members: dict[str, dict[str, set[str]]] = {t: {} for t in TIERS}
-        self._sums: dict[str, dict[str, tuple[int, int]]] = {t: {} for t in TIERS}
-        """Tier → domain → (free whole GPUs, whole capacity) of its nodes."""
+        self._members: dict[str, dict[str, set[str]]] = {t: {} for t in NETWORK_TIERS}
+        self._sums: dict[str, dict[str, tuple[int, int]]] = {t: {} for t in NETWORK_TIERS}
+        """Network tier → domain → (free whole GPUs, whole capacity) of its nodes."""
         self._nodes: dict[str, tuple[tuple[str, ...], int, int]] = {}
-        """Node → (its domain per tier, in ``TIERS`` order; the free and capacity it added)."""
-        self._tiers = tuple((self._members[t], self._sums[t]) for t in TIERS)
-        """Per tier in ``TIERS`` order, its members and sums (the loops of ``add``/``remove``)."""
+        """Node → (its domain per network tier, in ``NETWORK_TIERS`` order; its free and capacity)."""
+        self._tiers = tuple((self._members[t], self._sums[t]) for t in NETWORK_TIERS)
+        """Per network tier in order, its members and sums (the loops of ``add``/``remove``)."""
 
     def add(self, state: NodeState) -> None:
         """Count ``state``'s node in its domains (it must not be counted already)."""
         name = state.name
-        where = tuple(domain_of(state, t) for t in TIERS)
+        where = tuple(domain_of(state, t) for t in NETWORK_TIERS)
         free, capacity = len(state.free_whole()), state.whole_capacity()
         self._nodes[name] = (where, free, capacity)
         for (members, sums), d in zip(self._tiers, where, strict=True):
@@ -85,7 +91,7 @@ class Topology:
     def copy(self) -> Topology:
         """An index equal to this one that changes independently of it."""
         other = Topology()
-        for t in TIERS:
+        for t in NETWORK_TIERS:
             other._members[t].update((d, set(names)) for d, names in self._members[t].items())
             other._sums[t].update(self._sums[t])
         other._nodes.update(self._nodes)
@@ -95,24 +101,28 @@ class Topology:
     def domains(self, tier: str) -> Mapping[str, Set[str]]:
         """Domain → names of its usable nodes, at ``tier`` (a read-only view; the sets must not
         be changed, nor kept across a change of the cluster)."""
+        if tier == "node":
+            return _Alone(self._nodes)
         return MappingProxyType(self._members[tier])
 
     def domain(self, name: str, tier: str) -> str:
         """``domain_of`` of the usable node ``name`` at ``tier`` (KeyError for another name)."""
-        return self._nodes[name][0][TIERS.index(tier)]
+        where = self._nodes[name][0]
+        return name if tier == "node" else where[NETWORK_TIERS.index(tier)]
 
     def free_whole_in(self, tier: str, domain: str) -> int:
-        return self._sums[tier][domain][0]
+        return self._nodes[domain][1] if tier == "node" else self._sums[tier][domain][0]
 
     def whole_capacity_in(self, tier: str, domain: str) -> int:
-        return self._sums[tier][domain][1]
+        return self._nodes[domain][2] if tier == "node" else self._sums[tier][domain][1]
 
     def sums(self, tier: str, avoid: Collection[str] = frozenset()) -> dict[str, tuple[int, int]]:
         """Per domain of ``tier`` with a node not in ``avoid``: (free whole GPUs, whole
         capacity) of those nodes. Costs the domains plus the avoided nodes, not the nodes."""
-        sums = self._sums[tier]
-        out = dict(sums)
-        t = TIERS.index(tier)
+        if tier == "node":
+            return {n: (f, c) for n, (_, f, c) in self._nodes.items() if n not in avoid}
+        out = dict(self._sums[tier])
+        t = NETWORK_TIERS.index(tier)
         left: dict[str, int] = {}
         for name in avoid:
             got = self._nodes.get(name)
@@ -136,8 +146,28 @@ class Topology:
         if len(names) <= 1:
             return "node", names[0] if names else ""
         known = [self._nodes[n][0] for n in names if n in self._nodes]
-        for t, tier in enumerate(TIERS[1:], start=1):
+        for t, tier in enumerate(NETWORK_TIERS):
             values = {where[t] for where in known}
             if len(values) == 1:
                 return tier, values.pop()
         return "cluster", ""
+
+
+class _Alone(Mapping[str, Set[str]]):
+    """The node tier's domains: every usable node alone in its own, named after it."""
+
+    __slots__ = ("_nodes",)
+
+    def __init__(self, nodes: Mapping[str, object]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, name: str) -> Set[str]:
+        if name not in self._nodes:
+            raise KeyError(name)
+        return frozenset((name,))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
