@@ -12,9 +12,10 @@ Overview (docs/placement.md has the full objective):
    each; the first ``CANDIDATES`` that fit are compared by the profile's scores (GPU set
    quality, TDM tightness, best fit), then by name.
 3. **Gang**: domains of the network tiers, smallest first (node, HyperNode, leaf switch,
-   network-pod); at each, the domain filters prune (free whole GPUs against the need), the
-   rest are tried tightest first, packing members (largest first) onto the fewest nodes; the
-   first domain that holds every member wins: all or nothing.
+   network-pod; the wider ones from the cluster's topology index); at each, the domain
+   filters prune (free whole GPUs against the need), the rest are tried tightest first,
+   packing members (largest first) onto the fewest nodes; the first domain that holds every
+   member wins: all or nothing.
 """
 
 from __future__ import annotations
