@@ -55,7 +55,7 @@ fuzz: install
 	PHALANX_FUZZ_PROFILE=fuzz $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
 
 lint: install
-	$(BIN)/ruff check proto libs services sim tests bench
+	$(BIN)/ruff check proto libs services fleet tests bench
 	$(BIN)/lint-imports
 
 schema: install

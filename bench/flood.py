@@ -45,7 +45,7 @@ from kube_baseline import BindWatch  # noqa: E402
 from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, kwok_took_in, say  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
-from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
+from phalanx_proto.kubeapi import QUEUE_LABEL  # noqa: E402
 
 QUEUES_PATH = "/apis/scheduling.phalanx.io/v1alpha1/queues"
 SERVICES = ("placement", "gang-coordinator", "binder")

@@ -16,13 +16,13 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, Snapshot
 from phalanx_engine.whatif import Running
 from phalanx_placement.service import Config
 from phalanx_placement.whatif import ProbeBudget, Probes
 from phalanx_proto.events import MemberSpec, PodRef
 from phalanx_proto.state import Allocation, NodeLedger, alloc_key
+from phalanx_rules.queues import QueueTree
 
 SHAPES = ((1, 8), (8, 8), (32, 8), (64, 4), (2, 4), (4, 8))
 """Pending gangs (members, GPUs each): they do not fit the filled cluster."""

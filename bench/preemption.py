@@ -37,12 +37,12 @@ import msgspec
 
 from phalanx_engine.decide import Cluster
 from phalanx_engine.preempt import Plan, Preemptor, RunningGang, SearchBounds, plan_preemption
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import NetworkTiers
+from phalanx_rules.queues import QueueTree
 from phalanx_topology import load_file
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"

@@ -10,7 +10,7 @@ afterwards — without preemption — it gets back to its share only as the othe
 
 Every second the bench samples what each queue holds (its bound pods' GPUs, from a pod watch of
 its own) and what it waits for, and computes the fair share from those numbers with
-``phalanx_engine.queues.fair_shares``: the same function the scheduler uses, fed by what the
+``phalanx_rules.queues.fair_shares``: the same function the scheduler uses, fed by what the
 API server shows rather than by the scheduler's state.
 """
 
@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kwokbench import pyplot_or_exit
-from phalanx_engine.queues import QueueTree, fair_shares
-from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, QueueSpec
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_rules.queues import QueueTree, fair_shares
 
 QUEUES_PATH = "/apis/scheduling.phalanx.io/v1alpha1/queues"
 SHARE_QUEUES = (  # name, quota (fraction of the cluster), overQuotaWeight, starts at (fraction of the run)

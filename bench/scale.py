@@ -72,7 +72,7 @@ from kube_baseline import BindWatch  # noqa: E402
 from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, kwok_took_in, say  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
-from phalanx_proto.queues import QUEUE_LABEL  # noqa: E402
+from phalanx_proto.kubeapi import QUEUE_LABEL  # noqa: E402
 from preemption import run_small  # noqa: E402
 from procstat import Cpu, memory_mib, pct, start_profiles, stop_profiles  # noqa: E402
 from queue_share import QUEUES_PATH, SHARE_QUEUES, ShareRun, queue_objects, share_plot  # noqa: E402

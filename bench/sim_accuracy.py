@@ -40,13 +40,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from phalanx_engine.decide import Cluster  # noqa: E402
-from phalanx_engine.queues import QueueTree  # noqa: E402
 from phalanx_engine.snapshot import Snapshot  # noqa: E402
 from phalanx_engine.whatif import tier_of  # noqa: E402
 from phalanx_localstack.stack import Stack  # noqa: E402
 from phalanx_localstack.synthetic import synthetic_cluster  # noqa: E402
 from phalanx_proto.events import Assignment, PodRef  # noqa: E402
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION  # noqa: E402
+from phalanx_rules.queues import QueueTree  # noqa: E402
 from phalanx_sim import cluster as sim_cluster  # noqa: E402
 from phalanx_sim import loop, workload  # noqa: E402
 from stackutil import connect, seed_nodes  # noqa: E402

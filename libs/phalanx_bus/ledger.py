@@ -41,7 +41,7 @@ class LedgerBook:
         await self.mirror.catch_up()
 
     # -- reading ------------------------------------------------------------------------------
-    def held(self, gang_id: str, attempt: int) -> dict[str, Assignment]:
+    def reservations(self, gang_id: str, attempt: int) -> dict[str, Assignment]:
         """Allocation key → assignment of every reservation of exactly (gang, attempt)."""
         out = {}
         for key in self._by_gang.get(gang_id, ()):

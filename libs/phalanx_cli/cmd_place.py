@@ -25,7 +25,8 @@ import msgspec
 
 from phalanx_engine.gpuset import NoChoice, choose_gpus
 from phalanx_engine.rdma import choose_gpus_and_nics
-from phalanx_kubeobjects.quantity import Bound, Violation, decimal
+from phalanx_kubeobjects.quantity import Bound, decimal
+from phalanx_kubeobjects.violations import Violation
 from phalanx_topology import TopologyParseError, load_file
 from phalanx_topology.model import MAX_GPUS, MAX_NUMA, MAX_SOCKETS
 

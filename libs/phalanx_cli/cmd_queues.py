@@ -1,7 +1,7 @@
 """``phalanx queues``: each queue's quota, limit, what it holds and borrows, what waits, and its
 fair share — read from the bus as the read-only identity (``phx-queues``, the reservations in
 ``phx-ledger``, the gang records, the nodes' topology), the same numbers gang-coordinator
-writes to each Queue's status (``phalanx_engine.queues.queue_report``).
+writes to each Queue's status (``phalanx_rules.queues.queue_report``).
 
 A table, children indented under their parent, or with ``--json`` one document::
 
@@ -57,9 +57,9 @@ async def _bounded(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
     from phalanx_bus import read_all
-    from phalanx_engine.queues import QueueTree, held_by_queue, queue_report
     from phalanx_proto import subjects as S
     from phalanx_proto.queues import GPU_UNITS
+    from phalanx_rules.queues import QueueTree, held_by_queue, queue_report
 
     bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
     try:

@@ -32,7 +32,7 @@ SERVICES = {
     "node-fleet": "phalanx_node_fleet.entry",
 }
 """``node-fleet`` is the simulator's stand-in for many nodes' agents (``phalanx_node_fleet``,
-under ``sim/``): installed in a checkout's environment, not in the image, where ``phalanx run``
+under ``fleet/``): installed in a checkout's environment, not in the image, where ``phalanx run``
 does not offer it."""
 
 
@@ -141,9 +141,9 @@ async def open_cluster(kind: str, bus, *, kubeconfig: str | None = None, stack: 
     server (``kubeconfig``, else ``KUBECONFIG``, else in-cluster) driven at most at ``qps``
     with ``burst``. A real adapter's HTTP session is closed by ``stack``."""
     if kind == "sim":
-        from phalanx_kube.sim import SimCluster
+        from phalanx_kube.kvcluster import KvCluster
 
-        return await SimCluster.open(bus)
+        return await KvCluster.open(bus)
     from phalanx_kube.kube import KubeCluster
 
     try:

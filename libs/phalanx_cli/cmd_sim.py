@@ -27,8 +27,8 @@ from pathlib import Path
 from phalanx_cli import sim_replay
 from phalanx_cli.cmd_run import add_nats
 from phalanx_cli.terminal import safe, safe_lines
-from phalanx_engine import fairness as order
 from phalanx_input import Invalid
+from phalanx_rules import fairness as order
 
 TRACE_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "traces" / "alibaba-gpu-v2023"
 TEXT_ROWS, JSON_ROWS = 30, 10_000
@@ -173,11 +173,11 @@ def _rows(raw: str | None, *, json_out: bool) -> int | None:
 
 def _inputs(args: argparse.Namespace) -> dict:
     """Cluster, gangs, queues and settings from the flags; the simulation ready to run."""
-    from phalanx_engine.queues import QueueTree, tree_problems
     from phalanx_kubeobjects.queuespec import queue_from_object
     from phalanx_localstack.inputs import ClusterFile, load_queues
     from phalanx_localstack.stack import StackError
     from phalanx_localstack.synthetic import synthetic_cluster
+    from phalanx_rules.queues import QueueTree, tree_problems
     from phalanx_sim import cluster, loop, trace, workload
     from phalanx_sim.model import SimConfig, parse_duration
 

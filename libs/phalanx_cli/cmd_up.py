@@ -153,7 +153,7 @@ async def _until_signalled(signals, scope: anyio.CancelScope) -> None:
 
 async def _serve(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, queues) -> int:
     from phalanx_bus import BusAuth
-    from phalanx_kube.sim import SimCluster
+    from phalanx_kube.kvcluster import KvCluster
     from phalanx_proto import subjects as S
 
     quiet = demo and args.json
@@ -169,7 +169,7 @@ async def _serve(stack: Stack, pods: list[dict[str, Any]], args, demo: bool, que
     bus = await connect_bus(stack.url, service="cli", budget_s=CONNECT_BUDGET_S, quiet=False,
                             auth=BusAuth.from_env(admin or None))
     try:
-        sim = await SimCluster.open(bus)
+        sim = await KvCluster.open(bus)
         for node in stack.cluster.node_objects():
             await sim.apply_node(node)
         _progress(quiet, f"starting {len(stack.plan())} service processes for {len(stack.cluster.nodes)} nodes ...")

@@ -27,11 +27,11 @@ import msgspec
 
 from phalanx_cli.terminal import safe
 from phalanx_engine.gpumodel import check_gpu_model
-from phalanx_engine.queues import tree_problems
 from phalanx_input import Unreadable, yaml_file
 from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 from phalanx_kubeobjects.workloads import check_object, gang_check
 from phalanx_proto.queues import shown
+from phalanx_rules.queues import tree_problems
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from phalanx_engine.queues import held_by_queue
 from phalanx_engine.snapshot import NodeView
 from phalanx_engine.whatif import Running
 from phalanx_proto.events import PodRef
 from phalanx_proto.queues import QueueSpec
+from phalanx_rules.queues import held_by_queue
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from phalanx_proto.events import Assignment
 from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY, GPU_MEMORY_MIB, GPU_SLICE, RDMA
 
 Isolation = Literal["hard", "mps", "advisory"]
-ISOLATION_ANNOTATION = "phalanx.io/isolation"
 CDI_KIND = "nvidia.com/gpu"
 """The CDI device kind (``vendor/class``) of the GPUs and MIG instances in the spec ``nvidia-ctk
 cdi generate`` writes: a name in the node's CDI registry, not the Kubernetes resource

@@ -7,10 +7,10 @@ names them for a pod before it is created. Pure.
 from __future__ import annotations
 
 from phalanx_engine import mig
-from phalanx_kubeobjects.quantity import Violation
-from phalanx_kubeobjects.requests import VENDOR_ANNOTATION, GpuRequest
+from phalanx_kubeobjects.requests import GpuRequest
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.events import RequestKind
-from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY, GPU_SLICE
+from phalanx_proto.kubeapi import GPU_CORE, GPU_MEMORY, GPU_SLICE, VENDOR_ANNOTATION
 
 
 def check_gpu_model(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from phalanx_engine.framework import Member
 from phalanx_engine.matching import (
-    UNSCHEDULABLE,
     node_selector_matches,
     ports_conflict,
     readiness_taints,
@@ -22,6 +21,7 @@ from phalanx_engine.matching import (
 )
 from phalanx_engine.nodestate import NodeState, port_key
 from phalanx_engine.status import Code, Reason, Status, refuse
+from phalanx_proto.kubeapi import UNSCHEDULABLE_TAINT as UNSCHEDULABLE
 from phalanx_proto.scheduling import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, Taint
 
 R_NOT_REPORTED = "node state not reported"

@@ -9,11 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from phalanx_proto.kubeapi import NOT_READY_TAINT as NOT_READY
+from phalanx_proto.kubeapi import UNREACHABLE_TAINT as UNREACHABLE
 from phalanx_proto.scheduling import NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration
 
-NOT_READY = "node.kubernetes.io/not-ready"
-UNREACHABLE = "node.kubernetes.io/unreachable"
-UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 ANY_IP = "0.0.0.0"
 
 _INT64 = re.compile(r"[+-]?[0-9]+")

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt_order import Trials, placement_rank, plan_order
-from phalanx_engine.preempt_rules import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang
 from phalanx_engine.preempt_search import Search, SearchBounds, SearchStats
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
 from phalanx_proto.events import PodRef, pod_key
 from phalanx_proto.queues import DEFAULT_QUEUE, GPU_UNITS, shown
 from phalanx_proto.state import NodeLedger
+from phalanx_rules.preemption import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang
+from phalanx_rules.queues import QueueTree
 
 DEFAULT_BOUNDS = SearchBounds()
 

@@ -15,11 +15,11 @@ from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.gpu_plugins import GpuTopology
 from phalanx_engine.nodestate import NodeState
-from phalanx_engine.preempt_rules import RunningGang
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
 from phalanx_engine.topology import TIERS
 from phalanx_proto.events import MemberSpec, pod_key
+from phalanx_rules.preemption import RunningGang
 
 Cost = tuple[int, int, int]
 """(highest victim priority, queue units evicted, gangs evicted): smaller is cheaper."""

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 from phalanx_engine.decide import Cluster
 from phalanx_engine.preempt_order import Cost, Trials, plan_order
-from phalanx_engine.preempt_rules import Rules, RunningGang
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.topology import TIERS
 from phalanx_proto.events import RequestKind, pod_key
 from phalanx_proto.queues import GPU_UNITS
+from phalanx_rules.preemption import Rules, RunningGang
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class Occupancy:
                     self.on[g.gang_id][a.node] = self.on[g.gang_id].get(a.node, 0) + len(a.gpus)
         self._held: dict[str, tuple[frozenset[str], ...]] = {}
 
-    def held(self, node: str) -> tuple[frozenset[str], ...]:
+    def holders_of(self, node: str) -> tuple[frozenset[str], ...]:
         if node not in self._held:
             st = self.cluster.nodes[node]
             by_gpu: dict[int, set[str]] = {}
@@ -111,7 +111,7 @@ class Occupancy:
 
     def free_after(self, node: str, victims: Set[str]) -> int:
         """Whole GPUs free on ``node`` once ``victims`` are gone."""
-        return self.free[node] + sum(1 for holders in self.held(node) if holders <= victims)
+        return self.free[node] + sum(1 for holders in self.holders_of(node) if holders <= victims)
 
 
 @dataclass

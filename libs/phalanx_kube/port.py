@@ -1,6 +1,6 @@
 """The Kubernetes port: the slice of the API Phalanx uses, as a protocol with two adapters.
 
-* ``phalanx_kube.sim.SimCluster`` — a simulated cluster whose objects live in NATS KV, so
+* ``phalanx_kube.kvcluster.KvCluster`` — a simulated cluster whose objects live in NATS KV, so
   every service process of ``phalanx up`` sees the same cluster; used without a kubeconfig.
 * the kubernetes-asyncio adapter (real API server) implements the same protocol.
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx_kubeobjects.fields import as_map, name_of, shown_value
-from phalanx_kubeobjects.quantity import Bound, Violation, count
+from phalanx_kubeobjects.quantity import Bound, count
+from phalanx_kubeobjects.violations import Violation, as_map, name_of, shown_value
 from phalanx_proto.kubeapi import (
     ALIYUN_GPU,
     GPU_CORE,

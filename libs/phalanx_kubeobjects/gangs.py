@@ -41,31 +41,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx_kubeobjects.quantity import Violation, decimal
+from phalanx_kubeobjects.quantity import decimal
 from phalanx_kubeobjects.requests import (
     MAX_GANG,
-    MIN_MEMBER_LABEL,
     GpuRequest,
     RequestError,
     RequestKind,
     gang_timeout,
+    min_member_said,
     parse_pod,
+)
+from phalanx_kubeobjects.violations import Violation
+from phalanx_proto.kubeapi import (
+    GROUP_ANNOTATION,
+    GROUP_LABELS,
+    JOB_NAME,
+    JOBSET_JOBS,
+    JOBSET_NAME,
+    JOBSET_REPLICAS,
+    JOBSET_REPLICATED_JOB,
+    MPIJOB_NAME,
+    PREEMPTION_POLICIES,
 )
 from phalanx_proto.state import GangPart
 
-GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
-MIN_MEMBER_KEYS = (MIN_MEMBER_LABEL, "scheduling.x-k8s.io/min-member",
-                   "pod-group.scheduling.sigs.k8s.io/min-available")
-GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name",
-                "pod-group.scheduling.sigs.k8s.io")
-GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
-JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
-JOBSET_JOBS = "jobset.sigs.k8s.io/global-replicas"
-MPIJOB_NAME = "training.kubeflow.org/job-name"
-MPIJOB_ROLE = "training.kubeflow.org/job-role"
-JOB_NAME = "batch.kubernetes.io/job-name"
 KINDS = ("PodGroup", "JobSet", "MPIJob", "Job", "Pod")
 NO_GPU_RULE = ("Phalanx schedules GPU pods only: ask for nvidia.com/gpu, aliyun.com/gpu, gpu-core/gpu-memory or "
                "gpu-slice, or give a pod without GPUs (an MPIJob launcher) schedulerName default-scheduler; it is "
@@ -117,8 +116,7 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
                     kind, group = k, labels[key]
                     break
     v: list[Violation] = []
-    explicit = _count(said(GANG_MIN_MEMBER), GANG_MIN_MEMBER, v)
-    declared = next((_count(said(k), k, v) for k in MIN_MEMBER_KEYS if said(k) is not None), None)
+    explicit, declared, _ = min_member_said(labels, annotations, v)
     part, jobs = None, 0
     if kind == "JobSet":
         replicas = _count(said(JOBSET_REPLICAS), JOBSET_REPLICAS, v)
@@ -142,7 +140,7 @@ def pod_priority(spec: Mapping[str, Any] | None) -> int:
 def preemption_policy(spec: Mapping[str, Any] | None) -> str:
     """A pod's ``spec.preemptionPolicy`` when it is one Kubernetes knows, else ""."""
     policy = (spec or {}).get("preemptionPolicy")
-    return policy if policy in ("Never", "PreemptLowerPriority") else ""
+    return policy if policy in PREEMPTION_POLICIES else ""
 
 
 def _count(raw: str | None, key: str, v: list[Violation]) -> int | None:

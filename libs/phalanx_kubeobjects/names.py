@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx_kubeobjects.quantity import Violation, shown
+from phalanx_kubeobjects.violations import Violation, shown
 
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
@@ -96,3 +96,11 @@ def check_metadata(meta: Mapping[str, Any]) -> list[Violation]:
         out.append(Violation("metadata.annotations", f"{size} bytes",
                              f"annotations may hold at most {ANNOTATIONS_MAX_BYTES} bytes in all"))
     return out
+
+
+def name_text(raw: Any) -> str:
+    """A name as written ('' when it is not a string, cut when it is too long to be a name; a
+    violation says so)."""
+    if not isinstance(raw, str):
+        return ""
+    return raw if len(raw) <= SUBDOMAIN_MAX else shown(raw)

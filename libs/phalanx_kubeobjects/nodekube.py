@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phalanx_kubeobjects import podspec
-from phalanx_kubeobjects.fields import as_list, as_map
-from phalanx_kubeobjects.quantity import NANO, Bound, Violation, cpu_millis, scaled, shown
+from phalanx_kubeobjects.quantity import NANO, Bound, cpu_millis, scaled
+from phalanx_kubeobjects.violations import Violation, as_list, as_map, shown
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import CPU, NodeKubeState, Taint
 

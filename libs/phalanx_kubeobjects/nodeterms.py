@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phalanx_kubeobjects import names
-from phalanx_kubeobjects.fields import as_list, as_map, as_str
-from phalanx_kubeobjects.quantity import Violation, shown
+from phalanx_kubeobjects.violations import Violation, as_list, as_map, as_str, shown
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import NodeSelectorRequirement, NodeSelectorTerm, Toleration
 

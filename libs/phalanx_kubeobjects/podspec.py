@@ -33,17 +33,8 @@ from typing import Any
 import msgspec
 
 from phalanx_kubeobjects import names, nodeterms
-from phalanx_kubeobjects.fields import as_list, as_map, as_str, name_of
-from phalanx_kubeobjects.quantity import (
-    NANO,
-    Bound,
-    Violation,
-    count,
-    cpu_millis,
-    memory_bytes,
-    scaled,
-    shown,
-)
+from phalanx_kubeobjects.quantity import NANO, Bound, count, cpu_millis, memory_bytes, scaled
+from phalanx_kubeobjects.violations import Violation, as_list, as_map, as_str, name_of, shown
 from phalanx_proto import scheduling as K
 from phalanx_proto.scheduling import (
     CPU,

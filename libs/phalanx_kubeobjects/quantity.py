@@ -47,6 +47,8 @@ import re
 
 import msgspec
 
+from phalanx_kubeobjects.violations import Violation, shown
+
 MAX_TEXT = 64
 """Longest quantity text Phalanx reads (the longest real quantity is far shorter)."""
 MAX_DIGITS = 30
@@ -61,22 +63,10 @@ _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)")
 _INT64 = 2**63 - 1
 _BINARY_CAP_NANOS = _INT64 * NANO  # the API server caps a binary-suffixed quantity at 2**63-1
-_SHOWN = 80
 
 GRAMMAR = ("a Kubernetes quantity is ASCII digits with an optional sign and decimal point and an optional "
            "suffix (Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or an exponent such as e3); the API server rejects "
            "anything else")
-
-
-class Violation(msgspec.Struct, frozen=True):
-    """One broken rule: the field (a path in the object), the value as written, the rule."""
-
-    field: str
-    value: str
-    rule: str
-
-    def __str__(self) -> str:
-        return f"{self.field} = {self.value!r}: {self.rule}"
 
 
 class Bound(msgspec.Struct, frozen=True):
@@ -102,20 +92,7 @@ CPU_MOST = Bound(10**9, "no node has a million CPU cores (10^9 millicores)")
 MEMORY_MOST = Bound(2**50, "no node has a PiB of memory (2^50 bytes)")
 
 
-def shown(raw: object) -> str:
-    """``raw`` as a violation shows it: text as written, booleans and null in YAML spelling,
-    long values cut to their first characters and their length, a list or map by its type."""
-    if raw is None or isinstance(raw, bool):
-        return str(raw).lower() if raw is not None else "null"
-    if isinstance(raw, int) and abs(raw) >= 10**_SHOWN:
-        return f"an integer of {raw.bit_length()} bits"
-    if isinstance(raw, int | float | str):
-        text = raw if isinstance(raw, str) else repr(raw)
-    else:
-        return f"a {type(raw).__name__}"
-    if len(text) > _SHOWN:
-        return f"{text[:_SHOWN - 20]}... ({len(text)} characters)"
-    return text
+
 
 
 def parse(raw: object, field: str) -> Quantity | Violation:

@@ -44,7 +44,7 @@ forms, preferred node affinity) are warnings naming the field and the rule. Work
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -61,18 +61,25 @@ from phalanx_kubeobjects.containers import (
     share_of,
     share_text,
 )
-from phalanx_kubeobjects.fields import as_map, name_text, shown_value
+from phalanx_kubeobjects.names import name_text
 from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
-from phalanx_kubeobjects.quantity import Bound, Violation, decimal
+from phalanx_kubeobjects.quantity import Bound, decimal
+from phalanx_kubeobjects.violations import Violation, as_map, shown_value
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
-from phalanx_proto.kubeapi import ALIYUN_GPU, NVIDIA_GPU, RDMA, SCHEDULER_NAMES
+from phalanx_proto.kubeapi import (
+    ALIYUN_GPU,
+    GANG_MIN_MEMBER,
+    MIN_MEMBER_KEYS,
+    NVIDIA_GPU,
+    RDMA,
+    REPLICA_LABEL,
+    SCHEDULER_NAMES,
+    TIMEOUT_ANNOTATION,
+    VENDOR_ANNOTATION,
+)
 from phalanx_proto.state import MAX_GANG_MEMBERS, MAX_GANG_TIMEOUT_S
 
-REPLICA_LABEL = "replica"
-MIN_MEMBER_LABEL = "aliyun.com/min-member"
-TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"
 MAX_TIMEOUT = Bound(int(MAX_GANG_TIMEOUT_S), "a gang waits at most a week for its members")
-VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
 VENDORS = ("nvidia", "amd", "ppu")
 RDMA_MAX_GPUS = 8
 MAX_GANG = Bound(MAX_GANG_MEMBERS, f"a gang has at most {MAX_GANG_MEMBERS} pods (the wire contract's bound: one "
@@ -167,7 +174,8 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     per = containers(spec, v)
     whole, shares = _kinds(per, v)
     replica = _replica(labels, whole, shares, v)
-    min_member = _label_int(labels, MIN_MEMBER_LABEL, MAX_GANG, v, "min-member is the number of pods in the gang")
+    said = min_member_said(labels, as_map(meta.get("annotations")), v)
+    min_member = said.explicit or said.declared
     share = shares[0][1] if shares else None
     vendor = _vendor(as_map(meta.get("annotations")), whole, share, v)
     gang_timeout(as_map(meta.get("annotations")), v)
@@ -309,6 +317,40 @@ def _constraints_text(c: PodConstraints) -> str:
 def _capabilities(c: Mapping[str, Any]) -> list[str]:
     caps = as_map(as_map(c.get("securityContext")).get("capabilities")).get("add") or []
     return [str(x) for x in caps] if isinstance(caps, list) else []
+
+
+class MinMember(NamedTuple):
+    """What a pod says of its gang's size: ``explicit`` (``phalanx.io/gang-min-member``), and
+    ``declared``, the first of ``MIN_MEMBER_KEYS`` present; ``key``: where the one that counts
+    (explicit first) was read."""
+
+    explicit: int | None
+    declared: int | None
+    key: str
+
+
+def min_member_said(labels: Mapping[str, Any], annotations: Mapping[str, Any], v: list[Violation]) -> MinMember:
+    """The gang size a pod says, read in one place for the request (``parse_pod``) and the gang
+    (``gangs.identity``): each key as a label, else an annotation; a value that is not a whole
+    number of pods in bounds is a violation naming the key."""
+    def count(key: str) -> int | None:
+        for where in (labels, annotations):
+            raw = where.get(key)
+            if isinstance(raw, str) and raw:
+                n = decimal(raw, f"metadata.labels[{key}]", most=MAX_GANG)
+                if isinstance(n, Violation):
+                    v.append(Violation(n.field, n.value, f"min-member is the number of pods in the gang: {n.rule}"))
+                    return None
+                return n
+        return None
+
+    def present(key: str) -> bool:
+        return any(isinstance(w.get(key), str) and w[key] for w in (labels, annotations))
+
+    explicit = count(GANG_MIN_MEMBER)
+    key = next((k for k in MIN_MEMBER_KEYS if present(k)), "")
+    declared = count(key) if key else None
+    return MinMember(explicit, declared, GANG_MIN_MEMBER if explicit is not None else key)
 
 
 def gang_timeout(annotations: Mapping[str, Any], v: list[Violation]) -> float:

@@ -15,10 +15,12 @@ from typing import Any
 import msgspec
 
 from phalanx_kubeobjects import gangs, names
-from phalanx_kubeobjects.fields import as_map, name_text
-from phalanx_kubeobjects.quantity import Violation, integer, shown
-from phalanx_kubeobjects.requests import MAX_GANG, MIN_MEMBER_LABEL, GpuRequest, RequestError
-from phalanx_proto.kubeapi import SCHEDULER_NAMES
+from phalanx_kubeobjects.names import name_text
+from phalanx_kubeobjects.quantity import integer
+from phalanx_kubeobjects.requests import MAX_GANG, GpuRequest, RequestError, min_member_said
+from phalanx_kubeobjects.violations import Violation, as_map, shown
+from phalanx_proto import kubeapi
+from phalanx_proto.kubeapi import MIN_MEMBER_LABEL, SCHEDULER_NAMES
 from phalanx_proto.state import GangPart
 
 
@@ -170,7 +172,7 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
             continue
         if t.parallelism and req.min_member and req.min_member != t.parallelism:
             out.append(ObjectCheck(where=t.where, violations=(Violation(
-                f"metadata.labels[{MIN_MEMBER_LABEL}]", str(req.min_member),
+                f"metadata.labels[{_min_member_key(t.template)}]", str(req.min_member),
                 f"must equal the job's parallelism ({t.parallelism}): the gang is all the job's pods "
                 "(seed 4.2)"),)))
             continue
@@ -231,7 +233,7 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         return GangCheck(gang_id=f"{ns}/{kind}:{name}", members=0, how="no pod scheduled by Phalanx",
                          violations=tuple(v))
     if declared:
-        size, how = max(declared), (f"{gangs.GANG_MIN_MEMBER} of the pods" if kind == "JobSet"
+        size, how = max(declared), (f"{kubeapi.GANG_MIN_MEMBER} of the pods" if kind == "JobSet"
                                     else "min-member said by the pods")
     elif parts:
         size_ = gangs.jobset_size(parts, jobs)
@@ -258,7 +260,7 @@ def _pod_gang(pod: Mapping[str, Any]) -> GangCheck | None:
         ident = gangs.identify(name_text(meta.get("namespace")) or "default", name_text(meta.get("name")), labels, annotations)
     except RequestError:
         return None  # check_object names the bad value
-    says = any(k in labels or k in annotations for k in (*gangs.MIN_MEMBER_KEYS, gangs.GANG_MIN_MEMBER))
+    says = any(k in labels or k in annotations for k in (*kubeapi.MIN_MEMBER_KEYS, kubeapi.GANG_MIN_MEMBER))
     if ident.kind == "Pod":
         if not says:
             return None
@@ -276,12 +278,12 @@ def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[
     """The labels the controller puts on the pods of template ``t``."""
     match kind:
         case "JobSet":
-            return {gangs.JOBSET_NAME: name, gangs.JOBSET_REPLICATED_JOB: t.role,
-                    gangs.JOBSET_REPLICAS: str(t.replicas), gangs.JOBSET_JOBS: str(jobs)}
+            return {kubeapi.JOBSET_NAME: name, kubeapi.JOBSET_REPLICATED_JOB: t.role,
+                    kubeapi.JOBSET_REPLICAS: str(t.replicas), kubeapi.JOBSET_JOBS: str(jobs)}
         case "MPIJob":
-            return {gangs.MPIJOB_NAME: name, gangs.MPIJOB_ROLE: t.role}
+            return {kubeapi.MPIJOB_NAME: name, kubeapi.MPIJOB_ROLE: t.role}
         case _:
-            return {gangs.JOB_NAME: name}
+            return {kubeapi.JOB_NAME: name}
 
 
 def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -320,3 +322,9 @@ def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
                 out.append({**t.template, "apiVersion": "v1", "kind": "Pod",
                             "metadata": {**tmeta, "name": pod_name, "namespace": ns, "labels": dict(labels)}})
     return out
+
+
+def _min_member_key(template: Mapping[str, Any]) -> str:
+    """The key a pod template says its gang's size with (``requests.min_member_said``)."""
+    meta = as_map(template.get("metadata"))
+    return min_member_said(as_map(meta.get("labels")), as_map(meta.get("annotations")), []).key or MIN_MEMBER_LABEL

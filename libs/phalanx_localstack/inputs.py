@@ -26,6 +26,7 @@ import yaml
 
 from phalanx_input import Invalid, Unreadable, yaml_file
 from phalanx_kubeobjects import names
+from phalanx_proto.kubeapi import HOSTNAME_LABEL
 from phalanx_topology.model import MAX_GPU_MEMORY_MIB
 
 MAX_NODES = 100_000
@@ -131,7 +132,7 @@ class ClusterFile:
         """The Node objects of the simulated cluster: Ready, schedulable, with
         ``SIMULATED_ALLOCATABLE`` (topology-discovery adds the GPU resources)."""
         return [{"apiVersion": "v1", "kind": "Node",
-                 "metadata": {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}},
+                 "metadata": {"name": n.name, "labels": {HOSTNAME_LABEL: n.name, **n.labels}},
                  "status": {"capacity": dict(SIMULATED_ALLOCATABLE), "allocatable": dict(SIMULATED_ALLOCATABLE),
                             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}
                 for n in self.nodes]

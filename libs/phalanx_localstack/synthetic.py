@@ -18,7 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from phalanx_localstack.stack import ClusterFile, ClusterNode, StackError
-from phalanx_topology.tiers import ENABLE_LABEL, HYPERNODE_LABEL, LEAF_LABEL, NETPOD_LABEL
+from phalanx_proto.kubeapi import ENABLE_LABEL, HYPERNODE_LABEL, LEAF_LABEL, NETPOD_LABEL
 
 TOPOLOGIES = Path(str(files("phalanx_localstack") / "shapes"))
 """The shapes' topology files: package data, on disk in any installed (not zipped) copy."""

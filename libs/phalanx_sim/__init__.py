@@ -2,8 +2,8 @@
 
 No NATS, no API server, deterministic: the same cluster, workload, trace and queues give the
 same output. The decisions are the placement engine's (``phalanx_engine.decide``), the order
-and fairness rules gang-coordinator's and placement's (``phalanx_engine.fairness``,
-``phalanx_engine.queueorder``), the fair share ``phalanx_engine.queues``'.
+and fairness rules gang-coordinator's and placement's (``phalanx_rules.fairness``,
+``phalanx_rules.queueorder``), the fair share ``phalanx_rules.queues``'.
 
 * ``model`` — what a run takes: gangs with arrival and duration, the settings;
 * ``cluster`` — a cluster file or ``--synthetic`` spec as node views;

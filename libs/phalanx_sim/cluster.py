@@ -12,7 +12,7 @@ import msgspec
 
 from phalanx_engine.snapshot import NodeView
 from phalanx_kubeobjects.nodekube import node_kube_state
-from phalanx_kubeobjects.quantity import Violation
+from phalanx_kubeobjects.violations import Violation
 from phalanx_localstack.inputs import ClusterFile
 from phalanx_proto.topology import NodeTopology
 from phalanx_topology.files import topology_from_file

@@ -6,9 +6,9 @@ members and priority never change, so each is kept from its first use until it s
 from __future__ import annotations
 
 from phalanx_engine.framework import Member
-from phalanx_engine.preempt import Preemptor
 from phalanx_proto.state import GangState
-from phalanx_sim import preemption
+from phalanx_rules.preemption import Preemptor, preemptor_of
+from phalanx_rules.queueorder import queue_of
 
 
 class Derived:
@@ -29,9 +29,11 @@ class Derived:
         return self.members(s)[0].shape if len(s.members) == 1 else s.gang_id
 
     def preemptor(self, s: GangState) -> Preemptor | None:
-        """``preemption.preemptor(s)``."""
+        """The gang as the planner's preemptor (``phalanx_rules.preemption.preemptor_of``); None
+        when it may not preempt (its members disagree on the priority)."""
         if s.gang_id not in self._preemptors:
-            self._preemptors[s.gang_id] = preemption.preemptor(s)
+            who = preemptor_of(s.gang_id, s.members, queue_of(s.members))
+            self._preemptors[s.gang_id] = who if not isinstance(who, str) else None
         return self._preemptors[s.gang_id]
 
     def forget(self, gang_id: str) -> None:

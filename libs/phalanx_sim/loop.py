@@ -32,24 +32,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 
-from msgspec.structs import replace as evolve
-
-from phalanx_engine import fairness, queueorder
 from phalanx_engine.candidates import checks_resources
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.kube_plugins import resources_fit
 from phalanx_engine.packing import stranded_milli
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import Status
 from phalanx_engine.whatif import Running, tier_of
-from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.events import Assignment, PlacementFailed, PodRef, WaitsFor
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
-from phalanx_proto.state import GangState
+from phalanx_proto.state import GangState, attempt_members
 from phalanx_proto.vocab import IDLE
+from phalanx_rules import fairness, queueorder, saga
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
+from phalanx_sim.books import SimQueues
 from phalanx_sim.derived import Derived
 from phalanx_sim.model import Outcome, Sample, SimConfig, SimGang
 
@@ -85,6 +84,8 @@ class Simulation:
         """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
         self.held: dict[str, int] = dict(held or {})
         self.waiting_units: dict[str, int] = {}
+        self.queues = SimQueues(tree, self.held, self.waiting_units, self.capacity)
+        """The books above as the rulebook's arguments (``books``)."""
         self.running: dict[str, tuple[Assignment, ...]] = {}
         self.owner: dict[PodRef, str] = {}
         self.samples: list[Sample] = []
@@ -154,7 +155,7 @@ class Simulation:
                 # each queue asked once: nothing changes while the order is drawn
                 for s in fairness.wake_order(self._failed.values(), now=t, below_quota=cache(self._below_quota),
                                              freed=freed, chain=self.tree.chain):
-                    self._set(evolve(s, backoff_until=t))
+                    self._set(saga.woken(s, t))
                     due[s.gang_id] = None
             elif kind == ARRIVE:
                 g = self.outcomes[gang_id].gang
@@ -183,19 +184,23 @@ class Simulation:
             others = [head] if head is not None and head.gang_id != s.gang_id else []
             gate = fairness.gate(s, others, now=t, starve_after_s=c.starve_after_s, mode=c.fairness)
             if gate.hold:
-                self._set(evolve(s, phase="waiting", reason=gate.hold))
+                held = saga.held_back(s, gate.hold)
+                if held is not None:
+                    self._set(held)
                 self._agenda.push(t + c.resync_s, RETRY, s.gang_id)
                 continue
-            starting.append(evolve(s, attempt=s.attempt + 1, avoid_nodes=gate.avoid, avoid_for=gate.head))
+            placing = saga.start_attempt(s, now=t, settle_s=0.0, avoid=gate.avoid, avoid_for=gate.head)
+            if placing is not None:
+                starting.append(placing)
         if not starting:
             return
         queues = {fairness.queue_of(s) for s in starting}
         # One queue among them: its rank is the same for all, so the order is priority, arrival.
-        ranks = (queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)[1]
-                 if len(queues) > 1 else {})
-        owed = queueorder.owed_candidates(self.tree, self.held, (
-            (fairness.queue_of(o), o.members) for q in self.pending.values() for o in q.values()
-            if o.phase in IDLE and o.attempt >= 1 and o.fits_empty_cluster))
+        ranks = self.queues.shares_and_ranks()[1] if len(queues) > 1 else {}
+        # As placement sees the records: the gangs starting now are placing (their attempt counted).
+        records = {o.gang_id: o for q in self.pending.values() for o in q.values()}
+        records.update((o.gang_id, o) for o in starting)
+        owed = self.queues.owed_candidates(records.values())
         memo: dict[int, bool] = {}
         starting.sort(key=lambda s: queueorder.cycle_key(ranks.get(fairness.queue_of(s), float("inf")), s.priority,
                                                          self._arrival[s.gang_id]))
@@ -206,20 +211,18 @@ class Simulation:
     def _place(self, t: float, s: GangState, owed: list, memo: dict[int, bool]) -> None:
         """placement's handling of one request: queue, borrow gate, decision."""
         queue = fairness.queue_of(s)
-        refusal = queueorder.refusal(self.tree, s.members, self.held)
+        refusal = self.queues.refusal(s.members)
         if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
-            if self.tree.problem(queue) or not preemption.may_preempt(self, s) or not self._preempt(t, s):
+            if self.tree.problem(queue) or not preemption.worth_planning(self, s) or not self._preempt(t, s):
                 self._refused(t, s, refusal, fits_empty=False, waits_for="queue")
             return None
-        if queueorder.borrowing(self.tree, s.members, self.held):
-            kept = queueorder.owed(self.tree, queue, owed, self._fits_now, memo)
+        if self.queues.borrowing(s.members):
+            kept = self.queues.owed_now(queue, owed, self._fits_now, memo)
             if kept:
-                return self._refused(t, s, f"queue {queue} would borrow beyond its quota, and the GPUs free now are "
-                                           f"kept for queue(s) {', '.join(kept)}, below quota, whose gangs wait for them",
-                                     fits_empty=False, waits_for="gpus")
-        may_preempt = preemption.may_preempt(self, s)
+                return self._refused(t, s, queueorder.borrow_reason(queue, kept), fits_empty=False, waits_for="gpus")
+        may_preempt = preemption.worth_planning(self, s)
         if not self.config.exact and not may_preempt and self._still_refused(s):
-            return self._refused(t, s, s.reason or NO_FIT, *self._on_empty(s))
+            return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self.decisions += 1
         got = decide(self.cluster, s.members, self.profile, explain=False, avoid=s.avoid_nodes)
         if not isinstance(got, Decision):
@@ -301,21 +304,22 @@ class Simulation:
         return got
 
     def _refused(self, t: float, s: GangState, reason: str, fits_empty: bool, reserve: tuple[str, ...] = (),
-                 waits_for: str = "") -> None:
+                 waits_for: WaitsFor = "") -> None:
+        """placement's ``PlacementFailed`` for the placing gang ``s``, taken as gang-coordinator
+        takes it (``saga.placement_failed``)."""
         c = self.config
-        failures = s.failures + 1
-        s = evolve(s, fits_empty_cluster=fits_empty, waits_for=waits_for or ("gpus" if fits_empty else "cluster"))
-        delay = fairness.retry_delay(s, failures, base_s=c.backoff_base_s, max_s=c.backoff_max_s,
-                                     unschedulable_s=c.unschedulable_retry_s)
-        self._set(evolve(s, phase="backoff", failures=failures, backoff_until=t + delay, reason=reason,
-                          failure="placement_failed", reserve_nodes=reserve))
-        self.outcomes[s.gang_id].reason = reason
-        self._agenda.push(t + delay, RETRY, s.gang_id)
+        failed = PlacementFailed(gang_id=s.gang_id, attempt=s.attempt, summary=reason, fits_empty_cluster=fits_empty,
+                                 reserve_nodes=reserve, waits_for=waits_for)
+        after = saga.placement_failed(s, failed, now=t, base_s=c.backoff_base_s, max_s=c.backoff_max_s,
+                                      unschedulable_s=c.unschedulable_retry_s)
+        self._set(after)
+        self.outcomes[s.gang_id].reason = after.reason
+        self._agenda.push(after.backoff_until, RETRY, s.gang_id)
 
     def _start(self, t: float, s: GangState, assignments: tuple[Assignment, ...]) -> None:
         o = self.outcomes[s.gang_id]
         self._book(assignments, +1, s.gang_id)
-        self._set(evolve(s, phase="scheduled", reason=""))
+        self._set(saga.bound(s, s.attempt, tuple(m.pod for m in attempt_members(s))))
         self.waiting_units[o.gang.queue] -= o.gang.units
         self.running[s.gang_id] = assignments
         self.running_priorities.setdefault(o.gang.queue, Counter())[o.gang.priority] += 1
@@ -388,11 +392,10 @@ class Simulation:
             self._failed.pop(s.gang_id, None)
 
     def _below_quota(self, queue: str) -> bool:
-        spec = self.tree.get(queue)
-        return spec is not None and self.held.get(queue, 0) < spec.quota
+        return self.queues.below_quota(queue)
 
     def _sample(self, t: float) -> None:
-        shares, _ = queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+        shares, _ = self.queues.shares_and_ranks()
         allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
         stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
         self.samples.append(Sample(
@@ -403,3 +406,4 @@ class Simulation:
 
 
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")
+

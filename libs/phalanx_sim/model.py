@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from phalanx_engine import fairness as order
-from phalanx_engine.queueorder import queue_of
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import units_of_member
+from phalanx_rules import fairness as order
+from phalanx_rules.queueorder import queue_of
 
 
 @dataclass(frozen=True)

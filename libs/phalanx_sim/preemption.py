@@ -9,25 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from phalanx_engine import queueorder
-from phalanx_engine.preempt import Plan, Preemptor, RunningGang, plan_preemption
+from phalanx_engine.preempt import Plan, RunningGang, plan_preemption
 from phalanx_proto.state import GangState
+from phalanx_rules import preemption as rules
 
 if TYPE_CHECKING:
     from phalanx_sim.loop import Simulation
-
-NEVER = "Never"
-
-
-def preemptor(s: GangState) -> Preemptor | None:
-    """The gang as the planner's preemptor; None when its members disagree on the priority (the
-    services refuse such a gang preemption)."""
-    priorities = {m.priority for m in s.members}
-    if len(priorities) > 1:
-        return None
-    policy = NEVER if any(m.preemption_policy == NEVER for m in s.members) else "PreemptLowerPriority"
-    return Preemptor(gang_id=s.gang_id, members=s.members, priority=priorities.pop() if priorities else s.priority,
-                     queue=queueorder.queue_of(s.members), preemption_policy=policy)
 
 
 def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
@@ -43,33 +30,17 @@ def running(sim: Simulation, but: str) -> tuple[RunningGang, ...]:
     return tuple(out)
 
 
-def may_preempt(sim: Simulation, s: GangState) -> bool:
-    """Could any plan exist? Cheap, and never False where the planner could find one (it only
-    saves asking it): preemption on, the gang not ``Never``, and a running gang some rule of
-    ``preempt_rules`` could take — of its queue with a lower priority (its queue preempting within
-    itself), or, its queue reclaiming (``reclaim: Any`` and below its quota), of another queue:
-    one on its own chain (an ancestor's gang: its units stay within the ancestors, whose quotas
-    are not checked) or one holding more than its quota (a victim's own queue must keep its
-    quota without it)."""
+def worth_planning(sim: Simulation, s: GangState) -> bool:
+    """Could any plan exist? The rulebook's cheap necessary condition (``preemption.may_preempt``,
+    it only saves asking the planner), with preemption on in this run."""
     who = sim.derived.preemptor(s) if sim.config.preemption else None
-    if who is None or who.preemption_policy == NEVER:
-        return False
-    spec = sim.tree.get(who.queue)
-    if spec is None:
-        return False
-    if spec.within_queue != NEVER and min(sim.running_priorities.get(who.queue) or (who.priority,)) < who.priority:
-        return True
-    if spec.reclaim == NEVER or sim.held.get(who.queue, 0) >= spec.quota:
-        return False
-    chain = sim.tree.chain(who.queue)
-    return any(q != who.queue and sim.running_priorities.get(q) and (q in chain or sim.held.get(q, 0) > qs.quota)
-               for q, qs in sim.tree.specs.items())
+    return who is not None and rules.may_preempt(who, sim.tree, sim.held, sim.running_priorities)
 
 
 def plan(sim: Simulation, s: GangState, t: float) -> Plan | None:
     """The planner's plan with victims for ``s`` at ``t``, or None. Its engine decisions count in
     the run's, whatever it answers."""
-    who = preemptor(s)
+    who = sim.derived.preemptor(s)
     if who is None:
         return None
     got = plan_preemption(sim.cluster, who, running(sim, s.gang_id), sim.tree, held_by=dict(sim.held),

@@ -13,11 +13,13 @@ from typing import Any
 import msgspec
 
 from phalanx_engine.decide import decide
-from phalanx_engine.queueorder import owed, owed_candidates, queue_of
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
 from phalanx_engine.whatif import ProbeContext, QueueView, Running, what_if
 from phalanx_proto.queues import GPU_UNITS
+from phalanx_proto.state import attempt_members
+from phalanx_rules import saga
+from phalanx_rules.queueorder import owed, owed_candidate, owed_candidates, queue_of
 from phalanx_sim.loop import Outcome, Simulation
 from phalanx_sim.model import clock
 
@@ -94,15 +96,13 @@ def pending(sim: Simulation, *, limit: int, decisions: int) -> list[dict[str, An
     holders = {**sim.live, **{pod: Running(gang_id=g, queue=queue_of(sim.outcomes[g].gang.members),
                                            priority=sim.outcomes[g].gang.priority, since=sim.outcomes[g].start or 0.0)
                               for pod, g in sim.owner.items()}}
-    candidates = owed_candidates(sim.tree, sim.held, ((queue_of(s.members), s.members) for s in waiting
-                                                      if s.attempt >= 1 and s.fits_empty_cluster))
+    candidates = owed_candidates(sim.tree, sim.held, ((queue_of(s.members), attempt_members(s)) for s in waiting
+                                                      if owed_candidate(s, lambda s: False)))
     out = []
     for s in waiting[:limit]:
         decision = decide(sim.cluster, s.members, sim.profile, avoid=s.avoid_nodes)
-        reason = decision.summary if isinstance(decision, NoFit) else sim.outcomes[s.gang_id].reason
-        if s.avoid_nodes:  # as gang-coordinator words it (saga.placement_failed)
-            reason += (f" (backfill behind {s.avoid_for}, first in queue and waiting too long: "
-                       f"{', '.join(s.avoid_nodes)})")
+        reason = (saga.failure_reason(decision.summary, s) if isinstance(decision, NoFit)
+                  else sim.outcomes[s.gang_id].reason)
         kept = owed(sim.tree, queue_of(s.members), candidates, lambda m: isinstance(
             decide(sim.cluster, m, sim.profile, explain=False), Decision))
         ctx = ProbeContext(holders=holders, now=sim.now, avoid=frozenset(s.avoid_nodes),

@@ -32,18 +32,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx_engine import queueorder
-from phalanx_engine.queues import QueueTree
 from phalanx_input import Invalid, yaml_file
 from phalanx_kubeobjects import gangs, workloads
 from phalanx_kubeobjects.requests import RequestError
 from phalanx_proto.events import MemberSpec, PodRef
+from phalanx_proto.kubeapi import SIM_ARRIVAL as ARRIVAL
+from phalanx_proto.kubeapi import SIM_DURATION as DURATION
+from phalanx_proto.kubeapi import SIM_EVERY as EVERY
+from phalanx_proto.kubeapi import SIM_REPEAT as REPEAT
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree
 from phalanx_sim.model import SimGang, parse_duration
 
-ARRIVAL = "sim.phalanx.io/arrival"
-DURATION = "sim.phalanx.io/duration"
-REPEAT = "sim.phalanx.io/repeat"
-EVERY = "sim.phalanx.io/every"
 MAX_REPEAT = 100_000
 SYSTEM_CLASSES = {"system-cluster-critical": {"value": 2_000_000_000},
                   "system-node-critical": {"value": 2_000_001_000}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
+from phalanx_proto.kubeapi import ACK_LABEL, ENABLE_LABEL, TIER_LABEL_KEYS
 from phalanx_proto.topology import NetworkTiers
 
 
@@ -26,32 +27,8 @@ class TierLabels(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     netpod: tuple[str, ...]
 
 
-HYPERNODE_LABEL = "phalanx.io/hypernode"
-LEAF_LABEL = "phalanx.io/leaf-switch"
-NETPOD_LABEL = "phalanx.io/network-pod"
-"""Phalanx's own label key of each tier, the first of its ``DEFAULT`` keys."""
-
-DEFAULT = TierLabels(
-    hypernode=(
-        HYPERNODE_LABEL,
-        "accelerator.topograph.run/domain",         # topograph v1
-        "network.topology.nvidia.com/accelerator",  # topograph before v1
-        "nvidia.com/gpu.clique",                    # GPU Operator, MNNVL systems
-    ),
-    leaf=(
-        LEAF_LABEL,
-        "alibabacloud.com/asw-id",                  # ACK Lingjun: access switch
-        "fabric.topograph.run/tier-0",              # topograph v1: switch closest to the node
-        "network.topology.nvidia.com/leaf",         # topograph 0.2+
-        "network.topology.nvidia.com/block",        # topograph 0.1
-    ),
-    netpod=(
-        NETPOD_LABEL,
-        "alibabacloud.com/point-of-delivery",       # ACK Lingjun: PoD above the ASWs
-        "fabric.topograph.run/tier-1",              # topograph v1: next switch tier up
-        "network.topology.nvidia.com/spine",        # topograph, every version before v1
-    ),
-)
+DEFAULT = TierLabels(**TIER_LABEL_KEYS)
+"""The keys ``phalanx_proto.kubeapi`` lists for each tier (Phalanx's own first)."""
 
 
 def _first(labels: dict[str, str], keys: tuple[str, ...]) -> str:
@@ -75,8 +52,6 @@ def _inherit(tier: str, value: str) -> str:
     return f"{tier}:{value}"
 
 
-ENABLE_LABEL = "lj_runtimekit_enable"
-ACK_LABEL = "ack.node.gpu.schedule"
 
 
 def enabled_by_labels(labels: dict[str, str]) -> bool:

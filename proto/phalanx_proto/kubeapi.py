@@ -1,10 +1,14 @@
-"""Phalanx's contract on Kubernetes objects: what a pod says to opt in and to ask for GPUs, and
-what binder writes for the node (the assignment annotation on the pod, the fence Lease).
+"""Phalanx's contract on Kubernetes objects: every label and annotation key that users, their
+workload controllers, node admins and node tools, or Phalanx itself write and Phalanx reads;
+what a pod says to opt in and to ask for GPUs; and what binder writes for the node (the
+assignment annotation on the pod, the fence Lease).
 
 The other side of each is outside Phalanx's processes' memory, so it is wire contract like an
-event: pods in users' YAML, the kubelet's device plugin reading the annotation and the fence,
-other tools reading the annotation. Every reader and writer imports it from here (engine,
-binder, gang-coordinator's reconciler, the device plugin, the Kubernetes port).
+event: pods in users' YAML, labels a cluster's tools put on nodes, the kubelet's device plugin
+reading the annotation and the fence, other tools reading the annotation. Every reader and writer
+imports its keys from here (the object readers, the topology tiers, the engine, binder,
+gang-coordinator, the device plugin, the Kubernetes port, ``phalanx sim``): one block, as a
+Kubernetes controller keeps its constants.
 """
 
 from __future__ import annotations
@@ -40,7 +44,94 @@ GPU_MEMORY_MIB_UNIT = 128
 """``aliyun.com/gpu-memory-mib`` is a multiple of 128 MiB; the device plugin advertises one ID
 per 128 MiB."""
 
-# --- what binder writes on the pod ---------------------------------------------------------------
+# --- what users write on pods (and pod templates) and namespaces --------------------------------
+QUEUE_LABEL = "scheduling.phalanx.io/queue"
+"""Pod (or pod template) label, else namespace label, naming the pod's queue (docs/queues.md)."""
+REPLICA_LABEL = "replica"
+"""R4: ``replica: "N"`` asks for N GPUs, each with the same share (seed 004)."""
+MIN_MEMBER_LABEL = "aliyun.com/min-member"
+"""R8: the number of pods in the gang (= the JobSet's parallelism)."""
+GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
+"""Label or annotation: the gang's size, said explicitly (wins over every other key)."""
+MIN_MEMBER_KEYS = (MIN_MEMBER_LABEL, "scheduling.x-k8s.io/min-member", "pod-group.scheduling.sigs.k8s.io/min-available")
+"""Labels or annotations that say a gang's size, the first present counting: Phalanx's (the
+seed's), then the coscheduling plugin's two generations."""
+GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name",
+                "pod-group.scheduling.sigs.k8s.io")
+"""Labels naming the pod's PodGroup (the coscheduling plugin's generations)."""
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Annotation naming the pod's PodGroup (Volcano, arena)."""
+TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"
+"""The gang's attempt deadline (R9: 180 s when absent)."""
+VENDOR_ANNOTATION = "phalanx.io/gpu-vendor"
+"""``nvidia``, ``amd`` or ``ppu``: the GPU vendor an ``aliyun.com/gpu`` request must run on (R5)."""
+ISOLATION_ANNOTATION = "phalanx.io/isolation"
+"""How a TDM share is enforced on the node: ``hard``, ``mps`` or ``advisory`` (docs/delivery.md)."""
+
+# --- what workload controllers write on their pods ------------------------------------------------
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOBSET_JOBS = "jobset.sigs.k8s.io/global-replicas"
+MPIJOB_NAME = "training.kubeflow.org/job-name"
+MPIJOB_ROLE = "training.kubeflow.org/job-role"
+JOB_NAME = "batch.kubernetes.io/job-name"
+
+# --- what node admins and node tools write on nodes -----------------------------------------------
+ENABLE_LABEL = "lj_runtimekit_enable"
+"""R11: ``true`` lets Phalanx use the node."""
+ACK_LABEL = "ack.node.gpu.schedule"
+"""R10: ``topology`` enables the node for topology-aware scheduling, ``default`` hands it back."""
+HYPERNODE_LABEL = "phalanx.io/hypernode"
+LEAF_LABEL = "phalanx.io/leaf-switch"
+NETPOD_LABEL = "phalanx.io/network-pod"
+"""Phalanx's own label key of each network tier, the first of ``TIER_LABEL_KEYS``."""
+TIER_LABEL_KEYS = {
+    "hypernode": (HYPERNODE_LABEL,
+                  "accelerator.topograph.run/domain",         # topograph v1
+                  "network.topology.nvidia.com/accelerator",  # topograph before v1
+                  "nvidia.com/gpu.clique"),                   # GPU Operator, MNNVL systems
+    "leaf": (LEAF_LABEL,
+             "alibabacloud.com/asw-id",                       # ACK Lingjun: access switch
+             "fabric.topograph.run/tier-0",                   # topograph v1: switch closest to the node
+             "network.topology.nvidia.com/leaf",              # topograph 0.2+
+             "network.topology.nvidia.com/block"),            # topograph 0.1
+    "netpod": (NETPOD_LABEL,
+               "alibabacloud.com/point-of-delivery",          # ACK Lingjun: PoD above the ASWs
+               "fabric.topograph.run/tier-1",                 # topograph v1: next switch tier up
+               "network.topology.nvidia.com/spine"),          # topograph, every version before v1
+}
+"""The node labels that name a node's domain at each network tier, most authoritative first
+(``phalanx_topology.tiers``; a cluster's own keys replace them by configuration)."""
+GPU_MODEL_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator", "aliyun.accelerator/nvidia_name")
+"""Node labels that name the GPU model (GPU Feature Discovery, GKE, ACK), in the order tried."""
+
+# --- what Kubernetes itself writes ------------------------------------------------------------------
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+# --- the simulated cluster and phalanx sim's workloads (never a real cluster's) ----------------------
+DISRUPTION_BUDGET_ANNOTATION = "sim.phalanx.io/disruptions-allowed"
+"""Simulated cluster only: ``"0"`` on a pod stands for a PodDisruptionBudget that allows no
+disruption of it now (``evict_pod`` refuses it)."""
+SIM_ARRIVAL = "sim.phalanx.io/arrival"
+SIM_DURATION = "sim.phalanx.io/duration"
+SIM_REPEAT = "sim.phalanx.io/repeat"
+SIM_EVERY = "sim.phalanx.io/every"
+"""``phalanx sim`` workload annotations: when a pod arrives, how long it runs, how often again."""
+
+# --- the preemption policy a pod (or a Queue) says -----------------------------------------------------
+PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority"
+"""``spec.preemptionPolicy`` (Kubernetes' default): the pod's gang may evict gangs of lower
+priority (docs/preemption.md)."""
+NEVER = "Never"
+"""``spec.preemptionPolicy``: the pod's gang waits and never preempts. Also the Queue's
+``spec.preemption.withinQueue``/``reclaim`` value that turns a rule off."""
+PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, NEVER)
+
+# --- what Phalanx writes ------------------------------------------------------------------------------
 ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
 """The pod annotation holding its ``Assignment`` as JSON, written by binder with the Binding."""
 

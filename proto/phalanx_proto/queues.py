@@ -25,8 +25,6 @@ CORE_PCT_UNITS = GPU_UNITS // 100
 DEFAULT_QUEUE = "default"
 """The queue of a pod whose labels and namespace name none: quota 0, no limit (it only
 borrows), unless a Queue of that name says otherwise."""
-QUEUE_LABEL = "scheduling.phalanx.io/queue"
-"""Pod (or pod template) label, else namespace label, naming the queue."""
 MAX_QUEUES = 1024
 MAX_DEPTH = 16
 MAX_CHARGES = 20_000

@@ -125,9 +125,10 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Members of the current attempt bound so far (their assignments: the ledger's)."""
     reason: str = ""
     """Why the gang is not scheduled (yet): the pending reason its pods show."""
-    held: bool = False
+    held_back: bool = msgspec.field(default=False, name="held")
     """``reason`` says what holds the gang back from starting an attempt (the fairness gate, or
-    its members' queues), not how its last attempt ended; cleared when an attempt starts."""
+    its members' queues), not how its last attempt ended; cleared when an attempt starts. (The
+    wire and KV name is ``held``.)"""
     failure: str = ""
     """What ended the last failed attempt, as a code: ``placement_failed``, ``deadline``,
     ``bind_failed``, ``mig_failed``, ``member_deleted`` (a metric label; ``reason`` is the text)."""
@@ -171,7 +172,7 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     before the first, once placed, or when placement's probes ran out of their time budget."""
     waits_for: WaitsFor = ""
     """From the last PlacementFailed: what must change before a retry can help (``WaitsFor``);
-    gang-coordinator wakes the gang when it does (``phalanx_engine.fairness``)."""
+    gang-coordinator wakes the gang when it does (``phalanx_rules.fairness``)."""
 
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:

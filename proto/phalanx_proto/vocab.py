@@ -36,6 +36,15 @@ for the next attempt) and it may hold reservations, MIG instances and bound pods
 LIVE: frozenset[Phase] = RUNNING | {"scheduled"}
 """The current attempt's reservations are in use: none of its members' may be released."""
 
+ASKING: frozenset[Phase] = IDLE | {"placing"}
+"""The gang asks for GPUs it does not hold yet: it waits, or its attempt is being placed (until
+its reservation is in: then it holds them and is being bound). What a queue's fair share and
+the queues owed free GPUs count (``phalanx_rules.queueorder``)."""
+
+BOUND_WANTED: frozenset[Phase] = frozenset({"placing", "binding", "scheduled"})
+"""The attempt wants its members bound where the ledger holds them (``placing``: its binds go out
+from there when no MIG instance is to be made first)."""
+
 assert IDLE | OPEN | {"scheduled"} == set(PHASES), "every phase is idle, open or scheduled"
 
 

@@ -22,7 +22,7 @@ Then, for the victims' pods:
    after it, and the pods evicted before it (or under way beside it) stay evicted (their gangs
    roll back whole).
 
-Both steps run ``EVICT_CONCURRENCY`` pods at a time, in the ledger's order.
+Both steps run ``EVICT_PODS_AT_ONCE`` pods at a time, in the ledger's order.
 
 Evicting a pod already gone is no error (a redelivered command evicts nothing twice).
 """
@@ -43,7 +43,7 @@ from phalanx_proto.state import Nomination
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
-EVICT_CONCURRENCY = 16
+EVICT_PODS_AT_ONCE = 16
 """Eviction requests (dry runs, then events and evictions) in flight at once: one at a time, a
 preemptor whose victims hold 50 pods waited about 5 s on the API server's writes."""
 
@@ -129,9 +129,9 @@ class Evictions:
 
     async def _each(self, pods: list[tuple[str, PodRef]], fn: Callable[[str, PodRef], Awaitable[None]], *,
                     stop: Callable[[], bool] = lambda: False) -> None:
-        """``fn(victim, pod)`` for every pod, ``EVICT_CONCURRENCY`` at a time, in order; none
+        """``fn(victim, pod)`` for every pod, ``EVICT_PODS_AT_ONCE`` at a time, in order; none
         started once ``stop()`` says so (those under way finish)."""
-        limiter = anyio.CapacityLimiter(EVICT_CONCURRENCY)
+        limiter = anyio.CapacityLimiter(EVICT_PODS_AT_ONCE)
 
         async def one(victim: str, ref: PodRef) -> None:
             async with limiter:

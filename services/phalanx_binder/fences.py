@@ -19,7 +19,7 @@ pod before its Binding. The writes of one node are group commits, one after anot
   or read, so while binder is the only writer a write costs one request; a conflict (another
   replica wrote) costs a read and a retry.
 
-``held(node)`` is what the fence listed at the last write or read (``None`` before any).
+``fenced(node)`` is what the fence listed at the last write or read (``None`` before any).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class _Node:
     round: _Round | None = None
     writing: bool = False
     lease: Lease | None | F.Unknown = F.UNKNOWN
-    held: frozenset[str] | None = None
+    fenced: frozenset[str] | None = None
     changed: anyio.Event = field(default_factory=anyio.Event)
 
     def poke(self) -> None:
@@ -92,10 +92,10 @@ class NodeFences:
             n = self._nodes[name] = _Node(name)
         return n
 
-    def held(self, node: str) -> frozenset[str] | None:
+    def fenced(self, node: str) -> frozenset[str] | None:
         """The uids the node's fence listed at this writer's last write or read."""
         n = self._nodes.get(node)
-        return None if n is None else n.held
+        return None if n is None else n.fenced
 
     @contextmanager
     def coming(self, node: str) -> Iterator[Ticket]:
@@ -133,7 +133,7 @@ class NodeFences:
     def release(self, node: str, uids: set[str]) -> None:
         """Drop ``uids`` from the node's fence at its next write (no wait)."""
         n = self._node(node)
-        if n.held is not None and not (uids & n.held) and not (uids & n.adds.keys()):
+        if n.fenced is not None and not (uids & n.fenced) and not (uids & n.adds.keys()):
             return
         n.removes |= uids
         for uid in uids:
@@ -174,11 +174,11 @@ class NodeFences:
                              add=adds, remove=removes, known=n.lease)
         n.lease = out.lease
         try:
-            n.held = frozenset(e.uid for e in F.read(out.lease, n.name, now).pods) if out.lease else frozenset()
+            n.fenced = frozenset(e.uid for e in F.read(out.lease, n.name, now).pods) if out.lease else frozenset()
         except F.FenceError:
-            n.held = None
+            n.fenced = None
         metrics.FENCE_WRITES.inc(result="written" if out.wrote else "unchanged")
         if adds:
             metrics.FENCE_BATCH_PODS.observe(len(adds))
         log("fence written" if out.wrote else "fence unchanged", level=10, node=n.name, added=len(adds),
-            released=len(removes), listed=len(n.held or ()))
+            released=len(removes), listed=len(n.fenced or ()))

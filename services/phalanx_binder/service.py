@@ -97,7 +97,8 @@ from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 DURABLE = "binder"
 EVICT_DURABLE = "binder-evict"
-EVICT_CONCURRENCY = 4
+EVICT_COMMANDS_AT_ONCE = 4
+"""Eviction commands binder handles at once (each evicts its victims' pods, ``evictions.EVICT_PODS_AT_ONCE`` at a time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,5 +340,5 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
         evict = S.CONSUMER[EVICT_DURABLE]
         await tg.start(lambda task_status: consume(
             bus, stream=evict.stream, durable=evict.durable, filter_subject=evict.filter, decoder=gang_decoder,
-            handler=binder.on_command, concurrency=EVICT_CONCURRENCY, task_status=task_status))
+            handler=binder.on_command, concurrency=EVICT_COMMANDS_AT_ONCE, task_status=task_status))
         task_status.started()

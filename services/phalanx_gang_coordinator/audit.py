@@ -23,7 +23,7 @@ for. Rules (docs/saga.md, "The reconciler"):
    on it is a finding; the pod's adoption (rule 4) gives the slot its owner back, so
    mig-manager does not destroy it.
 6. Values that cannot be read are findings; nothing is concluded from them (no repair).
-7. A queue's usage that is not what the ledger says (``phalanx_engine.queues.usage_drift``) is a
+7. A queue's usage that is not what the ledger says (``phalanx_rules.queues.usage_drift``) is a
    finding; placement, which writes both, repairs it from the ledger (its own audit).
 """
 
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from phalanx_engine.queues import QueueTree, usage_drift
 from phalanx_kube.port import Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, decode_assignment
@@ -43,6 +42,7 @@ from phalanx_proto.queues import QueueUsage, shown
 from phalanx_proto.state import Allocation, GangState, MigRecord, NodeLedger, alloc_key
 from phalanx_proto.subjects import gang_key
 from phalanx_proto.vocab import OPEN
+from phalanx_rules.queues import QueueTree, usage_drift
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,14 +24,16 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
+from phalanx_proto.vocab import BOUND_WANTED
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import saga
 from phalanx_telemetry import log, metrics, refused, warn
 
 COMPENSATION_LIMIT_S = 15.0
@@ -41,14 +43,14 @@ Held = Callable[[GangState], tuple[Assignment, ...]]
 
 
 class Compensator:
-    def __init__(self, store: GangStore, cluster: ClusterPort, notifier: Notifier, execute: Execute, held: Held, *,
+    def __init__(self, store: GangStore, cluster: ClusterPort, notifier: Notifier, execute: Execute, reservations_of: Held, *,
                  backoff_base_s: float, backoff_max_s: float) -> None:
         self.store = store
         self.cluster = cluster
         self.notifier = notifier
         self.execute = execute
         """Carries out ``effects.compensation``'s commands (the driver's executor)."""
-        self.held = held
+        self.reservations_of = reservations_of
         """The attempt's assignments as the ledger holds them."""
         self.backoff = dict(base_s=backoff_base_s, max_s=backoff_max_s)
 
@@ -64,7 +66,7 @@ class Compensator:
                 break
             with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
                 unbound = await self.unbind(state) if step == "unbind" else ()
-                await self.execute(effects.compensation(state, step, self.held(state)))
+                await self.execute(effects.compensation(state, step, self.reservations_of(state)))
             t = await self.store.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
                 s, a, st, now=time.time(), unbound=u, **self.backoff))
             state = t.after if t is not None else None
@@ -79,7 +81,7 @@ class Compensator:
         late reply arrives (``undo_late_bind``)."""
         reason = f"gang {state.gang_id} attempt {state.attempt} rolled back: {state.reason}"
         deleted = []
-        for a in self.held(state):
+        for a in self.reservations_of(state):
             pod = await self.cluster.get_pod(a.pod)
             if pod is None or not pod.node_name or pod.uid != a.pod.uid or pod.scheduler_name not in SCHEDULER_NAMES:
                 continue
@@ -110,8 +112,8 @@ class Compensator:
             refused(R.NOT_MEMBER, f"{ref} (uid {ref.uid or '-'}) is not a member of {gang_id}",
                     gang=gang_id, attempt=attempt)
             return
-        if current.phase in saga.BOUND_WANTED and any(
-                a.pod == ref and a.node == node for a in self.held(current)):
+        if current.phase in BOUND_WANTED and any(
+                a.pod == ref and a.node == node for a in self.reservations_of(current)):
             return  # a duplicate reply, or the current attempt wants the pod on that node too
         if pod.scheduler_name not in SCHEDULER_NAMES:
             refused(R.FOREIGN_SCHEDULER, f"{ref} has schedulerName {pod.scheduler_name!r}", gang=gang_id)

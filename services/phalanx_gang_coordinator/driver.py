@@ -21,8 +21,7 @@ from opentelemetry import context as otel_context
 from phalanx_bus import BatchSender, Bus, Delivery, KvMirror
 from phalanx_bus.declare import declare_consumer
 from phalanx_bus.ledger import LedgerBook
-from phalanx_engine import fairness
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.holdings import Holdings
 from phalanx_gang_coordinator.notify import Notifier
@@ -45,8 +44,9 @@ from phalanx_proto.events import (
     Reserved,
 )
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members
-from phalanx_proto.vocab import IDLE
+from phalanx_proto.vocab import BOUND_WANTED, IDLE
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import fairness, saga
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 
@@ -60,13 +60,13 @@ class SagaDriver:
         self.mig = mig or KvMirror.of_bucket(bus, S.KV_MIG)
         """The MIG ownership records (``phx-mig``, mirrored): the one home of every instance."""
         self.holdings = Holdings(self.ledger, self.mig)
-        self.held = self.holdings.held
+        self.reservations_of = self.holdings.reservations_of
         self.cluster = cluster
         self.store = store
         self.notifier = notifier
         self.config = config
         self.queues = queues
-        self.compensator = Compensator(store, cluster, notifier, self.execute, self.held,
+        self.compensator = Compensator(store, cluster, notifier, self.execute, self.reservations_of,
                                        backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
         self.bound_seen: dict[str, str] = {}
         """Pod uid → the node the pod watch last showed it bound to (kept by the intake)."""
@@ -75,8 +75,9 @@ class SagaDriver:
         self._node_consumers: set[str] = set()
         self.announced: set[tuple[str, int]] = set()
         """(gang, attempt) whose deadline and ``GangAdmitted`` were published by this process."""
-        self.missed: dict[str, int] = {}
-        """Gang → its attempt that was placing when a release would have woken it (``wake``)."""
+        self.missed: dict[str, tuple[int, tuple[str, ...] | None]] = {}
+        """Gang → its attempt that was placing when a release would have woken it (``wake``), and
+        the queues that release freed."""
         self.batched: dict[type, BatchSender] = {}
         """Command type → the sender that batches it with the others sent meanwhile (set by the
         service; a command without one, or with its own message id, is published alone)."""
@@ -118,7 +119,7 @@ class SagaDriver:
         if t is None:
             return None
         await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
-                                           held=self.held(t.after), announce_now=self.config.announce_after_s <= 0))
+                                           held=self.reservations_of(t.after), announce_now=self.config.announce_after_s <= 0))
         return t.after
 
     async def roll_back(self, gang_id: str, attempt: int) -> None:
@@ -131,7 +132,7 @@ class SagaDriver:
 
     async def redrive(self, state: GangState) -> None:
         """Publish what ``state`` waits for again (idempotent: same commands, same message ids)."""
-        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.held(state)))
+        await self.execute(effects.redrive(state, timeout_s=self.timeout_of(state), held=self.reservations_of(state)))
 
     # -- attempts ----------------------------------------------------------------------------
     async def admit(self, gang_id: str, add: Change) -> Transition | None:
@@ -162,8 +163,7 @@ class SagaDriver:
         gate = self.gate(current, now)
         reason = saga.queue_conflict(current) or gate.hold
         if reason:
-            t = await self.store.transition(gang_id, lambda s: None if s is None or (s.held and s.reason == reason) or (
-                s.phase not in IDLE) else msgspec.structs.replace(s, reason=reason, held=True))
+            t = await self.store.transition(gang_id, lambda s: saga.held_back(s, reason))
             if t is not None:
                 log("held back", gang=gang_id, reason=reason)
                 await self.execute(effects.pending(t.after, now))
@@ -219,11 +219,12 @@ class SagaDriver:
                 await self.on_reserved(event)
             case PlacementFailed():
                 c = self.config
-                missed = self.missed.pop(event.gang_id, None) == event.attempt
+                attempt, freed = self.missed.pop(event.gang_id, (None, None))
                 state = await self.apply(await self.store.transition(event.gang_id, lambda s: saga.placement_failed(
                     s, event, now=time.time(), base_s=c.backoff_base_s, max_s=c.backoff_max_s,
                     unschedulable_s=c.unschedulable_retry_s)))
-                if missed and state is not None and fairness.waits_for(state) != "cluster" and \
+                if attempt == event.attempt and state is not None and \
+                        fairness.release_helps(state, freed, self._chain) and \
                         await self._wake_one(event.gang_id, time.time()):
                     log("gang woken: GPUs were released during its attempt", gang=event.gang_id,
                         attempt=event.attempt)
@@ -246,19 +247,20 @@ class SagaDriver:
         now = time.time() if now is None else now
         states, _ = await self.store.all()
         owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
-        chain = self.queues.tree.chain if self.queues is not None else (lambda q: (q,))
-        placing = [s for s in states if s.phase == "placing"]
-        backing_off = fairness.wake_order(states, now=now, below_quota=owed, freed=freed, chain=chain)
         woken = []
-        for s in sorted((*placing, *backing_off),
-                        key=lambda s: (not owed(fairness.queue_of(s)), fairness.queue_key(s)))[:fairness.WAKE]:
+        for s in fairness.wake_order(states, now=now, below_quota=owed, freed=freed, chain=self._chain,
+                                     placing=True):
             if s.phase == "placing":
-                self.missed[s.gang_id] = s.attempt
+                self.missed[s.gang_id] = (s.attempt, freed)
             elif await self._wake_one(s.gang_id, now):
                 woken.append(s.gang_id)
         if woken:
             log("gangs woken: GPUs were released", gangs=",".join(woken))
         return woken
+
+    def _chain(self, queue: str) -> tuple[str, ...]:
+        """The queue and its ancestors, as the queue book's tree says."""
+        return (self.queues.tree.chain(queue) if self.queues is not None else ()) or (queue,)
 
     async def wake_all(self, woken: list[GangState], why: str, now: float | None = None) -> list[str]:
         """Try ``woken`` again now (``fairness.woken_by_cluster_change``, ``woken_by_queue_change``):
@@ -271,9 +273,7 @@ class SagaDriver:
 
     async def _wake_one(self, gang_id: str, now: float) -> bool:
         """End the backoff of a gang that failed to place and start its next attempt."""
-        t = await self.store.transition(gang_id, lambda cur: msgspec.structs.replace(cur, backoff_until=now)
-                                        if cur is not None and cur.phase == "backoff" and cur.backoff_until > now
-                                        else None)
+        t = await self.store.transition(gang_id, lambda cur: saga.woken(cur, now))
         if t is not None:
             await self.start(gang_id)
         return t is not None
@@ -312,7 +312,7 @@ class SagaDriver:
             return
         if current.attempt != ev.attempt or current.phase != "placing":
             # Late or redelivered: a reservation nobody will use (old attempt, or rolled back).
-            held = tuple(self.ledger.held(ev.gang_id, ev.attempt).values())
+            held = tuple(self.ledger.reservations(ev.gang_id, ev.attempt).values())
             pods = tuple(a.pod for a in held)
             if pods and not (current.attempt == ev.attempt and current.phase in ("preparing", "binding", "scheduled")):
                 release = ReleaseRequested(gang_id=ev.gang_id, attempt=ev.attempt, reason="reply for a stale attempt",
@@ -329,9 +329,9 @@ class SagaDriver:
                                     f"in the ledger for this gang attempt ({', '.join(map(str, missing[:3]))})",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        held = self.held(current)
+        held = self.reservations_of(current)
         nodes = ",".join(sorted({a.node for a in held}))
-        if not any(a.mig_profile for a in held):
+        if saga.binds_without_write(current, held):
             # Nothing to prepare: the binds go out now and the record stays placing (one write
             # fewer an attempt); the ledger says it is placed, and bound() moves it on.
             await self.execute(effects.binds(current))
@@ -351,8 +351,8 @@ class SagaDriver:
             refused(R.UNSTARTED_ATTEMPT, f"BindsDone for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        where = self.ledger.held(ev.gang_id, ev.attempt)
-        wanted = current.attempt == ev.attempt and current.phase in saga.BOUND_WANTED
+        where = self.ledger.reservations(ev.gang_id, ev.attempt)
+        wanted = current.attempt == ev.attempt and current.phase in BOUND_WANTED
         seen: list[tuple[PodRef, str, object]] = []
         for ref in ev.bound:
             a = where.get(alloc_key(ref))
@@ -382,7 +382,7 @@ class SagaDriver:
             await self.apply(t)
         elif seen:
             latest = await self.store.get(ev.gang_id)
-            if not (latest is not None and latest.attempt == ev.attempt and latest.phase in saga.BOUND_WANTED):
+            if not (latest is not None and latest.attempt == ev.attempt and latest.phase in BOUND_WANTED):
                 for ref, node, pod in seen:  # binds the attempt no longer wants
                     pod = pod or await self.cluster.get_pod(ref)
                     if pod is not None and pod.uid == ref.uid and pod.node_name == node:

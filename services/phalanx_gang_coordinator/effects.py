@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from phalanx_gang_coordinator import saga
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
@@ -42,6 +41,7 @@ from phalanx_proto.events import (
     RollbackStarted,
 )
 from phalanx_proto.state import GangState
+from phalanx_rules import saga
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +110,6 @@ def binds(s: GangState) -> tuple[Effect, ...]:
         if pods else ()
 
 
-def reserved_without_mig(s: GangState, held: Held) -> bool:
-    """The ledger holds every member of the attempt and none on a MIG slice: its binds may go
-    out (placement's ``Reserved`` says so too, but the ledger is the reservations' home)."""
-    pods = {a.pod for a in held}
-    return bool(held) and not any(a.mig_profile for a in held) and all(
-        m.pod in pods for m in saga.attempt_members(s))
-
-
 def pending(s: GangState, now: float) -> tuple[Effect, ...]:
     """Tell subscribers and the pods why the gang waits (``saga.pending_reason``)."""
     reason = saga.pending_reason(s, now)
@@ -168,7 +160,7 @@ def redrive(s: GangState, *, timeout_s: float, held: Held = ()) -> tuple[Effect,
     time, so a crash between the state write and its scheduling loses nothing."""
     match s.phase:
         case "placing":
-            return (_deadline(s, timeout_s), _placement(s), *(binds(s) if reserved_without_mig(s, held) else ()))
+            return (_deadline(s, timeout_s), _placement(s), *(binds(s) if saga.binds_without_write(s, held) else ()))
         case "preparing":
             return (_deadline(s, timeout_s), *_mig_prepares(s, held))
         case "binding":

@@ -19,11 +19,11 @@ class Holdings:
     def __init__(self, ledger: LedgerBook, mig: KvMirror[NodeMig]) -> None:
         self.ledger, self.mig = ledger, mig
 
-    def held(self, state: GangState, attempt: int | None = None) -> tuple[Assignment, ...]:
+    def reservations_of(self, state: GangState, attempt: int | None = None) -> tuple[Assignment, ...]:
         """The attempt's assignments as the ledger holds them, in member order (MIG members with
         the instance their node recorded ready, when it has)."""
         attempt = state.attempt if attempt is None else attempt
-        by_key = self.ledger.held(state.gang_id, attempt)
+        by_key = self.ledger.reservations(state.gang_id, attempt)
         out = []
         for m in state.members:
             a = by_key.get(alloc_key(m.pod))
@@ -52,7 +52,7 @@ class Holdings:
         for fresh in (False, True):
             if fresh:
                 await _catch_up(self.ledger)
-            held = self.ledger.held(state.gang_id, state.attempt)
+            held = self.ledger.reservations(state.gang_id, state.attempt)
             missing = [m.pod for m in attempt_members(state) if alloc_key(m.pod) not in held]
             if not missing:
                 return []
@@ -61,7 +61,7 @@ class Holdings:
     async def mig_recorded(self, ev: MigReady, state: GangState) -> bool:
         """A ``MigReady`` is believed only when the node's mig-manager recorded that instance
         ready for this gang attempt and pod in ``phx-mig``."""
-        a = self.ledger.held(ev.gang_id, ev.attempt).get(alloc_key(ev.pod))
+        a = self.ledger.reservations(ev.gang_id, ev.attempt).get(alloc_key(ev.pod))
         if a is None or a.node != ev.node or not a.mig_profile:
             return False  # the transition ignores it anyway
         for fresh in (False, True):
@@ -75,7 +75,7 @@ class Holdings:
         return False
 
     def all_instances_ready(self, state: GangState) -> bool:
-        return all(a.mig_instance_uuid for a in self.held(state) if a.mig_profile)
+        return all(a.mig_instance_uuid for a in self.reservations_of(state) if a.mig_profile)
 
 
 async def _catch_up(mirror) -> None:

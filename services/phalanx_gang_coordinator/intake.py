@@ -16,7 +16,7 @@ import anyio
 import msgspec
 
 from phalanx_bus import KeyedWork
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_gang_coordinator.notify import Notifier
@@ -25,6 +25,7 @@ from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import GangState
+from phalanx_rules import saga
 from phalanx_telemetry import log, metrics, warn
 
 

@@ -18,7 +18,7 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
 * **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
   Queue's ``status``: allocated and borrowed GPUs (the reservations that name the queue in
   ``phx-ledger``, mirrored here), pending gangs and GPUs (from the gang records), its fair
-  share (``phalanx_engine.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
+  share (``phalanx_rules.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
   condition naming the problem.
 """
 
@@ -29,8 +29,6 @@ import time
 import anyio
 
 from phalanx_bus import Bus, KvMirror
-from phalanx_engine import queueorder
-from phalanx_engine.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_gang_coordinator.changes import Signal
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
@@ -42,6 +40,8 @@ from phalanx_proto.queues import (
     queue_key,
 )
 from phalanx_proto.state import GangState
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_telemetry import log, metrics, warn
 
 
@@ -57,7 +57,7 @@ class QueueBook:
         self._synced = False
         self.tree = QueueTree.of(())
         self.namespaces: dict[str, dict[str, str]] = {}
-        self.held: dict[str, int] = {}
+        self.units: dict[str, int] = {}
         """Units each queue holds (its subtree's included), from the ledger mirror."""
         self._held_at: dict[str, dict[str, int]] = {}
         self.ledger: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put,
@@ -145,25 +145,24 @@ class QueueBook:
         self._ledger_gone(entry)
         units = held_by_queue((entry.value,))
         for q, n in units.items():
-            self.held[q] = self.held.get(q, 0) + n
+            self.units[q] = self.units.get(q, 0) + n
         if units:
             self._held_at[entry.key] = units
 
     def _ledger_gone(self, previous) -> None:
         for q, n in self._held_at.pop(previous.key, {}).items():
-            self.held[q] -= n
+            self.units[q] -= n
 
     def below_quota(self, queue: str) -> bool:
-        spec = self.tree.get(queue)
-        return spec is not None and self.held.get(queue, 0) < spec.quota
+        return queueorder.below_quota(self.tree, self.units, queue)
 
     def capacity(self) -> int:
         """The enabled nodes' GPUs, in queue units."""
         return sum(len(e.value.topology.gpus) for e in self.topology if e.value.enabled) * GPU_UNITS
 
     def report(self, states: list[GangState]) -> dict[str, dict]:
-        """Each queue's status (``phalanx_engine.queues.queue_report``), and its metrics."""
-        out = queue_report(self.tree, self.held, states, self.capacity())
+        """Each queue's status (``phalanx_rules.queues.queue_report``), and its metrics."""
+        out = queue_report(self.tree, self.units, states, self.capacity())
         for q, r in out.items():
             metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)
             metrics.QUEUE_QUOTA.set(r["quota"], queue=q)

@@ -21,14 +21,13 @@ from collections import Counter
 
 import anyio
 
-from phalanx_engine import fairness
-from phalanx_gang_coordinator import saga
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_proto.state import GangState
 from phalanx_proto.vocab import IDLE, OPEN
+from phalanx_rules import fairness, saga
 from phalanx_telemetry import log, metrics
 
 

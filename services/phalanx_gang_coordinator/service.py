@@ -8,14 +8,14 @@ each its own module:
 ==============  ===========================================================================
 ``store``       the gang states in KV ``phx-gangs``, compare-and-set only
 ``intake``      pods in (gang membership, invalid requests told), pods gone
-``saga``        the transitions, pure
+``saga``        the transitions, pure (``phalanx_rules.saga``: the rulebook, shared with ``phalanx sim``)
 ``effects``     the side effects of a transition as data, pure
 ``driver``      attempts, replies, deadlines: check, transition, carry the effects out
 ``compensate``  the rollback's compensations, and undoing a late bind
 ``notify``      Warning events and ``PodScheduled`` conditions on pods, sent off the saga's
                 path (at most one pod's calls in flight each, the latest condition wins)
 ``resync``      the periodic safety net and the queue view; which waiting gang may
-                start now is ``phalanx_engine.fairness`` (pure; ``phalanx sim`` runs it too)
+                start now is ``phalanx_rules.fairness`` (pure; ``phalanx sim`` runs it too)
 ``reconciler``  ledger vs gang records vs bound pods, repaired (one replica: ``lease``;
                 the comparison itself is ``audit``, pure)
 ==============  ===========================================================================
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import anyio
 
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
-from phalanx_engine import fairness as order
 from phalanx_gang_coordinator.changes import ClusterChanges, Signal
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.intake import PodIntake
@@ -46,9 +45,10 @@ from phalanx_gang_coordinator.reconciler import Reconciler
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
-from phalanx_kubeobjects.requests import TIMEOUT_ANNOTATION
 from phalanx_proto import subjects as S
 from phalanx_proto.events import BindPods, PlaceRequested, ReleaseRequested, gang_decoder, node_decoder
+from phalanx_proto.kubeapi import TIMEOUT_ANNOTATION
+from phalanx_rules import fairness as order
 from phalanx_service.config import option
 
 DURABLE = "gang-coordinator"

@@ -69,7 +69,7 @@ def settle(commit: Commit, last_seq: int) -> list[str]:
     return keys
 
 
-def fail(commit: Commit) -> list[Commit]:
+def fail_commit(commit: Commit) -> list[Commit]:
     """The commit failed: it and every commit whose decision read its assumptions, marked
     failed and done (each fails when it tries to commit: ``expected``)."""
     doomed, stack = [], [commit]

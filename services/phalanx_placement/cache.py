@@ -47,7 +47,6 @@ import anyio
 
 from phalanx_bus import Bus, KvMirror, MirrorEntry, Poisoned
 from phalanx_engine.decide import Cluster
-from phalanx_engine.queues import held_by_queue
 from phalanx_engine.snapshot import NodeView
 from phalanx_placement import assumed
 from phalanx_placement.assumed import Assumed, Commit
@@ -57,6 +56,7 @@ from phalanx_proto import subjects as S
 from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.topology import NodeTopology
+from phalanx_rules.queues import held_by_queue
 
 
 class ClusterCache:
@@ -254,7 +254,7 @@ class ClusterCache:
     def forget(self, commit: Commit) -> None:
         """The commit failed: its assumptions go, and so do those of every commit whose
         decision read them (each fails when it tries to commit: ``expected``)."""
-        for c in assumed.fail(commit):
+        for c in assumed.fail_commit(commit):
             for key in c.writes:
                 self._normalize(key)
 

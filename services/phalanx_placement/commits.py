@@ -17,9 +17,9 @@ from phalanx_placement import preempting, testhooks
 from phalanx_placement.assumed import Commit
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
+from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.outcomes import Decided
-from phalanx_placement.queue import RequestQueue, Waiting
 from phalanx_proto import subjects as S
 from phalanx_proto.events import EvictPods, Reserved
 from phalanx_proto.queues import GPU_UNITS, QueueUsage

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from phalanx_bus import BatchSender, Bus, Poisoned, TemporaryError
-from phalanx_engine.queues import usage_drift
 from phalanx_placement import checks
 from phalanx_placement.assumed import Commit
 from phalanx_placement.cache import ClusterCache
@@ -21,6 +20,7 @@ from phalanx_proto.events import AdoptRequested, Released, ReleaseRequested
 from phalanx_proto.queues import QueueUsage, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules.queues import usage_drift
 from phalanx_telemetry import log, metrics, refused, warn
 
 RELEASE_RETRY_S = 2.0

@@ -1,11 +1,9 @@
-"""Placement's part of preemption (docs/preemption.md, "Wiring"): who preempts, what the
-ledger records for it, and the reasons its pods show. Pure: ``service.Placement`` calls these
+"""Placement's part of preemption (docs/preemption.md, "Wiring"): what the ledger records for
+a preemptor, and the reasons its pods show (who may preempt whom is the rulebook's:
+``phalanx_rules.preemption``). Pure: ``service.Placement`` calls these
 with its cache's ledgers and records, writes what they return in one compare-and-set, and
 publishes the eviction.
 
-* ``preemptor_of``: a gang preempts with one priority, its members' ``spec.priority`` (they
-  must agree, or it is refused with the reason); any member with ``preemptionPolicy: Never``
-  makes it wait instead.
 * ``candidates``: the running gangs the planner may choose from — every gang holding
   reservations but the preemptor, gangs being rolled back or whose pods are all gone, gangs
   another preemptor's nomination already names, and gangs whose eviction was refused for this
@@ -22,25 +20,8 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from phalanx_engine.preempt import Plan, Preemptor, RunningGang, running_gangs
-from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import shown
 from phalanx_proto.state import GangState, NodeLedger, Nomination, alloc_key
-
-NEVER = "Never"
-DEFAULT_POLICY = "PreemptLowerPriority"
-
-
-def preemptor_of(gang_id: str, members: tuple[MemberSpec, ...], queue: str) -> Preemptor | str:
-    """The gang as the planner's ``Preemptor``, or why it may not preempt (members that
-    disagree on ``spec.priority``). A member whose ``preemptionPolicy`` is ``Never`` makes the
-    whole gang ``Never`` (the planner then answers that it waits)."""
-    priorities = sorted({m.priority for m in members})
-    if len(priorities) > 1:
-        return (f"its members disagree on spec.priority ({', '.join(map(str, priorities))}): a gang preempts "
-                "only when all its pods have one priority (one PriorityClass)")
-    policy = NEVER if any(m.preemption_policy == NEVER for m in members) else DEFAULT_POLICY
-    return Preemptor(gang_id=gang_id, members=members, priority=priorities[0] if priorities else 0, queue=queue,
-                     preemption_policy=policy)
 
 
 def nominations(ledgers: Iterable[NodeLedger], gang_id: str, now: float) -> list[Nomination]:

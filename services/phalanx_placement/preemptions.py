@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import NoPlan, plan_preemption
-from phalanx_engine.preempt_rules import with_nominations
 from phalanx_placement import preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
@@ -22,6 +21,7 @@ from phalanx_proto.events import EvictionRefused, EvictPods, MemberSpec, PlaceRe
 from phalanx_proto.queues import shown
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules.preemption import preemptor_of, with_nominations
 from phalanx_telemetry import log, metrics, refused, warn
 
 
@@ -58,7 +58,7 @@ class Preemptions:
             reply = pending(ev, members, preempting.waiting_reason(own, holding),
                                   sorted({n.assignment.node for n in own}))
             return Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named)))
-        preemptor = preempting.preemptor_of(ev.gang_id, members, queue)
+        preemptor = preemptor_of(ev.gang_id, members, queue)
         if isinstance(preemptor, str):
             log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
             return None

@@ -1,9 +1,8 @@
-"""Queues in placement: the limit check of a decision, the usage records its commit writes
-beside the reservations, the order of a cycle, and the nodes kept for queues below their
-quota (docs/queues.md).
-
-Reads only the cache: the ``phx-queues`` mirror (``QueueSpec``), the queues' usage and the
-node ledgers (assumed commits included), the gang records. Pure but for that read; called by
+"""Queues in placement, an adapter: it reads the cache — the ``phx-queues`` mirror
+(``QueueSpec``), the queues' usage records and the node ledgers (assumed commits included), the
+gang records — and asks the rulebook (``phalanx_rules.queueorder``: limits, borrowing, the
+queues owed free GPUs, the cycle's order), the rules ``phalanx sim`` asks too; and it builds the
+usage records a commit writes beside the reservations (docs/queues.md). Called by
 ``service.Placement``.
 
 * **What a queue holds** is the units of the reservations that name it (``Allocation.queues``:
@@ -18,7 +17,7 @@ node ledgers (assumed commits included), the gang records. Pure but for that rea
   recomputed from the ledgers the same commit writes (``usage_writes``) and written in the same
   atomic batch, expecting the revision the decision read; so two replicas can never push a
   queue past its limit between them. A decision whose units would do so is refused with the
-  queue's numbers (``engine.queues.over_limit``). Queues without a limit keep no record: their
+  queue's numbers (``phalanx_rules.queues.over_limit``). Queues without a limit keep no record: their
   commits do not wait on one another.
 * **Order.** A cycle takes the waiting requests of the queue furthest below its fair share
   first (``rank``), then by priority, then arrival; fair shares are recomputed at most every
@@ -35,31 +34,21 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from phalanx_engine.queues import QueueTree, expected_usage, fair_shares, over_limit
-from phalanx_engine.queues import rank as queue_rank
 from phalanx_placement.cache import ClusterCache
 from phalanx_proto.events import MemberSpec
 from phalanx_proto.queues import (
-    DEFAULT_QUEUE,
     GPU_UNITS,
     QueueUsage,
     charge_key,
     units_of_assignment,
-    units_of_member,
     usage_key,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, attempt_members
-from phalanx_proto.vocab import IDLE
+from phalanx_rules import queueorder
+from phalanx_rules.queueorder import queue_of
+from phalanx_rules.queues import QueueTree, expected_usage
 
 ORDER_EVERY_S = 0.5
-WAITING = IDLE | {"placing"}
-"""Phases of a gang that asks for GPUs it does not hold yet: its demand counts towards its queue's fair share
-(a placing gang only until its reservation is in: then it holds them, and is being bound)."""
-
-
-def queue_of(members: Iterable[MemberSpec]) -> str:
-    """The queue a gang's members name (gang-coordinator admits a gang only when they agree)."""
-    return next((m.queue for m in members if m.queue), DEFAULT_QUEUE)
 
 
 class PlacementQueues:
@@ -79,7 +68,7 @@ class PlacementQueues:
             self._tree_at = self.cache.queues.revision
         return self._tree
 
-    def held(self, queue: str) -> int:
+    def units_held(self, queue: str) -> int:
         """Units ``queue`` holds (its subtree's included), as the ledgers say."""
         return self.cache.queue_units.get(queue, 0)
 
@@ -93,22 +82,18 @@ class PlacementQueues:
             if spec is not None and spec.limit is not None:
                 entry = self.cache.usage.get(usage_key(q))
                 assumed = self.cache.usage_of(q)
-                out[q] = assumed.allocated if entry is not None or assumed.charges else self.held(q)
+                out[q] = assumed.allocated if entry is not None or assumed.charges else self.units_held(q)
         return out
 
     # -- a decision ------------------------------------------------------------------------------
     def refusal(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str]) -> str:
         """Why the gang may not be placed now for its queue ("" when it may): its queue does
-        not exist or is invalid, or its units would pass a limit on the queue's chain.
-        ``keep``: allocation keys of the gang that stay (its running members)."""
+        not exist or is invalid, or its units would pass a limit on the queue's chain
+        (``queueorder.refusal`` on the usage records). ``keep``: allocation keys of the gang
+        that stay (its running members)."""
         tree = self.tree()
-        queue = queue_of(members)
-        problem = tree.problem(queue)
-        if problem:
-            return problem
-        chain = tree.chain(queue)
-        units = sum(units_of_member(m) for m in members)
-        return over_limit(tree, queue, self.limited_held(chain), units, self._replaced(gang_id, keep))
+        return queueorder.refusal(tree, members, self.limited_held(tree.chain(queue_of(members))),
+                                  self._replaced(gang_id, keep))
 
     def _replaced(self, gang_id: str, keep: frozenset[str]) -> dict[str, int]:
         """Units per queue of the gang's reservations a new decision replaces (all but ``keep``)."""
@@ -121,33 +106,18 @@ class PlacementQueues:
         return out
 
     def borrowing(self, members: tuple[MemberSpec, ...], gang_id: str, keep: frozenset[str]) -> bool:
-        """Would placing the gang put its queue above its quota?"""
-        tree = self.tree()
-        queue = queue_of(members)
-        spec = tree.get(queue)
-        if spec is None:
-            return False
-        units = sum(units_of_member(m) for m in members)
-        held = self.held(queue) - self._replaced(gang_id, keep).get(queue, 0)
-        return held + units > spec.quota
+        """Would placing the gang put its queue above its quota (``queueorder.borrowing`` on the
+        ledgers' units, less what the decision replaces)?"""
+        return queueorder.borrowing(self.tree(), members, self.cache.queue_units,
+                                    self._replaced(gang_id, keep).get(queue_of(members), 0))
 
     def begin_cycle(self) -> None:
-        """Note, once per cycle, the waiting gangs of queues below their quota (``owed_now``);
-        nothing when no queue has a quota."""
-        tree = self.tree()
-        self._owed: list[tuple[str, tuple[MemberSpec, ...]]] = []
+        """Note, once per cycle, the waiting gangs of queues below their quota (``owed_now``;
+        ``queueorder.owed_candidates``, none when no queue has a quota)."""
+        gangs = (e.value for e in self.cache.gangs)
+        self._owed = queueorder.owed_candidates(self.tree(), self.cache.queue_units, (
+            (queue_of(s.members), attempt_members(s)) for s in gangs if queueorder.owed_candidate(s, self._reserved)))
         self._fits: dict[int, bool] = {}
-        if not any(spec.quota for spec in tree.specs.values()):
-            return
-        for entry in self.cache.gangs:
-            s: GangState = entry.value
-            if s.phase not in ("waiting", "backoff", "placing") or s.attempt < 1 or not s.fits_empty_cluster \
-                    or not s.members or (s.phase == "placing" and self._reserved(s)):
-                continue  # a placing gang waits for GPUs too, until its reservation is in
-            q = queue_of(s.members)
-            spec = tree.get(q)
-            if spec is not None and self.held(q) < spec.quota:
-                self._owed.append((q, attempt_members(s)))
 
     def _reserved(self, s: GangState) -> bool:
         """The cache holds a reservation of the gang's current attempt (assumed ones included)."""
@@ -160,18 +130,9 @@ class PlacementQueues:
 
     def owed_now(self, queue: str, fits) -> tuple[str, ...]:
         """The queues below their quota, outside ``queue``'s line, with a waiting gang that
-        ``fits(members)`` the cluster now (each gang decided at most once a cycle)."""
-        tree = self.tree()
-        line = set(tree.chain(queue))
-        owed: set[str] = set()
-        for i, (q, members) in enumerate(getattr(self, "_owed", ())):
-            if q in owed or line & set(tree.chain(q)):
-                continue
-            if i not in self._fits:
-                self._fits[i] = fits(members)
-            if self._fits[i]:
-                owed.add(q)
-        return tuple(sorted(owed))
+        ``fits(members)`` the cluster now (``queueorder.owed``; each gang decided at most once a
+        cycle)."""
+        return queueorder.owed(self.tree(), queue, getattr(self, "_owed", []), fits, self._fits)
 
     # -- the usage a commit writes ---------------------------------------------------------------
     def chain(self, members: tuple[MemberSpec, ...]) -> tuple[str, ...]:
@@ -218,7 +179,7 @@ class PlacementQueues:
         leave, each as it is (a queue without a limit keeps no charges: an empty record), each
         expecting the revision the decision read — so two replicas' reclaims between the same
         queues never both commit on the same view: the later decides again on the first's
-        nomination (``phalanx_engine.preempt_rules.with_nominations``)."""
+        nomination (``phalanx_rules.preemption.with_nominations``)."""
         reclaimed = [v for v in victims if v.queue != queue]
         if not reclaimed:
             return {}
@@ -244,24 +205,16 @@ class PlacementQueues:
 
     # -- the order of a cycle --------------------------------------------------------------------
     def ranks(self) -> dict[str, float]:
-        """Each queue's distance from its fair share (lower goes first), at most every
-        ``ORDER_EVERY_S`` recomputed from the usage, the waiting gangs and the cluster's GPUs."""
+        """Each queue's distance from its fair share (lower goes first; ``queueorder.shares_and_ranks``),
+        at most every ``ORDER_EVERY_S`` recomputed from the units held, the gangs asking for GPUs and
+        the usable nodes' GPUs."""
         now = self.clock()
         if now - self._ranked_at < ORDER_EVERY_S:
             return self._ranks
         self._ranked_at = now
-        tree = self.tree()
-        held = {q: self.held(q) for q in tree.specs}
-        demand: dict[str, int] = defaultdict(int)
-        for q in tree.specs:  # what each queue's own gangs hold (a queue's total counts its subtree)
-            demand[q] += held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ()))
-        for entry in self.cache.gangs:
-            s: GangState = entry.value
-            if s.phase in WAITING and s.members and not (s.phase == "placing" and self._reserved(s)):
-                demand[queue_of(s.members)] += sum(units_of_member(m) for m in s.members)
+        waiting = queueorder.waiting_units((e.value for e in self.cache.gangs), self._reserved)
         capacity = sum(len(v.topology.gpus) for v in self.cache.views.values() if v.enabled and not v.invalid) * GPU_UNITS
-        self.shares = fair_shares(tree, demand, capacity)
-        self._ranks = {q: queue_rank(q, held, self.shares) for q in tree.specs}
+        self.shares, self._ranks = queueorder.shares_and_ranks(self.tree(), self.cache.queue_units, waiting, capacity)
         return self._ranks
 
     def rank_of(self, members: tuple[MemberSpec, ...]) -> float:

@@ -2,7 +2,7 @@
 
 It decides on a watch-fed cache of ``phx-topology``, ``phx-heartbeat``, ``phx-node-state``
 (``nodestate.py``), ``phx-ledger`` and ``phx-gangs`` (``cache.py``): no request reads a bucket. ``PlaceRequested`` commands wait
-in a queue (``queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
+in a queue (``cycle_queue.py``); a scheduling cycle takes what waits (at most ``cycle_max``),
 highest priority first, then by arrival, and decides them one after the other on the cache,
 each decision assumed into it before the next. Each gang's reservations then commit on their
 own (pipelined, while the next cycle decides) in one atomic batch expecting the ledger
@@ -51,13 +51,13 @@ from phalanx_placement import checks, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
+from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.holdings import Holdings
 from phalanx_placement.nodestate import NodeStates
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
-from phalanx_placement.queue import RequestQueue, Waiting
-from phalanx_placement.queues import PlacementQueues, queue_of
+from phalanx_placement.queues import PlacementQueues
 from phalanx_placement.recorder import Recorder
 from phalanx_placement.whatif import ProbeBudget, Probes, Relaxed
 from phalanx_proto import subjects as S
@@ -74,6 +74,8 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_proto.vocab import RefusalRule as R
+from phalanx_rules import queueorder
+from phalanx_rules.queueorder import queue_of
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 from phalanx_telemetry.prom import REGISTRY
 
@@ -223,8 +225,7 @@ class Placement:
             owed = self.queues.owed_now(queue, lambda members: isinstance(
                 decide(self.cache.cluster, members, self.profile, explain=False), Decision))
             if owed:
-                why = (f"queue {queue} would borrow beyond its quota, and the GPUs free now are kept for queue(s) "
-                       f"{', '.join(owed)}, below quota, whose gangs wait for them")
+                why = queueorder.borrow_reason(queue, owed)
                 log("borrowing held for a queue below its quota", gang=ev.gang_id, queue=queue, owed=",".join(owed))
                 return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=why, reasons={why: 1},
                                               fits_empty_cluster=False, members=tuple(m.pod for m in members),

@@ -37,13 +37,15 @@ import msgspec
 from phalanx_engine.decide import Cluster
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import Plan, Preemptor, RunningGang, SearchBounds, plan_preemption
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.whatif import PreemptPlan, ProbeContext, QueueView, Running, what_if
 from phalanx_placement.cache import ClusterCache
-from phalanx_placement.queues import PlacementQueues, queue_of
+from phalanx_placement.queues import PlacementQueues
 from phalanx_proto.events import MemberSpec, PodRef, WhatIf
+from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import QueueSpec
 from phalanx_proto.state import GangState
+from phalanx_rules.queueorder import queue_of
+from phalanx_rules.queues import QueueTree
 from phalanx_telemetry import warn
 
 KEPT = 4096
@@ -106,7 +108,7 @@ class Relaxed:
                                          within_queue="LowerPriority", reclaim="Any")
         tree = QueueTree.of([*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
         who = replace(self.preemptor, members=members, priority=max(self.preemptor.priority, top + 1),
-                      preemption_policy="PreemptLowerPriority")
+                      preemption_policy=PREEMPT_LOWER_PRIORITY)
         extra = {} if self.profile is None else {"profile": self.profile}
         plan = plan_preemption(cluster, who, self.running, tree, held_by=self.held_by, avoid=self.avoid,
                                now=self.now, bounds=PROBE_BOUNDS, **extra)
@@ -218,6 +220,6 @@ class Probes:
                     owed: tuple[str, ...]) -> QueueView:
         q = self.queues
         chain = q.chain(members)
-        held = {name: q.held(name) for name in chain}
+        held = {name: q.units_held(name) for name in chain}
         held.update(q.limited_held(chain))
         return QueueView(tree=q.tree(), held=held, releasing=q._replaced(gang_id, keep), owed=owed)

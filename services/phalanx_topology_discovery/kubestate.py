@@ -27,7 +27,7 @@ import anyio
 from phalanx_bus import Bus
 from phalanx_kube.port import ClusterPort, NodeObjects, Pod
 from phalanx_kubeobjects.nodekube import node_kube_state
-from phalanx_kubeobjects.quantity import Violation
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder, pod_key
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION

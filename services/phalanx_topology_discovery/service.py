@@ -32,12 +32,12 @@ from phalanx_bus import Bus
 from phalanx_kube.port import ClusterPort, Node
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeHeartbeat, NodeTopologyReported, encoder
-from phalanx_proto.kubeapi import ALIYUN_GPU, GPU_CORE, GPU_MEMORY, NVIDIA_GPU
+from phalanx_proto.kubeapi import ACK_LABEL, ALIYUN_GPU, ENABLE_LABEL, GPU_CORE, GPU_MEMORY, NVIDIA_GPU  # noqa: F401
 from phalanx_proto.topology import NodeTopology
 from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology.files import topology_from_file  # noqa: F401 - re-exported (phalanx sim reads it there)
-from phalanx_topology.tiers import ACK_LABEL, ENABLE_LABEL, enabled_by_labels, tiers_from_labels  # noqa: F401
+from phalanx_topology.tiers import enabled_by_labels, tiers_from_labels  # noqa: F401
 from phalanx_topology_discovery.kubestate import DEBOUNCE_S, REASSERT_S, NodeStateReporter
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from phalanx_bus import Bus  # noqa: E402
-from phalanx_kube.sim import SimCluster  # noqa: E402
+from phalanx_kube.kvcluster import KvCluster  # noqa: E402
 from phalanx_localstack.natsserver import NatsCluster  # noqa: E402
 from phalanx_localstack.stack import ClusterFile, Stack  # noqa: E402
 from phalanx_proto import subjects as S  # noqa: E402
@@ -53,7 +53,7 @@ async def test_killing_the_stream_leaders_of_a_three_server_cluster_loses_and_do
     try:
         await anyio.to_thread.run_sync(stack.bootstrap)
         bus = await Bus.connect(cluster.url, service="test")
-        sim = await SimCluster.open(bus)
+        sim = await KvCluster.open(bus)
         await seed_nodes(stack, sim)
         await anyio.to_thread.run_sync(stack.start_services)
         started = time.monotonic()

@@ -1,6 +1,6 @@
 """One contract suite for ``ClusterPort``, run on both adapters (style rule 10).
 
-* ``sim``: ``SimCluster`` on a real nats-server; pods and nodes are created with its loaders
+* ``sim``: ``KvCluster`` on a real nats-server; pods and nodes are created with its loaders
   (``apply_pod``/``apply_node``), as ``phalanx up`` does.
 * ``kube``: ``KubeCluster`` on the real kube-apiserver of the session; pods and nodes are created
   by an admin through the harness's own REST client, as a user's ``kubectl`` would.
@@ -31,8 +31,8 @@ from phalanx_kube.port import (
     Pod,
     PodGone,
 )
-from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import DISRUPTION_BUDGET_ANNOTATION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -95,10 +95,10 @@ async def backend(request) -> Any:
     ns = unique("contract")
     if request.param == "sim":
         from phalanx_bus import Bus
-        from phalanx_kube.sim import SimCluster
+        from phalanx_kube.kvcluster import KvCluster
 
         bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="contract-test")
-        sim = await SimCluster.open(bus)
+        sim = await KvCluster.open(bus)
 
         async def create_pod(obj):
             return (await sim.apply_pod(obj)).uid

@@ -19,7 +19,7 @@ import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from phalanx_bus import Bus
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO / "tools" / "devicemanager" / "build.sh"
@@ -97,7 +97,7 @@ async def cluster_of(kind: str, request, plane=None):
     namespace = f"dp-{uuid.uuid4().hex[:8]}"
     if kind == "sim":
         bus = await Bus.connect(request.getfixturevalue("nats_server").url, service="deviceplugin-test")
-        sim = await SimCluster.open(bus)
+        sim = await KvCluster.open(bus)
 
         async def create(obj):
             return (await sim.apply_pod(obj)).raw

@@ -38,7 +38,7 @@ from test_seed_examples import condition
 
 from phalanx_localstack.stack import Stack
 from phalanx_proto import subjects as S
-from phalanx_proto.queues import QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
 from phalanx_telemetry import exposition
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from kubeharness import KubeApi, gpu_pod, unique
 from test_controllers_e2e import JOBSET, bound, dump, jobset, live, stack4  # noqa: F401
 from test_seed_examples import condition
 
-from phalanx_proto.queues import QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import anyio
 
 from phalanx_bus import Bus, BusAuth
-from phalanx_kube.sim import KV_PODS, SimCluster
+from phalanx_kube.kvcluster import KV_PODS, KvCluster
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.state import alloc_key
@@ -95,7 +95,7 @@ async def drained(bus: Bus, *durables: str) -> None:
     await anyio.sleep(0.3)
 
 
-async def scheduled(bus: Bus, sim: SimCluster, name: str):
+async def scheduled(bus: Bus, sim: KvCluster, name: str):
     """Submit a one-GPU pod and wait until its gang is scheduled; its (pod, gang state)."""
     pod = await sim.apply_pod(gpu_pod(name, 1))
 
@@ -114,7 +114,7 @@ async def held(bus: Bus, state) -> tuple:
     return tuple(by_key[alloc_key(m.pod)] for m in state.members if alloc_key(m.pod) in by_key)
 
 
-async def record(bus: Bus, sim: SimCluster):
+async def record(bus: Bus, sim: KvCluster):
     """What must not change: every allocation, every bound pod, every gang's phase and attempt."""
     allocations = {(node, k): v for node, led in (await ledger(bus)).items() for k, v in led.allocations.items()}
     gangs = {g: (s.phase, s.attempt, s.bound) for g, s in (await gang_states(bus)).items()}

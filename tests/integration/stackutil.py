@@ -13,7 +13,7 @@ import anyio
 
 from phalanx_bus import Bus
 from phalanx_bus.records import read_all
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
@@ -31,14 +31,14 @@ def gpu_pod(name: str, gpus: int, *, scheduler: str = "phalanx", labels: dict | 
                 {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
 
-async def connect(stack) -> tuple[Bus, SimCluster]:
+async def connect(stack) -> tuple[Bus, KvCluster]:
     bus = await Bus.connect(stack.url, service="test")
     await bus.declare()
-    sim = await SimCluster.open(bus)
+    sim = await KvCluster.open(bus)
     return bus, sim
 
 
-async def seed_nodes(stack, sim: SimCluster) -> None:
+async def seed_nodes(stack, sim: KvCluster) -> None:
     for node in stack.cluster.node_objects():
         await sim.apply_node(node)
 
@@ -72,7 +72,7 @@ async def wait_until(predicate, timeout: float, interval: float = 0.2, what: str
             await anyio.sleep(interval)
 
 
-async def bound_pods(sim: SimCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
+async def bound_pods(sim: KvCluster) -> dict[str, tuple[str, tuple[int, ...]]]:
     out = {}
     for p in await sim.list_pods():
         if p.node_name:

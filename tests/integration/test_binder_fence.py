@@ -17,7 +17,7 @@ from phalanx_binder.service import run as run_binder
 from phalanx_bus import Bus
 from phalanx_bus.kv import Kv
 from phalanx_kube import fence as F
-from phalanx_kube.sim import KV_PODS, SimCluster, pod_key
+from phalanx_kube.kvcluster import KV_PODS, KvCluster, pod_key
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, BindPods, NodeTopologyReported, PodRef, encoder
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, assignment_digest
@@ -30,7 +30,7 @@ NS = "phalanx-system"
 FENCED, PLAIN = "dp-node", "kwok-node"
 
 
-class Watched(SimCluster):
+class Watched(KvCluster):
     """The simulated cluster, noting every lease write and what each Binding found in the fence."""
 
     writes: list[tuple[str, str]]
@@ -89,7 +89,7 @@ async def binder(nats_private, monkeypatch, before=None):
     monkeypatch.setattr(Kv, "get", counting_get)
     bus = await Bus.connect(nats_private.url, service="test")
     await bus.declare()
-    base = await SimCluster.open(bus)
+    base = await KvCluster.open(bus)
     cluster = Watched(bus, base._pods, base._nodes, base._events, base._leases)
     cluster.writes, cluster.fenced_at_bind = [], {}
     await report(bus, FENCED, device_plugin=True)
@@ -108,7 +108,7 @@ async def binder(nats_private, monkeypatch, before=None):
         await bus.close()
 
 
-async def gang(bus: Bus, cluster: SimCluster, name: str, nodes: list[str]) -> list[Assignment]:
+async def gang(bus: Bus, cluster: KvCluster, name: str, nodes: list[str]) -> list[Assignment]:
     """Pods of one gang, placed one GPU each on ``nodes``, reserved, and their binds published."""
     out = []
     for i, node in enumerate(nodes):
@@ -121,7 +121,7 @@ async def gang(bus: Bus, cluster: SimCluster, name: str, nodes: list[str]) -> li
     return out
 
 
-async def bound(cluster: SimCluster, assignments: list[Assignment]) -> None:
+async def bound(cluster: KvCluster, assignments: list[Assignment]) -> None:
     async def done():
         for a in assignments:
             p = await cluster.get_pod(a.pod)
@@ -131,7 +131,7 @@ async def bound(cluster: SimCluster, assignments: list[Assignment]) -> None:
     await wait_until(done, 30, what="every pod bound")
 
 
-async def fence_of(cluster: SimCluster, node: str) -> dict[str, str]:
+async def fence_of(cluster: KvCluster, node: str) -> dict[str, str]:
     lease = await cluster.get_lease(NS, F.lease_name(node))
     return {} if lease is None else {e.name: e.digest for e in F.read(lease, node, 0).pods}
 

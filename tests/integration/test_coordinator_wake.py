@@ -88,7 +88,7 @@ async def test_a_release_wakes_a_gang_waiting_for_gpus_but_never_one_that_fits_n
     assert await driver.wake() == ["t/needs-gpus"]
     big, _ = await store.load("t/too-big")
     assert (big.phase, big.attempt) == ("backoff", 1)  # still waiting for the cluster to change
-    from phalanx_engine import fairness
+    from phalanx_rules import fairness
 
     states, _ = await store.all()
     assert await driver.wake_all(fairness.woken_by_cluster_change(states, now=big.updated_at + 1),

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from hostile import audited, cleaned_env, drained, forge, held, hostile_stack, record, scheduled
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     BindFailure,
@@ -127,7 +127,7 @@ async def test_a_binds_done_naming_a_pod_that_is_not_a_member_of_that_attempt_de
         victim, vstate = await scheduled(bus, sim, "victim-d")
         _, other = await scheduled(bus, sim, "other-d")
         bystander = await sim.apply_pod(gpu_pod("bystander-d", 1, scheduler="default-scheduler"))
-        kube_scheduler = await SimCluster.open(bus, scheduler_names=("default-scheduler",))
+        kube_scheduler = await KvCluster.open(bus, scheduler_names=("default-scheduler",))
         await kube_scheduler.bind(bystander.ref, "v100-b")  # Phalanx's adapter would refuse: not its pod
         bystander = await sim.get_pod(bystander.ref)
         before = await record(bus, sim)

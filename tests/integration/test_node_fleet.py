@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from phalanx_bus import Bus
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_localstack.synthetic import synthetic_cluster, tier_labels
 from phalanx_node_fleet.fleet import Config, run
@@ -50,7 +50,7 @@ async def bus(nats_private):
 
 
 async def fleet_of(bus: Bus, cluster: ClusterFile, tg, tmp_path, **config):
-    sim = await SimCluster.open(bus)
+    sim = await KvCluster.open(bus)
     for node in cluster.node_objects():
         await sim.apply_node(node)
     path = str(cluster.dump(tmp_path / "fleet-cluster.yaml"))

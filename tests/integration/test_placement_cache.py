@@ -292,7 +292,7 @@ async def test_placement_answers_requests_and_releases_without_reading_a_whole_b
 async def test_requests_decided_in_one_cycle_see_each_others_assumed_gpus(nats_private):
     """Twenty requests wait before the cycle starts, so one cycle decides them all on one view:
     each decision is assumed before the next, so none gets a GPU another one got."""
-    from phalanx_placement.queue import Waiting
+    from phalanx_placement.cycle_queue import Waiting
     from phalanx_placement.service import Placement
 
     bus = await Bus.connect(nats_private.url, service="test")

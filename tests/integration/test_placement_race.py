@@ -10,13 +10,14 @@ import random
 import anyio
 import pytest
 
-from phalanx_engine.queues import expected_usage, held_by_queue
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_localstack.synthetic import synthetic_cluster
 from phalanx_placement.testhooks import DECIDE_DELAY_ENV
 from phalanx_proto import subjects as S
+from phalanx_proto.kubeapi import QUEUE_LABEL
 from phalanx_proto.kvrules import usage_decoder
-from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, usage_key
+from phalanx_proto.queues import GPU_UNITS, usage_key
+from phalanx_rules.queues import expected_usage, held_by_queue
 from stackutil import (
     CLUSTER,
     audit_ledger,

@@ -14,10 +14,9 @@ import anyio
 import pytest
 
 from hostile import audited, cleaned_env, hostile_stack, scrape
-from phalanx_kube.sim import DISRUPTION_BUDGET_ANNOTATION
 from phalanx_placement.testhooks import DROP_EVICTIONS_ENV
 from phalanx_proto import subjects as S
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, DISRUPTION_BUDGET_ANNOTATION
 from phalanx_proto.state import Nomination, gang_state_decoder, ledger_decoder
 from stackutil import gang_pod, ledger, ref, wait_until
 

@@ -13,11 +13,12 @@ import pytest
 
 from hostile import cleaned_env, hostile_stack
 from phalanx_bus import read_all
-from phalanx_engine.queues import expected_usage, held_by_queue
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import QUEUE_LABEL
 from phalanx_proto.kvrules import usage_decoder
-from phalanx_proto.queues import GPU_UNITS, QUEUE_LABEL, usage_key
+from phalanx_proto.queues import GPU_UNITS, usage_key
+from phalanx_rules.queues import expected_usage, held_by_queue
 from stackutil import audit_ledger, gang_states, gpu_pod, ledger, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -16,7 +16,7 @@ import pytest
 
 from hostile import audited, cleaned_env, hostile_stack
 from phalanx_placement.testhooks import DECIDE_DELAY_ENV
-from phalanx_proto.queues import QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
 from stackutil import gang_pod, gang_states, gpu_pod, ledger, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -131,6 +131,7 @@ async def test_two_replicas_reclaims_on_different_nodes_between_the_same_queues_
     from phalanx_proto.events import Assignment, MemberSpec, PodRef, encoder
     from phalanx_proto.queues import GPU_UNITS, QueueSpec, queue_key
     from phalanx_proto.state import Allocation, NodeLedger, alloc_key
+    from phalanx_rules.preemption import preemptor_of
 
     bus = await Bus.connect(nats_private.url, service="test")
     await bus.declare()
@@ -160,7 +161,7 @@ async def test_two_replicas_reclaims_on_different_nodes_between_the_same_queues_
             b = MemberSpec(pod=ref(f"b-{node}"), gpus=1, queue="team-b")
             plan = Plan(victims=(victim,), units=8 * GPU_UNITS,
                         placement=Decision(assignments=(Assignment(pod=b.pod, node=node, gpus=(0,)),)))
-            preemptor = preempting.preemptor_of(f"ns/b-{node}", (b,), "team-b")
+            preemptor = preemptor_of(f"ns/b-{node}", (b,), "team-b")
             writes = preempting.nominate(cache.ledger_of, S.token, cache.gang_keys(f"ns/b-{node}"), f"ns/b-{node}",
                                          1, plan, preemptor, expires_at=cache.clock() + 60, now=cache.clock())
             fence = PlacementQueues(cache).reclaim_fence("team-b", plan.victims)

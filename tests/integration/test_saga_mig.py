@@ -11,7 +11,7 @@ import pytest
 
 from phalanx_bus import Bus
 from phalanx_gang_coordinator.service import Config, run
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
     Assignment,
@@ -80,7 +80,7 @@ async def mig_ready(bus: Bus, attempt: int, pod, gpu: int, uuid: str, msg_id: st
 async def placed_gang(nats_private):
     bus = await Bus.connect(nats_private.url, service="test")
     await bus.declare()
-    sim = await SimCluster.open(bus)
+    sim = await KvCluster.open(bus)
     return bus, sim
 
 

@@ -32,7 +32,7 @@ def test_the_wheel_holds_the_packages_and_no_tests_or_benchmarks(wheel):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {"phalanx_cli", "phalanx_bus", "phalanx_kube", "phalanx_placement", "phalanx_binder",
             "phalanx_gang_coordinator", "phalanx_topology_discovery", "phalanx_mig_manager", "phalanx_proto"} <= tops
-    assert not tops & {"phalanx_bench", "phalanx_node_fleet", "phalanx_nvmlfake", "tests", "bench", "sim", "examples",
+    assert not tops & {"phalanx_bench", "phalanx_node_fleet", "phalanx_nvmlfake", "tests", "bench", "fleet", "examples",
                        "deploy", "tools"}, tops
 
 

@@ -35,7 +35,7 @@ import pytest
 from jaegerharness import Jaeger, JaegerMissing, Span, Trace
 
 from phalanx_bus import Bus
-from phalanx_kube.sim import SimCluster
+from phalanx_kube.kvcluster import KvCluster
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
@@ -78,7 +78,7 @@ def stack(jaeger, tmp_path_factory):
         bus = await Bus.connect(s.url, service="test")
         try:
             await bus.declare()
-            sim = await SimCluster.open(bus)
+            sim = await KvCluster.open(bus)
             for node in s.cluster.node_objects():
                 await sim.apply_node(node)
         finally:
@@ -95,7 +95,7 @@ def stack(jaeger, tmp_path_factory):
 async def _session(stack):
     bus = await Bus.connect(stack.url, service="test")
     await bus.declare()
-    return bus, await SimCluster.open(bus)
+    return bus, await KvCluster.open(bus)
 
 
 async def _poll(what: str, probe, timeout: float = 45.0, interval: float = 0.5):

@@ -82,7 +82,7 @@ async def test_a_gangs_pods_on_one_node_go_in_one_write_and_each_node_gets_its_o
                     binds.start_soon(bind, fences, node, f"u{i}", 1 + i)
     assert sorted(cluster.calls) == ["create", "create", "get", "get"]  # one write per node (and a first read)
     assert (await listed(cluster, "n1"), await listed(cluster, "n2")) == (["u0", "u1", "u2", "u3"], ["u4", "u5"])
-    assert (fences.held("n1"), fences.held("n2")) == (frozenset({"u0", "u1", "u2", "u3"}), frozenset({"u4", "u5"}))
+    assert (fences.fenced("n1"), fences.fenced("n2")) == (frozenset({"u0", "u1", "u2", "u3"}), frozenset({"u4", "u5"}))
 
 
 async def test_binds_that_arrive_during_a_write_share_the_next_one_and_wait_for_it():
@@ -127,7 +127,7 @@ async def test_releases_drop_listed_pods_write_nothing_for_others_and_delete_an_
             while await listed(cluster, "n1") != ["u2"]:
                 await anyio.sleep(0.01)
             fences.release("n1", {"u2"})
-            while fences.held("n1") != frozenset():
+            while fences.fenced("n1") != frozenset():
                 await anyio.sleep(0.01)
     assert await cluster.get_lease(NS, F.lease_name("n1")) is None
     assert [c for c in cluster.calls if c != "get"] == ["create", "update", "update", "delete"]
@@ -223,7 +223,7 @@ async def test_a_release_after_every_entry_lapsed_deletes_the_lease():
         lease: Lease = await cluster.get_lease(NS, F.lease_name("n1"))
         fences.release("n1", {"u1", "gone"})  # u1 lapsed (300 s): the write prunes it and deletes the lease
         with anyio.fail_after(10):
-            while fences.held("n1") != frozenset():
+            while fences.fenced("n1") != frozenset():
                 await anyio.sleep(0.01)
     assert lease.renewed == NOW and await cluster.get_lease(NS, F.lease_name("n1")) is None
 

@@ -1,14 +1,14 @@
 """The fairness gate and order rules gang-coordinator and the simulator run
-(libs/phalanx_engine/fairness.py), table-driven."""
+(libs/phalanx_rules/fairness.py), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from phalanx_engine import fairness
-from phalanx_engine.fairness import Gate
 from phalanx_proto.state import GangState
+from phalanx_rules import fairness
+from phalanx_rules.fairness import Gate
 
 HELD = "held back behind default/big, first in queue and waiting too long (fairness)"
 

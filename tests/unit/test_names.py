@@ -12,7 +12,7 @@ from phalanx_kubeobjects.names import (
     VALUE_RULE,
     check_metadata,
 )
-from phalanx_kubeobjects.quantity import Violation
+from phalanx_kubeobjects.violations import Violation
 
 
 def cases(*rows: tuple) -> list:

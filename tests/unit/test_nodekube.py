@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx_kubeobjects.nodekube import node_kube_state
-from phalanx_kubeobjects.quantity import Violation
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
 
 

@@ -11,12 +11,12 @@ import msgspec
 from engine_builders import node, pod, snapshot
 
 from phalanx_engine.decide import DEFAULT_PROFILE, Cluster
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.whatif import Running
 from phalanx_placement.whatif import Holders, ProbeBudget, Probes
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key
 from phalanx_proto.whatif import Answer, Holder, WhatIf
+from phalanx_rules.queues import QueueTree
 
 
 class Clock:

@@ -9,9 +9,9 @@ import pytest
 from test_preempt import World, q, v100, wants
 
 from phalanx_engine.preempt import NoPlan, plan_preemption
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.whatif import PreemptPlan
 from phalanx_placement.whatif import Relaxed
+from phalanx_rules.queues import QueueTree
 
 
 def relaxed(world: World, preemptor, *queues, why: str = "refused") -> PreemptPlan | None:

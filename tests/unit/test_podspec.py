@@ -7,7 +7,7 @@ import pytest
 
 from phalanx_kubeobjects.containers import RESOURCES
 from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
-from phalanx_kubeobjects.quantity import Violation
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.scheduling import HostPort, NodeSelectorRequirement, NodeSelectorTerm, Toleration
 
 GIB = 1 << 30

@@ -19,11 +19,11 @@ from phalanx_engine.preempt import (
     plan_preemption,
     running_gangs,
 )
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
 from phalanx_proto.state import Allocation, NodeLedger
+from phalanx_rules.queues import QueueTree
 
 G = GPU_UNITS
 
@@ -351,9 +351,9 @@ def test_preemptors_deciding_one_after_another_reclaim_up_to_the_quota_and_no_fu
     those 4) decide one after another, each on the ledgers with the nominations before it. Counting
     nominations, exactly 4 more reclaim (team-b 8, team-a 8) and 2 find no plan; ignoring them (the
     bug), all 6 do, taking team-a to 6 and team-b to 10."""
-    from phalanx_engine.preempt_rules import with_nominations
-    from phalanx_engine.queues import held_by_queue
     from phalanx_proto.state import Nomination
+    from phalanx_rules.preemption import with_nominations
+    from phalanx_rules.queues import held_by_queue
 
     w = World(v100("a"), v100("b"))
     for i in range(16):
@@ -385,8 +385,8 @@ def test_preemptors_deciding_one_after_another_reclaim_up_to_the_quota_and_no_fu
 
 
 def test_nominations_in_force_count_toward_the_queues_they_move_units_between():
-    from phalanx_engine.preempt_rules import with_nominations
     from phalanx_proto.state import Nomination
+    from phalanx_rules.preemption import with_nominations
 
     tree = QueueTree.of((q("org", 16), q("team-a", 8, parent="org"), q("team-b", 8, parent="org"), q("other", 0)))
     a0 = Allocation(gang_id="ns/a0", attempt=1, assignment=placed("a0", "n", 0, 1), queues=("team-a", "org"))

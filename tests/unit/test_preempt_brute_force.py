@@ -29,10 +29,10 @@ from phalanx_engine.preempt import (
     placement_rank,
     plan_preemption,
 )
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, PodRef, pod_key
 from phalanx_proto.queues import GPU_UNITS, QueueSpec, units_of_member
+from phalanx_rules.queues import QueueTree
 
 CASES = 1000
 NOW = 10_000.0

@@ -20,6 +20,7 @@ from phalanx_proto.events import Assignment, EvictionRefused, EvictPods, MemberS
 from phalanx_proto.kvrules import ledger_problem
 from phalanx_proto.queues import GPU_UNITS
 from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key
+from phalanx_rules.preemption import preemptor_of
 
 pytestmark = pytest.mark.anyio
 
@@ -52,18 +53,18 @@ def ledger(node: str, *allocs: Allocation, noms: tuple[Nomination, ...] = ()) ->
 # -- who preempts --------------------------------------------------------------------------------
 
 def test_members_that_agree_preempt_with_their_priority_and_queue():
-    p = preempting.preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=7)), "team-a")
+    p = preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=7)), "team-a")
     assert (p.gang_id, p.priority, p.queue, p.preemption_policy) == ("ns/hi", 7, "team-a", "PreemptLowerPriority")
 
 
 def test_members_that_disagree_on_priority_are_refused_with_the_priorities_named():
-    assert preempting.preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=3)), "default") == (
+    assert preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=3)), "default") == (
         "its members disagree on spec.priority (3, 7): a gang preempts only when all its pods have one priority "
         "(one PriorityClass)")
 
 
 def test_one_member_with_preemption_policy_never_makes_the_gang_wait():
-    p = preempting.preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=7, policy="Never")), "default")
+    p = preemptor_of("ns/hi", (member("a", priority=7), member("b", priority=7, policy="Never")), "default")
     assert p.preemption_policy == "Never"
 
 
@@ -117,7 +118,7 @@ def test_a_plan_is_nominated_beside_the_reservations_and_an_earlier_nomination_e
     led = {"a": ledger("a", alloc("ns/low", "low-0", "a", 0, 1, 2, 3)),
            "b": ledger("b", noms=(nomination("ns/hi", "hi-0", "b", 0, 1, 2, 3),
                                   nomination("ns/old", "old-0", "b", 4, expires_at=NOW - 1)))}
-    p = preempting.preemptor_of("ns/hi", (member("hi-0", priority=9),), "team-a")
+    p = preemptor_of("ns/hi", (member("hi-0", priority=9),), "team-a")
     writes = preempting.nominate(led.get, S.token, {"b"}, "ns/hi", 3, plan_on("a", 0, 1, 2, 3), p,
                                  expires_at=NOW + 120, now=NOW)
     assert writes == {
@@ -281,7 +282,7 @@ def wide_world(pods: int) -> Book:
 async def test_a_victim_of_many_pods_is_evicted_many_at_a_time_not_one_by_one():
     # The kwok benchmark (docs/preemption.md, Measured): one request at a time, ~100 ms each on
     # the API server, a preemptor whose victims held 50 pods waited 5 s for its evictions.
-    from phalanx_binder.evictions import EVICT_CONCURRENCY
+    from phalanx_binder.evictions import EVICT_PODS_AT_ONCE
 
     cluster = SlowCluster()
     with anyio.fail_after(5):
@@ -289,7 +290,7 @@ async def test_a_victim_of_many_pods_is_evicted_many_at_a_time_not_one_by_one():
             EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
     assert sorted(cluster.evicted) == sorted(f"low-{i}" for i in range(64))
     assert len(cluster.events) == 64
-    assert cluster.most == EVICT_CONCURRENCY
+    assert cluster.most == EVICT_PODS_AT_ONCE
 
 
 async def test_a_budget_that_changes_after_the_dry_run_stops_further_evictions_and_is_reported_once():

@@ -10,15 +10,14 @@ from phalanx_kubeobjects.quantity import (
     MEMORY_MOST,
     Bound,
     Quantity,
-    Violation,
     count,
     cpu_millis,
     decimal,
     integer,
     memory_bytes,
     parse,
-    shown,
 )
+from phalanx_kubeobjects.violations import Violation, shown
 
 GPUS = Bound(64, "no node has more than 64 GPUs")
 F = "spec.containers[app].resources.limits[nvidia.com/gpu]"

@@ -1,4 +1,4 @@
-"""Queues as a tree (libs/phalanx_engine/queues.py), table-driven: the rules a Queue object
+"""Queues as a tree (libs/phalanx_rules/queues.py), table-driven: the rules a Queue object
 alone cannot state, the fair share of each queue (the worked example of docs/queues.md among
 the cases), the limit check and the order it gives a cycle; and the queue units of each
 request kind."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_engine.queues import QueueTree, fair_shares, over_limit, rank, tree_problems
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.queues import GPU_UNITS, QueueSpec, units_of_assignment, units_of_member
+from phalanx_rules.queues import QueueTree, fair_shares, over_limit, rank, tree_problems
 
 G = GPU_UNITS
 P = PodRef(namespace="ns", name="p", uid="u")

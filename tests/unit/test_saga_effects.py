@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from phalanx_gang_coordinator import effects, saga
+from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.effects import Compensate, Notify, Publish, ScheduleDeadline
 from phalanx_proto import subjects as S
 from phalanx_proto.events import (
@@ -27,6 +27,7 @@ from phalanx_proto.events import (
     uid_digest,
 )
 from phalanx_proto.state import GangState, Running
+from phalanx_rules import saga
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")

@@ -1,12 +1,10 @@
-"""The saga's pure transitions (services/phalanx_gang_coordinator/saga.py), table-driven."""
+"""The saga's pure transitions (libs/phalanx_rules/saga.py), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from phalanx_engine import fairness
-from phalanx_gang_coordinator import saga
 from phalanx_proto.events import (
     BindFailure,
     BindsDone,
@@ -21,6 +19,7 @@ from phalanx_proto.events import (
 )
 from phalanx_proto.state import GangPart, GangState, Running
 from phalanx_proto.whatif import Answer, Holder, WhatIf
+from phalanx_rules import fairness, saga
 
 G = "default/JobSet:train"
 P1, P2 = PodRef(namespace="default", name="w-0", uid="u0"), PodRef(namespace="default", name="w-1", uid="u1")
@@ -213,6 +212,18 @@ CASES = [
      PLACING, gang("backoff", 2, failures=1, failure="placement_failed", whatif=NOT_ALONE, reason="0/2 nodes",
                    waits_for="gpus",
                    backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a waiting gang the gate holds back keeps its phase and says why",
+     lambda s: saga.held_back(s, "held back behind default/big"), gang("backoff", 1, backoff_until=5.0),
+     gang("backoff", 1, backoff_until=5.0, reason="held back behind default/big", held_back=True)),
+    ("a gang held back for the same reason again changes nothing",
+     lambda s: saga.held_back(s, "held back behind default/big"),
+     gang("waiting", reason="held back behind default/big", held_back=True), None),
+    ("a running attempt is never held back", lambda s: saga.held_back(s, "held"), PLACING, None),
+    ("a gang backing off whose wait is over by a release is due now",
+     lambda s: saga.woken(s, 50.0), gang("backoff", 1, backoff_until=80.0), gang("backoff", 1, backoff_until=50.0)),
+    ("a gang whose backoff is over already is not woken again",
+     lambda s: saga.woken(s, 50.0), gang("backoff", 1, backoff_until=40.0), None),
+    ("a placing gang is not woken", lambda s: saga.woken(s, 50.0), PLACING, None),
     ("a placement forgets the answers of the attempt before",
      lambda s: saga.placed(s, RESERVED), replace(PLACING, whatif=WHATIF), PREPARING),
     ("a pod that arrives while an attempt runs is not added to it",
@@ -317,9 +328,19 @@ def test_the_pending_reason_shows_the_attempt_and_the_last_failure():
 
 def test_a_hold_is_shown_as_a_hold_by_its_flag_and_never_by_its_text():
     hold = "the gang's members name different queues (a, b): a gang is placed within one queue"
-    held = gang("backoff", 2, failures=2, reason=hold, held=True, backoff_until=14.0)
+    held = gang("backoff", 2, failures=2, reason=hold, held_back=True, backoff_until=14.0)
     assert saga.pending_reason(held, 10.0) == f"{hold} (attempt 2 was the last)"
     failed = gang("backoff", 2, failures=2, reason="held back by a node: 0/2 nodes are available", backoff_until=14.0)
     assert saga.pending_reason(failed, 10.0) == "held back by a node: 0/2 nodes are available (attempt 2); next try in 4s"
     started = saga.start_attempt(replace(held, backoff_until=0.0), now=20.0, settle_s=2)
-    assert started is not None and not started.held, "an attempt that starts is no longer held back"
+    assert started is not None and not started.held_back, "an attempt that starts is no longer held back"
+
+
+def test_binds_go_out_without_a_write_only_when_the_ledger_holds_every_member_and_no_mig_slice():
+    from phalanx_proto.events import Assignment
+
+    a1, a2 = (Assignment(pod=p, node="n", gpus=(i,)) for i, p in enumerate((P1, P2)))
+    assert saga.binds_without_write(PLACING, (a1, a2))
+    assert not saga.binds_without_write(PLACING, (a1,))  # one member not reserved yet
+    assert not saga.binds_without_write(PLACING, (a1, replace(a2, mig_profile="1g.5gb")))  # an instance to make
+    assert not saga.binds_without_write(PLACING, ())

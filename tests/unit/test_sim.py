@@ -17,9 +17,9 @@ from phalanx_bench import engine_replay
 from phalanx_bench.sharepack import PodRequest
 from phalanx_cli.main import main as cli
 from phalanx_engine.decide import default_profile
-from phalanx_engine.queues import QueueTree
 from phalanx_input import Invalid
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import trace
 from phalanx_sim.loop import Simulation
 from phalanx_sim.model import SimConfig, SimGang, parse_duration

@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 from engine_builders import node, pod
 
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.whatif import Running
 from phalanx_proto.events import PodRef
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_rules.queues import QueueTree
 from phalanx_sim.loop import Simulation
 from phalanx_sim.model import SimConfig, SimGang
 from phalanx_sim.report import document

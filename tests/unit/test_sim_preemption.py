@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from engine_builders import node, pod
 
-from phalanx_engine.queues import QueueTree
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.loop import Simulation
 from phalanx_sim.model import SimConfig, SimGang
@@ -140,11 +140,12 @@ RANDOM_TREE = QueueTree.of([
 
 @pytest.mark.parametrize("seed", range(80))
 def test_the_cheap_check_before_planning_never_skips_a_plan_the_planner_would_make(seed, monkeypatch):
-    """``may_preempt`` only saves the planner's work: every run agrees with one that asks the
-    planner at every refusal (both decide every retry, so only the check differs)."""
+    """The rulebook's ``preemption.may_preempt`` (the simulator's ``worth_planning``) only saves
+    the planner's work: every run agrees with one that asks the planner at every refusal (both
+    decide every retry, so only the check differs)."""
     gangs, config = _random_workload(seed), SimConfig(starve_after_s=0, sample_s=10, exact=True)
     checked = run(gangs, RANDOM_TREE, config, nodes=3)
-    monkeypatch.setattr(preemption, "may_preempt", lambda sim, s: sim.config.preemption)
+    monkeypatch.setattr(preemption, "worth_planning", lambda sim, s: sim.config.preemption)
     asked = run(gangs, RANDOM_TREE, config, nodes=3)
     assert (outcome(checked), checked.preemptions) == (outcome(asked), asked.preemptions)
 

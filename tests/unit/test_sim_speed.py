@@ -13,9 +13,9 @@ import pytest
 from phalanx_engine import decide as engine
 from phalanx_engine.decide import Cluster
 from phalanx_engine.kube_plugins import NodeResourcesFit, resources_fit
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Snapshot
 from phalanx_localstack.synthetic import synthetic_cluster
+from phalanx_rules.queues import QueueTree
 from phalanx_sim import cluster, trace
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
 from phalanx_sim.loop import Simulation

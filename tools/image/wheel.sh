@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Phalanx wheel that the container image installs: the packages under proto/, libs/
-# and services/; not sim/ (the node fleet, the fake NVML), bench/, the tests or the examples.
+# and services/; not fleet/ (the node fleet, the fake NVML), bench/, the tests or the examples.
 #
 #   tools/image/wheel.sh OUTDIR [SOURCE]   # SOURCE: the repository root (default: this checkout)
 #

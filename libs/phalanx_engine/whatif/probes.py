@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from phalanx_engine import queueorder
 from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_engine.whatif.probing import Probing, busy_gpus, holders, where
 from phalanx_proto.queues import GPU_UNITS, shown
 from phalanx_proto.whatif import Answer
+from phalanx_rules import queueorder
 
 
 def probe_queue(p: Probing) -> list[Answer]:

@@ -12,14 +12,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from phalanx_engine import queueorder
 from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.nodestate import NodeState
-from phalanx_engine.queues import QueueTree
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, RequestKind
 from phalanx_proto.whatif import Holder
+from phalanx_rules import queueorder
+from phalanx_rules.queues import QueueTree
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from phalanx_engine.status import Status
 from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_engine.whatif.probing import Probing, busy_gpus, holders, names_text, where
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
+from phalanx_proto.kubeapi import GPU_MODEL_LABELS
 from phalanx_proto.scheduling import CPU, MEMORY
 from phalanx_proto.whatif import Answer
 
@@ -33,8 +34,6 @@ MAX_DOMAINS = 4
 """Domains the wait probe searches (the fewest GPUs short first)."""
 MAX_TRIM = 32
 """Holders the wait probe tries to keep, the largest first; beyond, the answer is not proved minimal."""
-GPU_MODEL_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator", "aliyun.accelerator/nvidia_name")
-"""Node labels that name the GPU model (GPU Feature Discovery, GKE, ACK), in the order tried."""
 STEPS = {CPU: 100, MEMORY: 128 << 20}
 """Search granularity of a request: 0.1 CPU, 128 MiB; every other resource by one."""
 

@@ -136,25 +136,32 @@ def _backing_off(s: GangState, now: float) -> bool:
     return s.phase == "backoff" and s.failure == "placement_failed" and s.backoff_until > now
 
 
+def release_helps(s: GangState, freed: Collection[str] | None,
+                  chain: Callable[[str], Iterable[str]] = lambda q: (q,)) -> bool:
+    """Can GPUs released (charged to the queues ``freed``; None when unknown) help the gang? Yes
+    when it waits for GPUs, or for its queue and the release gave units back to a queue of its
+    line (``chain``: a queue and its ancestors); never when it fits no node set of the cluster."""
+    match waits_for(s):
+        case "gpus":
+            return True
+        case "queue":
+            return freed is None or any(q in freed for q in chain(queue_of(s)))
+    return False
+
+
 def wake_order(states: Iterable[GangState], *, now: float, below_quota: Callable[[str], bool],
                limit: int = WAKE, freed: Collection[str] | None = None,
-               chain: Callable[[str], Iterable[str]] = lambda q: (q,)) -> list[GangState]:
+               chain: Callable[[str], Iterable[str]] = lambda q: (q,), placing: bool = False) -> list[GangState]:
     """GPUs were released: the gangs that try again now instead of at the end of their
-    backoff — at most ``limit`` of those backing off after a failed placement that waits for
-    GPUs, or for its queue when the release gave units back to a queue of its line (``freed``:
-    those queues, None when unknown; ``chain``: a queue and its ancestors), queues below their
-    quota first, then by priority and arrival. Gangs waiting for the cluster to change are not
-    woken by a release: as kube-scheduler moves unschedulable pods back to its active queue only
-    on a cluster event its queueing hints say may help them."""
-    def woken(s: GangState) -> bool:
-        match waits_for(s):
-            case "gpus":
-                return True
-            case "queue":
-                return freed is None or any(q in freed for q in chain(queue_of(s)))
-        return False
-
-    waiting = [s for s in states if _backing_off(s, now) and woken(s)]
+    backoff — at most ``limit`` of those backing off after a failed placement that the release
+    can help (``release_helps``), queues below their quota first, then by priority and arrival.
+    Gangs waiting for the cluster to change are not woken by a release: as kube-scheduler moves
+    unschedulable pods back to its active queue only on a cluster event its queueing hints say
+    may help them. With ``placing``, gangs whose attempt is under way compete for the same
+    places (gang-coordinator retries such a one at once should its attempt fail: placement may
+    have decided it before these GPUs came free)."""
+    waiting = [s for s in states if (_backing_off(s, now) and release_helps(s, freed, chain))
+               or (placing and s.phase == "placing")]
     waiting.sort(key=lambda s: (not below_quota(queue_of(s)), queue_key(s)))
     return waiting[:limit]
 

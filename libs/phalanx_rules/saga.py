@@ -1,18 +1,22 @@
 """The gang saga's transitions, as pure functions: state (+ event, + now) in, new state out.
 
-Called by the driver, intake and compensator inside ``store.GangStore``'s compare-and-set loop; no I/O, no clock (``now``
-is passed in), so every rule is unit-tested table-driven (tests/unit/test_saga_transitions.py).
-Each function returns the new ``GangState``, or ``None`` for "no change" — which is what a
-redelivered command, a duplicate reply, a reply for an old attempt or a pod event seen twice
-must produce. The side effects that follow a transition are data too (``effects.py``), carried
-out by ``driver.SagaDriver``.
+Called by gang-coordinator (its driver, intake and compensator, inside ``store.GangStore``'s
+compare-and-set loop) and by ``phalanx sim``, whose gangs change only through these; no I/O, no
+clock (``now`` is passed in), so every rule is unit-tested table-driven
+(tests/unit/test_saga_transitions.py). Each function returns the new ``GangState``, or ``None``
+for "no change" — which is what a redelivered command, a duplicate reply, a reply for an old
+attempt or a pod event seen twice must produce. The side effects that follow a transition are
+data too (gang-coordinator's ``effects.py``), carried out by its ``driver.SagaDriver``.
 
     waiting ──complete──▶ placing ──Reserved (a MIG slice)──▶ preparing ──all MigReady──▶ binding
-    placing (Reserved, no MIG: the binds go out, no write) ──every member in BindsDone──▶ scheduled
+    placing (Reserved, no MIG, ``binds_without_write``: the binds go out, no write)
+        ──every member in BindsDone──▶ scheduled
     placing/binding ──some members in BindsDone──▶ binding ──the rest──▶ scheduled
     placing ──PlacementFailed──▶ backoff                     (nothing was reserved)
     preparing/binding: MigFailed, a failure in BindsDone, deadline; placing: deadline
         ──▶ rolling_back ──compensations done──▶ backoff ──backoff over──▶ placing
+    waiting/backoff ──the gate or its queues hold it (``held_back``)──▶ the same phase, held
+    backoff ──what it waits for happened (``woken``)──▶ backoff, due now
 
 Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
 ``mig`` (destroy the attempt's MIG instances), ``release`` (the reservation).
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import msgspec
 
-from phalanx_engine.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
     BindsDone,
@@ -33,8 +36,10 @@ from phalanx_proto.events import (
     PlacementFailed,
     PodRef,
     Reserved,
+    WhatIf,
 )
-from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import DEFAULT_QUEUE
 from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_digest: part of the saga's vocabulary
     MAX_GANG_MEMBERS,
     GangPart,
@@ -44,13 +49,11 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
     members_digest,
 )
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
+from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
 COMPENSATIONS = ("unbind", "mig", "release")
 """Reverse order of the steps reserve → prepare MIG → bind."""
 
-BOUND_WANTED = ("placing", "binding", "scheduled")
-"""The phases in which an attempt wants its members bound where the ledger holds them
-(``placing``: its binds go out from there when no MIG instance is to be made first)."""
 
 replace = msgspec.structs.replace
 
@@ -139,7 +142,32 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
         return None
     return replace(s, phase="placing", attempt=s.attempt + 1, bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
-                   running=running, held=False)
+                   running=running, held_back=False)
+
+
+def held_back(s: GangState | None, reason: str) -> GangState | None:
+    """A waiting gang may not start its attempt now (the fairness gate, its members' queues):
+    it keeps its phase and says why (``held``). Already held for the same reason: no change."""
+    if s is None or s.phase not in IDLE or (s.held_back and s.reason == reason):
+        return None
+    return replace(s, reason=reason, held_back=True)
+
+
+def woken(s: GangState | None, now: float) -> GangState | None:
+    """What the gang waited for happened (``phalanx_rules.fairness``'s wake-ups): its backoff
+    ends now, and the next start tries it."""
+    if s is None or s.phase != "backoff" or s.backoff_until <= now:
+        return None
+    return replace(s, backoff_until=now)
+
+
+def binds_without_write(s: GangState, held: tuple) -> bool:
+    """The ledger holds every member of the attempt (``held``: the attempt's assignments) and
+    none on a MIG slice: its binds may go out with no state written (docs/saga.md, "One write
+    fewer"); placement's ``Reserved`` says so too, but the ledger is the reservations' home."""
+    pods = {a.pod for a in held}
+    return bool(held) and not any(a.mig_profile for a in held) and all(
+        m.pod in pods for m in attempt_members(s))
 
 
 def placed(s: GangState | None, ev: Reserved) -> GangState | None:
@@ -168,15 +196,22 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     failures = s.failures + 1
     delay = retry_delay(replace(s, waits_for=waits_for(ev), fits_empty_cluster=ev.fits_empty_cluster), failures,
                         base_s=base_s, max_s=max_s, unschedulable_s=unschedulable_s)
-    reason = ev.summary
-    if s.avoid_nodes:
-        reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
-    top = ev.whatif.top() if ev.whatif is not None else ""
-    if top:  # "... 2 insufficient free GPUs; would start if ..."
-        reason = f"{reason.removesuffix('.')}; {top}"
+    reason = failure_reason(ev.summary, s, ev.whatif)
     return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
                    reserve_nodes=ev.reserve_nodes, whatif=ev.whatif, waits_for=waits_for(ev))
+
+
+def failure_reason(summary: str, s: GangState, whatif: WhatIf | None = None) -> str:
+    """What a gang's pods say after a failed placement: placement's ``summary``, the nodes its
+    attempt left to a starving head (backfill), and the top answer of what would start it."""
+    reason = summary
+    if s.avoid_nodes:
+        reason += f" (backfill behind {s.avoid_for}, first in queue and waiting too long: {', '.join(s.avoid_nodes)})"
+    top = whatif.top() if whatif is not None else ""
+    if top:  # "... 2 insufficient free GPUs; would start if ..."
+        reason = f"{reason.removesuffix('.')}; {top}"
+    return reason
 
 
 def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangState | None:
@@ -270,7 +305,7 @@ def next_compensation(s: GangState) -> str | None:
 
 def pending_reason(s: GangState, now: float) -> str:
     """What the pods say while the gang waits: attempt count and last failure."""
-    if s.held:
+    if s.held_back:
         return s.reason if s.attempt == 0 else f"{s.reason} (attempt {s.attempt} was the last)"
     if s.phase == "waiting" or s.attempt == 0:
         have, need = len(s.members), s.min_member

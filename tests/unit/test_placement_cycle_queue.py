@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from phalanx_placement.queue import RequestQueue, Waiting
+from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_proto.events import PlaceRequested
 
 pytestmark = pytest.mark.anyio

@@ -1,6 +1,6 @@
 """The simulated cluster's Queue objects and namespaces (KV ``phx-sim-queues`` and
 ``phx-sim-namespaces``): the part of ``ClusterPort`` that gang-coordinator's queue book reads,
-and what ``phalanx up --queues`` and the tests load. ``SimCluster`` mixes it in; the buckets
+and what ``phalanx up --queues`` and the tests load. ``KvCluster`` mixes it in; the buckets
 are opened on first use (only the simulator and gang-coordinator may open them)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from phalanx_proto.queues import queue_key
 _json = msgspec.json.Encoder()
 
 
-class SimQueues:
-    """Needs ``self._bus`` (``SimCluster``)."""
+class KvQueues:
+    """Needs ``self._bus`` (``KvCluster``)."""
 
     async def _kv(self, bucket: str):
         return await self._bus.kv(bucket, history=2)  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import msgspec
 
 from phalanx_bus import Bus, KvConflict
+from phalanx_kube.kvqueues import KvQueues
 from phalanx_kube.port import (
     BindConflict,
     EvictionBlocked,
@@ -38,10 +39,9 @@ from phalanx_kube.port import (
     not_ours,
     pod_from_dict,
 )
-from phalanx_kube.simqueues import SimQueues
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
-from phalanx_proto.kubeapi import SCHEDULER_NAMES
+from phalanx_proto.kubeapi import DISRUPTION_BUDGET_ANNOTATION, SCHEDULER_NAMES
 from phalanx_proto.subjects import token
 
 KV_PODS = S.KV_SIM_PODS
@@ -49,9 +49,6 @@ KV_NODES = S.KV_SIM_NODES
 KV_EVENTS = S.KV_SIM_EVENTS
 KV_LEASES = S.KV_SIM_LEASES
 
-DISRUPTION_BUDGET_ANNOTATION = "sim.phalanx.io/disruptions-allowed"
-"""Simulated cluster only: ``"0"`` on a pod stands for a PodDisruptionBudget that allows no
-disruption of it now (``evict_pod`` refuses it)."""
 NODE_POLL_S = 2.0
 """How often ``watch_node`` looks at a simulated node and its pods."""
 
@@ -64,8 +61,8 @@ def pod_key(namespace: str, name: str) -> str:
     return f"{token(namespace)}.{token(name)}"
 
 
-class SimCluster(SimQueues):
-    """``ClusterPort`` over NATS KV. Create with ``await SimCluster.open(bus)``."""
+class KvCluster(KvQueues):
+    """``ClusterPort`` over NATS KV. Create with ``await KvCluster.open(bus)``."""
 
     def __init__(self, bus: Bus, pods, nodes, events, leases=None, scheduler_names=SCHEDULER_NAMES) -> None:
         self._bus = bus
@@ -76,7 +73,7 @@ class SimCluster(SimQueues):
         self.scheduler_names = tuple(scheduler_names)
 
     @classmethod
-    async def open(cls, bus: Bus, *, scheduler_names: tuple[str, ...] = SCHEDULER_NAMES) -> SimCluster:
+    async def open(cls, bus: Bus, *, scheduler_names: tuple[str, ...] = SCHEDULER_NAMES) -> KvCluster:
         """The simulated cluster as a scheduler with ``scheduler_names`` sees it (a test plays
         kube-scheduler with ``("default-scheduler",)``)."""
         pods = await bus.kv(KV_PODS, history=4)

@@ -2,21 +2,24 @@
 queue a pod is in, whether a gang's queue lets it be placed, the order of a cycle, and when a
 gang that would borrow must leave the free GPUs to a queue below its quota.
 
-Moved unchanged out of ``services/phalanx_placement/queues.py`` (``PlacementQueues.refusal``,
-``borrowing``, ``begin_cycle``/``owed_now``, ``ranks``; ``RequestQueue.take``'s order) and
-``services/phalanx_gang_coordinator/queuebook.py`` (``QueueBook.resolve``) so that
-``phalanx sim`` runs the same rules as the services; placement and gang-coordinator are to call
-these (their copies are then deleted). Amounts are queue units (``phalanx_proto.queues``).
+Called by placement (``services/phalanx_placement/queues.py`` reads its cache — the queue tree,
+the ledgers' units, the usage records, the gang records — and calls these), by gang-coordinator
+(``queuebook``: which queue a pod is in, whether a queue is below its quota) and by
+``phalanx sim`` (its own books, the same calls). Amounts are queue units
+(``phalanx_proto.queues``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from phalanx_engine.queues import QueueTree, fair_shares, over_limit
-from phalanx_engine.queues import rank as queue_rank
 from phalanx_proto.events import MemberSpec
-from phalanx_proto.queues import DEFAULT_QUEUE, QUEUE_LABEL, units_of_member
+from phalanx_proto.kubeapi import QUEUE_LABEL
+from phalanx_proto.queues import DEFAULT_QUEUE, units_of_member
+from phalanx_proto.state import GangState
+from phalanx_proto.vocab import ASKING
+from phalanx_rules.queues import QueueTree, fair_shares, over_limit
+from phalanx_rules.queues import rank as queue_rank
 
 
 def queue_of(members: Iterable[MemberSpec]) -> str:
@@ -66,6 +69,41 @@ def borrowing(tree: QueueTree, members: tuple[MemberSpec, ...], held: Mapping[st
     if spec is None:
         return False
     return held.get(queue, 0) - releasing + units(members) > spec.quota
+
+
+def below_quota(tree: QueueTree, held: Mapping[str, int], queue: str) -> bool:
+    """The queue exists and holds less than its quota (``held``: units, its subtree included)."""
+    spec = tree.get(queue)
+    return spec is not None and held.get(queue, 0) < spec.quota
+
+
+def asking(s: GangState, reserved: Callable[[GangState], bool]) -> bool:
+    """The gang asks for GPUs it does not hold yet (``vocab.ASKING``; a ``placing`` gang only
+    until its reservation is in: ``reserved``, asked only then)."""
+    return s.phase in ASKING and bool(s.members) and not (s.phase == "placing" and reserved(s))
+
+
+def waiting_units(states: Iterable[GangState], reserved: Callable[[GangState], bool]) -> dict[str, int]:
+    """Units each queue's gangs that ask for GPUs ask for (all their members): the demand a
+    queue's fair share counts beside what it holds."""
+    out: dict[str, int] = {}
+    for s in states:
+        if asking(s, reserved):
+            q = queue_of(s.members)
+            out[q] = out.get(q, 0) + units(s.members)
+    return out
+
+
+def owed_candidate(s: GangState, reserved: Callable[[GangState], bool]) -> bool:
+    """The gang may make its queue owed free GPUs: it asks for GPUs, has tried at least once,
+    and could fit the empty cluster."""
+    return asking(s, reserved) and s.attempt >= 1 and s.fits_empty_cluster
+
+
+def borrow_reason(queue: str, owed_queues: Iterable[str]) -> str:
+    """Why a gang that would borrow waits: the free GPUs are kept for queues below their quota."""
+    return (f"queue {queue} would borrow beyond its quota, and the GPUs free now are kept for queue(s) "
+            f"{', '.join(owed_queues)}, below quota, whose gangs wait for them")
 
 
 def owed_candidates(tree: QueueTree, held: Mapping[str, int],

@@ -31,15 +31,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from phalanx_engine.queues import QueueTree
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
+from phalanx_proto.kubeapi import NEVER, PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import DEFAULT_QUEUE, QueueSpec, shown, units_of_assignment, units_of_member
 from phalanx_proto.state import NodeLedger
+from phalanx_rules.queues import QueueTree
 
 Rule = Literal["priority", "reclaim"]
 PRIORITY: Rule = "priority"
 RECLAIM: Rule = "reclaim"
-NEVER = "Never"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,3 +215,39 @@ def with_nominations(held_by: Mapping[str, int], ledgers: Iterable[NodeLedger], 
                     for q in a.queues:
                         out[q] = out.get(q, 0) - units
     return out
+
+
+def preemptor_of(gang_id: str, members: tuple[MemberSpec, ...], queue: str) -> Preemptor | str:
+    """The gang as the planner's ``Preemptor``, or why it may not preempt: a gang preempts with
+    one priority, its members' ``spec.priority`` (they must agree); a member whose
+    ``preemptionPolicy`` is ``Never`` makes the whole gang ``Never`` (the planner then answers
+    that it waits). ``members``: those the attempt places."""
+    priorities = sorted({m.priority for m in members})
+    if len(priorities) > 1:
+        return (f"its members disagree on spec.priority ({', '.join(map(str, priorities))}): a gang preempts "
+                "only when all its pods have one priority (one PriorityClass)")
+    policy = NEVER if any(m.preemption_policy == NEVER for m in members) else PREEMPT_LOWER_PRIORITY
+    return Preemptor(gang_id=gang_id, members=members, priority=priorities[0] if priorities else 0, queue=queue,
+                     preemption_policy=policy)
+
+
+def may_preempt(preemptor: Preemptor, tree: QueueTree, held_by: Mapping[str, int],
+                running_priorities: Mapping[str, Iterable[int]]) -> bool:
+    """Could any plan with victims exist? A necessary condition of ``Rules.rule_for``, cheap (a
+    caller with many gangs to place asks it before the planner, to save the planner's work):
+    the preemptor may preempt at all, and some queue's running gangs (``running_priorities``:
+    the priorities of each queue's running gangs) hold a gang some rule could take — one of its
+    own queue with a lower priority (its queue preempting within itself), or, its queue
+    reclaiming (below its quota), one of another queue on its own line (an ancestor's gang: its
+    units stay within the ancestors) or of a queue holding more than its quota (a victim's own
+    queue must keep its quota without it)."""
+    rules = Rules(preemptor, tree, held_by)
+    if rules.refusal() is not None:
+        return False
+    own = running_priorities.get(preemptor.queue) or ()
+    if rules.spec.within_queue != NEVER and any(p < preemptor.priority for p in own):
+        return True
+    if not rules.reclaims:
+        return False
+    return any(q != preemptor.queue and running_priorities.get(q) and (q in rules.chain or held_by.get(q, 0) > qs.quota)
+               for q, qs in tree.specs.items())

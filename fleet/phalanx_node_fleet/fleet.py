@@ -10,7 +10,7 @@ NVML — sharing one bus connection and one ``ClusterPort``:
   ``label_refresh_s`` a listing and a report for each node whose labels changed (a DaemonSet
   agent reads its Node every beat; the fleet trades that for one listing per period);
 * **Kubernetes state**: at start and every ``state_refresh_s`` when a pod or node changed
-  (``SimCluster.revision``), one node listing and one listing of the bound pods give every
+  (``KvCluster.revision``), one node listing and one listing of the bound pods give every
   node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a node's key of
   ``phx-node-state`` is written only when its state changed), and every ``label_refresh_s``
   each node's stored state is read back and written again if it is not the node's;
