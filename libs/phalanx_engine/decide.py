@@ -12,37 +12,33 @@ Overview (docs/placement.md has the full objective):
    each; the first ``CANDIDATES`` that fit are compared by the profile's scores (GPU set
    quality, TDM tightness, best fit), then by name.
 3. **Gang**: domains of the network tiers, smallest first (node, HyperNode, leaf switch,
-   network-pod); at each, the domain filters prune (free whole GPUs against the need), the
-   rest are tried tightest first, packing members (largest first) onto the fewest nodes; the
-   first domain that holds every member wins: all or nothing.
+   network-pod; the wider ones from the cluster's topology index); at each, the domain
+   filters prune (free whole GPUs against the need), the rest are tried tightest first,
+   packing members (largest first) onto the fewest nodes; the first domain that holds every
+   member wins: all or nothing.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import candidate, checks_resources
+from phalanx_engine.cluster import Cluster, room_for
 from phalanx_engine.explain import no_fit
-from phalanx_engine.framework import ALL_KINDS, Member, Profile, node_error
+from phalanx_engine.framework import ALL_KINDS, Member, Profile
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
-from phalanx_engine.snapshot import Decision, NodeView, Snapshot
+from phalanx_engine.snapshot import Decision, Snapshot
 from phalanx_engine.status import NoFit, Status
+from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
-from phalanx_proto.scheduling import CPU, MEMORY, PODS
 
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
 SHARE_CANDIDATES = 64
 """Feasible nodes at the tightest free-core level compared for one TDM share."""
-
-TIERS = ("node", "hypernode", "leaf", "netpod")
-TIER_NAMES = {"node": "node", "hypernode": "HyperNode", "leaf": "leaf switch", "netpod": "network-pod"}
 
 
 def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
@@ -64,168 +60,6 @@ def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = N
 
 
 DEFAULT_PROFILE = default_profile()
-
-
-@dataclass
-class Cluster:
-    """The engine's working state: usable nodes' scratch capacity, and the status of every
-    node left out when it was built. Node state is kept per node (``nodes``), so one node
-    can be replaced without touching the others (``put``)."""
-
-    nodes: dict[str, NodeState]
-    total: int
-    excluded: dict[str, Status] = field(default_factory=dict)
-    by_free: dict[int, set[str]] = field(default_factory=dict)
-    """Free whole-GPU count → node names: lets one member skip nodes that cannot hold it."""
-    by_core: dict[int, set[str]] = field(default_factory=dict)
-    """Free core percent of a shareable GPU → names of nodes with such a GPU: a TDM share
-    visits the tightest GPUs of the whole cluster first."""
-    _levels: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
-    _sorted: dict[tuple[bool, int], list[str]] = field(default_factory=dict, repr=False, compare=False)
-    """``by_free`` (False, count) and ``by_core`` (True, level) buckets sorted, kept in step."""
-    _room: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False, compare=False)
-    """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
-    unbounded): the single-member searches pass over the nodes it refuses in bulk."""
-
-    def __post_init__(self) -> None:
-        for st in self.nodes.values():
-            self._index(st)
-
-    def _index(self, st: NodeState) -> None:
-        self._enter(False, len(st.free_whole()), st.name)
-        levels = frozenset(100 - st.core.get(i, 0) for i, g in st.gpus.items()
-                           if i not in st.whole and i not in st.mig_inst and not g.mig_enabled)
-        self._levels[st.name] = levels
-        for level in levels:
-            self._enter(True, level, st.name)
-        kube = st.view.kube
-        self._room[st.name] = _UNBOUNDED if kube is None else (
-            kube.allocatable.get(PODS, 0) - st.pods, kube.allocatable.get(CPU, 0) - st.requested.get(CPU, 0),
-            kube.allocatable.get(MEMORY, 0) - st.requested.get(MEMORY, 0))
-
-    def _unindex(self, st: NodeState) -> None:
-        self._leave(False, len(st.free_whole()), st.name)
-        for level in self._levels.pop(st.name, ()):
-            self._leave(True, level, st.name)
-        self._room.pop(st.name, None)
-
-    def _enter(self, shares: bool, key: int, name: str) -> None:
-        names = (self.by_core if shares else self.by_free).setdefault(key, set())
-        ordered = self._sorted.get((shares, key))
-        if ordered is not None and name not in names:
-            bisect.insort(ordered, name)
-        names.add(name)
-
-    def _leave(self, shares: bool, key: int, name: str) -> None:
-        names = (self.by_core if shares else self.by_free)[key]
-        ordered = self._sorted.get((shares, key))
-        if ordered is not None and name in names:
-            del ordered[bisect.bisect_left(ordered, name)]
-        names.discard(name)
-
-    def _bucket(self, shares: bool, key: int, room: tuple[float, float] | None) -> Iterable[str]:
-        """One bucket's names in order (a copy: the bucket may change while it is read); with
-        ``room``, lazily, those with it (a search stops long before the end of a bucket)."""
-        got = self._sorted.get((shares, key))
-        if got is None:
-            got = self._sorted[(shares, key)] = sorted((self.by_core if shares else self.by_free)[key])
-        if room is None:
-            return list(got)
-        cpu, memory, free = room[0], room[1], self._room
-        return (n for n in list(got) if (r := free[n])[0] >= 1 and r[1] >= cpu and r[2] >= memory)
-
-    def tightest(self, need: int, room: tuple[float, float] | None = None) -> Iterator[str]:
-        """Node names with at least ``need`` free whole GPUs, tightest first, lazily; with
-        ``room`` (``room_for``), only those with a pod slot and that much CPU and memory free."""
-        for count in sorted(c for c in self.by_free if c >= need):
-            yield from self._bucket(False, count, room)
-
-    def tightest_shares(self, core_pct: int, room: tuple[float, float] | None = None) -> Iterator[Iterable[str]]:
-        """Per free-core level from ``core_pct`` up, the names of nodes with a shareable GPU
-        that has exactly that much core free (a node may come at several levels); ``room``: as
-        ``tightest``."""
-        for level in sorted(c for c in self.by_core if c >= core_pct):
-            yield self._bucket(True, level, room)
-
-    def put(self, state: NodeState) -> None:
-        """Replace (or add) one node's state and keep the indexes in step."""
-        old = self.nodes.get(state.name)
-        if old is not None:
-            self._unindex(old)
-        self.nodes[state.name] = state
-        self._index(state)
-
-    # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------
-    def upsert(self, view: NodeView) -> None:
-        """Add or replace one node from its view: usable nodes get fresh scratch state, the
-        others move to ``excluded`` with their status (``total`` counts each node once)."""
-        known = view.name in self.nodes or view.name in self.excluded
-        why = gpu.node_usable(view)
-        state = _state_or_status(view) if why is None else why
-        if isinstance(state, NodeState):
-            self.excluded.pop(view.name, None)
-            self.put(state)
-        else:
-            self._drop_state(view.name)
-            self.excluded[view.name] = state
-        if not known:
-            self.total += 1
-
-    def remove(self, name: str) -> None:
-        """Forget one node (its report is gone or unreadable); unknown names are ignored."""
-        known = name in self.nodes or name in self.excluded
-        self._drop_state(name)
-        self.excluded.pop(name, None)
-        if known:
-            self.total -= 1
-
-    def _drop_state(self, name: str) -> None:
-        old = self.nodes.pop(name, None)
-        if old is not None:
-            self._unindex(old)
-
-    def assume(self, assignments: Iterable[Assignment]) -> None:
-        """Book decided assignments into this state (the node states change in place; the
-        snapshot they were built from does not). Every assignment's node must be usable."""
-        for a in assignments:
-            st = self.nodes[a.node]
-            self._unindex(st)
-            st.take(a)
-            self._index(st)
-
-    @classmethod
-    def from_snapshot(cls, snapshot: Snapshot) -> Cluster:
-        nodes, excluded = {}, {}
-        for view in snapshot.nodes:
-            why = gpu.node_usable(view)
-            state = _state_or_status(view) if why is None else why
-            if isinstance(state, NodeState):
-                nodes[view.name] = state
-            else:
-                excluded[view.name] = state
-        return cls(nodes=nodes, total=len(snapshot.nodes), excluded=excluded)
-
-
-_UNBOUNDED = (math.inf, math.inf, math.inf)
-
-
-def room_for(profile: Profile, member: Member) -> tuple[float, float] | None:
-    """The CPU and memory a node must have free for ``member``, when the profile runs
-    ``NodeResourcesFit`` on it (a node without them, or without a pod slot, is refused by some
-    filter); None when it does not."""
-    if not checks_resources(profile, member):
-        return None
-    asks = member.spec.requests
-    return tuple(q if (q := asks.get(r, 0)) > 0 else -math.inf for r in (CPU, MEMORY))
-
-
-def _state_or_status(view: NodeView) -> NodeState | Status:
-    """The node's scratch state, or its ``node_error`` status when its view cannot be built
-    into one (a report that passed the wire rules but holds what the engine did not expect)."""
-    try:
-        return NodeState(view)
-    except Exception as e:  # noqa: BLE001 - isolated to the node
-        return node_error(view.name, e)
 
 
 def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
@@ -306,20 +140,14 @@ def _decision(cluster: Cluster, assignments: tuple[Assignment, ...]) -> Decision
     return Decision(assignments=assignments, unchecked=tuple(unchecked))
 
 
-def domain_of(state: NodeState, tier: str) -> str:
-    """The network domain of ``state``'s node at ``tier`` (one of ``TIERS``), as gangs are
-    placed: its own name at the node tier; a node that reports no domain at a tier is alone
-    in it. The preemption planner forms its candidate domains with it."""
-    t = state.view.tiers
-    value = {"node": state.view.name, "hypernode": t.hypernode, "leaf": t.leaf, "netpod": t.netpod}[tier]
-    return value or f"node:{state.view.name}"
-
-
 def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: list[Member],
              avoid: frozenset[str]) -> Iterator[list[NodeState]]:
     """The domains of ``tier`` the domain filters pass, fewest free whole GPUs first, then by
     name; one-node domains lazily from the free-GPU index (in that order, without nodes too
-    small for the gang): a gang that fits on one node costs the nodes tried, not the cluster."""
+    small for the gang): a gang that fits on one node costs the nodes tried, not the cluster.
+    Wider domains come from the topology index, ordered by its sums (less the avoided nodes');
+    when the profile runs ``GangGpuCapacity`` the domains it would refuse (fewer free than
+    ``need``) are passed over on the sums alone, and only the domains reached are listed."""
     def allowed(ns: list[NodeState]) -> bool:
         return all(f.filter_domain(members, ns) is None for f in profile.domain_filters)
 
@@ -328,13 +156,12 @@ def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: 
             if name not in avoid and allowed(ns := [cluster.nodes[name]]):
                 yield ns
         return
-    domains: dict[str, list[NodeState]] = {}
-    for st in cluster.nodes.values():
-        if st.name not in avoid:
-            domains.setdefault(domain_of(st, tier), []).append(st)
-    candidates = sorted((sum(len(s.free_whole()) for s in ns), d) for d, ns in domains.items() if allowed(ns))
-    for _, d in candidates:
-        yield domains[d]
+    floor = need if any(type(f) is gpu.GangGpuCapacity for f in profile.domain_filters) else 0
+    ranked = sorted((free, d) for d, (free, _) in cluster.topology.sums(tier, avoid).items() if free >= floor)
+    domains = cluster.topology.domains(tier)
+    for _, d in ranked:
+        if allowed(ns := [cluster.nodes[n] for n in domains[d] if n not in avoid]):
+            yield ns
 
 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
@@ -359,10 +186,8 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
 
 def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: str = "",
             avoid: frozenset[str] = frozenset()) -> NoFit:
-    netpods: dict[str, list[str]] = {}
-    for st in cluster.nodes.values():
-        netpods.setdefault(domain_of(st, "netpod"), []).append(st.name)
-    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods.values(), detail, avoid)
+    netpods = cluster.topology.domains("netpod").values()
+    return no_fit(profile, cluster.nodes, cluster.excluded, cluster.total, members, netpods, detail, avoid)
 
 
 def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> list[Assignment] | None:

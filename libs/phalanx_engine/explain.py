@@ -50,10 +50,10 @@ def _shapes(members: Sequence[Member]) -> list[list[Member]]:
 
 
 def no_fit(profile: Profile, nodes: dict[str, NodeState], excluded: dict[str, Status], total: int,
-           members: Sequence[Member], domains: Iterable[list[str]], detail: str = "",
+           members: Sequence[Member], domains: Iterable[Collection[str]], detail: str = "",
            avoid: Collection[str] = frozenset()) -> NoFit:
     """The ``NoFit`` of ``members``: per kind, every node's status; ``domains`` are the
-    network-pods (lists of node names) the resolvability check may use. A node in ``avoid``
+    network-pods (collections of node names) the resolvability check may use. A node in ``avoid``
     that would take a kind (or refuses it resolvably) shows as kept for a gang ahead."""
     kept = refuse(KEPT_PLUGIN, Code.KEPT_FOR_GANG_AHEAD, R_KEPT, resolvable=True)
     failures, could_by_kind, alone_anywhere = [], [], True
@@ -89,7 +89,7 @@ def no_fit(profile: Profile, nodes: dict[str, NodeState], excluded: dict[str, St
 
 
 def _resolvable(nodes: dict[str, NodeState], members: Sequence[Member],
-                could_by_kind: list[tuple[list[Member], set[str]]], domains: Iterable[list[str]]) -> bool:
+                could_by_kind: list[tuple[list[Member], set[str]]], domains: Iterable[Collection[str]]) -> bool:
     if any(not could for _, could in could_by_kind):
         return False
     need = sum(m.units for m in members)

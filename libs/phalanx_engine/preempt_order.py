@@ -11,12 +11,13 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from phalanx_engine.decide import TIERS, Cluster, decide, domain_of
+from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.gpu_plugins import GpuTopology
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
+from phalanx_engine.topology import TIERS
 from phalanx_proto.events import MemberSpec, pod_key
 from phalanx_rules.preemption import RunningGang
 
@@ -58,10 +59,10 @@ def placement_rank(cluster: Cluster, decision: Decision, members: Sequence[Membe
     network-pod), then each member's GPU set as the ``GpuTopology`` score ranks it (RDMA
     level, slowest pair link, link sum), worst member first, then fewer nodes."""
     by_pod = {pod_key(m.pod): Member.of(m) for m in members}
-    states = [cluster.nodes[n] for n in sorted({a.node for a in decision.assignments})]
-    tier = next((i for i, t in enumerate(TIERS) if len({domain_of(s, t) for s in states}) <= 1), len(TIERS))
+    names = {a.node for a in decision.assignments}
+    tier, _ = cluster.topology.tier_of(names)
     scores = sorted(_TOPOLOGY.score(by_pod[pod_key(a.pod)], cluster.nodes[a.node], a) for a in decision.assignments)
-    return (-tier, tuple(scores), -len(states))
+    return (-(*TIERS, "cluster").index(tier), tuple(scores), -len(names))
 
 
 class Trials:
@@ -73,7 +74,7 @@ class Trials:
 
     def __init__(self, cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile,
                  avoid: Collection[str], gangs: Mapping[str, RunningGang]) -> None:
-        self.scratch = Cluster(nodes=dict(cluster.nodes), total=cluster.total, excluded=cluster.excluded)
+        self.scratch = cluster.copy()
         self.members, self.profile, self.avoid, self.gangs = members, profile, frozenset(avoid), gangs
         self.done: dict[frozenset[str], Decision | None] = {}
         self.calls = 0

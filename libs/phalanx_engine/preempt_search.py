@@ -5,7 +5,7 @@ how many (docs/preemption.md, "The search and its bound"). Called by
 Overview:
 
 1. **Domains.** Where the preemptor could land: each node and, for a gang, each HyperNode,
-   leaf switch and network-pod (the engine's own domains, ``decide.domain_of``) that could
+   leaf switch and network-pod (the engine's own domains, ``topology.domain_of``) that could
    hold it empty, with the candidate gangs holding GPUs there (the domain's *pool*), each
    with a cheap lower bound of the cost of what it can offer.
 2. **Bounds, lazily.** Domains wait in a heap by bound; the one at the head gets its exact
@@ -38,9 +38,10 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 
-from phalanx_engine.decide import TIERS, Cluster, domain_of
+from phalanx_engine.decide import Cluster
 from phalanx_engine.preempt_order import Cost, Trials, plan_order
 from phalanx_engine.snapshot import Decision
+from phalanx_engine.topology import TIERS
 from phalanx_proto.events import RequestKind, pod_key
 from phalanx_proto.queues import GPU_UNITS
 from phalanx_rules.preemption import Rules, RunningGang
@@ -247,9 +248,13 @@ class Search:
 
     # -- domains ---------------------------------------------------------------------------------
     def _domains(self) -> list[Domain]:
-        """Every domain the preemptor could land in with evictions, with its cheap bound."""
+        """Every domain the preemptor could land in with evictions, with its cheap bound; from
+        the cluster's topology index, by tier and then domain name. Without relief victims only
+        the domains holding a candidate's GPUs outside ``avoid`` can offer a set, so only those
+        are looked at."""
         tiers = TIERS if len(self.trials.members) > 1 else TIERS[:1]
-        usable = [st for name, st in sorted(self.cluster.nodes.items()) if name not in self.trials.avoid]
+        avoid = self.trials.avoid
+        topology = self.cluster.topology
         pools: dict[str, dict[str, int]] = defaultdict(dict)  # node → candidate → GPUs it holds there
         for g in self.candidates:
             for n, count in self.occ.on.get(g, {}).items():
@@ -257,12 +262,13 @@ class Search:
         seen: set[frozenset[str]] = set()
         out = []
         for t, tier in enumerate(tiers):
-            groups: dict[str, list[str]] = defaultdict(list)
-            for st in usable:
-                groups[domain_of(st, tier)].append(st.name)
-            for name, nodes in sorted(groups.items()):
+            domains = topology.domains(tier)
+            names = (sorted(domains) if self.relief else
+                     sorted({topology.domain(n, tier) for n, pool in pools.items() if pool and n not in avoid}))
+            for name in names:
+                nodes = sorted(n for n in domains[name] if n not in avoid)
                 key = frozenset(nodes)
-                if key in seen or not any(pools[n] for n in nodes) and not self.relief:
+                if not nodes or key in seen:
                     continue
                 seen.add(key)
                 capacity = [self.cluster.nodes[n].whole_capacity() for n in nodes]

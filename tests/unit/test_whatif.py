@@ -13,7 +13,7 @@ from engine_builders import node, pod, snapshot
 from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_engine.whatif import PreemptPlan, ProbeContext, QueueView, Running, top_line, what_if
-from phalanx_engine.whatif_search import largest_fitting
+from phalanx_engine.whatif.search import largest_fitting
 from phalanx_proto.events import PodRef
 from phalanx_proto.queues import GPU_UNITS, QueueSpec
 from phalanx_proto.whatif import Answer, Holder, WhatIf

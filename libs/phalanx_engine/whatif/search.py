@@ -1,4 +1,4 @@
-"""The probes of ``whatif`` that search for their smallest change: ``wait`` (which running
+"""The what-if probes that search for their smallest change: ``wait`` (which running
 gangs must finish), ``model``, ``smaller`` and ``fewer``. Each step of a search is a decision
 by the engine (``Probing.decide``), so an answer is always a placement that fits.
 
@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from phalanx_engine.decide import TIER_NAMES, TIERS, domain_of
 from phalanx_engine.framework import Member
 from phalanx_engine.status import Status
-from phalanx_engine.whatif import Probing, _holders, _where, busy_gpus, names_text
+from phalanx_engine.topology import TIER_NAMES, TIERS
+from phalanx_engine.whatif.probing import Probing, busy_gpus, holders, names_text, where
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.kubeapi import GPU_MODEL_LABELS
 from phalanx_proto.scheduling import CPU, MEMORY
@@ -58,26 +58,26 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | N
 def probe_wait(p: Probing) -> list[Answer]:
     """Which GPUs must be free, and which running gangs hold them (module docstring): tiers
     from the tightest whose domains can hold the gang at all (a single pod: nodes) up to the
-    loosest the gang may span, the first tier with an answer wins."""
+    loosest the gang may span, the first tier with an answer wins. Domains are ranked on the
+    topology index's sums (less the avoided nodes'), without a pass over the nodes."""
     single = len(p.members) == 1
     need = sum(m.gpus for m in p.members if m.kind is RequestKind.WHOLE)
     first = Member.of(p.members[0])
+    avoid = p.ctx.avoid
     for tier in ("node",) if single else TIERS[:TIERS.index(p.ctx.loosest) + 1]:
-        domains: dict[str, list[str]] = {}
-        for name, st in p.cluster.nodes.items():
-            if name not in p.ctx.avoid:
-                domains.setdefault(domain_of(st, tier), []).append(name)
-        ranked = sorted((max(0, need - sum(len(p.cluster.nodes[n].free_whole()) for n in ns)), d)
-                        for d, ns in domains.items() if sum(p.cluster.nodes[n].whole_capacity() for n in ns) >= need)
+        domains = p.cluster.topology.domains(tier)
+        ranked = sorted((max(0, need - free), d) for d, (free, capacity) in p.cluster.topology.sums(tier, avoid).items()
+                        if capacity >= need)
         best: Answer | None = None
         tried = 0
         for short, d in ranked:
             if tried >= (2 * MAX_DOMAINS if single else MAX_DOMAINS) or (best is not None and best.gpus <= short):
                 break  # no domain further down can need fewer GPUs freed than it lacks
-            if single and not _could(p, first, domains[d][0]):
+            names = sorted(n for n in domains[d] if n not in avoid)
+            if single and not _could(p, first, names[0]):
                 continue  # a node the member can never use (a taint, a selector, too few GPUs)
             tried += 1
-            got = _release_in(p, sorted(domains[d]))
+            got = _release_in(p, names)
             if got is not None and (best is None or (got.gpus, len(got.holders)) < (best.gpus, len(best.holders))):
                 best = got
         if best is not None:
@@ -130,17 +130,17 @@ def _release_in(p: Probing, names: list[str]) -> Answer | None:
     fits = p.decide(p.members, p.released(names, release(chosen)))
     assert fits is not None, "releasing a superset of a fitting release must fit"
     pods = release(chosen)
-    holders = _holders(p, pods, fits.assignments)
+    found = holders(p, pods, fits.assignments)
     gpus = busy_gpus(p.cluster, fits.assignments)
-    where = _where(p, fits)
-    place = (f"on node {where['domain']}" if where["tier"] == "node"
-             else f"in {TIER_NAMES.get(where['tier'], 'the cluster')} {where['domain']}".rstrip())
+    at = where(p, fits)
+    place = (f"on node {at['domain']}" if at["tier"] == "node"
+             else f"in {TIER_NAMES.get(at['tier'], 'the cluster')} {at['domain']}".rstrip())
     if gpus:
-        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free {place} (held by {_gangs(holders)})"
+        text = f"would start if {gpus} GPU{'s' if gpus != 1 else ''} free {place} (held by {_gangs(found)})"
     else:
-        text = f"would start once {_gangs(holders)} end{'s' if len(holders) == 1 else ''} (what it needs {place})"
-    return Answer(probe="wait", text=text, starts=p.queue_lets(p.members), gpus=gpus, holders=holders,
-                  minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **where)
+        text = f"would start once {_gangs(found)} end{'s' if len(found) == 1 else ''} (what it needs {place})"
+    return Answer(probe="wait", text=text, starts=p.queue_lets(p.members), gpus=gpus, holders=found,
+                  minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **at)
 
 
 def _gangs(holders) -> str:
@@ -168,7 +168,7 @@ def probe_model(p: Probing) -> list[Answer]:
             if fits is not None:
                 was = ", ".join(sorted(asked))
                 return [Answer(probe="model", text=f"would start on {key}={value} (it asks for {was})",
-                               change=f"{key}={value}", assignments=fits.assignments, **_where(p, fits))]
+                               change=f"{key}={value}", assignments=fits.assignments, **where(p, fits))]
     return []
 
 
@@ -227,7 +227,7 @@ def probe_smaller(p: Probing) -> list[Answer]:
     for _, dim, most, value, fits in sorted(found, key=lambda f: (f[0], f[1])):
         text = f"would start with {_amount(dim, value)} per member instead of {_amount(dim, most)}"
         out.append(Answer(probe="smaller", text=text, change=f"{dim} {most} -> {value}",
-                          assignments=fits.assignments, **_where(p, fits)))
+                          assignments=fits.assignments, **where(p, fits)))
     return out
 
 
@@ -264,4 +264,4 @@ def probe_fewer(p: Probing) -> list[Answer]:
         return []
     got = hit[k]
     return [Answer(probe="fewer", text=f"would start now with {k} of its {n} members", members=k,
-                   assignments=got.assignments, **_where(p, got))]
+                   assignments=got.assignments, **where(p, got))]
