@@ -228,7 +228,8 @@ class Search:
                     self.exact, waiting = False, []
                     break
                 for victims in self._offer(dom):
-                    heapq.heappush(heap, (self.cost(victims), dom.tier, i, tuple(sorted(victims)), victims))
+                    if victims:  # the empty set was tried first (plan_preemption): it did not fit
+                        heapq.heappush(heap, (self.cost(victims), dom.tier, i, tuple(sorted(victims)), victims))
             if not heap or (best is not None and heap[0][0] > best[0][0]):
                 break
             if (ties <= 0 and best is not None) or self.trials.calls >= self.bounds.trials:

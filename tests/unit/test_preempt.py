@@ -401,3 +401,25 @@ def test_nominations_in_force_count_toward_the_queues_they_move_units_between():
     assert with_nominations(held, [led], tree, 10.0) == {"team-a": 0, "team-b": 2 * G, "org": 2 * G, "other": G}
     # the preemptor deciding again leaves its own nomination out
     assert with_nominations(held, [led], tree, 10.0, but="ns/b0") == held
+
+
+def test_a_domain_with_room_by_gpus_where_something_else_refuses_the_preemptor_has_no_plan_and_no_crash():
+    """Four nodes whose CPU is all taken, each with 2 free GPUs among 6 one-GPU gangs (24
+    candidates, more than the exact search takes): the greedy search may offer no victim at all
+    for a domain that already has room by GPU count; the empty set was tried first and did not
+    fit (no CPU), so it is no plan — not the ValueError it once raised."""
+    nodes, gangs = [], []
+    for i in range(4):
+        b = node(f"n{i}").gpus(8).tiers(hypernode="hn", leaf="l", netpod="p").running(cpu=128_000)
+        for g in range(6):
+            a = Assignment(pod=ref(f"g{i}-{g}"), node=f"n{i}", gpus=(g,))
+            b.reserved(a)
+            gangs.append(RunningGang(gang_id=f"ns/g{i}-{g}", assignments=(a,), priority=0))
+        nodes.append(b)
+    cluster = Cluster.from_snapshot(snapshot(*nodes))
+    p = Preemptor(gang_id="t/p", members=(pod("m0").gpus(1).requests(cpu=1000).spec(),
+                                          pod("m1").gpus(1).requests(cpu=1000).spec()), priority=10)
+    got = plan_preemption(cluster, p, gangs, QueueTree.of(()))
+    assert isinstance(got, NoPlan) and (got.code, got.reason) == (
+        "does-not-fit", "evicting all 24 gang(s) it may preempt (24 by priority, 0 by reclaim; 24 GPUs) would still "
+                        "not let it fit: 0/4 nodes are available: 4 Insufficient cpu."), got
