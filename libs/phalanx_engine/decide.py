@@ -20,13 +20,14 @@ Overview (docs/placement.md has the full objective):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Iterator
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import candidate, checks_resources
 from phalanx_engine.cluster import Cluster, room_for
 from phalanx_engine.explain import no_fit
-from phalanx_engine.framework import ALL_KINDS, Member, Profile
+from phalanx_engine.framework import ALL_KINDS, Member, Profile, collecting_node_errors
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
@@ -118,7 +119,16 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
     busy, not unsuitable.
 
     ``loosest``: the widest network tier a gang may span (one of ``TIERS``); R8's rule, and the
-    default, is one network-pod. The counterfactual probes (``whatif``) pass a tighter one."""
+    default, is one network-pod. The counterfactual probes (``whatif``) pass a tighter one.
+
+    A node a plugin raises on is refused alone; the result names it, once (``node_errors``)."""
+    with collecting_node_errors() as errors:
+        result = _decide(cluster, members, profile, explain, avoid, loosest)
+    return dataclasses.replace(result, node_errors=tuple(dict.fromkeys(errors))) if errors else result
+
+
+def _decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile, explain: bool,
+            avoid: Collection[str], loosest: str) -> Decision | NoFit:
     if not members:
         return Decision(assignments=())
     avoid = frozenset(avoid)

@@ -20,7 +20,9 @@ run (``plugins.default_profile()`` is what placement uses):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -145,14 +147,29 @@ class Profile:
 
 
 def node_error(node: str, error: Exception) -> Status:
-    """The status of a node a plugin raised on: logged and counted (``phalanx_engine_node_errors_total``),
-    never resolvable by waiting."""
-    NODE_ERRORS.append((node, f"{type(error).__name__}: {error}"[:300]))
-    del NODE_ERRORS[:-100]
-    return refuse("NodeEvaluation", Code.NODE_ERROR, R_NODE_ERROR, resolvable=False,
-                  detail=f"{type(error).__name__}: {error}"[:300])
+    """The status of a node a plugin raised on, never resolvable by waiting; noted for the
+    decision under way (``collecting_node_errors``), which returns it to its caller (the
+    placement service logs and counts them: the engine has no I/O)."""
+    text = f"{type(error).__name__}: {error}"[:300]
+    errors = _NODE_ERRORS.get()
+    if errors is not None and len(errors) < MAX_NODE_ERRORS:
+        errors.append((node, text))
+    return refuse("NodeEvaluation", Code.NODE_ERROR, R_NODE_ERROR, resolvable=False, detail=text)
 
 
-NODE_ERRORS: list[tuple[str, str]] = []
-"""The last node errors (node, error), newest last: the placement service logs and counts
-them after each decision (the engine has no I/O)."""
+MAX_NODE_ERRORS = 100
+"""Node errors one decision returns at most."""
+_NODE_ERRORS: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("node_errors",
+                                                                                           default=None)
+
+
+@contextlib.contextmanager
+def collecting_node_errors() -> Iterator[list[tuple[str, str]]]:
+    """The node errors (node, error) of the code run inside, in order: one decision's, so they
+    travel with its result instead of through a process-wide list."""
+    errors: list[tuple[str, str]] = []
+    token = _NODE_ERRORS.set(errors)
+    try:
+        yield errors
+    finally:
+        _NODE_ERRORS.reset(token)

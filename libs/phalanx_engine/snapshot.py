@@ -54,6 +54,9 @@ class Decision:
     unchecked: tuple[str, ...] = ()
     """Nodes of the decision whose Kubernetes state was not reported, so CPU, memory, taints,
     labels and ports were not checked there (only with a profile that lets them through)."""
+    node_errors: tuple[tuple[str, str], ...] = ()
+    """(node, error) for each node a plugin raised on during the decision (each was refused
+    alone)."""
 
 
 __all__ = ["Decision", "NoFit", "NodeView", "Snapshot"]

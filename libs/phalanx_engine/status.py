@@ -125,6 +125,8 @@ class NoFit:
     failures: tuple[MemberFailure, ...] = ()
     detail: str = ""
     resolvable: bool = True
+    node_errors: tuple[tuple[str, str], ...] = ()
+    """(node, error) for each node a plugin raised on during the decision."""
 
     @property
     def reasons(self) -> Counter:

@@ -45,7 +45,6 @@ from phalanx_bus import (
     sender_id,
 )
 from phalanx_engine.decide import decide, default_profile
-from phalanx_engine.framework import NODE_ERRORS
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks, preempting
 from phalanx_placement.cache import ClusterCache
@@ -252,7 +251,7 @@ class Placement:
                     self.recorder.planned(logged)
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")
-        _report_node_errors()
+        _report_node_errors(result.node_errors)
         if isinstance(preempted, Decided | Reply):
             return preempted
         if isinstance(result, NoFit):
@@ -329,10 +328,9 @@ class Placement:
 
 
 
-def _report_node_errors() -> None:
-    """Log and count the nodes a plugin raised on in the last decision (each was refused alone)."""
-    while NODE_ERRORS:
-        node, error = NODE_ERRORS.pop(0)
+def _report_node_errors(errors: tuple[tuple[str, str], ...]) -> None:
+    """Log and count the nodes a plugin raised on in a decision (each was refused alone)."""
+    for node, error in errors:
         metrics.ENGINE_NODE_ERRORS.inc()
         warn("node could not be evaluated; refused for this decision", node=node, error=error)
 

@@ -161,6 +161,10 @@ def test_a_node_a_plugin_raises_on_is_refused_alone_with_the_error_named():
     assert (status.code, status.resolvable, status.reasons[0].text) == (
         Code.NODE_ERROR, False, "node could not be evaluated")
     assert "KeyError" in status.reasons[0].detail
+    # the decision returns the error with its node (placement logs and counts it), and the next
+    # decision, on the good node alone, carries none of it
+    assert [(n, e.split(":")[0]) for n, e in got.node_errors] == [("broken", "KeyError")]
+    assert decide(Cluster.from_snapshot(Snapshot(nodes=(good,))), (pod("p").gpus(2).spec(),)).node_errors == ()
 
 
 def test_an_invalid_node_takes_nothing_and_says_why():
