@@ -88,6 +88,9 @@ def register(sub) -> None:
                      help="first retry delay (default %(default)s)")
     run.add_argument("--backoff-max-s", type=float, default=order.BACKOFF_MAX_S,
                      help="largest retry delay (default %(default)s)")
+    run.add_argument("--unschedulable-retry-s", type=float, default=order.UNSCHEDULABLE_RETRY_S,
+                     help="a gang that fits no node set is tried again after this long at the latest, as "
+                          "gang-coordinator's flag (default %(default)s)")
     run.add_argument("--no-preemption", action="store_true", help="gangs only wait: no gang evicts another "
                      "(the services preempt: docs/preemption.md)")
     run.add_argument("--exact", action="store_true", help="decide every retry, even one nothing could have changed "
@@ -259,7 +262,8 @@ def _inputs(args: argparse.Namespace) -> dict:
     sample = (parse_duration(args.sample) if args.sample else
               max(1.0, round(horizon / 500)) if horizon else 60.0)
     config = SimConfig(starve_after_s=args.starve_after_s, fairness=args.fairness, backoff_base_s=args.backoff_base_s,
-                       backoff_max_s=args.backoff_max_s, horizon_s=horizon, sample_s=sample, exact=args.exact,
+                       backoff_max_s=args.backoff_max_s, unschedulable_retry_s=args.unschedulable_retry_s,
+                       horizon_s=horizon, sample_s=sample, exact=args.exact,
                        preemption=not args.no_preemption)
     progress = None if args.quiet else _progress(horizon, len(gangs))
     sim = loop.Simulation(views, gangs, tree, config, progress=progress, held=live.held if live else None,
