@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from phalanx_proto.codec import Decoder
+from phalanx_proto.dra import MAX_CLAIMS_PER_POD, ClaimAllocated, PodClaim
 from phalanx_proto.queuespec import QueueSpec
 from phalanx_proto.scheduling import (
     MAX_HOST_PORTS,
@@ -143,6 +144,9 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     preemption_policy: Annotated[str, msgspec.Meta(max_length=32)] = ""
     """The pod's ``spec.preemptionPolicy``: ``Never`` never preempts; "" is Kubernetes' default,
     ``PreemptLowerPriority``."""
+    claims: Annotated[tuple[PodClaim, ...], msgspec.Meta(max_length=MAX_CLAIMS_PER_POD)] = ()
+    """The pod's ResourceClaims (``spec.resourceClaims``), resolved (docs/dra.md): the devices
+    Phalanx must allocate for it, on the node it goes to, in the same decision."""
 
     @property
     def kind(self) -> RequestKind:
@@ -174,6 +178,9 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     for Phalanx's own pods on the node."""
     host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_HOST_PORTS)] = ()
     """The host ports the member binds on the node."""
+    claims: Annotated[tuple[ClaimAllocated, ...], msgspec.Meta(max_length=MAX_CLAIMS_PER_POD)] = ()
+    """The member's ResourceClaims and what Phalanx allocated for each (docs/dra.md); the
+    devices joined to the node's GPUs are also in ``gpus``."""
 
     @property
     def kind(self) -> RequestKind:
