@@ -318,7 +318,9 @@ class ClusterPort(Protocol):
         written. May be called more than once: a pod already reserved (with that allocation)
         is success. Raises ``ClaimGone``, and ``ClaimConflict`` when the claim got allocated
         elsewhere in the meantime (another allocation), is not allocated when ``allocation`` is
-        None, is being deleted, or its ``reservedFor`` is full."""
+        None, is being deleted, or its ``reservedFor`` is full. A refusal by the API server
+        itself (403; 422, e.g. an account without ``resourceclaims/binding``) is the adapter's
+        error with the server's message (``KubeApiError``; the simulator: ``ClaimInvalid``)."""
         ...
 
     async def unreserve_claim(self, claim: ClaimRef, pod: PodRef, allocation: ClaimAllocation | None = None) -> None:
