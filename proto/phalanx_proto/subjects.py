@@ -294,6 +294,7 @@ KV_LEASES = "phx-leases"
 KV_MIG = "phx-mig"
 KV_NODE_STATE = "phx-node-state"
 KV_QUEUES = "phx-queues"
+KV_DRA = "phx-dra"
 KV_SIM_QUEUES = "phx-sim-queues"
 KV_SIM_NAMESPACES = "phx-sim-namespaces"
 KV_SIM_PODS = "phx-sim-pods"
@@ -324,6 +325,10 @@ BUCKETS = (
            "in queue units, with the problem that makes it unusable if any. Written by gang-coordinator.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
            max_value_size=64 * KIB, max_bytes=64 * MIB, value="kv.QueueSpec", key="{queue}"),
+    Bucket(KV_DRA, 1, "Each DRA pool (a driver's ResourceSlices for one pool, key: the pool's token) with the "
+           "devices ResourceClaims hold in it, as gang-coordinator reads them from the API server (docs/dra.md).",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           max_value_size=GANG_MESSAGE_MAX, max_bytes=256 * MIB, value="kv.DraPool", key="{pool}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH), Grant(PLACEMENT, WATCH),
             Grant(READER, READ)), max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, value="kv.GangState",
