@@ -155,9 +155,9 @@ class NodeResourcesFit:
         return True
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
-        if resources_fit(member, node):
-            return None
         kube = node.view.kube
+        if kube is None or resources_fit(member, node):  # no Kubernetes state: resources_fit passes it
+            return None
         alloc, used = kube.allocatable, node.requested
         short: list[Reason] = []
         allowed = alloc.get(PODS, 0)
