@@ -140,7 +140,7 @@ class BucketRule:
     ``keyed``: keys with one of these prefixes hold another kind of value (``phx-ledger``'s
     ``queue.*`` keys hold queue usage) and are read by that prefix's rule."""
 
-    decoder: Decoder
+    decoder: Decoder[Any]
     problem: Callable[[str, Any], str]
     keyed: tuple[tuple[str, BucketRule], ...] = ()
 

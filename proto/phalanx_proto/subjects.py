@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from phalanx_proto import events as E
 
 # -- identities ---------------------------------------------------------------------------
@@ -139,7 +141,7 @@ class Channel:
     other is refused alone, the rest of its batch goes on)."""
 
 
-def _tags(*types) -> tuple[str, ...]:
+def _tags(*types: type[msgspec.Struct]) -> tuple[str, ...]:
     return tuple(E.tag_of(t) for t in types)
 
 
