@@ -89,9 +89,10 @@ class Status(msgspec.Struct, frozen=True):
         return "Unschedulable" if self.resolvable else "UnschedulableAndUnresolvable"
 
 
-def refuse(plugin: str, code: Code, text: str, *, resolvable: bool, **numbers) -> Status:
-    """A one-reason ``Status`` (the common case)."""
-    return Status(plugin, (Reason(code, text, **numbers),), resolvable)
+def refuse(plugin: str, code: Code, text: str, *, resolvable: bool, resource: str = "", requested: int = 0,
+           free: int = 0, capacity: int = 0, detail: str = "") -> Status:
+    """A one-reason ``Status`` (the common case); the keywords are ``Reason``'s."""
+    return Status(plugin, (Reason(code, text, resource, requested, free, capacity, detail),), resolvable)
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,10 +176,10 @@ async def create(store: ClaimStore, obj: dict[str, Any]) -> dict[str, Any]:
                 return existing
         return await store.create(obj)
     for _ in range(2):
-        existing = await store.read(ClaimRef(namespace=namespace, name=name))
-        if existing is not None:
-            if same_claim(existing, obj):
-                return existing
+        named = await store.read(ClaimRef(namespace=namespace, name=name))
+        if named is not None:
+            if same_claim(named, obj):
+                return named
             raise ClaimConflict(f"claim {namespace}/{name} exists and is another claim")
         try:
             return await store.create(obj)

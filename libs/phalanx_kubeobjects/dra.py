@@ -28,7 +28,7 @@ extended-resource claim object) and ``extended_claim_status`` (``pod.status.exte
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import msgspec
 
@@ -220,7 +220,7 @@ def _exact(raw: Any, field: str, classes: Mapping[str, D.DeviceClassRef], *, sub
         name=label(m, "name", field) if sub else "",
         device_class=classes.get(cls) or D.DeviceClassRef(name=cls, missing=True),
         selectors=cel_selectors(m.get("selectors"), f"{field}.selectors"),
-        allocation_mode=mode, count=count, admin_access=flag(m, "adminAccess", field),
+        allocation_mode=cast(D.AllocationMode, mode), count=count, admin_access=flag(m, "adminAccess", field),
         tolerations=listed(m.get("tolerations"), f"{field}.tolerations", 16, "tolerations", toleration),
         capacity=quantities(mapping(m.get("capacity"), f"{field}.capacity").get("requests"),
                             f"{field}.capacity.requests", D.MAX_ATTRIBUTES))
@@ -287,7 +287,7 @@ def _alloc_config(raw: Any, field: str) -> D.AllocatedConfig:
     source = text(m, "source", field, required=True, most=16)
     if source not in ("FromClass", "FromClaim"):
         bad(f"{field}.source", source, "FromClass or FromClaim")
-    return D.AllocatedConfig(source=source, requests=request_names(m.get("requests"), f"{field}.requests"),
+    return D.AllocatedConfig(source=cast(Literal["FromClass", "FromClaim"], source), requests=request_names(m.get("requests"), f"{field}.requests"),
                              opaque=opaque(m.get("opaque"), f"{field}.opaque"))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar, cast
 
 import msgspec
 
@@ -286,7 +286,9 @@ def toleration(raw: Any, field: str) -> D.DeviceToleration:
         bad(f"{field}.effect", effect, "NoSchedule, NoExecute, None or empty for all")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or abs(seconds) >= 2**63):
         bad(f"{field}.tolerationSeconds", seconds, "an integer number of seconds")
-    return D.DeviceToleration(key=key, operator=op, value=value, effect=effect, toleration_seconds=seconds)
+    return D.DeviceToleration(key=key, operator=cast(Literal["Equal", "Exists"], op), value=value,
+                              effect=cast(Literal["", "NoSchedule", "NoExecute", "None"], effect),
+                              toleration_seconds=seconds)
 
 
 def taint(raw: Any, field: str) -> D.DeviceTaint:
@@ -300,7 +302,7 @@ def taint(raw: Any, field: str) -> D.DeviceTaint:
         bad(f"{field}.value", value, names.VALUE_RULE)
     if effect not in EFFECTS:
         bad(f"{field}.effect", effect, "NoSchedule, NoExecute or None")
-    return D.DeviceTaint(key=key, value=value, effect=effect)
+    return D.DeviceTaint(key=key, value=value, effect=cast(D.Effect, effect))
 
 
 def node_selector(raw: Any, field: str) -> tuple[NodeSelectorTerm, ...]:

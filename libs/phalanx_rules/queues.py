@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from phalanx_proto.events import Phase
 from phalanx_proto.queues import (
@@ -245,7 +246,7 @@ PENDING: frozenset[Phase] = IDLE | OPEN
 
 
 def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[GangState],
-                 capacity: int) -> dict[str, dict]:
+                 capacity: int) -> dict[str, dict[str, Any]]:
     """Each queue's status in GPUs: allocated (its subtree's included), borrowed (beyond its
     quota), pending gangs and GPUs (what its waiting gangs, and its subtree's, ask for), fair
     share of ``capacity`` units; with quota, limit, parent and problem. What gang-coordinator
@@ -266,7 +267,7 @@ def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[Ga
     held = {q: held_by.get(q, 0) for q in tree.specs}
     own = {q: held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ())) for q in tree.specs}
     shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for q, spec in tree.specs.items():
         out[q] = {"parent": spec.parent, "quota": _gpus(spec.quota),
                   "limit": None if spec.limit is None else _gpus(spec.limit), "allocated": _gpus(held[q]),

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from phalanx_proto import events as E
 
 # -- identities ---------------------------------------------------------------------------
@@ -139,7 +141,7 @@ class Channel:
     other is refused alone, the rest of its batch goes on)."""
 
 
-def _tags(*types) -> tuple[str, ...]:
+def _tags(*types: type[msgspec.Struct]) -> tuple[str, ...]:
     return tuple(E.tag_of(t) for t in types)
 
 
@@ -294,6 +296,7 @@ KV_LEASES = "phx-leases"
 KV_MIG = "phx-mig"
 KV_NODE_STATE = "phx-node-state"
 KV_QUEUES = "phx-queues"
+KV_DRA = "phx-dra"
 KV_SIM_QUEUES = "phx-sim-queues"
 KV_SIM_NAMESPACES = "phx-sim-namespaces"
 KV_SIM_PODS = "phx-sim-pods"
@@ -327,6 +330,10 @@ BUCKETS = (
            "in queue units, with the problem that makes it unusable if any. Written by gang-coordinator.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
            max_value_size=64 * KIB, max_bytes=64 * MIB, value="kv.QueueSpec", key="{queue}"),
+    Bucket(KV_DRA, 1, "Each DRA pool (a driver's ResourceSlices for one pool, key: the pool's token) with the "
+           "devices ResourceClaims hold in it, as gang-coordinator reads them from the API server (docs/dra.md).",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           max_value_size=GANG_MESSAGE_MAX, max_bytes=256 * MIB, value="kv.DraPool", key="{pool}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH), Grant(PLACEMENT, WATCH),
             Grant(READER, READ)), max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, value="kv.GangState",
@@ -381,7 +388,7 @@ def declared_bytes(*, simulator: bool = True) -> int:
 
 
 ACCOUNT_MAX_STREAMS = 64
-"""Streams the PHALANX account may have (the table declares 6 and 17 buckets). With every
+"""Streams the PHALANX account may have (the table declares 6 and 18 buckets). With every
 stream required to declare its size (the account JWT's ``max_bytes_required``), the account's
 storage is at most the sum the table declares (``declared_bytes``), times the replicas. The
 account JWT carries no total in bytes: nats-server counts a stream's replicas against it and
