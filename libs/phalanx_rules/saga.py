@@ -19,7 +19,8 @@ data too (gang-coordinator's ``effects.py``), carried out by its ``driver.SagaDr
     backoff ──what it waits for happened (``woken``)──▶ backoff, due now
 
 Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
-``mig`` (destroy the attempt's MIG instances), ``release`` (the reservation).
+``claims`` (take them out of their ResourceClaims, clear what Phalanx allocated), ``mig``
+(destroy the attempt's MIG instances), ``release`` (the reservation).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
 from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
-COMPENSATIONS = ("unbind", "mig", "release")
-"""Reverse order of the steps reserve → prepare MIG → bind."""
+COMPENSATIONS = ("unbind", "claims", "mig", "release")
+"""Reverse order of the steps reserve → prepare MIG → write the claims → bind."""
 
 
 replace = msgspec.structs.replace
