@@ -1,0 +1,3 @@
+"""Dynamic Resource Allocation (``resource.k8s.io/v1``) in the engine. So far: ``celenv``, the
+CEL selector environment (cel-expr-python / cel-cpp) with the Kubernetes quantity and semver
+libraries, and ``semver``."""
