@@ -131,13 +131,14 @@ class NodeDevices:
     """Every pool relevant to one node, in search order, and their usable devices. ``memo`` is
     the allocator's cache of per-request answers that do not depend on usage."""
 
-    __slots__ = ("node", "labels", "pools", "candidates", "memo")
+    __slots__ = ("node", "labels", "pools", "candidates", "by_key", "memo")
 
     def __init__(self, node: str, labels: Mapping[str, str], pools: tuple[PoolView, ...]) -> None:
         self.node = node
         self.labels = dict(labels)
         self.pools = pools
         self.candidates = tuple(c for p in pools for c in p.candidates)
+        self.by_key = {c.key: c for c in self.candidates}
         self.memo: dict = {}
 
 
