@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from dra_builders import NIC, NVIDIA, counter_set, gpu, mig, nic, on, pool, slice_, term
 
-from phalanx_engine.dra.pools import NodeDevices, gather, selection_matches
+from phalanx_engine.dra.pools import MAX_MEMO, NodeDevices, gather, selection_matches
 from phalanx_proto.dra import CounterUse, Device, NodeSelection
 from phalanx_proto.scheduling import NodeSelectorRequirement, NodeSelectorTerm
 
@@ -146,3 +146,10 @@ def test_a_candidate_knows_its_node_selection_and_counter_use() -> None:
 ))
 def test_a_node_selection_against_the_node(case: str, nodes: NodeSelection, want: bool) -> None:
     assert selection_matches(nodes, "n1", LABELS) is want
+
+
+def test_a_nodes_memo_keeps_the_newest_answers() -> None:
+    nd = gather([], "n1")
+    for i in range(MAX_MEMO + 2):
+        nd.remember(i, i)
+    assert (len(nd.memo), min(nd.memo), max(nd.memo)) == (MAX_MEMO, 2, MAX_MEMO + 1)

@@ -196,7 +196,7 @@ class _Search:
         hit = self.devices.memo.get(key)
         if hit is None:
             hit = self._select(cls.selectors, selectors)
-            self.devices.memo[key] = hit
+            self.devices.remember(key, hit)
         if isinstance(hit, tuple) and hit and hit[0] == "error":
             _, by_class, index, stage, text = hit
             where = f"class {cls.name}" if by_class else f"claim {c.ref}"
@@ -237,7 +237,7 @@ class _Search:
         if hit is None:
             hit = tuple(d for d in self.selected(c, alt)
                         if d.tolerated_by(spec.tolerations) and fit(d, alt.asked, None, None) is not None)
-            self.devices.memo[key] = hit
+            self.devices.remember(key, hit)
         return hit
 
     def _all_devices(self, c: ClaimState, alt: Alt) -> None:

@@ -40,6 +40,8 @@ from phalanx_proto.scheduling import NodeSelectorTerm
 if TYPE_CHECKING:
     from phalanx_engine.dra.celenv import DeviceInput
 
+MAX_MEMO = 512
+"""Per-request answers one node keeps (distinct selector/toleration combinations)."""
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): a device in every index of this package."""
 CounterKey = tuple[str, str]
@@ -140,6 +142,12 @@ class NodeDevices:
         self.candidates = tuple(c for p in pools for c in p.candidates)
         self.by_key = {c.key: c for c in self.candidates}
         self.memo: dict = {}
+
+    def remember(self, key: object, value: object) -> None:
+        """Keep a per-request answer in ``memo`` (the oldest goes beyond ``MAX_MEMO``)."""
+        self.memo[key] = value
+        if len(self.memo) > MAX_MEMO:
+            del self.memo[next(iter(self.memo))]
 
 
 def gather(pools: Iterable[DraPool], node: str, labels: Mapping[str, str] | None = None) -> NodeDevices:
