@@ -24,8 +24,19 @@ from dra_builders import (
     slice_,
 )
 
-from phalanx_engine.dra import Allocation, Ranking, Usage, allocate, gather, pci_address
-from phalanx_proto.dra import AttrValue, Device, DeviceClassRef, DraPool
+from phalanx_engine.dra import Allocation, Ranking, Refusal, Usage, allocate, gather, pci_address
+from phalanx_engine.snapshot import NodeView, Snapshot
+from phalanx_proto.dra import (
+    AllocatedDevice,
+    AttrValue,
+    ClaimAllocated,
+    ClaimAllocation,
+    Device,
+    DeviceClassRef,
+    DraPool,
+    PodClaim,
+)
+from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.topology import NodeTopology
 from phalanx_topology import load_file
 
@@ -162,3 +173,25 @@ def test_the_benchmark_runs_and_shows_ranking_take_the_whole_quad(capsys: pytest
     assert bench.main(["--repeat", "3"]) == 0
     out = capsys.readouterr().out
     assert "(0, 2, 3, 4) -> (4, 5, 6, 7)" in out
+
+
+def test_the_package_docstrings_way_of_calling_it_places_a_gang_member_after_member() -> None:
+    held = ClaimAllocated(claim="x/y/z", allocation=ClaimAllocation(devices=(
+        AllocatedDevice(request="gpu", driver=NVIDIA, pool="n1", device="gpu-1"),)))
+    view = NodeView(name="n1", topology=V100, dra=(gpu_pool("n1"), nic_pool("n1", 8)),
+                    allocations=(Assignment(pod=PodRef(namespace="x", name="p", uid="u"), node="n1", claims=(held,)),))
+    snapshot = Snapshot(nodes=(view,))
+    usage = Usage([p for v in snapshot.nodes for p in v.dra],
+                  [c for v in snapshot.nodes for a in v.allocations for c in a.claims])
+    devices_of = {view.name: gather(view.dra, view.name, view.kube.labels if view.kube else {})}
+    ranking_of = {view.name: Ranking(view.topology)}
+    trial = usage.copy()
+    placed = []
+    for m in range(3):
+        got = allocate([PodClaim(name="gpus", claim=claim(f"m{m}", request("gpu", count=2)))], devices_of["n1"], trial,
+                       ranking_of["n1"])
+        assert not isinstance(got, Refusal), got
+        trial.add_allocated(got.claims)
+        placed.append(got.gpus)
+    assert placed == [(2, 3), (5, 6), (4, 7)]  # NV2 pairs, GPU 1 being held
+    assert not usage.exclusive((NVIDIA, "n1", "gpu-4"))

@@ -89,3 +89,8 @@ def test_a_copy_is_independent() -> None:
 def test_a_device_no_pool_knows_is_taken_without_counters() -> None:
     u = Usage([], [held("a/b/c", dev("gpu-9"))])
     assert (u.exclusive((NVIDIA, "n1", "gpu-9")), dict(u.counters(NVIDIA, "n1"))) == (True, {})
+
+
+def test_a_pool_seen_from_several_nodes_counts_once() -> None:
+    p = pool(NVIDIA, "n1", *MIG_POOL.slices, in_use=[InUse(device="gpu-0-mig-1g10gb-1", claim="a/b/c")])
+    assert state(Usage([p, p, p])) == state(Usage([p]))

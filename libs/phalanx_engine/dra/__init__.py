@@ -3,21 +3,25 @@ a pod's ResourceClaims get, by the rules of Kubernetes 1.36's structured allocat
 among valid allocations the best-connected GPUs. Pure (values in, values out, no I/O); called
 by placement per (member, node), by ``phalanx place`` and by tests.
 
-How to call it::
+How to call it (``view`` a ``snapshot.NodeView``)::
 
-    from phalanx_engine.dra import Ranking, Usage, allocate, gather
+    from phalanx_engine.dra import Ranking, Refusal, Usage, allocate, gather
 
-    usage = Usage(pools, held)                 # once per cycle: every DraPool (KV phx-dra) and the
-                                               # ledger's ClaimAllocated the API may not show yet
-    devices = gather(pools, node, labels)      # once per node and pool snapshot; keep it: it also
-                                               # caches what selectors said of each device
-    ranking = Ranking(topology)                # the node's NodeTopology (None: first-fit, no GPUs)
+    # once per cycle: every pool (a pool reaching several nodes may come more than once) and the
+    # claims Phalanx holds that the API may not show yet (the ledger's Assignment.claims)
+    usage = Usage([p for v in snapshot.nodes for p in v.dra],
+                  [c for v in snapshot.nodes for a in v.allocations for c in a.claims])
+    # once per node and pool snapshot; keep both: they cache what selectors said of each device
+    # and which device is which GPU
+    devices = gather(view.dra, view.name, view.kube.labels if view.kube else {})
+    ranking = Ranking(view.topology)           # or None: first-fit, no GPU indices
 
     trial = usage.copy()                       # a gang's attempt owns its copy
     for member in gang:
         got = allocate(member.claims, devices_of[node], trial, ranking_of[node])
         if isinstance(got, Refusal):
-            ...                                # got.message (kube-scheduler's), got.detail, got.status()
+            ...                                # got.message (kube-scheduler's), got.detail,
+                                               # got.error, got.resolvable, got.status()
         else:
             trial.add_allocated(got.claims)    # the next member sees these devices taken
             # got.claims: one ClaimAllocated per claim, for Assignment.claims; got.gpus: the
