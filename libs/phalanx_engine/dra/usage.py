@@ -33,7 +33,7 @@ class Usage:
     """The devices, shares and counters taken. Not thread-safe; ``copy`` is cheap (the big
     per-pool device index is shared, everything else copied)."""
 
-    __slots__ = ("_devices", "_entries", "_exclusive", "_shares", "_active", "_counters")
+    __slots__ = ("_devices", "_entries", "_exclusive", "_shares", "_active", "_counters", "_blocked")
 
     def __init__(self, pools: Iterable[DraPool] = (), held: Iterable[ClaimAllocated] = ()) -> None:
         pools = tuple(pools)
@@ -43,6 +43,7 @@ class Usage:
         self._shares: dict[DeviceKey, dict[str, int]] = {}
         self._active: dict[DeviceKey, int] = {}
         self._counters: dict[tuple[str, str], dict[CounterKey, int]] = {}
+        self._blocked: frozenset[DeviceKey] = frozenset()
         for p in pools:
             for use in p.in_use:
                 self._take(use.claim, (p.driver, p.pool, use.device), use.share_id, use.consumed)
@@ -57,6 +58,20 @@ class Usage:
         other._shares = {k: dict(v) for k, v in self._shares.items()}
         other._active = dict(self._active)
         other._counters = {k: dict(v) for k, v in self._counters.items()}
+        other._blocked = self._blocked
+        return other
+
+    def blocking(self, keys: frozenset[DeviceKey]) -> Usage:
+        """This usage with ``keys`` also taken, exclusively: a view for one ``allocate`` call,
+        sharing everything with this one (do not ``add`` to it). Placement blocks the DRA
+        devices that are, or sit on, GPUs its device-plugin reservations hold (docs/dra.md,
+        "Side by side")."""
+        if not keys:
+            return self
+        other = Usage.__new__(Usage)
+        other._devices, other._entries, other._exclusive = self._devices, self._entries, self._exclusive
+        other._shares, other._active, other._counters = self._shares, self._active, self._counters
+        other._blocked = self._blocked | keys
         return other
 
     def add(self, claim: str, allocation: ClaimAllocation) -> None:
@@ -75,11 +90,11 @@ class Usage:
 
     def exclusive(self, key: DeviceKey) -> bool:
         """Is the device allocated without a share (no one else may have it)?"""
-        return key in self._exclusive
+        return key in self._exclusive or key in self._blocked
 
     def allocated(self, key: DeviceKey) -> bool:
         """Is the device allocated at all (its counters are in use)?"""
-        return key in self._active
+        return key in self._active or key in self._blocked
 
     def shared(self, key: DeviceKey) -> Mapping[str, int] | None:
         """The capacity (nanos by capacity name) the device's shares consume, or None when it
