@@ -106,7 +106,9 @@ class Relaxed:
         top = max(g.priority for g in self.running)
         lifted = msgspec.structs.replace(self.tree.get(self.preemptor.queue) or QueueSpec(name=self.preemptor.queue),
                                          within_queue="LowerPriority", reclaim="Any")
-        tree = QueueTree.of([*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
+        # and no gang is too young to be a victim (the refusal may be that)
+        tree = QueueTree.of(msgspec.structs.replace(s, preempt_min_runtime_s=0.0, reclaim_min_runtime_s=0.0)
+                            for s in [*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
         who = replace(self.preemptor, members=members, priority=max(self.preemptor.priority, top + 1),
                       preemption_policy=PREEMPT_LOWER_PRIORITY)
         extra = {} if self.profile is None else {"profile": self.profile}
