@@ -145,11 +145,12 @@ def fair_shares(tree: QueueTree, demand: Mapping[str, int], capacity: int,
         scale = min(1.0, amount / sum(got.values())) if sum(got.values()) else 1.0
         got = {c: int(g * scale) for c, g in got.items()}
         left = amount - sum(got.values())
-        norm = max(level / GPU_UNITS, sum(recent.get(c, 0.0) for c in kids)) if recent else 0.0
+        used = sum(recent.get(c, 0.0) for c in kids) if recent else 0.0
+        norm = max(level / GPU_UNITS, used)  # no usage at this level: the plain weights
         while left > 0:
             hungry = [c for c in kids if got[c] < want[c]]
             weights = {c: tree.specs[c].over_quota_weight for c in hungry}
-            if recent:
+            if used > 0:
                 weights = usage.weights(weights, recent, norm)
             if not hungry or sum(weights.values()) <= 0:
                 break

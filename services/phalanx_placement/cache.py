@@ -53,7 +53,7 @@ from phalanx_placement.assumed import Assumed, Commit
 from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
-from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
+from phalanx_proto.queues import HISTORY_PREFIX, USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.topology import NodeTopology
 from phalanx_rules.queues import held_by_queue
@@ -74,6 +74,8 @@ class ClusterCache:
         self.ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put, on_delete=self._gone)
         self.usage = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{USAGE_PREFIX}*", on_put=self._ledger_put,
                                         on_delete=self._gone)
+        self.history = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{HISTORY_PREFIX}*")
+        """Each queue's recent usage (``QueueHistory``, the fair share that remembers)."""
         self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
         self._dirty: set[str] = set()
@@ -104,7 +106,7 @@ class ClusterCache:
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
-        own = (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs)
+        own = (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs)
         return own if self.node_states is None else (*own, self.node_states.mirror)
 
     def _mirror_of(self, key: str) -> KvMirror:
@@ -119,7 +121,7 @@ class ClusterCache:
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Follow every bucket until cancelled; started once each is listed and the clusters built."""
         async with anyio.create_task_group() as tg:
-            for mirror in (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs):
+            for mirror in (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs):
                 await tg.start(mirror.run)
             if self.node_states is not None:
                 await tg.start(self.node_states.run)

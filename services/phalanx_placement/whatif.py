@@ -98,6 +98,9 @@ class Relaxed:
     avoid: frozenset[str] = frozenset()
     profile: Profile | None = None
     now: float | None = None
+    retry_at: float = 0.0
+    """When the planner refused only because its victims are too young (``NoPlan`` code
+    ``min-runtime``): the time they may go; ``why_not`` says so. 0: not so."""
 
     def __call__(self, cluster: Cluster, members: tuple[MemberSpec, ...], *,
                  holders: Mapping[PodRef, Running]) -> PreemptPlan | None:

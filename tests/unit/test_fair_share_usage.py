@@ -153,3 +153,29 @@ def test_a_nested_level_normalises_by_what_it_divides():
     shares = fair_shares(tree, demand, 16 * G, {"org": 8.0, "x": 8.0, "y": 0.0})
     # x: U = 8/8, weight max(0, 1 - 1) = 0; y: 1: y gets the parent's 8
     assert (shares["x"], shares["y"]) == (0, 8 * G)
+
+
+def test_the_replay_checks_the_recorded_order_with_its_recent_usage():
+    """``phalanx sim --replay`` asks the rulebook for the fair shares again on what a cycle's
+    order read (``RecordedQueueGate.order``: the queues, units, usage records and time): the
+    recorded shares agree; shares forged as if the usage were not there are reported."""
+    from phalanx_proto.events import DecisionsRecorded, RecordedDecision, RecordedOrder, RecordedQueueGate
+    from phalanx_sim.replay import Replay
+
+    specs = (QueueSpec(name="team-a"), QueueSpec(name="team-b"), QueueSpec(name="default"))
+    h = 2 * HOUR
+    history = (usage.advance(None, "team-a", 0.0, 16 * G, h), usage.advance(None, "team-b", 0.0, 0, h))
+    inputs = dict(specs=specs, held={"team-a": 16 * G}, waiting={"team-a": 16 * G, "team-b": 16 * G},
+                  capacity=16 * G, history=history, now=8 * HOUR)
+    true, _ = queueorder.shares_and_ranks(QueueTree.of(specs), inputs["held"], inputs["waiting"], 16 * G,
+                                          usage.recent_gpus(history, 8 * HOUR))
+    plain, _ = queueorder.shares_and_ranks(QueueTree.of(specs), inputs["held"], inputs["waiting"], 16 * G)
+    assert true != plain
+    replay = Replay()
+    for seq, shares in enumerate((true, plain), start=1):
+        gate = RecordedQueueGate(order=RecordedOrder(**inputs, shares=shares))
+        replay.feed(DecisionsRecorded(replica="r1", seq=seq, base=seq == 1, items=(
+            RecordedDecision(gang_id=f"ns/g{seq}", engine=False, queue=gate),)))
+    [diff] = replay.differences
+    assert diff.gang_id == "ns/g2" and diff.recorded.startswith("fair shares: ") and diff.replayed == "fair shares: default 0, team-a 0.94, team-b 15.06"
+    assert replay.replicas["r1"].queue_checks == 2
