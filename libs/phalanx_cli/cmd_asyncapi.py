@@ -111,7 +111,8 @@ def _messages() -> dict[str, dict[str, Any]]:
                       ("NodeTopologyReported", f"{E.tag_of(E.NodeTopologyReported)}.json"),
                       ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
                       ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json"),
-                      ("QueueSpec", "kv.QueueSpec.json"), ("QueueUsage", "kv.QueueUsage.json")):
+                      ("QueueSpec", "kv.QueueSpec.json"), ("QueueUsage", "kv.QueueUsage.json"),
+                      ("QueueHistory", "kv.QueueHistory.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",
