@@ -8,8 +8,8 @@ of virtual time, per queue: the GPUs held and the fair share (means of the sampl
 wait of the gangs that arrived in the window (p50/p90; a gang that never started waits until
 the end of the run).
 
-    .venv/bin/python bench/fair_share_trace.py --synthetic 64x8v100 --load 1.2 --duration 24h \\
-        --b-from 8h --usage-half-life 2h
+    .venv/bin/python bench/fair_share_trace.py --synthetic 64x8v100 --load 1.2 --duration 36h \\
+        --b-from 16h --weights 3,1 --usage-half-life 2h --windows 0,16h,18h,20h,24h,28h,36h
 """
 
 from __future__ import annotations
@@ -22,16 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-QUEUES = """\
+QUEUE = """\
 apiVersion: scheduling.phalanx.io/v1alpha1
 kind: Queue
-metadata: {name: team-a}
-spec: {resources: {nvidia.com/gpu: {quota: 0, overQuotaWeight: 1}}}
----
-apiVersion: scheduling.phalanx.io/v1alpha1
-kind: Queue
-metadata: {name: team-b}
-spec: {resources: {nvidia.com/gpu: {quota: 0, overQuotaWeight: 1}}}
+metadata: {{name: {name}}}
+spec: {{resources: {{nvidia.com/gpu: {{quota: 0, overQuotaWeight: {weight}}}}}}}
 """
 PHALANX = str(Path(sys.executable).with_name("phalanx"))
 
@@ -82,16 +77,18 @@ def main() -> int:
     p.add_argument("--duration", default="24h")
     p.add_argument("--b-from", default="8h")
     p.add_argument("--usage-half-life", default="2h")
+    p.add_argument("--weights", default="1,1", help="overQuotaWeight of team-a and team-b")
     p.add_argument("--windows", default="0,8h,10h,12h,16h,24h", help="window edges")
     args = p.parse_args()
     edges = [seconds(e) if e != "0" else 0.0 for e in args.windows.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         queues = str(Path(tmp) / "queues.yaml")
-        Path(queues).write_text(QUEUES)
+        wa, wb = args.weights.split(",")
+        Path(queues).write_text(QUEUE.format(name="team-a", weight=wa) + "---\n" + QUEUE.format(name="team-b", weight=wb))
         plain, plain_s = run(args, queues, None)
         remembers, rem_s = run(args, queues, args.usage_half_life)
     print(f"{args.synthetic}, trace at load {args.load:g} (seed {args.seed}), {args.duration}; team-a from 0, "
-          f"team-b from {args.b_from}; quota 0 and weight 1 each")
+          f"team-b from {args.b_from}; quota 0, weights {args.weights}")
     print(f"wall time: plain {plain_s:.1f} s, with half-life {args.usage_half_life} {rem_s:.1f} s")
     head = (f"{'window':>9} {'queue':<7} | {'held':>7} {'share':>7} {'wait p50':>9} {'p90':>8} | "
             f"{'held':>7} {'share':>7} {'wait p50':>9} {'p90':>8} {'gangs':>6}")
