@@ -54,9 +54,14 @@ test-integration: install
 fuzz: install
 	PHALANX_FUZZ_PROFILE=fuzz $(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/unit
 
+## ruff, the import contracts, then the type checker: mypy ([tool.mypy] in pyproject.toml), strict
+## on proto/ and the rulebook, the engine checked with each plugin held to its Protocol where the
+## profile registers it; its cache lives in the venv. `make test` runs the same three
+## (tests/unit/test_architecture.py).
 lint: install
 	$(BIN)/ruff check proto libs services fleet tests bench
 	$(BIN)/lint-imports
+	$(BIN)/mypy --cache-dir $(VENV)/.mypy_cache
 
 schema: install
 	$(BIN)/phalanx schema

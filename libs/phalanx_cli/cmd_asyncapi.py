@@ -37,6 +37,7 @@ PARAMETERS = {
                 "mig-manager-<node>, ...).",
     "replica": "One placement process: its pod (or host) name, pid and a random part, as one subject token.",
     "queue": "The queue's name as one subject token (token(name): characters outside [A-Za-z0-9_-] become '_').",
+    "pool": "A DRA pool as one key: its driver and pool names made key-safe, then a digest of both (phalanx_proto.dra.pool_key).",
 }
 
 
@@ -112,7 +113,7 @@ def _messages() -> dict[str, dict[str, Any]]:
                       ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
                       ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json"),
                       ("QueueSpec", "kv.QueueSpec.json"), ("QueueUsage", "kv.QueueUsage.json"),
-                      ("QueueHistory", "kv.QueueHistory.json")):
+                      ("QueueHistory", "kv.QueueHistory.json"), ("DraPool", "kv.DraPool.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from phalanx_proto import events, queues, scheduling, state
+from phalanx_proto import dra, events, queues, scheduling, state
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "proto" / "schema"
 
@@ -24,7 +24,7 @@ def documents() -> dict[str, str]:
     for t in events.ALL_EVENTS:
         out[f"{events.tag_of(t)}.json"] = _dump(msgspec.json.schema(t), f"Phalanx event '{events.tag_of(t)}'")
     for t in (state.GangState, state.NodeLedger, state.NodeMig, scheduling.NodeKubeState, queues.QueueSpec,
-              queues.QueueUsage, queues.QueueHistory):
+              queues.QueueUsage, queues.QueueHistory, dra.DraPool):
         out[f"kv.{t.__name__}.json"] = _dump(msgspec.json.schema(t), f"Phalanx KV value {t.__name__}")
     return out
 

@@ -206,7 +206,8 @@ def room_for(profile: Profile, member: Member) -> tuple[float, float] | None:
     if not checks_resources(profile, member):
         return None
     asks = member.spec.requests
-    return tuple(q if (q := asks.get(r, 0)) > 0 else -math.inf for r in (CPU, MEMORY))
+    cpu, memory = (q if (q := asks.get(r, 0)) > 0 else -math.inf for r in (CPU, MEMORY))
+    return cpu, memory
 
 
 def _state_or_status(view: NodeView) -> NodeState | Status:

@@ -27,7 +27,16 @@ from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import candidate, checks_resources
 from phalanx_engine.cluster import Cluster, room_for
 from phalanx_engine.explain import no_fit
-from phalanx_engine.framework import ALL_KINDS, Member, Profile, collecting_node_errors
+from phalanx_engine.framework import (
+    ALL_KINDS,
+    Allocate,
+    DomainFilter,
+    Filter,
+    Member,
+    Profile,
+    Score,
+    collecting_node_errors,
+)
 from phalanx_engine.kube_plugins import kube_filters
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
@@ -49,15 +58,17 @@ def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = N
     lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
     (``Decision.unchecked`` names them). ``mix``: the workload FGD's fragmentation in the
     packing score is measured against (none: CPU stranding alone)."""
+    # Each plugin is registered under its protocol's type: the type checker (make lint) holds
+    # every one to its extension point here, as kube-scheduler's compiler holds its plugins.
     whole, tdm, migs = gpu.WholeGpus(), gpu.TdmShare(), gpu.MigSlice()
     *kube, refused = kube_filters(require_node_state)
-    return Profile(
-        filters=(*kube, gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs, refused),
-        allocators={RequestKind.WHOLE: whole, RequestKind.TDM: tdm, RequestKind.MIG: migs,
-                    RequestKind.NONE: gpu.NoGpu()},
-        scores=(gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS), gpu.FewestFreeGpus()),
-        domain_filters=(gpu.GangGpuCapacity(),),
-    )
+    filters: tuple[Filter, ...] = (*kube, gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs, refused)
+    allocators: dict[RequestKind, Allocate] = {RequestKind.WHOLE: whole, RequestKind.TDM: tdm, RequestKind.MIG: migs,
+                                               RequestKind.NONE: gpu.NoGpu()}
+    scores: tuple[Score, ...] = (gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS),
+                                 gpu.FewestFreeGpus())
+    domain_filters: tuple[DomainFilter, ...] = (gpu.GangGpuCapacity(),)
+    return Profile(filters=filters, allocators=allocators, scores=scores, domain_filters=domain_filters)
 
 
 DEFAULT_PROFILE = default_profile()

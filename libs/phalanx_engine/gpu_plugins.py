@@ -54,14 +54,16 @@ def node_usable(view: NodeView) -> Status | None:
     return None
 
 
-def assignment(member: Member, node: NodeState, gpus: Iterable[int], **extra) -> Assignment:
-    """The assignment of ``member`` to ``gpus`` of ``node`` (``extra``: NICs, MIG slot). It
-    carries the member's other requests and host ports, so the ledger accounts for them."""
+def assignment(member: Member, node: NodeState, gpus: Iterable[int], *, nics: tuple[str, ...] = (),
+               rdma_level: str = "", mig_profile: str = "", mig_start: int = -1) -> Assignment:
+    """The assignment of ``member`` to ``gpus`` of ``node`` (and NICs, or a MIG slot: the
+    defaults are ``Assignment``'s). It carries the member's other requests and host ports, so
+    the ledger accounts for them."""
     gpus = tuple(gpus)
     m = member.spec
     return Assignment(pod=m.pod, node=node.name, gpus=gpus, gpu_uuids=tuple(node.gpus[i].uuid for i in gpus),
                       core_pct=m.core_pct, memory_mib=m.memory_mib, requests=m.requests, host_ports=m.host_ports,
-                      **extra)
+                      nics=nics, rdma_level=rdma_level, mig_profile=mig_profile, mig_start=mig_start)
 
 
 class GpuPresent:
@@ -161,8 +163,9 @@ class TdmShare:
     def applies(self, member: Member) -> bool:
         return member.kind is RequestKind.TDM
 
-    def _usable(self, member: Member, node: NodeState) -> tuple[list[int], Counter]:
-        m, ok, why = member.spec, [], Counter()
+    def _usable(self, member: Member, node: NodeState) -> tuple[list[int], Counter[str]]:
+        m, ok = member.spec, []
+        why: Counter[str] = Counter()
         for i, g in node.gpus.items():
             if i in node.whole or i in node.mig_inst or g.mig_enabled:
                 why[R_GPUS] += 1

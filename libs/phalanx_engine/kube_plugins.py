@@ -11,7 +11,7 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 
 from __future__ import annotations
 
-from phalanx_engine.framework import Member
+from phalanx_engine.framework import Filter, Member
 from phalanx_engine.matching import (
     node_selector_matches,
     ports_conflict,
@@ -155,9 +155,9 @@ class NodeResourcesFit:
         return True
 
     def filter(self, member: Member, node: NodeState) -> Status | None:
-        if resources_fit(member, node):
-            return None
         kube = node.view.kube
+        if kube is None or resources_fit(member, node):  # no Kubernetes state: resources_fit passes it
+            return None
         alloc, used = kube.allocatable, node.requested
         short: list[Reason] = []
         allowed = alloc.get(PODS, 0)
@@ -208,8 +208,9 @@ class PodAffinityRefused:
         return refuse(self.name, code, f"Phalanx does not evaluate {', '.join(terms)}", resolvable=False)
 
 
-def kube_filters(require_node_state: bool) -> tuple:
+def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:
     """The Kubernetes filters in kube-scheduler's order (the first that refuses decides the
-    node's status, so the order decides the reason a node shows)."""
+    node's status, so the order decides the reason a node shows). Typed as ``Filter``s, so the
+    type checker holds each to the protocol here."""
     return (NodeStateReported(require_node_state), NodeUnschedulable(), NodeName(), TaintToleration(),
             NodeAffinity(), NodePorts(), NodeResourcesFit(), PodAffinityRefused())

@@ -38,7 +38,7 @@ class Desc:
         return isinstance(other, Desc) and self.value == other.value
 
     def __lt__(self, other: Desc) -> bool:
-        return self.value > other.value  # type: ignore[operator]
+        return self.value > other.value  # type: ignore[operator]  # values of one key position compare
 
     def __hash__(self) -> int:
         return hash(self.value)

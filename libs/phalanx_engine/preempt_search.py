@@ -322,7 +322,8 @@ class Search:
         self.expanded += 1
         items = list(dom.pool) + [g for g in self.relief if g not in dom.pool]
         if len(items) <= self.bounds.exact_victims:
-            sets = (frozenset(c) for r in range(1, len(items) + 1) for c in itertools.combinations(items, r))
+            sets: Iterable[frozenset[str]] = (frozenset(c) for r in range(1, len(items) + 1)
+                                              for c in itertools.combinations(items, r))
             sets = (s for s in sets if fits(self.occ, dom, self.need, s))
         else:
             self.exact = False
@@ -366,9 +367,9 @@ class Search:
                 if not slots.ok():
                     slots.add(g)
             chosen = set(slots.chosen)
-            for g in [None, *(r for r in self.relief if r not in chosen)]:
-                if g is not None:
-                    chosen.add(g)
+            for more in [None, *(r for r in self.relief if r not in chosen)]:
+                if more is not None:
+                    chosen.add(more)
                 if not self._breaks(frozenset(chosen)):
                     out.append(frozenset(chosen))
                     break

@@ -9,6 +9,8 @@ the replay to put them back. Both forget everything at a base record.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from phalanx_engine.snapshot import NodeView
 from phalanx_proto.events import RecordedNode
 from phalanx_proto.scheduling import NodeKubeState
@@ -28,7 +30,7 @@ class Memory:
 
     def record(self, view: NodeView) -> RecordedNode:
         """``view`` as a record, leaving out what this memory says was carried already."""
-        same = []
+        same: list[Literal["topology", "kube"]] = []
         topology: NodeTopology | None = view.topology
         if _same(self._topology.get(view.name), view.topology):
             same.append("topology")
@@ -71,7 +73,7 @@ class Memory:
         self._kube.pop(name, None)
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     """The same object (the cache builds views from the mirror's values, so unchanged ones are
     identical), or equal."""
     return a is b or (a is not None and a == b)

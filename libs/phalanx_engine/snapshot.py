@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phalanx_engine.status import NoFit
+from phalanx_proto.dra import DraPool
 from phalanx_proto.events import Assignment
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import NetworkTiers, NodeTopology
@@ -35,6 +36,9 @@ class NodeView:
     kube: NodeKubeState | None = None
     """The node's Kubernetes state (allocatable, taints, labels, cordon, Ready, what pods
     Phalanx did not place use); ``None`` while its node agent has not reported it."""
+    dra: tuple[DraPool, ...] = ()
+    """The DRA pools whose devices the node may reach (KV ``phx-dra``, docs/dra.md), with the
+    devices ResourceClaims already hold in them."""
     invalid: str = ""
     """Why a record the node's agent wrote (its topology report, heartbeat or Kubernetes
     state) cannot be believed (``bucket: rule``); such a node takes nothing ("node report

@@ -54,6 +54,10 @@ class Code(enum.StrEnum):
     TOPOLOGY_SPREAD_REFUSED = "topology-spread-not-supported"
     GANG_DOMAIN = "gang-does-not-fit-one-domain"
     KEPT_FOR_GANG_AHEAD = "kept-for-gang-ahead"
+    DRA_CANNOT_ALLOCATE = "dra-cannot-allocate"
+    DRA_CLAIM_NOT_ON_NODE = "dra-claim-not-on-node"
+    DRA_CLASS_MISSING = "dra-device-class-missing"
+    DRA_ERROR = "dra-error"
 
 
 class Reason(msgspec.Struct, frozen=True):
@@ -89,9 +93,10 @@ class Status(msgspec.Struct, frozen=True):
         return "Unschedulable" if self.resolvable else "UnschedulableAndUnresolvable"
 
 
-def refuse(plugin: str, code: Code, text: str, *, resolvable: bool, **numbers) -> Status:
-    """A one-reason ``Status`` (the common case)."""
-    return Status(plugin, (Reason(code, text, **numbers),), resolvable)
+def refuse(plugin: str, code: Code, text: str, *, resolvable: bool, resource: str = "", requested: int = 0,
+           free: int = 0, capacity: int = 0, detail: str = "") -> Status:
+    """A one-reason ``Status`` (the common case); the keywords are ``Reason``'s."""
+    return Status(plugin, (Reason(code, text, resource, requested, free, capacity, detail),), resolvable)
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,7 +269,7 @@ def preemptor_of(gang_id: str, members: tuple[MemberSpec, ...], queue: str) -> P
     if len(priorities) > 1:
         return (f"its members disagree on spec.priority ({', '.join(map(str, priorities))}): a gang preempts "
                 "only when all its pods have one priority (one PriorityClass)")
-    policy = NEVER if any(m.preemption_policy == NEVER for m in members) else PREEMPT_LOWER_PRIORITY
+    policy: Literal["PreemptLowerPriority", "Never"] = NEVER if any(m.preemption_policy == NEVER for m in members) else PREEMPT_LOWER_PRIORITY
     return Preemptor(gang_id=gang_id, members=members, priority=priorities[0] if priorities else 0, queue=queue,
                      preemption_policy=policy)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from phalanx_proto.events import Phase
 from phalanx_proto.queues import (
@@ -151,7 +152,7 @@ def fair_shares(tree: QueueTree, demand: Mapping[str, int], capacity: int,
             hungry = [c for c in kids if got[c] < want[c]]
             weights = {c: tree.specs[c].over_quota_weight for c in hungry}
             if used > 0:
-                weights = usage.weights(weights, recent, norm)
+                weights = usage.weights(weights, recent or {}, norm)
             if not hungry or sum(weights.values()) <= 0:
                 break
             total_w = sum(weights.values())
@@ -255,7 +256,7 @@ PENDING: frozenset[Phase] = IDLE | OPEN
 
 
 def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[GangState],
-                 capacity: int, history: Iterable[QueueHistory] = (), now: float = 0.0) -> dict[str, dict]:
+                 capacity: int, history: Iterable[QueueHistory] = (), now: float = 0.0) -> dict[str, dict[str, Any]]:
     """Each queue's status in GPUs: allocated (its subtree's included), borrowed (beyond its
     quota), pending gangs and GPUs (what its waiting gangs, and its subtree's, ask for), fair
     share of ``capacity`` units (weighted by the queues' recent usage, ``history`` at ``now``,
@@ -281,7 +282,7 @@ def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[Ga
     shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity,
                          usage.recent_gpus(history, now))
     hours = usage.gpu_hours(history, now)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for q, spec in tree.specs.items():
         out[q] = {"parent": spec.parent, "quota": _gpus(spec.quota),
                   "limit": None if spec.limit is None else _gpus(spec.limit), "allocated": _gpus(held[q]),

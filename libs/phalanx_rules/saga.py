@@ -19,20 +19,25 @@ data too (gang-coordinator's ``effects.py``), carried out by its ``driver.SagaDr
     backoff ──what it waits for happened (``woken``)──▶ backoff, due now
 
 Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
-``mig`` (destroy the attempt's MIG instances), ``release`` (the reservation).
+``claims`` (take them out of their ResourceClaims, clear what Phalanx allocated), ``mig``
+(destroy the attempt's MIG instances), ``release`` (the reservation).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import msgspec
 
 from phalanx_kubeobjects.gangs import jobset_size, merge_part
 from phalanx_proto.events import (
+    Assignment,
     BindsDone,
     GangDeadline,
     MemberSpec,
     MigFailed,
     MigReady,
+    Phase,
     PlacementFailed,
     PodRef,
     Reserved,
@@ -51,8 +56,8 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
 from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
-COMPENSATIONS = ("unbind", "mig", "release")
-"""Reverse order of the steps reserve → prepare MIG → bind."""
+COMPENSATIONS = ("unbind", "claims", "mig", "release")
+"""Reverse order of the steps reserve → prepare MIG → write the claims → bind."""
 
 
 replace = msgspec.structs.replace
@@ -91,7 +96,7 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
                    parts=parts, jobs=jobs)
 
 
-def drop_member(s: GangState | None, pod) -> GangState | None:
+def drop_member(s: GangState | None, pod: PodRef) -> GangState | None:
     """A member pod is gone (deleted, or recreated with a new uid)."""
     if s is None or not any(m.pod == pod for m in s.members):
         return None
@@ -161,7 +166,7 @@ def woken(s: GangState | None, now: float) -> GangState | None:
     return replace(s, backoff_until=now)
 
 
-def binds_without_write(s: GangState, held: tuple) -> bool:
+def binds_without_write(s: GangState, held: tuple[Assignment, ...]) -> bool:
     """The ledger holds every member of the attempt (``held``: the attempt's assignments) and
     none on a MIG slice: its binds may go out with no state written (docs/saga.md, "One write
     fewer"); placement's ``Reserved`` says so too, but the ledger is the reservations' home."""
@@ -242,7 +247,7 @@ def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangSt
     return replace(s, bound=now_bound, phase="binding")
 
 
-def fail(s: GangState | None, attempt: int, reason: str, *, code: str, phases=RUNNING) -> GangState | None:
+def fail(s: GangState | None, attempt: int, reason: str, *, code: str, phases: Collection[Phase] = RUNNING) -> GangState | None:
     """A running attempt failed (MIG, bind, deadline, a member gone): → rolling_back. ``code``
     names the failure (``GangState.failure``)."""
     if s is None or s.attempt != attempt or s.phase not in phases:
@@ -250,11 +255,11 @@ def fail(s: GangState | None, attempt: int, reason: str, *, code: str, phases=RU
     return replace(s, phase="rolling_back", reason=reason, failure=code, rollback_done=())
 
 
-def member_deleted(s: GangState | None, attempt: int, pod) -> GangState | None:
+def member_deleted(s: GangState | None, attempt: int, pod: PodRef) -> GangState | None:
     return fail(s, attempt, f"member {pod} was deleted", code="member_deleted")
 
 
-def _in_attempt(s: GangState | None, pod) -> bool:
+def _in_attempt(s: GangState | None, pod: PodRef) -> bool:
     return s is not None and any(m.pod == pod for m in attempt_members(s))
 
 
@@ -263,7 +268,7 @@ def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
     if not _in_attempt(s, ev.pod):
         return None
     return fail(s, ev.attempt, f"MIG instance for {ev.pod} on {ev.node} failed: {ev.reason}", code="mig_failed",
-                phases=("preparing",))
+                phases=frozenset({"preparing"}))  # a 1-tuple would infer as tuple[str] to mypy
 
 
 def bind_failed(s: GangState | None, ev: BindsDone) -> GangState | None:
@@ -286,7 +291,7 @@ def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
 
 
 def compensated(s: GangState | None, attempt: int, step: str, *, now: float, base_s: float,
-                max_s: float, unbound: tuple = ()) -> GangState | None:
+                max_s: float, unbound: tuple[PodRef, ...] = ()) -> GangState | None:
     """Record that compensation ``step`` of ``attempt`` ran; after the last, → backoff."""
     if s is None or s.attempt != attempt or s.phase != "rolling_back" or step in s.rollback_done:
         return None

@@ -44,7 +44,7 @@ def mean_life(half_life_s: float) -> float:
 def usage_at(r: QueueHistory, now: float) -> float:
     """The queue's decayed GPU-seconds at ``now``: the record's, decayed since ``at``, plus the
     units it has held since then (none before ``at``: a time before it counts as ``at``)."""
-    factor = 2.0 ** (-max(0.0, now - r.at) / r.half_life_s)
+    factor: float = 2.0 ** (-max(0.0, now - r.at) / r.half_life_s)
     return r.gpu_seconds * factor + r.held / GPU_UNITS * mean_life(r.half_life_s) * (1.0 - factor)
 
 

@@ -292,7 +292,7 @@ class GangEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
         return ""
 
 
-class GangAdmitted(GangEvent, tag="gang.admitted"):
+class GangAdmitted(GangEvent, frozen=True, tag="gang.admitted"):
     """gang-coordinator has seen all min-member pods and starts an attempt."""
 
     members: tuple[PodRef, ...] = ()
@@ -302,7 +302,7 @@ class GangAdmitted(GangEvent, tag="gang.admitted"):
         return uid_digest(self.members)
 
 
-class PlaceRequested(GangEvent, tag="placement.place"):
+class PlaceRequested(GangEvent, frozen=True, tag="placement.place"):
     """Command to placement: place the gang's attempt, all or nothing, and reserve it.
 
     A reference: the members to place and the nodes to avoid are the gang's record in
@@ -318,7 +318,7 @@ class PlaceRequested(GangEvent, tag="placement.place"):
         return self.members_digest
 
 
-class Reserved(GangEvent, tag="gang.reserved"):
+class Reserved(GangEvent, frozen=True, tag="gang.reserved"):
     """Reply from placement: the attempt's reservations are committed in ``phx-ledger``.
 
     A reference: the assignments live in the ledger only, one per member under (gang,
@@ -332,7 +332,7 @@ class Reserved(GangEvent, tag="gang.reserved"):
         return self.members_digest
 
 
-class PlacementFailed(GangEvent, tag="gang.placement_failed"):
+class PlacementFailed(GangEvent, frozen=True, tag="gang.placement_failed"):
     """Reply from placement: the gang does not fit now. ``summary`` is kube-scheduler style."""
 
     summary: str = ""
@@ -363,7 +363,7 @@ class PlacementFailed(GangEvent, tag="gang.placement_failed"):
         return uid_digest(self.members)
 
 
-class BindPods(GangEvent, tag="bind.pods"):
+class BindPods(GangEvent, frozen=True, tag="bind.pods"):
     """Command to binder: bind these members of the attempt. A reference: each pod is bound
     to what the ledger holds for exactly (gang, attempt, pod uid), a MIG member with the
     instance its node's mig-manager recorded ready for it in ``phx-mig`` — never to anything a
@@ -383,7 +383,7 @@ class BindFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     reason: Annotated[str, msgspec.Meta(max_length=2000)]
 
 
-class BindsDone(GangEvent, tag="gang.binds_done"):
+class BindsDone(GangEvent, frozen=True, tag="gang.binds_done"):
     """Reply from binder to one ``bind.pods``: the members it bound (or found bound where the
     ledger says) and those it could not bind, with the reason. A member it refused (the ledger
     holds no such reservation, a foreign pod) is in neither: a forged command gets no answer.
@@ -396,7 +396,7 @@ class BindsDone(GangEvent, tag="gang.binds_done"):
         return f"{uid_digest(self.bound)}:{uid_digest(f.pod for f in self.failed)}"
 
 
-class RollbackStarted(GangEvent, tag="gang.rollback"):
+class RollbackStarted(GangEvent, frozen=True, tag="gang.rollback"):
     """gang-coordinator gives the attempt up and runs its compensations."""
 
     reason: str = ""
@@ -407,7 +407,7 @@ class RollbackStarted(GangEvent, tag="gang.rollback"):
         return self.members_digest
 
 
-class ReleaseRequested(GangEvent, tag="placement.release_requested"):
+class ReleaseRequested(GangEvent, frozen=True, tag="placement.release_requested"):
     """Command to placement: drop exactly the reservations of (gang, attempt, pod uid) for
     each of ``pods`` — never another attempt's, never by name alone (contract C1)."""
 
@@ -418,7 +418,7 @@ class ReleaseRequested(GangEvent, tag="placement.release_requested"):
         return uid_digest(self.pods)
 
 
-class AdoptRequested(GangEvent, tag="placement.adopt_requested"):
+class AdoptRequested(GangEvent, frozen=True, tag="placement.adopt_requested"):
     """Command to placement from gang-coordinator's reconciler: a pod with a Phalanx
     schedulerName is bound to ``assignment.node`` without a reservation; record one for it if
     its GPUs are free there (never a GPU booked twice), as (gang, attempt, pod uid)."""
@@ -430,7 +430,7 @@ class AdoptRequested(GangEvent, tag="placement.adopt_requested"):
         return pod_key(self.assignment.pod)
 
 
-class Released(GangEvent, tag="gang.released"):
+class Released(GangEvent, frozen=True, tag="gang.released"):
     """Reply from placement: the reservations are gone from the ledger."""
 
     pods: tuple[PodRef, ...] = ()
@@ -442,7 +442,7 @@ class Released(GangEvent, tag="gang.released"):
         return uid_digest(self.pods)
 
 
-class GangScheduled(GangEvent, tag="gang.scheduled"):
+class GangScheduled(GangEvent, frozen=True, tag="gang.scheduled"):
     """Every member is bound: the attempt succeeded."""
 
     assignments: tuple[Assignment, ...] = ()
@@ -451,13 +451,13 @@ class GangScheduled(GangEvent, tag="gang.scheduled"):
         return uid_digest(a.pod for a in self.assignments)
 
 
-class GangPending(GangEvent, tag="gang.pending"):
+class GangPending(GangEvent, frozen=True, tag="gang.pending"):
     """The gang waits; ``reason`` is what its pods' events and PodScheduled condition say."""
 
     reason: str = ""
 
 
-class GangDeadline(GangEvent, tag="gang.deadline"):
+class GangDeadline(GangEvent, frozen=True, tag="gang.deadline"):
     """The attempt's deadline: published by gang-coordinator as a JetStream scheduled message
     when the attempt starts (``phx.deadline.sched.<gang>``) and delivered by the server at the
     deadline to ``phx.deadline.fired.<gang>``. Ignored unless ``attempt`` is still running
@@ -475,7 +475,7 @@ MAX_VICTIMS = 1_000
 """Victim gangs one eviction command may name (the planner evicts far fewer)."""
 
 
-class EvictPods(GangEvent, tag="binder.evict"):
+class EvictPods(GangEvent, frozen=True, tag="binder.evict"):
     """Command from placement to binder: evict, through the Eviction API, every pod of the
     victim gangs of a preemption, for the preemptor ``gang_id`` at ``attempt``
     (docs/preemption.md, "Wiring"). A reference: binder evicts only for a nomination the
@@ -488,7 +488,7 @@ class EvictPods(GangEvent, tag="binder.evict"):
         return hashlib.sha256("\n".join(sorted(self.victims)).encode()).hexdigest()[:16]
 
 
-class EvictionRefused(GangEvent, tag="placement.eviction_refused"):
+class EvictionRefused(GangEvent, frozen=True, tag="placement.eviction_refused"):
     """Reply from binder to placement: evicting a victim of the preemptor ``gang_id``'s
     nomination was refused (a PodDisruptionBudget: HTTP 429), so nothing was evicted; placement
     drops the nomination and leaves those gangs out of the preemptor's next plans for a while."""
@@ -541,6 +541,7 @@ class GangBatch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, t
 
 def batch_of(sender: str, *events: GangEvent, traceparent: str = "") -> GangBatch:
     """A batch of ``events`` from ``sender`` (tests and tools; services use ``BatchSender``)."""
+    # A GangEvent passed here is one of AnyGangEvent's members; mypy sees only the base.
     return GangBatch(sender=sender, events=tuple(Carried(event=e, traceparent=traceparent)  # type: ignore[arg-type]
                                                  for e in events))
 
@@ -560,7 +561,7 @@ class TopologyEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         return f"{self.__struct_config__.tag}:{self.node}"
 
 
-class NodeTopologyReported(TopologyEvent, tag="topology.reported"):
+class NodeTopologyReported(TopologyEvent, frozen=True, tag="topology.reported"):
     """A node's topology changed (or was seen for the first time)."""
 
     topology: NodeTopology
@@ -576,7 +577,7 @@ class NodeTopologyReported(TopologyEvent, tag="topology.reported"):
         return f"{super().key()}:{self.topology.generation}"
 
 
-class NodeHeartbeat(TopologyEvent, tag="topology.heartbeat"):
+class NodeHeartbeat(TopologyEvent, frozen=True, tag="topology.heartbeat"):
     """topology-discovery is alive on ``node`` and its topology is still ``generation``."""
 
     generation: NonNegative = 0
@@ -611,7 +612,7 @@ class _PodNodeEvent(NodeEvent, frozen=True, kw_only=True, omit_defaults=True, ta
         return f"{super().key()}:{pod_key(self.pod)}"
 
 
-class MigPrepareRequested(_PodNodeEvent, tag="mig.prepare_requested"):
+class MigPrepareRequested(_PodNodeEvent, frozen=True, tag="mig.prepare_requested"):
     """Command: create a MIG instance of ``profile`` at ``start`` on ``gpu`` for ``pod``."""
 
     gpu: NonNegative = 0
@@ -619,20 +620,20 @@ class MigPrepareRequested(_PodNodeEvent, tag="mig.prepare_requested"):
     start: NonNegative = 0
 
 
-class MigDestroyRequested(_PodNodeEvent, tag="mig.destroy_requested"):
+class MigDestroyRequested(_PodNodeEvent, frozen=True, tag="mig.destroy_requested"):
     gpu: NonNegative = 0
     instance_uuid: str = ""
 
 
-class MigReady(_PodNodeEvent, tag="mig.ready"):
+class MigReady(_PodNodeEvent, frozen=True, tag="mig.ready"):
     instance_uuid: str
 
 
-class MigFailed(_PodNodeEvent, tag="mig.failed"):
+class MigFailed(_PodNodeEvent, frozen=True, tag="mig.failed"):
     reason: str
 
 
-class MigDestroyed(_PodNodeEvent, tag="mig.destroyed"):
+class MigDestroyed(_PodNodeEvent, frozen=True, tag="mig.destroyed"):
     pass
 
 
@@ -778,7 +779,7 @@ place, docs/events.md): never given to another event."""
 
 def tag_of(event_type: type[msgspec.Struct]) -> str:
     """The stable wire tag of an event type."""
-    return event_type.__struct_config__.tag  # type: ignore[return-value]
+    return event_type.__struct_config__.tag  # type: ignore[return-value]  # str | int | None: ours are str tags
 
 
 Phase = Literal["waiting", "placing", "preparing", "binding", "scheduled", "rolling_back", "backoff"]

@@ -14,7 +14,7 @@ Kubernetes controller keeps its constants.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -123,10 +123,10 @@ SIM_EVERY = "sim.phalanx.io/every"
 """``phalanx sim`` workload annotations: when a pod arrives, how long it runs, how often again."""
 
 # --- the preemption policy a pod (or a Queue) says -----------------------------------------------------
-PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority"
+PREEMPT_LOWER_PRIORITY: Final = "PreemptLowerPriority"
 """``spec.preemptionPolicy`` (Kubernetes' default): the pod's gang may evict gangs of lower
 priority (docs/preemption.md)."""
-NEVER = "Never"
+NEVER: Final = "Never"
 """``spec.preemptionPolicy``: the pod's gang waits and never preempts. Also the Queue's
 ``spec.preemption.withinQueue``/``reclaim`` value that turns a rule off."""
 PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, NEVER)

@@ -17,6 +17,7 @@ from typing import Any
 
 from phalanx_proto import subjects as S
 from phalanx_proto.codec import Decoder
+from phalanx_proto.dra import DraPool, dra_pool_decoder, pool_key
 from phalanx_proto.events import Assignment, NodeHeartbeat, NodeTopologyReported, RequestKind
 from phalanx_proto.queues import (
     HISTORY_PREFIX,
@@ -148,7 +149,7 @@ class BucketRule:
     ``keyed``: keys with one of these prefixes hold another kind of value (``phx-ledger``'s
     ``queue.*`` keys hold queue usage) and are read by that prefix's rule."""
 
-    decoder: Decoder
+    decoder: Decoder[Any]
     problem: Callable[[str, Any], str]
     keyed: tuple[tuple[str, BucketRule], ...] = ()
 
@@ -182,6 +183,14 @@ def queue_spec_problem(key: str, spec: QueueSpec) -> str:
     return "" if key == queue_key(spec.name) else f"key {key!r} does not match queue {spec.name!r}"
 
 
+def pool_problem(key: str, pool: DraPool) -> str:
+    """A pool sits under its own key, and each of its slices names a device once."""
+    expected = pool_key(pool.driver, pool.pool)
+    if key != expected:
+        return f"key {key!r} does not match pool {pool.driver}/{pool.pool} (expected {expected!r})"
+    return ""
+
+
 BUCKETS: dict[str, BucketRule] = {
     S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem, keyed=((USAGE_PREFIX, USAGE_RULE),
                                                                           (HISTORY_PREFIX, HISTORY_RULE))),
@@ -191,6 +200,7 @@ BUCKETS: dict[str, BucketRule] = {
     S.KV_HEARTBEAT: BucketRule(heartbeat_decoder, heartbeat_problem),
     S.KV_MIG: BucketRule(node_mig_decoder, mig_problem),
     S.KV_NODE_STATE: BucketRule(node_kube_state_decoder, lambda key, value: ""),
+    S.KV_DRA: BucketRule(dra_pool_decoder, pool_problem),
 }
 """Every shared bucket whose values Phalanx believes, with its rule (``phx-leases`` holds
 gang-coordinator's own bookkeeping and is read with ``lease_decoder``/``reconciler_report_decoder``)."""

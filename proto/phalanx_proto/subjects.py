@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from phalanx_proto import events as E
 
 # -- identities ---------------------------------------------------------------------------
@@ -139,7 +141,7 @@ class Channel:
     other is refused alone, the rest of its batch goes on)."""
 
 
-def _tags(*types) -> tuple[str, ...]:
+def _tags(*types: type[msgspec.Struct]) -> tuple[str, ...]:
     return tuple(E.tag_of(t) for t in types)
 
 
@@ -294,12 +296,16 @@ KV_LEASES = "phx-leases"
 KV_MIG = "phx-mig"
 KV_NODE_STATE = "phx-node-state"
 KV_QUEUES = "phx-queues"
+KV_DRA = "phx-dra"
 KV_SIM_QUEUES = "phx-sim-queues"
 KV_SIM_NAMESPACES = "phx-sim-namespaces"
 KV_SIM_PODS = "phx-sim-pods"
 KV_SIM_NODES = "phx-sim-nodes"
 KV_SIM_EVENTS = "phx-sim-events"
 KV_SIM_LEASES = "phx-sim-leases"
+KV_SIM_DEVICE_CLASSES = "phx-sim-deviceclasses"
+KV_SIM_RESOURCE_SLICES = "phx-sim-resourceslices"
+KV_SIM_RESOURCE_CLAIMS = "phx-sim-resourceclaims"
 
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
@@ -325,6 +331,10 @@ BUCKETS = (
            "in queue units, with the problem that makes it unusable if any. Written by gang-coordinator.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
            max_value_size=64 * KIB, max_bytes=64 * MIB, value="kv.QueueSpec", key="{queue}"),
+    Bucket(KV_DRA, 1, "Each DRA pool (a driver's ResourceSlices for one pool, key: the pool's token) with the "
+           "devices ResourceClaims hold in it, as gang-coordinator reads them from the API server (docs/dra.md).",
+           (Grant(GANG_COORDINATOR, WRITE), Grant(PLACEMENT, WATCH), Grant(READER, READ)),
+           max_value_size=GANG_MESSAGE_MAX, max_bytes=256 * MIB, value="kv.DraPool", key="{pool}"),
     Bucket(KV_GANGS, 8, "The saga state of each gang. Written by compare-and-set only.",
            (Grant(GANG_COORDINATOR, WRITE), Grant(GANG_COORDINATOR, WATCH), Grant(PLACEMENT, WATCH),
             Grant(READER, READ)), max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, value="kv.GangState",
@@ -355,6 +365,18 @@ BUCKETS = (
     Bucket(KV_SIM_EVENTS, 2, "Simulated cluster: events of each pod.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(BINDER, WRITE), Grant(READER, READ),
             Grant(TOPOLOGY_DISCOVERY, INFO)), max_value_size=256 * KIB, max_bytes=256 * MIB, simulator_only=True),
+    Bucket(KV_SIM_DEVICE_CLASSES, 2, "Simulated cluster: DeviceClasses (resource.k8s.io/v1), read by gang-coordinator.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)),
+           max_value_size=256 * KIB, max_bytes=64 * MIB, simulator_only=True),
+    Bucket(KV_SIM_RESOURCE_SLICES, 2, "Simulated cluster: ResourceSlices (resource.k8s.io/v1), the devices DRA drivers "
+           "publish; read by gang-coordinator.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)),
+           max_value_size=1 * MIB, max_bytes=256 * MIB, simulator_only=True),
+    Bucket(KV_SIM_RESOURCE_CLAIMS, 2, "Simulated cluster: ResourceClaims (resource.k8s.io/v1); gang-coordinator reads "
+           "them, binder writes their finalizer, allocation and reservedFor and creates extended-resource claims.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH),
+            Grant(BINDER, WRITE), Grant(READER, READ)),
+           max_value_size=1 * MIB, max_bytes=256 * MIB, simulator_only=True),
 )
 BUCKET = {b.name: b for b in BUCKETS}
 
@@ -367,7 +389,7 @@ def declared_bytes(*, simulator: bool = True) -> int:
 
 
 ACCOUNT_MAX_STREAMS = 64
-"""Streams the PHALANX account may have (the table declares 5 and 11 buckets). With every
+"""Streams the PHALANX account may have (the table declares 6 and 18 buckets). With every
 stream required to declare its size (the account JWT's ``max_bytes_required``), the account's
 storage is at most the sum the table declares (``declared_bytes``), times the replicas. The
 account JWT carries no total in bytes: nats-server counts a stream's replicas against it and

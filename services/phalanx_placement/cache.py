@@ -50,6 +50,7 @@ from phalanx_engine.decide import Cluster
 from phalanx_engine.snapshot import NodeView
 from phalanx_placement import assumed
 from phalanx_placement.assumed import Assumed, Commit
+from phalanx_placement.drapools import DraPools
 from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
@@ -78,6 +79,8 @@ class ClusterCache:
         """Each queue's recent usage (``QueueHistory``, the fair share that remembers)."""
         self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
+        self.pools = DraPools(bus, on_change=self._mark, every_node=lambda: self.views.keys())
+        """The DRA pools each node reaches (``NodeView.dra``)."""
         self._dirty: set[str] = set()
         self.cluster = JournaledCluster(nodes={}, total=0)
         """Every node as decisions see it; it notes its changes for the decision log (``recorder``)."""
@@ -106,7 +109,8 @@ class ClusterCache:
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
-        own = (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs)
+        own = (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs,
+               self.pools.mirror)
         return own if self.node_states is None else (*own, self.node_states.mirror)
 
     def _mirror_of(self, key: str) -> KvMirror:
@@ -123,6 +127,7 @@ class ClusterCache:
         async with anyio.create_task_group() as tg:
             for mirror in (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs):
                 await tg.start(mirror.run)
+            await tg.start(self.pools.run)
             if self.node_states is not None:
                 await tg.start(self.node_states.run)
             self.refresh()
@@ -384,7 +389,8 @@ class ClusterCache:
                         allocations=(tuple(a.assignment for a in ledger.allocations.values())
                                      + nominated(ledger, now)) if ledger else (),
                         revision=entry.revision if entry is not None else 0,
-                        kube=self.node_states.of(rep.node) if self.node_states is not None else None)
+                        kube=self.node_states.of(rep.node) if self.node_states is not None else None,
+                        dra=self.pools.of(rep.node))
 
 
 def nominated(ledger: NodeLedger, now: float, but: str = "") -> tuple:

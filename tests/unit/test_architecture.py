@@ -1,4 +1,5 @@
-"""The architecture is enforced, not just drawn: import-linter contracts and ruff run here."""
+"""The architecture is enforced, not just drawn: import-linter contracts, ruff and the type
+checker run here (the same commands as ``make lint``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def test_import_contracts_hold():
 def test_ruff_finds_nothing():
     proc = subprocess.run([_tool("ruff"), "check", "proto", "libs", "services", "fleet", "tests", "bench"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_finds_nothing():
+    """The type checker ([tool.mypy] in pyproject.toml): strict on the wire contract and the
+    rulebook, the engine checked, every plugin held to its Protocol where the profile registers
+    it. Its cache sits in the environment (``make lint`` uses the same one), so a fresh clone
+    needs nothing else; cold it takes a few seconds."""
+    cache = Path(sys.prefix) / ".mypy_cache"
+    proc = subprocess.run([_tool("mypy"), "--cache-dir", str(cache)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -23,10 +23,10 @@ def probe_queue(p: Probing) -> list[Answer]:
         return []  # the reason names the broken queue; no amount of headroom helps
     short = []
     for name in tree.chain(queue):
-        spec = tree.specs[name]
+        link = tree.specs[name]
         held = q.held.get(name, 0) - q.releasing.get(name, 0)
-        if spec.limit is not None and held + need > spec.limit:
-            short.append((name, spec.limit, held))
+        if link.limit is not None and held + need > link.limit:
+            short.append((name, link.limit, held))
     if short:
         name, limit, held = short[0]
         lack = held + need - limit

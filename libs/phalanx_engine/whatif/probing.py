@@ -8,9 +8,9 @@ freed (``busy_gpus``) and who holds them (``holders``, ``names_text``). Imported
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from phalanx_engine.decide import Cluster, decide
 from phalanx_engine.framework import Profile
@@ -125,7 +125,7 @@ class Probing:
             return None
         return self.decide(members, cluster, loosest=loosest)
 
-    def released(self, names, pods: frozenset[PodRef]) -> Cluster:
+    def released(self, names: Iterable[str], pods: frozenset[PodRef]) -> Cluster:
         """A cluster of the nodes ``names`` as they would be without the reservations of ``pods``
         (a node's reservations are read from its view, which placement's cache keeps current)."""
         nodes: dict[str, NodeState] = {}
@@ -153,7 +153,14 @@ def tier_of(cluster: Cluster, assignments: tuple[Assignment, ...]) -> tuple[str,
     return cluster.topology.tier_of(a.node for a in assignments)
 
 
-def where(p: Probing, fits: Decision | None) -> dict[str, str]:
+class Where(TypedDict, total=False):
+    """An answer's ``tier`` and ``domain`` (``Answer``'s fields: ``Answer(..., **where(p, fits))``)."""
+
+    tier: str
+    domain: str
+
+
+def where(p: Probing, fits: Decision | None) -> Where:
     """An answer's ``tier`` and ``domain`` fields for the decision ``fits`` (none without one)."""
     if fits is None:
         return {}

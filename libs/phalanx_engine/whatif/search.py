@@ -17,18 +17,19 @@ Minimal means, per probe (docs/whatif.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
 from phalanx_engine.framework import Member
+from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import Status
 from phalanx_engine.topology import TIER_NAMES, TIERS
 from phalanx_engine.whatif.probing import Probing, busy_gpus, holders, names_text, where
 from phalanx_proto.events import MemberSpec, PodRef, RequestKind
 from phalanx_proto.kubeapi import GPU_MODEL_LABELS
 from phalanx_proto.scheduling import CPU, MEMORY
-from phalanx_proto.whatif import Answer
+from phalanx_proto.whatif import Answer, Holder
 
 MAX_DOMAINS = 4
 """Domains the wait probe searches (the fewest GPUs short first)."""
@@ -102,7 +103,7 @@ def _release_in(p: Probing, names: list[str]) -> Answer | None:
     if not pods_of:
         return None  # nothing runs here: waiting cannot help in this domain
 
-    def release(gangs) -> frozenset[PodRef]:
+    def release(gangs: Iterable[str]) -> frozenset[PodRef]:
         return frozenset(pod for g in gangs for pod in pods_of[g])
 
     if p.decide(p.members, p.released(names, release(pods_of))) is None:
@@ -143,7 +144,7 @@ def _release_in(p: Probing, names: list[str]) -> Answer | None:
                   minimal=len(tried) <= MAX_TRIM, assignments=fits.assignments, **at)
 
 
-def _gangs(holders) -> str:
+def _gangs(holders: tuple[Holder, ...]) -> str:
     return f"gang{'s' if len(holders) != 1 else ''} {names_text(holders)}"
 
 
@@ -211,9 +212,9 @@ def probe_smaller(p: Probing) -> list[Answer]:
     ordered by how much they cut (the smallest cut first)."""
     found = []
     for dim, most, low, step in _dimensions(p.members):
-        hit: dict[int, object] = {}
+        hit: dict[int, Decision | None] = {}
 
-        def fits(k: int, dim=dim, step=step, hit=hit) -> bool:
+        def fits(k: int, dim: str = dim, step: int = step, hit: dict[int, Decision | None] = hit) -> bool:
             hit[k] = p.starts(_capped(p.members, dim, k * step))
             return hit[k] is not None
 
@@ -224,10 +225,11 @@ def probe_smaller(p: Probing) -> list[Answer]:
         value = k * step
         found.append(((most - value) / most, dim, most, value, hit[k]))
     out = []
-    for _, dim, most, value, fits in sorted(found, key=lambda f: (f[0], f[1])):
+    for _, dim, most, value, got in sorted(found, key=lambda f: (f[0], f[1])):
+        assert got is not None, "largest_fitting returns a value fits said yes to"
         text = f"would start with {_amount(dim, value)} per member instead of {_amount(dim, most)}"
         out.append(Answer(probe="smaller", text=text, change=f"{dim} {most} -> {value}",
-                          assignments=fits.assignments, **where(p, fits)))
+                          assignments=got.assignments, **where(p, got)))
     return out
 
 
@@ -253,7 +255,7 @@ def probe_fewer(p: Probing) -> list[Answer]:
     n = len(p.members)
     if n < 2:
         return []
-    hit: dict[int, object] = {}
+    hit: dict[int, Decision | None] = {}
 
     def fits(k: int) -> bool:
         hit[k] = p.starts(p.members[:k])
@@ -263,5 +265,6 @@ def probe_fewer(p: Probing) -> list[Answer]:
     if k is None:
         return []
     got = hit[k]
+    assert got is not None, "largest_fitting returns a value fits said yes to"
     return [Answer(probe="fewer", text=f"would start now with {k} of its {n} members", members=k,
                    assignments=got.assignments, **where(p, got))]
