@@ -322,7 +322,8 @@ BUCKETS = (
             Grant(READER, READ)),
            max_value_size=NODE_STATE_MAX, max_bytes=512 * MIB, value="kv.NodeKubeState", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node (key: the node), and what each queue holds (key: "
-           "queue.<queue>); all nodes and queues of a decision commit in one atomic batch.",
+           "queue.<queue>); all nodes and queues of a decision commit in one atomic batch. Also each queue's "
+           "recent usage for the fair share (key: history.<queue>, placement by compare-and-set).",
            (Grant(PLACEMENT, WRITE), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, WATCH),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
            max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, atomic=True, value="kv.NodeLedger", key="{node}"),
