@@ -1,6 +1,6 @@
 """Real workload controllers on the test control plane: kube-controller-manager (Job controller,
-garbage collector), the JobSet controller (with its admission webhooks) and the Kubeflow MPI
-Operator, each with the CRDs it serves.
+garbage collector, resourceclaim controller, ...), the JobSet controller (with its admission
+webhooks) and the Kubeflow MPI Operator, each with the CRDs it serves.
 
 The binaries and manifests come from ``tools/kube/build.sh`` (kube-controller-manager) and
 ``tools/controllers/build.sh`` (jobset-controller, mpi-operator, and the CRD/webhook YAML copied
@@ -31,14 +31,16 @@ from kubeharness import REPO, ControlPlane, HarnessError, KubeApi, _insecure_ctx
 BUILD_SH = REPO / "tools" / "controllers" / "build.sh"
 KCM_CONTROLLERS = ("job-controller", "garbage-collector-controller", "deployment-controller",
                    "replicaset-controller", "daemonset-controller", "statefulset-controller",
-                   "persistentvolume-binder-controller", "disruption-controller")
+                   "persistentvolume-binder-controller", "disruption-controller", "resourceclaim-controller")
 """What kube-controller-manager runs: Jobs make pods (JobSet's Jobs, the MPIJob launcher), and
 the garbage collector deletes what a deleted owner (JobSet, Job, MPIJob) leaves behind; the
 workload controllers and the volume binder run what the Helm chart installs (test_helm_chart.py:
 Deployments, DaemonSets, the nats StatefulSet and its volumes). No other test makes those kinds.
 The disruption controller computes PodDisruptionBudgets' status, which the Eviction API checks
 (tests/e2e/test_preemption_e2e.py: without it a budget's status stays empty and every eviction it
-covers is refused, whatever it allows)."""
+covers is refused, whatever it allows). The resourceclaim controller makes a pod's ResourceClaims
+from its ResourceClaimTemplates, records them in ``status.resourceClaimStatuses`` and deletes them
+with the pod (tests/kube/test_dra_claims.py), as DRA clusters run it."""
 PROBE_NS = "phalanx-harness-probe"
 PROBE_SCHEDULER = "phalanx-harness-probe"  # no scheduler serves it: probe pods are never bound
 
