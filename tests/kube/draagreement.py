@@ -350,7 +350,7 @@ def score_text(score: GpuSetScore | None) -> str:
         return ""
     if not score.ring_link:
         return "1 GPU"
-    return f"ring {score.ring_link}, {score.pair_nvlinks} NVLinks"
+    return f"ring {score.ring_link}, {score.pair_nvlinks} NVLink{'' if score.pair_nvlinks == 1 else 's'}"
 
 
 # --- the cases -------------------------------------------------------------------------------------
@@ -421,6 +421,10 @@ CASES: tuple[Case, ...] = (
          constraints=(ROOT,)),
     Case("two GPUs on distinct NUMA nodes (distinctAttribute numaNode)",
          {"a": exactly(1), "b": exactly(1)}, True, constraints=({"distinctAttribute": ds.NUMA_NODE},)),
+    Case("three GPUs on distinct NUMA nodes, of which there are two", {"gpu": exactly(3)}, False,
+         constraints=({"distinctAttribute": ds.NUMA_NODE},)),
+    Case("four GPUs on distinct PCIe roots (distinctAttribute pcieRoot)", {"gpu": exactly(4)}, True,
+         constraints=({"distinctAttribute": ds.PCIE_ROOT},)),
     Case("four GPUs of one NUMA node (matchAttribute numaNode)", {"gpu": exactly(4)}, True,
          constraints=({"matchAttribute": ds.NUMA_NODE},)),
     Case("four GPUs when GPUs 0-3 are tainted NoSchedule", {"gpu": exactly(4)}, True, taints=(0, 1, 2, 3)),
@@ -615,7 +619,7 @@ def run_gang_backtrack(cluster: Cluster, side: str) -> GangRun:
 
 
 # --- the table -------------------------------------------------------------------------------------
-def _fits(o: Outcome) -> str:
+def fits_text(o: Outcome) -> str:
     return "yes" if o.fits else ("no (timed out)" if o.timed_out else "no")
 
 
@@ -629,20 +633,22 @@ def table(rows: Sequence[Row]) -> str:
              "phalanx GPUs' links |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         up, phx = r.outcomes[UPSTREAM], r.outcomes[PHALANX]
-        lines.append(f"| {r.case.name} | {_fits(up)} | {_fits(phx)} | {_devices(up)} | {_devices(phx)} | "
+        lines.append(f"| {r.case.name} | {fits_text(up)} | {fits_text(phx)} | {_devices(up)} | {_devices(phx)} | "
                      f"{score_text(r.scores[UPSTREAM])} | {score_text(r.scores[PHALANX])} |")
     return "\n".join(lines)
 
 
 def reasons(rows: Sequence[Row]) -> str:
-    """Why each scheduler left a pod pending (its PodScheduled message), one line per side."""
-    out = []
+    """Why each scheduler left pods pending (their PodScheduled messages), one line per side
+    and message, naming the cases."""
+    by: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         for side in (UPSTREAM, PHALANX):
             o = r.outcomes[side]
             if not o.fits:
-                out.append(f"* {r.case.name} — {side}: {o.message or '(no reason given)'}")
-    return "\n".join(out)
+                by.setdefault((side, o.message or "(no reason given)"), []).append(r.case.name)
+    return "\n".join(f"* {side}, {len(cases)} case{'' if len(cases) == 1 else 's'} ({'; '.join(cases)}): `{msg}`"
+                     for (side, msg), cases in by.items())
 
 
 def gang_lines(runs: Sequence[GangRun]) -> str:
