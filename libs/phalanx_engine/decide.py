@@ -217,8 +217,11 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
     if not explain:
         return NoFit(total_nodes=cluster.total)
     where = TIER_NAMES[loosest]
-    detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one {where}"
-              + ("" if tried_any else f"; no {where} has that many free"))
+    if need or not any(m.spec.claims for m in members):
+        detail = (f"gang of {len(members)} members needs {need} whole GPU(s) in one {where}"
+                  + ("" if tried_any else f"; no {where} has that many free"))
+    else:
+        detail = f"gang of {len(members)} members needs its ResourceClaims' devices in one {where}"
     return _no_fit(profile, cluster, members, detail, avoid)
 
 
