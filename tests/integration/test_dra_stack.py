@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 import yaml
 
@@ -24,14 +25,14 @@ from phalanx_localstack import draslices
 from phalanx_proto import subjects as S
 from phalanx_proto.dra import AllocatedDevice, ClaimAllocation
 from phalanx_proto.events import PodRef
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, QUEUE_LABEL
 from phalanx_topology import yamlfmt
 from phalanx_topology.files import topology_from_file
 from stackutil import CLUSTER, audit_ledger, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-COORD = ["--resync-s", "0.5", "--backoff-base-s", "0.5", "--backoff-max-s", "3", "--reconcile-s", "1"]
+COORD = ["--queue-sync-s", "0.3", "--resync-s", "0.5", "--backoff-base-s", "0.5", "--backoff-max-s", "3", "--reconcile-s", "1"]
 NODES = ("dra-a", "dra-b")
 TOPOLOGY = CLUSTER.parent / "topology" / "dgx1v-like_8xV100-SXM2_mlx5_oneflow.txt"
 
@@ -81,8 +82,10 @@ def gpu_claim(name: str, count: int) -> dict:
                 "deviceClassName": draslices.GPU_CLASS, "count": count}}]}}}
 
 
-def claim_pod(name: str, claim: str, *, gang: str = "", size: int = 1) -> dict:
+def claim_pod(name: str, claim: str, *, gang: str = "", size: int = 1, queue: str = "") -> dict:
     labels = {"jobset.sigs.k8s.io/jobset-name": gang, "aliyun.com/min-member": str(size)} if gang else {}
+    if queue:
+        labels[QUEUE_LABEL] = queue
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
             "spec": {"schedulerName": "phalanx", "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
                      "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpus"}]}}]}}
@@ -161,3 +164,25 @@ async def test_a_claim_another_scheduler_allocated_keeps_its_devices(env):
     await sim.apply_pod(claim_pod("needs-two", "two"))
     got = await wait_until(lambda: bound(sim, "needs-two"), 30, what="the pod bound")
     assert got["needs-two"] == ("dra-b", [6, 7])
+
+
+async def test_the_gpus_a_claim_gets_count_against_its_queues_limit(env):
+    _, _, sim = env
+    await sim.apply_queue({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
+                           "metadata": {"name": "capped"},
+                           "spec": {"resources": {"nvidia.com/gpu": {"quota": 4, "limit": 4}}}})
+    await anyio.sleep(1.0)  # gang-coordinator has read it (--queue-sync-s 0.3)
+    for name, count in (("first", 4), ("second", 2)):
+        await sim.apply_resource_claim(gpu_claim(name, count))
+    await sim.apply_pod(claim_pod("first", "first", queue="capped"))
+    await wait_until(lambda: bound(sim, "first"), 30, what="the first pod bound")
+    await sim.apply_pod(claim_pod("second", "second", queue="capped"))
+
+    async def told() -> str:
+        events = [e.message for e in await sim.list_events(PodRef(namespace="default", name="second"))
+                  if e.reason == "FailedScheduling"]
+        return next((m for m in events if "limit" in m), "")
+
+    why = await wait_until(told, 30, what="the second pod told why it waits")
+    assert "capped" in why, why
+    assert await bound(sim, "second") is None
