@@ -11,7 +11,9 @@ the devices every ResourceClaim holds (the pools' ``in_use``), the allocations i
 and those the decision itself made for earlier members — so two members never get one device,
 and a claim several members share is allocated once: the later members see its allocation and
 must go where it can be used. A call outside a decision (a planner trying one node) reads the
-node's own pools and reservations. Devices that are, or sit on, a GPU the node's device-plugin
+node's own pools and reservations. An extended claim (a pod's ``nvidia.com/gpu`` served by a
+DeviceClass, KEP-5004) is used only on a node whose allocatable lacks the resource; there its
+devices replace the GPUs the kind's allocator chose. Devices that are, or sit on, a GPU the node's device-plugin
 reservations hold are blocked: a GPU is never given twice across the two paths.
 """
 
@@ -95,20 +97,27 @@ class Claims:
     name = PLUGIN
 
     def allocate(self, member: Member, node: NodeState, assignment: Assignment) -> Assignment | Status:
+        claims = tuple(pc for pc in member.spec.claims if not (pc.claim.extended and _plugin_serves(node, pc)))
+        if not claims:
+            return assignment  # its extended resources come from the node's device plugin
+        extended = any(pc.claim.extended for pc in claims)
         t = _TRIAL.get()
         if t is None:
             t = Trial(usage_of((node,)))
-        claims = tuple(_with_decided(pc, t.decided) for pc in member.spec.claims)
-        devices = node.dra()
-        blocked = _blocked(node, assignment)
-        got = allocate(claims, devices, t.usage.blocking(blocked), node.ranking())
+        claims = tuple(_with_decided(pc, t.decided) for pc in claims)
+        # A DRA-only node serves the member's GPUs through its extended claim, not the GPUs the
+        # kind's allocator chose: those are free for the claim and replaced by its devices.
+        blocked = _blocked(node, () if extended else assignment.gpus)
+        got = allocate(claims, node.dra(), t.usage.blocking(blocked), node.ranking())
         if isinstance(got, Refusal):
             return got.status(PLUGIN)
-        whole = node.whole_gpus_of(got.claims)
-        gpus = tuple(sorted(set(assignment.gpus) | set(whole)))
-        uuids = assignment.gpu_uuids + tuple(node.gpus[g].uuid for g in whole if g not in assignment.gpus)
-        return msgspec.structs.replace(assignment, claims=got.claims, gpus=gpus,
-                                       gpu_uuids=uuids if any(uuids) else assignment.gpu_uuids)
+        allocated = tuple(msgspec.structs.replace(c, extended_requests=pc.claim.extended_requests)
+                          if c.extended else c for c, pc in zip(got.claims, claims, strict=True))
+        whole = node.whole_gpus_of(allocated)
+        gpus = tuple(sorted(set(whole) if extended else set(assignment.gpus) | set(whole)))
+        by_index = {g.index: g.uuid for g in node.gpus.values()}
+        return msgspec.structs.replace(assignment, claims=allocated, gpus=gpus,
+                                       gpu_uuids=tuple(by_index[g] for g in gpus) if any(by_index.values()) else ())
 
 
 def _with_decided(pc: PodClaim, decided: dict[str, ClaimAllocation]) -> PodClaim:
@@ -119,10 +128,20 @@ def _with_decided(pc: PodClaim, decided: dict[str, ClaimAllocation]) -> PodClaim
     return msgspec.structs.replace(pc, claim=msgspec.structs.replace(pc.claim, allocation=got))
 
 
-def _blocked(node: NodeState, assignment: Assignment) -> frozenset[DeviceKey]:
-    """The node's DRA devices on GPUs held by its device-plugin reservations, or chosen for this
-    member by its kind's allocator."""
-    taken = node.plugin_gpus() | set(assignment.gpus)
+def _plugin_serves(node: NodeState, pc: PodClaim) -> bool:
+    """Does the node serve the extended claim's resources through a device plugin (its
+    allocatable has them), so the pod takes the device-plugin path there, as upstream decides
+    per node (KEP-5004)?"""
+    kube = node.view.kube
+    if kube is None:
+        return True  # no Kubernetes state reported: the GPUs are the topology's, as before
+    return all(kube.allocatable.get(r.resource, 0) > 0 for r in pc.claim.extended_requests)
+
+
+def _blocked(node: NodeState, chosen: tuple[int, ...]) -> frozenset[DeviceKey]:
+    """The node's DRA devices on GPUs held by its device-plugin reservations, or ``chosen`` for
+    this member by its kind's allocator."""
+    taken = node.plugin_gpus() | set(chosen)
     if not taken:
         return frozenset()
     return frozenset(key for key, gpu in node.dra_gpus().items() if gpu in taken)

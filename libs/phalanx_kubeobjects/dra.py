@@ -78,17 +78,8 @@ class Waiting(msgspec.Struct, frozen=True):
     reason: str
 
 
-class ExtendedRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One request of the extended-resource claim: container ``container`` (index ``index`` in
-    ``initContainers`` + ``containers``) asks ``count`` of ``resource``, backed by DeviceClass
-    ``device_class``; ``request`` is the request's name in the claim."""
-
-    request: str
-    container: str
-    index: int
-    resource: str
-    device_class: str
-    count: int
+ExtendedRequest = D.ExtendedRequest
+"""One request of the extended-resource claim (the wire type; ``extended_requests`` makes them)."""
 
 
 # --- DeviceClass -----------------------------------------------------------------------------------

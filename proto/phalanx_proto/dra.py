@@ -314,6 +314,20 @@ class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     node_selector: Annotated[tuple[NodeSelectorTerm, ...], msgspec.Meta(max_length=1)] | None = None
 
 
+class ExtendedRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One request of the claim for a pod's extended resources backed by DRA (KEP-5004):
+    container ``container`` (index ``index`` in ``initContainers`` + ``containers``) asks ``count``
+    of ``resource``, served by DeviceClass ``device_class``; ``request`` is the request's name in
+    the claim (``container-<index>-request-<i>``)."""
+
+    request: Annotated[str, msgspec.Meta(max_length=63)]
+    container: Annotated[str, msgspec.Meta(max_length=253)]
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    resource: Annotated[str, msgspec.Meta(max_length=317)]
+    device_class: Name
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)]
+
+
 class ClaimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One ResourceClaim a pod uses, as gang-coordinator read it: what it asks (classes
     resolved), and its allocation when it already has one (a claim shared with pods placed
@@ -330,7 +344,11 @@ class ClaimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     extended: bool = False
     """A claim for a device-plugin style request (``nvidia.com/gpu: 2``) on a node without the
     device plugin, made by Phalanx from the DeviceClass naming that extended resource (KEP-5004);
-    not in the API until binder creates it."""
+    not in the API until binder creates it (its ``name`` is then "", its ``uid``
+    ``extended:<pod uid>``)."""
+    extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
+    """An extended claim's requests, by container (what binder creates and records in the pod's
+    ``status.extendedResourceClaimStatus``)."""
 
     @property
     def key(self) -> str:
@@ -357,6 +375,8 @@ class ClaimAllocated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     allocated: bool = True
     extended: bool = False
     """The claim Phalanx makes for an extended-resource request (binder creates it first)."""
+    extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
+    """That claim's requests, by container (``ClaimSpec.extended_requests``)."""
     gpus: tuple[int, ...] = ()
     """Which of the node's GPUs (topology indices) the allocated devices are, where a device is
     joined to one (by ``uuid``, else ``resource.kubernetes.io/pciBusID``)."""
