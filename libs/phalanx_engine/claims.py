@@ -13,7 +13,9 @@ and a claim several members share is allocated once: the later members see its a
 must go where it can be used. A call outside a decision (a planner trying one node) reads the
 node's own pools and reservations. An extended claim (a pod's ``nvidia.com/gpu`` served by a
 DeviceClass, KEP-5004) is used only on a node whose allocatable lacks the resource; there its
-devices replace the GPUs the kind's allocator chose. Devices that are, or sit on, a GPU the node's device-plugin
+devices replace the GPUs the kind's allocator chose. A gang whose claims come from one
+ComputeDomain's template is placed in one NVLink clique hosting no other ComputeDomain
+(``ComputeDomainClique``, a domain filter; ``decide`` tries such a gang from the clique tier up). Devices that are, or sit on, a GPU the node's device-plugin
 reservations hold are blocked: a GPU is never given twice across the two paths.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
 
@@ -29,7 +31,7 @@ from phalanx_engine.dra import Refusal, Usage, allocate
 from phalanx_engine.dra.pools import DeviceKey
 from phalanx_engine.framework import Member
 from phalanx_engine.nodestate import NodeState
-from phalanx_engine.status import Status
+from phalanx_engine.status import Code, Status, refuse
 from phalanx_proto.dra import ClaimAllocated, ClaimAllocation, DraPool, PodClaim
 from phalanx_proto.events import Assignment
 
@@ -111,8 +113,9 @@ class Claims:
         got = allocate(claims, node.dra(), t.usage.blocking(blocked), node.ranking())
         if isinstance(got, Refusal):
             return got.status(PLUGIN)
-        allocated = tuple(msgspec.structs.replace(c, extended_requests=pc.claim.extended_requests)
-                          if c.extended else c for c, pc in zip(got.claims, claims, strict=True))
+        allocated = tuple(msgspec.structs.replace(c, extended_requests=pc.claim.extended_requests,
+                                                  compute_domain=pc.claim.compute_domain)
+                          if c.extended or pc.claim.compute_domain else c for c, pc in zip(got.claims, claims, strict=True))
         whole = node.whole_gpus_of(allocated)
         gpus = tuple(sorted(set(whole) if extended else set(assignment.gpus) | set(whole)))
         by_index = {g.index: g.uuid for g in node.gpus.values()}
@@ -145,3 +148,29 @@ def _blocked(node: NodeState, chosen: tuple[int, ...]) -> frozenset[DeviceKey]:
     if not taken:
         return frozenset()
     return frozenset(key for key, gpu in node.dra_gpus().items() if gpu in taken)
+
+
+def compute_domains(members: Iterable[Member]) -> frozenset[str]:
+    """The ComputeDomains the members' claims ask channels of."""
+    return frozenset(pc.claim.compute_domain for m in members for pc in m.spec.claims if pc.claim.compute_domain)
+
+
+class ComputeDomainClique:
+    """A gang whose claims come from a ComputeDomain is tried only in an NVLink clique (the
+    hypernode tier: ``nvidia.com/gpu.clique``) hosting no other ComputeDomain: two domains'
+    IMEX daemons in one clique corrupt each other's fabric memory (docs/dra.md)."""
+
+    name = "ComputeDomainClique"
+
+    def filter_domain(self, members: Sequence[Member], nodes: Sequence[NodeState]) -> Status | None:
+        mine = compute_domains(members)
+        if not mine:
+            return None
+        if len(mine) > 1:
+            return refuse(self.name, Code.GANG_DOMAIN, "the gang's claims name more than one ComputeDomain",
+                          resolvable=False, detail=", ".join(sorted(mine)))
+        others = sorted({d for n in nodes for d in n.compute_domains()} - mine)
+        if others:
+            return refuse(self.name, Code.GANG_DOMAIN, "the NVLink clique hosts another ComputeDomain",
+                          resolvable=True, detail=", ".join(others[:3]))
+        return None

@@ -349,6 +349,9 @@ class ClaimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
     """An extended claim's requests, by container (what binder creates and records in the pod's
     ``status.extendedResourceClaimStatus``)."""
+    compute_domain: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    """The ComputeDomain (multi-node NVLink, the uid its claim template labels the claim with:
+    ``COMPUTE_DOMAIN_LABEL``) whose channel the claim asks for; "" for none."""
 
     @property
     def key(self) -> str:
@@ -377,6 +380,8 @@ class ClaimAllocated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     """The claim Phalanx makes for an extended-resource request (binder creates it first)."""
     extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
     """That claim's requests, by container (``ClaimSpec.extended_requests``)."""
+    compute_domain: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    """The claim's ComputeDomain (``ClaimSpec.compute_domain``): the node's NVLink clique hosts it."""
     gpus: tuple[int, ...] = ()
     """Which of the node's GPUs (topology indices) the allocated devices are, where a device is
     joined to one (by ``uuid``, else ``resource.kubernetes.io/pciBusID``)."""
@@ -394,5 +399,8 @@ FINALIZER = "resource.kubernetes.io/delete-protection"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+COMPUTE_DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
+"""The label NVIDIA's ComputeDomain controller puts on the claim template it makes (the
+ComputeDomain's uid), which the resourceclaim controller copies onto each claim."""
 
 dra_pool_decoder = Decoder(DraPool)

@@ -20,7 +20,7 @@ from phalanx_engine.status import NoFit
 from phalanx_proto.dra import ClaimSpec, ExtendedRequest, PodClaim
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.scheduling import NodeKubeState
-from phalanx_proto.topology import NodeTopology
+from phalanx_proto.topology import NetworkTiers, NodeTopology
 from phalanx_topology import load_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
@@ -152,3 +152,29 @@ def test_on_a_dra_only_node_an_extended_resource_request_is_served_by_its_claim_
     (c,) = a.claims
     assert (c.extended, c.extended_requests[0].resource, devices(a), a.gpus) == (
         True, "nvidia.com/gpu", ["gpu-4", "gpu-5", "gpu-6", "gpu-7"], (4, 5, 6, 7))
+
+
+def in_clique(v: NodeView, clique: str) -> NodeView:
+    return dataclasses.replace(v, tiers=NetworkTiers(hypernode=clique, leaf="leaf-1", netpod="pod-1"))
+
+
+def cd_member(name: str, domain: str) -> MemberSpec:
+    c = msgspec.structs.replace(gpu_claim(f"{name}-gpus", 8), compute_domain=domain)
+    return member(name, c)
+
+
+def test_a_compute_domain_gang_lands_in_one_nvlink_clique_and_never_in_one_hosting_another_domain():
+    nodes = (in_clique(view("n1"), "c1"), in_clique(view("n2"), "c1"), in_clique(view("n3"), "c2"),
+             in_clique(view("n4"), "c2"))
+    cluster = Cluster.from_snapshot(Snapshot(nodes=nodes))
+    first = placed(decide(cluster, (cd_member("a0", "cd-a"), cd_member("a1", "cd-a"))))
+    cliques = {"n1": "c1", "n2": "c1", "n3": "c2", "n4": "c2"}
+    (taken,) = {cliques[a.node] for a in first.assignments}
+    assert {c.compute_domain for a in first.assignments for c in a.claims} == {"cd-a"}
+    cluster.assume(first.assignments)
+    # the other clique is whole and free; the first hosts cd-a, so cd-b goes to the other one
+    second = placed(decide(cluster, (cd_member("b0", "cd-b"),)))
+    assert {cliques[a.node] for a in second.assignments} == {"c1", "c2"} - {taken}
+    cluster.assume(second.assignments)
+    refused = decide(cluster, (cd_member("c0", "cd-c"),))
+    assert isinstance(refused, NoFit) and "hosting no other ComputeDomain" in refused.summary, refused
