@@ -33,7 +33,7 @@ from phalanx_engine.framework import Member
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.status import Code, Status, refuse
 from phalanx_proto.dra import ClaimAllocated, ClaimAllocation, DraPool, PodClaim
-from phalanx_proto.events import Assignment
+from phalanx_proto.events import Assignment, MemberSpec
 
 PLUGIN = "DynamicResources"
 
@@ -174,3 +174,25 @@ class ComputeDomainClique:
             return refuse(self.name, Code.GANG_DOMAIN, "the NVLink clique hosts another ComputeDomain",
                           resolvable=True, detail=", ".join(others[:3]))
         return None
+
+
+def alternatives(members: Iterable[Member]) -> int:
+    """How many levels of ``firstAvailable`` alternatives the members' claims offer (1: none to
+    fall back on)."""
+    return max((len(r.first_available) for m in members for pc in m.spec.claims
+                if pc.claim.allocation is None for r in pc.claim.requests), default=1) or 1
+
+
+def from_alternative(spec: MemberSpec, level: int) -> MemberSpec:
+    """``spec`` with each unallocated claim's ``firstAvailable`` requests starting at alternative
+    ``level`` (their last one when they have fewer): a gang's second chance when every member's
+    preferred alternatives do not fit together. The subrequests keep their names, so the
+    allocation names the one used, as upstream's would."""
+    def claim(pc: PodClaim) -> PodClaim:
+        if pc.claim.allocation is not None:
+            return pc
+        requests = tuple(msgspec.structs.replace(r, first_available=r.first_available[min(level, len(
+            r.first_available) - 1):]) if r.first_available else r for r in pc.claim.requests)
+        return msgspec.structs.replace(pc, claim=msgspec.structs.replace(pc.claim, requests=requests))
+
+    return msgspec.structs.replace(spec, claims=tuple(claim(pc) for pc in spec.claims))

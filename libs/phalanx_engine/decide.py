@@ -209,15 +209,20 @@ def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
                  avoid: frozenset[str], loosest: str = "netpod", first: str = "node") -> Decision | NoFit:
     need = sum(m.units for m in members)
-    ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
     order = {m.spec.pod: i for i, m in enumerate(members)}
-    for tier in TIERS[TIERS.index(first):TIERS.index(loosest) + 1]:
-        for domain in _domains(profile, cluster, tier, need, members, avoid):
-            tried_any = True
-            got = _pack(profile, domain, ordered)
-            if got is not None:
-                return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
+    for level in range(dra_claims.alternatives(members)):
+        # Level 0: every firstAvailable request as its pod prefers; a gang that does not fit so
+        # is tried with every member's such requests from their next alternative on, and so on
+        # (a gang of two each preferring a whole node fits as two halves: kubernetes#138765).
+        trying = members if level == 0 else [Member.of(dra_claims.from_alternative(m.spec, level)) for m in members]
+        ordered = sorted(trying, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
+        for tier in TIERS[TIERS.index(first):TIERS.index(loosest) + 1]:
+            for domain in _domains(profile, cluster, tier, need, trying, avoid):
+                tried_any = True
+                got = _pack(profile, domain, ordered)
+                if got is not None:
+                    return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
     if not explain:
         return NoFit(total_nodes=cluster.total)
     where = TIER_NAMES[loosest]

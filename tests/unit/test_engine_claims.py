@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from dra_builders import GPU_CLASS, claim, gpu_pool, pci, request
+from dra_builders import GPU_CLASS, claim, exact, first_available, gpu_pool, pci, request
 
 from phalanx_engine.cluster import Cluster
 from phalanx_engine.decide import decide
@@ -178,3 +178,17 @@ def test_a_compute_domain_gang_lands_in_one_nvlink_clique_and_never_in_one_hosti
     cluster.assume(second.assignments)
     refused = decide(cluster, (cd_member("c0", "cd-c"),))
     assert isinstance(refused, NoFit) and "hosting no other ComputeDomain" in refused.summary, refused
+
+
+def test_a_gang_whose_members_each_prefer_a_whole_node_fits_as_two_halves_by_their_next_alternative():
+    def prefers_whole(name: str) -> ClaimSpec:
+        return msgspec.structs.replace(claim(name, first_available(
+            "gpu", exact(GPU_CLASS, 8, name="whole"), exact(GPU_CLASS, 4, name="half"))), namespace="t")
+
+    cluster = Cluster.from_snapshot(Snapshot(nodes=(view("n1"),)))
+    got = placed(decide(cluster, (member("a", prefers_whole("ca")), member("b", prefers_whole("cb")))))
+    assert sorted(a.gpus for a in got.assignments) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert {d.request for a in got.assignments for c in a.claims for d in c.allocation.devices} == {"gpu/half"}
+    # alone, a member gets what it prefers
+    (solo,) = placed(decide(cluster, (member("c", prefers_whole("cc")),))).assignments
+    assert {d.request for c in solo.claims for d in c.allocation.devices} == {"gpu/whole"}
