@@ -58,7 +58,9 @@ def summary(rows: Sequence[da.Row]) -> list[str]:
              da.score_key(r.scores[da.PHALANX]) < da.score_key(r.scores[da.UPSTREAM])]
     broken = [(r.case.name, side, p) for r in rows for side, ps in r.problems.items() for p in ps]
     up_fit = sum(r.outcomes[da.UPSTREAM].fits for r in rows)
-    lines = [f"* Cases: {len(rows)}; kube-scheduler scheduled {up_fit} and left {len(rows) - up_fit} pending.",
+    phx_fit = sum(r.outcomes[da.PHALANX].fits for r in rows)
+    lines = [f"* Cases: {len(rows)}; kube-scheduler scheduled {up_fit} and left {len(rows) - up_fit} pending; "
+             f"Phalanx scheduled {phx_fit} and left {len(rows) - phx_fit} pending.",
              f"* Phalanx agreed on whether the pod fits in {len(agree)} of {len(rows)}.",
              f"* Where both scheduled a GPU set ({len(both)}): Phalanx's better connected in {len(better)}, "
              f"as well connected in {len(both) - len(better) - len(worse)}, worse in {len(worse)}."]
@@ -105,9 +107,9 @@ def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float) 
         "",
         "## Gangs",
         "",
-        "kube-scheduler 1.36 has no gang scheduling in its default configuration (the GangScheduling",
-        "gate is off): it places the members one by one and never revisits a member's devices",
-        "(kubernetes#138765 describes the same gap for its alpha gang plugin).",
+        "kube-scheduler 1.36.3 has no gang scheduling by default (its GangScheduling and GenericWorkload",
+        "gates are alpha, off) and these pods name no PodGroup: it places the members one by one and",
+        "never revisits a member's devices (kubernetes#138765: its alpha gang plugin has the same gap).",
         "",
         "* **halves**: two pods, each with its own claim preferring 8 GPUs (`firstAvailable`: 8, else",
         "  4), both pinned to one node, one gang of two. Both run only as two halves of the node.",
