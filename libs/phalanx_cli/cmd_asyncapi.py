@@ -113,7 +113,7 @@ def _messages() -> dict[str, dict[str, Any]]:
                       ("NodeHeartbeat", f"{E.tag_of(E.NodeHeartbeat)}.json"),
                       ("NodeKubeState", "kv.NodeKubeState.json"), ("NodeMig", "kv.NodeMig.json"),
                       ("QueueSpec", "kv.QueueSpec.json"), ("QueueUsage", "kv.QueueUsage.json"),
-                      ("DraPool", "kv.DraPool.json")):
+                      ("QueueHistory", "kv.QueueHistory.json"), ("DraPool", "kv.DraPool.json")):
         out[f"kv.{name}"] = {
             "name": f"kv.{name}", "title": f"KV value {name}",
             "summary": "The JSON value of one key (a deleted key is a message with header KV-Operation: DEL).",

@@ -6,9 +6,13 @@ writes to each Queue's status (``phalanx_rules.queues.queue_report``).
 A table, children indented under their parent, or with ``--json`` one document::
 
     {"queues": [{"queue", "parent", "quota", "limit", "allocated", "borrowed", "pendingGangs",
-                 "pendingGPUs", "fairShare", "problem"}]}
+                 "pendingGPUs", "fairShare", "recentGPUHours", "problem"}]}
 
-Amounts are GPUs (whole-GPU equivalents). Exit 0, or 2 when the bus cannot be reached.
+Amounts are GPUs (whole-GPU equivalents). ``RECENT-GPU-H`` is each queue's recent usage: the
+GPU-hours it held, each hour counting half as much one half-life later (placement's
+``--usage-half-life-s``; its records in ``phx-ledger``); with it on, the fair share of the GPUs
+beyond the quotas goes first to the queues that used less lately (docs/queues.md). Exit 0, or
+2 when the bus cannot be reached.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import anyio
@@ -25,7 +30,8 @@ from phalanx_cli.terminal import safe, safe_lines
 
 COLUMNS = (("QUEUE", "queue"), ("PARENT", "parent"), ("QUOTA", "quota"), ("LIMIT", "limit"),
            ("ALLOCATED", "allocated"), ("BORROWED", "borrowed"), ("PENDING-GANGS", "pendingGangs"),
-           ("PENDING-GPUS", "pendingGPUs"), ("FAIR-SHARE", "fairShare"), ("PROBLEM", "problem"))
+           ("PENDING-GPUS", "pendingGPUs"), ("FAIR-SHARE", "fairShare"), ("RECENT-GPU-H", "recentGPUHours"),
+           ("PROBLEM", "problem"))
 
 
 def register(sub) -> None:
@@ -58,20 +64,22 @@ async def _bounded(args: argparse.Namespace) -> list[dict[str, Any]]:
 async def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
     from phalanx_bus import read_all
     from phalanx_proto import subjects as S
-    from phalanx_proto.queues import GPU_UNITS
+    from phalanx_proto.queues import GPU_UNITS, HISTORY_PREFIX
     from phalanx_rules.queues import QueueTree, held_by_queue, queue_report
 
     bus = await connect_bus(args.nats, service="cli", budget_s=args.timeout)
     try:
         specs, _ = await read_all(await bus.kv(S.KV_QUEUES))
         ledgers, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="*")
+        history, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern=f"{HISTORY_PREFIX}*")
         gangs, _ = await read_all(await bus.kv(S.KV_GANGS))
         reports, _ = await read_all(await bus.kv(S.KV_TOPOLOGY))
     finally:
         await bus.close()
     tree = QueueTree.of(r.value for r in specs)
     capacity = sum(len(r.value.topology.gpus) for r in reports if r.value.enabled) * GPU_UNITS
-    report = queue_report(tree, held_by_queue(r.value for r in ledgers), [r.value for r in gangs], capacity)
+    report = queue_report(tree, held_by_queue(r.value for r in ledgers), [r.value for r in gangs], capacity,
+                          (r.value for r in history), time.time())
     return [{"queue": q, **report[q]} for q in _tree_order(tree)]
 
 

@@ -24,7 +24,7 @@ def documents() -> dict[str, str]:
     for t in events.ALL_EVENTS:
         out[f"{events.tag_of(t)}.json"] = _dump(msgspec.json.schema(t), f"Phalanx event '{events.tag_of(t)}'")
     for t in (state.GangState, state.NodeLedger, state.NodeMig, scheduling.NodeKubeState, queues.QueueSpec,
-              queues.QueueUsage, dra.DraPool):
+              queues.QueueUsage, queues.QueueHistory, dra.DraPool):
         out[f"kv.{t.__name__}.json"] = _dump(msgspec.json.schema(t), f"Phalanx KV value {t.__name__}")
     return out
 

@@ -70,8 +70,9 @@ def register(sub) -> None:
                            "bench/packing.py's sequence, one a second, nothing leaves (default %(default)s)")
     work.add_argument("--load", type=float, default=0.9, help="timed: offered GPU load, a fraction of the GPUs "
                                                               "(default %(default)s)")
-    work.add_argument("--trace-queues", default="", metavar="Q1,Q2", help="timed: put each trace pod in one of these "
-                                                                         "queues, drawn uniformly")
+    work.add_argument("--trace-queues", default="", metavar="Q1,Q2@8h",
+                      help="timed: put each trace pod in one of these queues, drawn uniformly among those that "
+                           "submit at its arrival (Q@D: from virtual time D on; default from the start)")
     work.add_argument("--seed", type=int, default=42, help="seed of the trace's draws (default %(default)s)")
     p.add_argument("--queues", metavar="FILE", help="Queue and Namespace objects (as `phalanx up --queues` reads)")
     run = p.add_argument_group("the run")
@@ -91,6 +92,8 @@ def register(sub) -> None:
     run.add_argument("--unschedulable-retry-s", type=float, default=order.UNSCHEDULABLE_RETRY_S,
                      help="a gang that fits no node set is tried again after this long at the latest, as "
                           "gang-coordinator's flag (default %(default)s)")
+    run.add_argument("--usage-half-life", metavar="D", help="the queues' recent usage weighs their fair share "
+                     "with this half-life, e.g. 2h, as placement's --usage-half-life-s (docs/queues.md); default off")
     run.add_argument("--no-preemption", action="store_true", help="gangs only wait: no gang evicts another "
                      "(the services preempt: docs/preemption.md)")
     run.add_argument("--exact", action="store_true", help="decide every retry, even one nothing could have changed "
@@ -251,8 +254,8 @@ def _inputs(args: argparse.Namespace) -> dict:
             title += f", packing sequence of seed {args.seed}"
         else:
             horizon = horizon if horizon is not None else 7 * 86400.0
-            names = tuple(q for q in args.trace_queues.split(",") if q)
-            for q in names:
+            names = tuple(_trace_queue(q) for q in args.trace_queues.split(",") if q)
+            for q, _ in names:
                 if tree.problem(q):
                     raise Invalid("--trace-queues", tree.problem(q))
             trace_gangs = trace.timed_gangs(trace_pods, seed=args.seed, load=args.load, horizon_s=horizon,
@@ -264,11 +267,20 @@ def _inputs(args: argparse.Namespace) -> dict:
     config = SimConfig(starve_after_s=args.starve_after_s, fairness=args.fairness, backoff_base_s=args.backoff_base_s,
                        backoff_max_s=args.backoff_max_s, unschedulable_retry_s=args.unschedulable_retry_s,
                        horizon_s=horizon, sample_s=sample, exact=args.exact,
-                       preemption=not args.no_preemption)
+                       preemption=not args.no_preemption,
+                       usage_half_life_s=parse_duration(args.usage_half_life) if args.usage_half_life else 0.0)
     progress = None if args.quiet else _progress(horizon, len(gangs))
     sim = loop.Simulation(views, gangs, tree, config, progress=progress, held=live.held if live else None,
                           live=live.holders if live else None)
     return {"sim": sim, "extra": extra, "title": title}
+
+
+def _trace_queue(text: str) -> tuple[str, float]:
+    """``Q`` or ``Q@D``: a queue of the trace's pods and the virtual time it submits from."""
+    from phalanx_sim.model import parse_duration
+
+    name, _, start = text.partition("@")
+    return name, parse_duration(start) if start else 0.0
 
 
 def _progress(horizon: float | None, total: int):

@@ -11,7 +11,9 @@ Two shortcuts keep those searches from redoing work, neither changing what they 
   state changes (``NodeState.take``): members of one shape are interchangeable (the plugins see
   the request, not the pod's identity), so another member of that shape gets the same answer,
   its assignment carrying its own pod. A node a plugin raised on is not remembered: it is
-  evaluated, and its error logged, every time, as before.
+  evaluated, and its error logged, every time, as before. Nor is a member with ResourceClaims:
+  its answer depends on devices other nodes' decisions take (a pool reaching several nodes) and
+  on the claims decided so far, not on this node's state alone.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def neg_name(name: str) -> tuple:
 def candidate(profile: Profile, member: Member, st: NodeState, gate: bool) -> Candidate | None:
     """The member's assignment on ``st`` with its rank (higher is better; ties go to the
     smaller name), or None when a filter refuses the node. ``gate``: ``checks_resources``."""
-    kept = st.memo.get(member.shape)
+    kept = st.memo.get(member.shape) if not member.spec.claims else None
     if kept is not None and kept[0] is profile:
         got = kept[1]
         if got is None or got[1].pod == member.spec.pod:
@@ -59,6 +61,8 @@ def candidate(profile: Profile, member: Member, st: NodeState, gate: bool) -> Ca
 
 
 def _keep(profile: Profile, member: Member, st: NodeState, got: Candidate | None) -> Candidate | None:
+    if member.spec.claims:
+        return got
     if len(st.memo) >= MEMO_SHAPES:
         st.memo = {}
     st.memo[member.shape] = (profile, got)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import checks_resources
+from phalanx_engine.claims import usage_of
+from phalanx_engine.dra import Usage
 from phalanx_engine.framework import Member, Profile, node_error
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import NodeView, Snapshot
@@ -46,6 +48,9 @@ class Cluster:
     """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
     unbounded): the single-member searches pass over the nodes it refuses in bulk."""
     _topology: Topology | None = field(default=None, init=False, repr=False, compare=False)
+    _usage: Usage | None = field(default=None, init=False, repr=False, compare=False)
+    """What DRA devices are in use across the usable nodes (``dra_usage``); dropped when a node
+    with DRA pools or claims changes."""
 
     def __post_init__(self) -> None:
         for st in self.nodes.values():
@@ -63,7 +68,17 @@ class Cluster:
                 self._topology.add(st)
         return self._topology
 
+    def dra_usage(self) -> Usage:
+        """The DRA devices, shares and counters in use: every usable node's pools (each pool
+        once) and the claims its reservations hold (docs/dra.md). Built on the first read, kept
+        until a node with DRA pools or claims changes."""
+        if self._usage is None:
+            self._usage = usage_of(self.nodes.values())
+        return self._usage
+
     def _index(self, st: NodeState) -> None:
+        if st.view.dra or st.claims:
+            self._usage = None
         self._enter(False, len(st.free_whole()), st.name)
         levels = frozenset(100 - st.core.get(i, 0) for i, g in st.gpus.items()
                            if i not in st.whole and i not in st.mig_inst and not g.mig_enabled)
@@ -78,6 +93,8 @@ class Cluster:
             self._topology.add(st)
 
     def _unindex(self, st: NodeState) -> None:
+        if st.view.dra or st.claims:
+            self._usage = None
         self._leave(False, len(st.free_whole()), st.name)
         for level in self._levels.pop(st.name, ()):
             self._leave(True, level, st.name)
@@ -143,6 +160,7 @@ class Cluster:
         other._levels, other._room = dict(self._levels), dict(self._room)
         other._sorted = {k: list(v) for k, v in self._sorted.items()}
         other._topology = None if self._topology is None else self._topology.copy()
+        other._usage = self._usage
         return other
 
     # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------

@@ -20,16 +20,20 @@ Overview (docs/placement.md has the full objective):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Collection, Iterable, Iterator
 
+from phalanx_engine import claims as dra_claims
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import candidate, checks_resources
+from phalanx_engine.claims import Claims
 from phalanx_engine.cluster import Cluster, room_for
 from phalanx_engine.explain import no_fit
 from phalanx_engine.framework import (
     ALL_KINDS,
     Allocate,
+    ClaimsStep,
     DomainFilter,
     Filter,
     Member,
@@ -54,7 +58,8 @@ SHARE_CANDIDATES = 64
 def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
     """The placement policy: kube-scheduler's filters in its order (the GPU filters where its
     NodeResourcesFit checks device resources), the allocator per request kind, and the scores
-    GPU-set quality, TDM tightness, best fit — in that order. ``require_node_state=False``
+    GPU-set quality, TDM tightness, best fit — in that order; members' ResourceClaims allocated
+    by the claims step (docs/dra.md). ``require_node_state=False``
     lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
     (``Decision.unchecked`` names them). ``mix``: the workload FGD's fragmentation in the
     packing score is measured against (none: CPU stranding alone)."""
@@ -68,7 +73,9 @@ def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = N
     scores: tuple[Score, ...] = (gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS),
                                  gpu.FewestFreeGpus())
     domain_filters: tuple[DomainFilter, ...] = (gpu.GangGpuCapacity(),)
-    return Profile(filters=filters, allocators=allocators, scores=scores, domain_filters=domain_filters)
+    claims: ClaimsStep = Claims()
+    return Profile(filters=filters, allocators=allocators, scores=scores, domain_filters=domain_filters,
+                   claims=claims)
 
 
 DEFAULT_PROFILE = default_profile()
@@ -133,9 +140,19 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
     default, is one network-pod. The counterfactual probes (``whatif``) pass a tighter one.
 
     A node a plugin raises on is refused alone; the result names it, once (``node_errors``)."""
-    with collecting_node_errors() as errors:
+    with collecting_node_errors() as errors, _claims_trial(cluster, members):
         result = _decide(cluster, members, profile, explain, avoid, loosest)
     return dataclasses.replace(result, node_errors=tuple(dict.fromkeys(errors))) if errors else result
+
+
+@contextlib.contextmanager
+def _claims_trial(cluster: Cluster, members: tuple[MemberSpec, ...]) -> Iterator[None]:
+    """The decision's DRA state (``claims.Trial``) when any member has ResourceClaims."""
+    if not any(m.claims for m in members):
+        yield
+        return
+    with dra_claims.trial(dra_claims.Trial(cluster.dra_usage().copy())):
+        yield
 
 
 def _decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile, explain: bool,
@@ -214,6 +231,15 @@ def _no_fit(profile: Profile, cluster: Cluster, members: list[Member], detail: s
 def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> list[Assignment] | None:
     """Members onto the fewest nodes of one domain, or None."""
     order = sorted(nodes, key=lambda s: (-len(s.free_whole()), s.name))
+    outer = dra_claims.current()
+    with contextlib.nullcontext() if outer is None else dra_claims.trial(outer.copy()) as t:
+        got = _pack_in(profile, order, members)
+        if got is not None and t is not None and outer is not None:
+            outer.usage, outer.decided = t.usage, t.decided
+        return got
+
+
+def _pack_in(profile: Profile, order: list[NodeState], members: list[Member]) -> list[Assignment] | None:
     states: dict[str, NodeState] = {}
     start: dict[bytes, int] = {}
     """Per member shape, the first node that may still take it: a node that refused a shape
@@ -230,6 +256,7 @@ def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> li
             if not isinstance(got, Status):
                 placed = got
                 st.take(got)
+                dra_claims.book(got)
                 start[m.shape] = i
                 break
         if placed is None:

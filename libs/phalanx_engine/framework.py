@@ -80,6 +80,15 @@ class Allocate(Protocol):
     def allocate(self, member: Member, node: NodeState) -> Assignment | Status: ...
 
 
+class ClaimsStep(Protocol):
+    """The member's ResourceClaims allocated on ``node``, added to ``assignment`` (the kind
+    allocator's), or why they cannot be (docs/dra.md). Must not change ``node``."""
+
+    name: str
+
+    def allocate(self, member: Member, node: NodeState, assignment: Assignment) -> Assignment | Status: ...
+
+
 class Score(Protocol):
     """How good ``assignment`` on ``node`` is for ``member``; larger is better. The value
     only needs to compare with other values of the same plugin."""
@@ -98,6 +107,7 @@ class DomainFilter(Protocol):
 
 
 ALL_KINDS = frozenset(RequestKind)
+R_NO_CLAIMS = "this placement policy allocates no ResourceClaims"
 R_NODE_ERROR = "node could not be evaluated"
 _SHAPES = 4096
 
@@ -110,6 +120,8 @@ class Profile:
     allocators: Mapping[RequestKind, Allocate]
     scores: tuple[Score, ...]
     domain_filters: tuple[DomainFilter, ...] = ()
+    claims: ClaimsStep | None = None
+    """Allocates members' ResourceClaims; None: a member with claims fits no node."""
     _applying: dict[bytes, tuple[Filter, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def filters_for(self, member: Member) -> tuple[Filter, ...]:
@@ -123,8 +135,9 @@ class Profile:
         return got
 
     def evaluate(self, member: Member, node: NodeState) -> Assignment | Status:
-        """Filters in order, then the member kind's allocator: where ``member`` would go on
-        ``node``, or the first status that refuses it. A plugin that raises on this node (its
+        """Filters in order, then the member kind's allocator, then (for a member with
+        ResourceClaims) the claims step: where ``member`` would go on ``node``, or the first
+        status that refuses it. A plugin that raises on this node (its
         agent's report passed the wire rules but holds something no plugin expected) refuses
         this node alone (``node_error``): one node's data never stops a decision."""
         try:
@@ -132,7 +145,12 @@ class Profile:
                 status = f.filter(member, node)
                 if status is not None:
                     return status
-            return self.allocators[member.kind].allocate(member, node)
+            got = self.allocators[member.kind].allocate(member, node)
+            if not member.spec.claims or isinstance(got, Status):
+                return got
+            if self.claims is None:
+                return refuse("DynamicResources", Code.DRA_CANNOT_ALLOCATE, R_NO_CLAIMS, resolvable=False)
+            return self.claims.allocate(member, node, got)
         except Exception as e:  # noqa: BLE001 - isolated to the node, reported as its status
             return node_error(node.name, e)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 
 import msgspec
 
@@ -113,6 +113,44 @@ def choose_gpus(
     return hit
 
 
+def ranked_sets(topology: NodeTopology, free: Set[int], count: int, *,
+                eligible: Set[int] | None = None) -> Iterator[tuple[int, ...]]:
+    """Every set of ``count`` eligible free GPUs, best first: ``choose_gpus``'s choice first,
+    then the others by the same objective (a-c, then lowest indices). For callers that must
+    try sets until one passes checks of their own (``phalanx_engine.dra.rank``). Lazy: only
+    the first set is computed until a second is asked for; the order is exact up to
+    ``EXACT_LIMIT`` sets, beyond that the greedy candidates come first (by the objective), then
+    every other set in index order. Nothing when too few GPUs are eligible and free."""
+    first = choose_gpus(topology, free, count, eligible=eligible)
+    if isinstance(first, NoChoice):
+        return
+    yield first.gpus
+    graph = _graph(topology)
+    free_mask = graph.mask(free, "free")
+    elig_mask = free_mask if eligible is None else graph.mask(eligible, "eligible") & free_mask
+    key = (free_mask, elig_mask, count)
+    order = graph.ranked.get(key)
+    if order is None:
+        order = _ranked(graph, free_mask, elig_mask, count)
+        graph.ranked[key] = order
+        if len(graph.ranked) > graph.RESULTS:
+            graph.ranked.popitem(last=False)
+    else:
+        graph.ranked.move_to_end(key)
+    idx = graph.index
+    seen = {first.gpus}
+    for members in order:
+        gpus = tuple(idx[p] for p in members)
+        if gpus not in seen:
+            seen.add(gpus)
+            yield gpus
+    if not math.comb(len(graph.positions(elig_mask)), count) <= EXACT_LIMIT:
+        for members in itertools.combinations(graph.positions(elig_mask), count):
+            gpus = tuple(idx[p] for p in members)
+            if gpus not in seen:
+                yield gpus
+
+
 def score_set(topology: NodeTopology, gpus: Iterable[int], free: Set[int] | None = None) -> GpuSetScore:
     """The score ``choose_gpus`` gives ``gpus`` (leftover measured over ``free``, default the
     set itself, i.e. nothing left). For explaining and comparing placements."""
@@ -164,6 +202,7 @@ class _Graph:
             self.rank[p][q] = self.rank[q][p] = r
             self.qual[p][q] = self.qual[q][p] = w
         self.cache: OrderedDict[tuple, GpuChoice | NoChoice] = OrderedDict()
+        self.ranked: OrderedDict[tuple, tuple[tuple[int, ...], ...]] = OrderedDict()
 
     def remember(self, key: tuple, value: GpuChoice | NoChoice) -> None:
         self.cache[key] = value
@@ -334,6 +373,24 @@ def _choose(
         score=graph.score(best, best_key[0], free_mask),
         exact=exact,
     )
+
+
+def _ranked(graph: _Graph, free_mask: int, elig_mask: int, count: int) -> tuple[tuple[int, ...], ...]:
+    """Candidate sets (positions) sorted by the objective (a-c), best first, lowest indices
+    first among equals: all of them when exact, else the greedy ones."""
+    pool = graph.positions(elig_mask)
+    free = graph.positions(free_mask)
+    deg = {p: sum(graph.qual[p][q] for q in free) for p in free}
+    free_sum = graph.pair_sum(free)
+    exact = math.comb(len(pool), count) <= EXACT_LIMIT
+    sets = itertools.combinations(pool, count) if exact else _greedy_sets(graph, pool, [], count)
+    keyed = []
+    for members in sets:
+        inside = graph.pair_sum(list(members))
+        leftover = free_sum - sum(deg[p] for p in members) + inside
+        keyed.append((-graph.ring_bottleneck(list(members), lower=-1), -inside, -leftover, members))
+    keyed.sort()
+    return tuple(k[3] for k in keyed)
 
 
 def _greedy_sets(graph: _Graph, pool: list[int], required: list[int], need: int) -> list[tuple[int, ...]]:

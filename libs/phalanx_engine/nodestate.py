@@ -7,8 +7,12 @@ the ``Cluster`` it started from is never modified (style rule 4).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from phalanx_engine import mig
+from phalanx_engine.dra import NodeDevices, Ranking, gather
 from phalanx_engine.snapshot import NodeView
+from phalanx_proto.dra import ClaimAllocated
 from phalanx_proto.events import Assignment, RequestKind
 from phalanx_proto.scheduling import HostPort
 
@@ -20,6 +24,22 @@ def port_key(p: HostPort) -> tuple[str, str, int]:
     return (p.host_ip or ANY_IP, p.protocol or "TCP", p.port)
 
 
+class _NodeDra:
+    """A node's DRA devices and their ranking, kept for the view they were read from (shared by
+    the node's scratch copies)."""
+
+    __slots__ = ("devices", "ranking", "_on_gpu")
+
+    def __init__(self, devices: NodeDevices, ranking: Ranking) -> None:
+        self.devices, self.ranking = devices, ranking
+        self._on_gpu: dict[tuple[str, str, str], int] | None = None
+
+    def on_gpu(self) -> dict[tuple[str, str, str], int]:
+        if self._on_gpu is None:
+            self._on_gpu = {c.key: j[0] for c in self.devices.candidates if (j := self.ranking.join(c)) is not None}
+        return self._on_gpu
+
+
 class NodeState:
     """Mutable scratch view of one node: which GPUs carry whole, TDM or MIG work (R5: never
     two kinds on one GPU), core % and GPU memory taken per shared GPU, MIG instances per GPU;
@@ -27,7 +47,7 @@ class NodeState:
     use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
     __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors", "requested",
-                 "pods", "ports", "memo")
+                 "pods", "ports", "memo", "_dra", "claims")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
@@ -46,8 +66,15 @@ class NodeState:
         self.memo: dict[bytes, tuple] = {}
         """Per member shape, what the single-member search found here (``candidates``); emptied
         by ``take``, the only way the state changes."""
+        self._dra: _NodeDra | None = None
+        self.claims: list[ClaimAllocated] = []
+        """The ResourceClaim allocations the node's reservations hold (``take``)."""
         for a in view.allocations:
             self.take(a)
+        if any(p.in_use for p in view.dra):  # GPUs other schedulers gave through DRA are not free here
+            on_gpu = self.dra_gpus()
+            self.whole.update(g for p in view.dra for u in p.in_use
+                              if (g := on_gpu.get((p.driver, p.pool, u.device))) is not None)
 
     @property
     def name(self) -> str:
@@ -61,6 +88,8 @@ class NodeState:
         other._free, other._capacity, other._vendors = self._free, self._capacity, self._vendors
         other.requested, other.pods, other.ports = dict(self.requested), self.pods, set(self.ports)
         other.memo = {}
+        other._dra = self._dra
+        other.claims = list(self.claims)
         return other
 
     def take(self, a: Assignment) -> None:
@@ -82,6 +111,45 @@ class NodeState:
                     self.mem[g] = self.mem.get(g, 0) + a.memory_mib
             case RequestKind.WHOLE:
                 self.whole.update(a.gpus)
+        for c in a.claims:  # a GPU a claim's device is, or sits on, is not free for a whole-GPU request
+            self.whole.update(c.gpus)
+            self.claims.append(c)
+
+    # -- Dynamic Resource Allocation (docs/dra.md) ---------------------------------------------
+    def _dra_of(self) -> _NodeDra:
+        if self._dra is None:
+            kube = self.view.kube
+            devices = gather(self.view.dra, self.view.name, kube.labels if kube is not None else {})
+            self._dra = _NodeDra(devices, Ranking(self.view.topology))
+        return self._dra
+
+    def dra(self) -> NodeDevices:
+        """The DRA devices the node reaches (kept with the view: it caches what selectors said)."""
+        return self._dra_of().devices
+
+    def ranking(self) -> Ranking:
+        """How the node's DRA devices are joined to its GPUs and ranked."""
+        return self._dra_of().ranking
+
+    def dra_gpus(self) -> dict[tuple[str, str, str], int]:
+        """Each DRA device that is, or sits on, one of the node's GPUs → that GPU."""
+        return self._dra_of().on_gpu()
+
+    def whole_gpus_of(self, claims: Iterable[ClaimAllocated]) -> tuple[int, ...]:
+        """The node's GPUs that allocated devices are, whole (not a MIG device on one)."""
+        nd = self._dra_of()
+        out = set()
+        for c in claims:
+            for d in c.allocation.devices:
+                cand = nd.devices.by_key.get((d.driver, d.pool, d.device))
+                joined = nd.ranking.join(cand) if cand is not None else None
+                if joined is not None and joined[1]:
+                    out.add(joined[0])
+        return tuple(sorted(out))
+
+    def plugin_gpus(self) -> set[int]:
+        """GPUs held for whole, shared or MIG work by any reservation (a claim's included)."""
+        return self.whole | set(self.core) | set(self.mig_inst)
 
     def free_whole(self) -> set[int]:
         """GPUs with no work of any kind (and not in MIG mode). Cached until the next take."""

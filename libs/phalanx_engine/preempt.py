@@ -29,7 +29,7 @@ from phalanx_engine.status import NoFit
 from phalanx_proto.events import PodRef, pod_key
 from phalanx_proto.queues import DEFAULT_QUEUE, GPU_UNITS, shown
 from phalanx_proto.state import NodeLedger
-from phalanx_rules.preemption import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang
+from phalanx_rules.preemption import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang, when_text
 from phalanx_rules.queues import QueueTree
 
 DEFAULT_BOUNDS = SearchBounds()
@@ -72,6 +72,9 @@ class NoPlan:
     code: str
     reason: str
     search: SearchStats = field(default=SearchStats(), compare=False)
+    retry_at: float | None = None
+    """Code ``min-runtime``: when the plan its reason names becomes possible (its youngest
+    victim has run its queue's minimum runtime by then)."""
 
 
 def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[RunningGang], tree: QueueTree, *,
@@ -89,7 +92,7 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
     gangs = {g.gang_id: g for g in sorted(running, key=lambda g: g.gang_id)}
     units = {g: gang.units for g, gang in gangs.items()}
     held = dict(held_by) if held_by is not None else _held(gangs.values(), units)
-    rules = Rules(preemptor, tree, held)
+    rules = Rules(preemptor, tree, held, now)
     trials = Trials(cluster, preemptor.members, profile, avoid, gangs)
     fits = trials.decide(frozenset())
     limit = rules.breaks((), {})
@@ -98,10 +101,35 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
     refused = rules.refusal()
     if refused is not None:
         return NoPlan(*refused, search=SearchStats(trials=trials.calls))
-    rule = {g: r for g, gang in gangs.items() if (r := rules.rule_for(gang, units[g])) is not None}
-    if not rule:
+    every = {g: r for g, gang in gangs.items() if (r := rules.rule_for(gang, units[g])) is not None}
+    young = {g: (r, t) for g, r in every.items() if (t := rules.protected_until(gangs[g], r)) is not None}
+    rule = {g: r for g, r in every.items() if g not in young}
+    if not every:
         return NoPlan("no-candidates", f"{limit}; {rules.nobody()}" if limit else rules.nobody(),
                       search=SearchStats(trials=trials.calls))
+    got = _search(rules, trials, cluster, gangs, units, rule, bounds, now) if rule else None
+    if isinstance(got, Plan) or not young:
+        return got if got is not None else NoPlan("no-candidates", rules.nobody(), SearchStats(trials=trials.calls))
+    # Too young to be victims yet: would they be, the plan the planner would make then says
+    # from when the preemptor may preempt (the minimum runtime of its youngest victim).
+    later = _search(rules, trials, cluster, gangs, units, every, bounds, now)
+    if not isinstance(later, Plan):
+        return later
+    waiting = {v.gang_id: young[v.gang_id] for v in later.victims if v.gang_id in young}
+    if not waiting:  # the full search found a set the first one was bounded out of: no age needed
+        return got if got is not None else NoPlan("no-candidates", rules.nobody(), later.search)
+    retry_at = max(t for _, t in waiting.values())
+    names = ", ".join(v.gang_id for v in later.victims)
+    return NoPlan("min-runtime", f"not preempting yet: evicting {names} would let it start, but "
+                                 f"{rules.too_young(waiting, gangs)} started too recently to be a victim; "
+                                 f"it may preempt from {when_text(retry_at)} and is tried again then",
+                  later.search, retry_at=retry_at)
+
+
+def _search(rules: Rules, trials: Trials, cluster: Cluster, gangs: Mapping[str, RunningGang],
+            units: Mapping[str, int], rule: Mapping[str, Rule], bounds: SearchBounds,
+            now: float | None) -> Plan | NoPlan:
+    """The best plan among the candidates ``rule`` names (each with its rule), or why none."""
     search = Search(rules, trials, cluster, gangs, units, rule, bounds, now)
     found = search.run()
     stats = SearchStats(candidates=len(rule), domains=search.expanded, sets=len(search.offered),

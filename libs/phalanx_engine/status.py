@@ -54,6 +54,10 @@ class Code(enum.StrEnum):
     TOPOLOGY_SPREAD_REFUSED = "topology-spread-not-supported"
     GANG_DOMAIN = "gang-does-not-fit-one-domain"
     KEPT_FOR_GANG_AHEAD = "kept-for-gang-ahead"
+    DRA_CANNOT_ALLOCATE = "dra-cannot-allocate"
+    DRA_CLAIM_NOT_ON_NODE = "dra-claim-not-on-node"
+    DRA_CLASS_MISSING = "dra-device-class-missing"
+    DRA_ERROR = "dra-error"
 
 
 class Reason(msgspec.Struct, frozen=True):

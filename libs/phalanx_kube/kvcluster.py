@@ -8,7 +8,8 @@ real API server, so two writers never silently overwrite each other.
 Buckets: ``phx-sim-pods`` (``<namespace>.<name>`` → pod JSON), ``phx-sim-nodes``
 (``<name>`` → node JSON), ``phx-sim-events`` (``<namespace>.<name>`` → list of Events),
 ``phx-sim-leases`` (``<namespace>.<name>`` → ``Lease`` JSON; the KV revision is its
-resourceVersion).
+resourceVersion); the DRA objects (``phx-sim-deviceclasses``, ``-resourceslices``,
+``-resourceclaims``) are ``phalanx_kube.kvdra``'s, mixed in.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 
 from phalanx_bus import Bus, KvConflict
+from phalanx_kube.kvdra import KvDra
 from phalanx_kube.kvqueues import KvQueues
 from phalanx_kube.port import (
     BindConflict,
@@ -61,7 +63,7 @@ def pod_key(namespace: str, name: str) -> str:
     return f"{token(namespace)}.{token(name)}"
 
 
-class KvCluster(KvQueues):
+class KvCluster(KvQueues, KvDra):
     """``ClusterPort`` over NATS KV. Create with ``await KvCluster.open(bus)``."""
 
     def __init__(self, bus: Bus, pods, nodes, events, leases=None, scheduler_names=SCHEDULER_NAMES) -> None:

@@ -6,7 +6,12 @@
 
 Both pass the same contract tests (``tests/contract``). Only gang-coordinator and binder use
 the pod half; only topology-discovery writes node status. Leases are the per-node fences of
-docs/delivery.md: binder writes them, the node agent's device plugin reads them.
+docs/delivery.md: binder writes them, the node agent's device plugin reads them. The Dynamic
+Resource Allocation objects (``resource.k8s.io/v1``, docs/kubernetes.md "DRA"): gang-coordinator
+watches DeviceClasses, ResourceSlices and ResourceClaims (raw objects, read with
+``phalanx_kubeobjects.dra``); binder writes a claim's finalizer, allocation and ``reservedFor``
+before the pod's Binding (``reserve_claim``), undoes it (``unreserve_claim``), and makes the claim
+for extended resources backed by DRA (``create_resource_claim``, ``set_extended_claim_status``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from phalanx_proto.dra import ClaimAllocation
 from phalanx_proto.events import PodRef
 
 
@@ -72,6 +78,46 @@ class PodEvent(msgspec.Struct, frozen=True, kw_only=True):
     pod: Pod
 
 
+class ObjectEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A change of one API object as its watch saw it (the DRA objects): ``obj`` is the whole
+    object, camelCase, as the API server returns it (the simulator stores the same shape, with
+    its KV revision as ``metadata.resourceVersion``)."""
+
+    type: Literal["ADDED", "MODIFIED", "DELETED"]
+    obj: dict[str, Any]
+
+    @property
+    def namespace(self) -> str:
+        return (self.obj.get("metadata") or {}).get("namespace") or ""
+
+    @property
+    def name(self) -> str:
+        return (self.obj.get("metadata") or {}).get("name") or ""
+
+
+class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A ResourceClaim: a non-empty ``uid`` is a precondition of every write (a claim deleted and
+    recreated under the same name is another claim)."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @classmethod
+    def of(cls, key: str) -> ClaimRef:
+        """From a claim key ``<namespace>/<name>/<uid>`` (``ClaimSpec.key``, ``ClaimAllocated.claim``)."""
+        namespace, _, rest = key.partition("/")
+        name, _, uid = rest.partition("/")
+        return cls(namespace=namespace, name=name, uid=uid)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}/{self.uid}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 class KubeEvent(msgspec.Struct, frozen=True, kw_only=True):
     """A Kubernetes Event recorded on a pod."""
 
@@ -116,6 +162,16 @@ class PodGone(Exception):
 class EvictionBlocked(Exception):
     """The Eviction API refused to evict the pod now (HTTP 429): a PodDisruptionBudget allows
     no disruption of it. The message is the API server's."""
+
+
+class ClaimGone(Exception):
+    """The ResourceClaim no longer exists (or exists under another uid)."""
+
+
+class ClaimConflict(Exception):
+    """The claim cannot be reserved for the pod as asked: it got allocated elsewhere in the
+    meantime, is not allocated any more, is being deleted, or is reserved for as many consumers as
+    it may be; or (create) a claim of that name exists and is another one. The message says which."""
 
 
 class NotOurs(Exception):
@@ -219,6 +275,77 @@ class ClusterPort(Protocol):
 
     async def update_queue_status(self, name: str, status: dict[str, Any]) -> None:
         """Set the Queue's ``status`` (a Queue that is gone is no error)."""
+        ...
+
+    # -- Dynamic Resource Allocation (resource.k8s.io/v1) ------------------------------------
+    async def list_device_classes(self) -> list[dict[str, Any]]:
+        """Every DeviceClass, as stored (by name)."""
+        ...
+
+    def watch_device_classes(self) -> AsyncIterator[ObjectEvent | None]:
+        """The DeviceClasses as ADDED, then ``None`` once listed, then every change; after a
+        break, a re-list and what changed meanwhile (ADDED/MODIFIED/DELETED), then ``None``
+        again (as ``watch_pods``)."""
+        ...
+
+    async def list_resource_slices(self) -> list[dict[str, Any]]:
+        """Every ResourceSlice, as stored (by name)."""
+        ...
+
+    def watch_resource_slices(self) -> AsyncIterator[ObjectEvent | None]:
+        """The ResourceSlices, as ``watch_device_classes``."""
+        ...
+
+    async def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every ResourceClaim (of ``namespace`` only, when given), as stored."""
+        ...
+
+    def watch_resource_claims(self) -> AsyncIterator[ObjectEvent | None]:
+        """The ResourceClaims of every namespace, as ``watch_device_classes``."""
+        ...
+
+    async def get_resource_claim(self, claim: ClaimRef) -> dict[str, Any] | None:
+        """The claim read now; None when there is none of that name (its uid is not checked)."""
+        ...
+
+    async def reserve_claim(self, claim: ClaimRef, pod: PodRef, allocation: ClaimAllocation | None) -> dict[str, Any]:
+        """Reserve the claim for the pod before its Binding, as kube-scheduler's PreBind does:
+        with ``allocation`` (Phalanx allocated it) the finalizer
+        ``resource.kubernetes.io/delete-protection`` is ensured first (an update), then
+        ``status.allocation`` is set and the pod appended to ``status.reservedFor`` in one status
+        update carrying the resourceVersion read; without (the claim was allocated already),
+        only the pod is appended. A conflict re-reads and tries again. Returns the claim as
+        written. May be called more than once: a pod already reserved (with that allocation)
+        is success. Raises ``ClaimGone``, and ``ClaimConflict`` when the claim got allocated
+        elsewhere in the meantime (another allocation), is not allocated when ``allocation`` is
+        None, is being deleted, or its ``reservedFor`` is full. A refusal by the API server
+        itself (403; 422, e.g. an account without ``resourceclaims/binding``) is the adapter's
+        error with the server's message (``KubeApiError``; the simulator: ``ClaimInvalid``)."""
+        ...
+
+    async def unreserve_claim(self, claim: ClaimRef, pod: PodRef, allocation: ClaimAllocation | None = None) -> None:
+        """Undo ``reserve_claim``: remove the pod from ``status.reservedFor``; with the
+        ``allocation`` Phalanx wrote, also clear it (and then the finalizer) when nobody else holds
+        the claim and its allocation is still that one. May be called more than once, and when
+        the take never happened (absent claim, pod not reserved): then it changes nothing."""
+        ...
+
+    async def create_resource_claim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create the claim (the extended-resource claim of ``phalanx_kubeobjects.dra.extended_claim``)
+        and return it as created. May be called more than once: a claim of the same controller
+        owner with the same annotations and requests (for ``generateName``: in the namespace; for
+        a name: of that name) is returned instead of a second one; a named claim that exists and
+        is another one raises ``ClaimConflict``."""
+        ...
+
+    async def delete_resource_claim(self, claim: ClaimRef) -> None:
+        """Delete the claim (the uid as precondition; a claim with finalizers stays until they are
+        removed, marked deleting). Absent, or another uid, is success."""
+        ...
+
+    async def set_extended_claim_status(self, pod: PodRef, status: dict[str, Any] | None) -> None:
+        """Set ``pod.status.extendedResourceClaimStatus`` (``phalanx_kubeobjects.dra.extended_claim_status``;
+        None removes it). Raises ``PodGone``, ``NotOurs`` (as ``annotate_pod``)."""
         ...
 
     async def get_lease(self, namespace: str, name: str) -> Lease | None: ...

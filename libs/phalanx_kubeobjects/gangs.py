@@ -186,10 +186,11 @@ def merge_part(parts: tuple[GangPart, ...], part: GangPart) -> tuple[GangPart, .
 
 
 def gpu_member(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuRequest:
-    """The request of a gang member (``requests.parse_pod``); a pod asking for no GPU is not
-    one: ``RequestError`` with ``NO_GPU_RULE``."""
+    """The request of a gang member (``requests.parse_pod``); a pod asking for no GPU, and
+    naming no ResourceClaim (``spec.resourceClaims``: its devices come from DRA, docs/dra.md), is
+    not one: ``RequestError`` with ``NO_GPU_RULE``."""
     req = parse_pod(pod, require_scheduler=require_scheduler)
-    if req.kind is RequestKind.NONE:
+    if req.kind is RequestKind.NONE and not (pod.get("spec") or {}).get("resourceClaims"):
         raise RequestError((Violation("spec.containers[*].resources.limits", "no GPU resource", NO_GPU_RULE),),
                            req.pod)
     return req

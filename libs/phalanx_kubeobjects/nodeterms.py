@@ -140,20 +140,23 @@ def node_affinity(spec: Mapping[str, Any], v: list[Violation], warnings: list[st
     if len(items) > K.MAX_TERMS:
         v.append(Violation(_TERMS, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} node selector terms"))
         return ()
-    terms = []
-    for i, t in enumerate(items):
-        t, where = as_map(t), f"{_TERMS}[{i}]"
-        parts = []
-        for section, fields in (("matchExpressions", False), ("matchFields", True)):
-            got = as_list(t.get(section), f"{where}.{section}", v)
-            if len(got) > K.MAX_REQUIREMENTS:
-                v.append(Violation(f"{where}.{section}", f"{len(got)} requirements",
-                                   f"Phalanx reads at most {K.MAX_REQUIREMENTS} requirements per term"))
-                got = []
-            parts.append(tuple(x for j, r in enumerate(got)
-                               if (x := _requirement(r, f"{where}.{section}[{j}]", fields, v)) is not None))
-        terms.append(NodeSelectorTerm(match_expressions=parts[0], match_fields=parts[1]))
-    return tuple(terms)
+    return tuple(selector_term(t, f"{_TERMS}[{i}]", v) for i, t in enumerate(items))
+
+
+def selector_term(raw: Any, where: str, v: list[Violation]) -> NodeSelectorTerm:
+    """One node selector term (``matchExpressions`` on labels, ``matchFields`` on
+    ``metadata.name``) at ``where``; what breaks a rule is left out, with its violation."""
+    t = as_map(raw)
+    parts = []
+    for section, fields in (("matchExpressions", False), ("matchFields", True)):
+        got = as_list(t.get(section), f"{where}.{section}", v)
+        if len(got) > K.MAX_REQUIREMENTS:
+            v.append(Violation(f"{where}.{section}", f"{len(got)} requirements",
+                               f"Phalanx reads at most {K.MAX_REQUIREMENTS} requirements per term"))
+            got = []
+        parts.append(tuple(x for j, r in enumerate(got)
+                           if (x := _requirement(r, f"{where}.{section}[{j}]", fields, v)) is not None))
+    return NodeSelectorTerm(match_expressions=parts[0], match_fields=parts[1])
 
 
 def node_name(raw: Any, v: list[Violation]) -> str:

@@ -14,18 +14,20 @@ Example::
       namespaceSelector: {matchLabels: {team: a}}
       resources:
         nvidia.com/gpu: {quota: 8, limit: 16, overQuotaWeight: 1}
-      preemption: {withinQueue: LowerPriority, reclaim: Any}
+      preemption: {withinQueue: LowerPriority, reclaim: Any, preemptMinRuntime: 10m, reclaimMinRuntime: 30m}
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from phalanx_kubeobjects import names
 from phalanx_proto.kubeapi import NVIDIA_GPU
 from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec
+from phalanx_proto.queuespec import MAX_MIN_RUNTIME_S
 
 RESOURCE = NVIDIA_GPU
 MAX_GPUS = 1_000_000
@@ -78,15 +80,49 @@ def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or not 0 <= weight <= 1e6:
         raise QueueObjectError(f"{field}.overQuotaWeight: a number from 0 to 1000000")
     preemption = spec.get("preemption") or {}
-    within = preemption.get("withinQueue", "LowerPriority") if isinstance(preemption, Mapping) else None
-    reclaim = preemption.get("reclaim", "Any") if isinstance(preemption, Mapping) else None
+    if not isinstance(preemption, Mapping):
+        raise QueueObjectError("spec.preemption: must be an object")
+    unknown = sorted(set(preemption) - set(PREEMPTION_FIELDS))
+    if unknown:
+        raise QueueObjectError(f"spec.preemption.{unknown[0]}: unknown field ({', '.join(PREEMPTION_FIELDS)})")
+    within = preemption.get("withinQueue", "LowerPriority")
+    reclaim = preemption.get("reclaim", "Any")
     if within not in ("LowerPriority", "Never"):
         raise QueueObjectError("spec.preemption.withinQueue: LowerPriority or Never")
     if reclaim not in ("Any", "Never"):
         raise QueueObjectError("spec.preemption.reclaim: Any or Never")
     return QueueSpec(name=name, parent=parent, quota=quota, limit=limit, over_quota_weight=float(weight),
                      namespace_selector=_selector(spec.get("namespaceSelector")), within_queue=within,
-                     reclaim=reclaim, generation=generation)
+                     reclaim=reclaim, generation=generation,
+                     preempt_min_runtime_s=_min_runtime(preemption, "preemptMinRuntime"),
+                     reclaim_min_runtime_s=_min_runtime(preemption, "reclaimMinRuntime"))
+
+
+PREEMPTION_FIELDS = ("withinQueue", "reclaim", "preemptMinRuntime", "reclaimMinRuntime")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|m|s|ms))+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def _min_runtime(preemption: Mapping[str, Any], key: str) -> float | None:
+    """A minimum runtime (a Kubernetes duration, ``30s``, ``10m``, ``1h30m``) in seconds; None
+    when absent (the parent's applies)."""
+    if preemption.get(key) is None:
+        return None
+    return duration_s(preemption[key], f"spec.preemption.{key}")
+
+
+def duration_s(value: Any, field: str) -> float:
+    """A duration as Kubernetes writes one (``metav1.Duration``: ``90s``, ``10m``, ``1h30m``,
+    ``500ms``; units h, m, s, ms) in seconds, at most ``MAX_MIN_RUNTIME_S``; ``QueueObjectError``
+    naming ``field`` otherwise."""
+    rule = f"{field}: a duration such as 30s, 10m or 1h30m (units h, m, s, ms), at most 168h"
+    if not isinstance(value, str) or not _DURATION.match(value.strip()):
+        raise QueueObjectError(rule)
+    seconds = sum(float(n) * _SECONDS[u] for n, u in _PART.findall(value.strip()))
+    if not math.isfinite(seconds) or seconds > MAX_MIN_RUNTIME_S:
+        raise QueueObjectError(rule)
+    return seconds
 
 
 def _amount(value: Any, field: str) -> int:

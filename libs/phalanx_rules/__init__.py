@@ -7,12 +7,15 @@ reads a clock: every rule takes values and returns values.
 
 ==============  ==========================================================================
 ``queues``      the queue tree, fair shares, limits, what each queue holds (units)
+``usage``       each queue's recent usage, decayed by a half-life, and the weight it gives
+                its part of the GPUs beyond the quotas (the fair share that remembers)
 ``queueorder``  a scheduling cycle's queue rules: which queue a pod is in, limit refusals,
                 borrowing, the queues owed free GPUs, the cycle's order
 ``fairness``    which waiting gang starts now (the starvation gate), how long a failed one
                 waits, which gangs a release or a cluster change wakes
-``preemption``  who may preempt whom and under which rule, and whether a set of victims keeps
-                every queue's quota and limit
+``preemption``  who may preempt whom and under which rule (a gang younger than its queue's
+                minimum runtime is none yet), and whether a set of victims keeps every
+                queue's quota and limit
 ``saga``        the gang saga's transitions: state (+ event, + now) in, new state out
 ==============  ==========================================================================
 

@@ -151,10 +151,13 @@ def release_helps(s: GangState, freed: Collection[str] | None,
 
 def wake_order(states: Iterable[GangState], *, now: float, below_quota: Callable[[str], bool],
                limit: int = WAKE, freed: Collection[str] | None = None,
-               chain: Callable[[str], Iterable[str]] = lambda q: (q,), placing: bool = False) -> list[GangState]:
+               chain: Callable[[str], Iterable[str]] = lambda q: (q,), placing: bool = False,
+               rank: Callable[[str], float] = lambda q: 0.0) -> list[GangState]:
     """GPUs were released: the gangs that try again now instead of at the end of their
     backoff — at most ``limit`` of those backing off after a failed placement that the release
-    can help (``release_helps``), queues below their quota first, then by priority and arrival.
+    can help (``release_helps``), queues below their quota first, then the queue furthest below
+    its fair share (``rank``: ``queueorder.shares_and_ranks``' rank, as placement orders its
+    cycle), then by priority and arrival.
     Gangs waiting for the cluster to change are not woken by a release: as kube-scheduler moves
     unschedulable pods back to its active queue only on a cluster event its queueing hints say
     may help them. With ``placing``, gangs whose attempt is under way compete for the same
@@ -162,7 +165,7 @@ def wake_order(states: Iterable[GangState], *, now: float, below_quota: Callable
     have decided it before these GPUs came free)."""
     waiting = [s for s in states if (_backing_off(s, now) and release_helps(s, freed, chain))
                or (placing and s.phase == "placing")]
-    waiting.sort(key=lambda s: (not below_quota(queue_of(s)), queue_key(s)))
+    waiting.sort(key=lambda s: (not below_quota(queue_of(s)), rank(queue_of(s)), queue_key(s)))
     return waiting[:limit]
 
 

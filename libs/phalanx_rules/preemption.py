@@ -13,6 +13,11 @@ every victim set it considers.
   as victims count as gone from theirs. Preemptors deciding together (in one cycle, or on two
   replicas: the nomination's batch rewrites the queues' usage records, so the later one
   decides again on the first's nomination) therefore never reclaim past a quota between them.
+* **Minimum runtime** (``min_runtime``): a gang that started less than its queue's
+  ``preemptMinRuntime`` ago is no victim of the priority rule, less than its
+  ``reclaimMinRuntime`` ago none of reclaim (a queue without the setting takes its parent's;
+  none on the line: 0). It becomes one at ``started_at + minimum`` (``Rules.protected_until``);
+  the planner then says when the preemptor may preempt, and it is retried then.
 * A set of victims must leave, once the preemptor is placed and the victims are gone:
   every queue on the preemptor's chain within its limit; with reclaim victims, every queue on
   the preemptor's chain that the units enter from outside its subtree within its quota
@@ -26,6 +31,8 @@ includes its subtree's gangs, as ``queues.held_by_queue`` sums it from ``Allocat
 
 from __future__ import annotations
 
+import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -84,14 +91,33 @@ class RunningGang:
         return tuple(a.pod for a in self.assignments)
 
 
+def min_runtime(tree: QueueTree, queue: str, rule: Rule) -> float:
+    """How long a gang of ``queue`` must have run before it may be a victim under ``rule``: the
+    queue's ``preempt_min_runtime_s`` (rule priority) or ``reclaim_min_runtime_s`` (reclaim),
+    else the nearest ancestor's that sets it, else 0."""
+    for q in tree.chain(queue) or (queue,):
+        spec = tree.get(q)
+        if spec is None:
+            continue
+        value = spec.preempt_min_runtime_s if rule == PRIORITY else spec.reclaim_min_runtime_s
+        if value is not None:
+            return value
+    return 0.0
+
+
+MIN_RUNTIME_FIELD = {"priority": "preemptMinRuntime", "reclaim": "reclaimMinRuntime"}
+
+
 class Rules:
     """The contract for one preemptor on one view of the queues (``held_by``: units each queue
-    holds, its subtree included)."""
+    holds, its subtree included) at ``now`` (unix seconds; None: no gang is too young)."""
 
-    def __init__(self, preemptor: Preemptor, tree: QueueTree, held_by: Mapping[str, int]) -> None:
+    def __init__(self, preemptor: Preemptor, tree: QueueTree, held_by: Mapping[str, int],
+                 now: float | None = None) -> None:
         self.preemptor = preemptor
         self.tree = tree
         self.held = held_by
+        self.now = now
         self.chain = tree.chain(preemptor.queue) or (preemptor.queue,)
         self.spec = tree.get(preemptor.queue) or QueueSpec(name=preemptor.queue)
         self.need = preemptor.units
@@ -128,6 +154,23 @@ class Rules:
         if any(q not in self.chain and self.held.get(q, 0) - units < self._quota(q) for q in gang.queues):
             return None
         return RECLAIM
+
+    def protected_until(self, gang: RunningGang, rule: Rule) -> float | None:
+        """When ``gang`` becomes a victim under ``rule`` if it is too young to be one now (its
+        start plus its queue's minimum runtime for the rule), else None (old enough, no
+        minimum, or its start unknown: an unknown start protects nothing)."""
+        if self.now is None or gang.started_at is None:
+            return None
+        minimum = min_runtime(self.tree, gang.queue, rule)
+        until = gang.started_at + minimum
+        return until if minimum > 0 and self.now < until else None
+
+    def too_young(self, young: Mapping[str, tuple[Rule, float]], gangs: Mapping[str, RunningGang]) -> str:
+        """The gangs of a plan that are too young yet, each with its queue's minimum:
+        ``a/x (queue b, reclaimMinRuntime 10m)``."""
+        return ", ".join(f"{g} (queue {gangs[g].queue}, {MIN_RUNTIME_FIELD[r]} "
+                         f"{duration_text(min_runtime(self.tree, gangs[g].queue, r))})"
+                         for g, (r, _) in sorted(young.items()))
 
     def breaks(self, victims: Iterable[RunningGang], units: Mapping[str, int]) -> str:
         """Which quota or limit the set breaks, as a sentence ("" when it keeps them all).
@@ -251,3 +294,21 @@ def may_preempt(preemptor: Preemptor, tree: QueueTree, held_by: Mapping[str, int
         return False
     return any(q != preemptor.queue and running_priorities.get(q) and (q in rules.chain or held_by.get(q, 0) > qs.quota)
                for q, qs in tree.specs.items())
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a Queue object writes it: ``90s``, ``10m``, ``1h30m``, ``1.5s``."""
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    out, left = "", int(seconds)
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            out += f"{left // size}{unit}"
+            left %= size
+    return out or "0s"
+
+
+def when_text(t: float) -> str:
+    """A unix time for a reason: ``2026-12-06T10:35:12Z`` (UTC, to the second; a fraction
+    rounds up, so the time said is never before the time meant)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(t)))

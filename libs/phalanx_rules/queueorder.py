@@ -139,15 +139,16 @@ def owed(tree: QueueTree, queue: str, candidates: list[tuple[str, tuple[MemberSp
 
 
 def shares_and_ranks(tree: QueueTree, held: Mapping[str, int], waiting_units: Mapping[str, int],
-                     capacity: int) -> tuple[dict[str, int], dict[str, float]]:
+                     capacity: int, recent: Mapping[str, float] | None = None) -> tuple[dict[str, int], dict[str, float]]:
     """Each queue's fair share of ``capacity`` and its distance from it (lower goes first):
     a queue's demand is what its own gangs hold (``held`` counts a queue's subtree) plus what
-    its waiting gangs ask (``waiting_units``)."""
+    its waiting gangs ask (``waiting_units``); ``recent``: each queue's recent GPUs, which
+    weigh its part beyond the quotas (``usage``; None: the plain weights)."""
     demand: dict[str, int] = {}
     for q in tree.specs:
         own = held.get(q, 0) - sum(held.get(c, 0) for c in tree.children.get(q, ()))
         demand[q] = own + waiting_units.get(q, 0)
-    shares = fair_shares(tree, demand, capacity)
+    shares = fair_shares(tree, demand, capacity, recent)
     return shares, {q: queue_rank(q, held, shares) for q in tree.specs}
 
 

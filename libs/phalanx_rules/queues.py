@@ -25,6 +25,7 @@ from phalanx_proto.queues import (
     DEFAULT_QUEUE,
     GPU_UNITS,
     MAX_DEPTH,
+    QueueHistory,
     QueueSpec,
     QueueUsage,
     charge_key,
@@ -34,6 +35,7 @@ from phalanx_proto.queues import (
 )
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.vocab import IDLE, OPEN
+from phalanx_rules import usage
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,13 @@ def tree_problems(specs: Iterable[QueueSpec]) -> dict[str, str]:
     return out
 
 
-def fair_shares(tree: QueueTree, demand: Mapping[str, int], capacity: int) -> dict[str, int]:
+def fair_shares(tree: QueueTree, demand: Mapping[str, int], capacity: int,
+                recent: Mapping[str, float] | None = None) -> dict[str, int]:
     """Each queue's fair share of ``capacity`` (units), given ``demand``: what each queue's own
-    gangs hold and wait for (a parent's demand is its own plus its subtree's). Deterministic:
-    ties and remainders go in name order."""
+    gangs hold and wait for (a parent's demand is its own plus its subtree's). ``recent``: each
+    queue's recent GPUs (``usage.recent_gpus``, its subtree included) — the part beyond the
+    quotas is then divided by the usage-weighted weights (``usage.weights``); None or empty:
+    by ``overQuotaWeight`` alone. Deterministic: ties and remainders go in name order."""
     total_demand: dict[str, int] = {}
 
     def subtree(name: str) -> int:
@@ -134,15 +139,20 @@ def fair_shares(tree: QueueTree, demand: Mapping[str, int], capacity: int) -> di
         if not kids:
             return
         own = demand.get(parent, 0) if parent else 0
+        level = amount
         amount = max(0, amount - min(own, amount))  # the parent's own gangs first, then its children
         want = {c: min(subtree(c), _cap(tree.specs[c])) for c in kids}
         got = {c: min(tree.specs[c].quota, want[c]) for c in kids}
         scale = min(1.0, amount / sum(got.values())) if sum(got.values()) else 1.0
         got = {c: int(g * scale) for c, g in got.items()}
         left = amount - sum(got.values())
+        used = sum(recent.get(c, 0.0) for c in kids) if recent else 0.0
+        norm = max(level / GPU_UNITS, used)  # no usage at this level: the plain weights
         while left > 0:
             hungry = [c for c in kids if got[c] < want[c]]
             weights = {c: tree.specs[c].over_quota_weight for c in hungry}
+            if used > 0:
+                weights = usage.weights(weights, recent or {}, norm)
             if not hungry or sum(weights.values()) <= 0:
                 break
             total_w = sum(weights.values())
@@ -246,11 +256,14 @@ PENDING: frozenset[Phase] = IDLE | OPEN
 
 
 def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[GangState],
-                 capacity: int) -> dict[str, dict[str, Any]]:
+                 capacity: int, history: Iterable[QueueHistory] = (), now: float = 0.0) -> dict[str, dict[str, Any]]:
     """Each queue's status in GPUs: allocated (its subtree's included), borrowed (beyond its
     quota), pending gangs and GPUs (what its waiting gangs, and its subtree's, ask for), fair
-    share of ``capacity`` units; with quota, limit, parent and problem. What gang-coordinator
-    writes to each Queue's status and ``phalanx queues`` prints."""
+    share of ``capacity`` units (weighted by the queues' recent usage, ``history`` at ``now``,
+    when there is any), and that recent usage in decayed GPU-hours; with quota, limit, parent
+    and problem. What gang-coordinator writes to each Queue's status and ``phalanx queues``
+    prints."""
+    history = tuple(history)
     pending_gangs: dict[str, int] = defaultdict(int)
     pending_units: dict[str, int] = defaultdict(int)
     own_pending: dict[str, int] = defaultdict(int)
@@ -266,14 +279,16 @@ def queue_report(tree: QueueTree, held_by: Mapping[str, int], gangs: Iterable[Ga
             pending_units[a] += units
     held = {q: held_by.get(q, 0) for q in tree.specs}
     own = {q: held[q] - sum(held.get(c, 0) for c in tree.children.get(q, ())) for q in tree.specs}
-    shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity)
+    shares = fair_shares(tree, {q: own[q] + own_pending.get(q, 0) for q in tree.specs}, capacity,
+                         usage.recent_gpus(history, now))
+    hours = usage.gpu_hours(history, now)
     out: dict[str, dict[str, Any]] = {}
     for q, spec in tree.specs.items():
         out[q] = {"parent": spec.parent, "quota": _gpus(spec.quota),
                   "limit": None if spec.limit is None else _gpus(spec.limit), "allocated": _gpus(held[q]),
                   "borrowed": _gpus(max(0, held[q] - spec.quota)), "pendingGangs": pending_gangs.get(q, 0),
                   "pendingGPUs": _gpus(pending_units.get(q, 0)), "fairShare": _gpus(shares.get(q, 0)),
-                  "problem": spec.problem}
+                  "recentGPUHours": round(hours.get(q, 0.0), 3), "problem": spec.problem}
     return out
 
 

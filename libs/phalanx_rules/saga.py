@@ -19,7 +19,8 @@ data too (gang-coordinator's ``effects.py``), carried out by its ``driver.SagaDr
     backoff ──what it waits for happened (``woken``)──▶ backoff, due now
 
 Compensations run in the reverse order of the steps: ``unbind`` (delete bound members),
-``mig`` (destroy the attempt's MIG instances), ``release`` (the reservation).
+``claims`` (take them out of their ResourceClaims, clear what Phalanx allocated), ``mig``
+(destroy the attempt's MIG instances), ``release`` (the reservation).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
 from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
-COMPENSATIONS = ("unbind", "mig", "release")
-"""Reverse order of the steps reserve → prepare MIG → bind."""
+COMPENSATIONS = ("unbind", "claims", "mig", "release")
+"""Reverse order of the steps reserve → prepare MIG → write the claims → bind."""
 
 
 replace = msgspec.structs.replace
@@ -192,7 +193,9 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     """placing → backoff: nothing was reserved, so there is nothing to compensate. A reply
     naming other pods than the members (another incarnation of the gang) changes nothing.
     The gang keeps what it waits for (``fairness.waits_for``) and is retried when that changes,
-    or after ``fairness.retry_delay`` at the latest."""
+    or after ``fairness.retry_delay`` at the latest — or, when placement named the time a
+    preemption it needs becomes possible (``retry_at``: its victims' minimum runtime), at that
+    time, neither before nor after."""
     if s is None or s.attempt != ev.attempt or s.phase != "placing":
         return None
     if ev.members and set(ev.members) != {m.pod for m in attempt_members(s)}:
@@ -201,7 +204,8 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     delay = retry_delay(replace(s, waits_for=waits_for(ev), fits_empty_cluster=ev.fits_empty_cluster), failures,
                         base_s=base_s, max_s=max_s, unschedulable_s=unschedulable_s)
     reason = failure_reason(ev.summary, s, ev.whatif)
-    return replace(s, phase="backoff", failures=failures, backoff_until=now + delay, reason=reason,
+    until = ev.retry_at if ev.retry_at > now else now + delay
+    return replace(s, phase="backoff", failures=failures, backoff_until=until, reason=reason,
                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
                    reserve_nodes=ev.reserve_nodes, whatif=ev.whatif, waits_for=waits_for(ev))
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from phalanx_proto.events import MemberSpec
+from phalanx_proto.queues import QueueHistory
 from phalanx_proto.state import GangState, attempt_members
-from phalanx_rules import queueorder
+from phalanx_rules import queueorder, usage
 from phalanx_rules.queueorder import queue_of
 from phalanx_rules.queues import QueueTree
 
@@ -25,8 +26,23 @@ def _unreserved(s: GangState) -> bool:
 
 class SimQueues:
     def __init__(self, tree: QueueTree, held: Mapping[str, int], waiting_units: Mapping[str, int],
-                 capacity: int) -> None:
+                 capacity: int, half_life_s: float = 0.0) -> None:
         self.tree, self.held, self.waiting_units, self.capacity = tree, held, waiting_units, capacity
+        self.half_life_s = half_life_s
+        self.history: dict[str, QueueHistory] = {}
+        """Each queue's recent usage, advanced at every change of what it holds (``held``): the
+        run knows each change's instant, so it is the exact record placement's looks approach."""
+
+    def held_changed(self, queues: Iterable[str], now: float) -> None:
+        """What ``queues`` hold changed at ``now`` (``held`` is already the new amount): their
+        records advance to now, holding that from now on (nothing when the half-life is 0)."""
+        if self.half_life_s > 0:
+            for q in queues:
+                self.history[q] = usage.advance(self.history.get(q), q, now, max(0, self.held.get(q, 0)),
+                                                self.half_life_s)
+
+    def recent(self, now: float) -> dict[str, float] | None:
+        return usage.recent_gpus(self.history.values(), now) if self.history else None
 
     def refusal(self, members: tuple[MemberSpec, ...]) -> str:
         return queueorder.refusal(self.tree, members, self.held)
@@ -47,5 +63,5 @@ class SimQueues:
                  memo: dict[int, bool]) -> tuple[str, ...]:
         return queueorder.owed(self.tree, queue, candidates, fits, memo)
 
-    def shares_and_ranks(self) -> tuple[dict[str, int], dict[str, float]]:
-        return queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity)
+    def shares_and_ranks(self, now: float = 0.0) -> tuple[dict[str, int], dict[str, float]]:
+        return queueorder.shares_and_ranks(self.tree, self.held, self.waiting_units, self.capacity, self.recent(now))

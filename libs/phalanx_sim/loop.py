@@ -37,6 +37,7 @@ from phalanx_engine.decide import DEFAULT_PROFILE, Cluster, decide
 from phalanx_engine.framework import Profile
 from phalanx_engine.kube_plugins import resources_fit
 from phalanx_engine.packing import stranded_milli
+from phalanx_engine.preempt import NoPlan, Plan
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import Status
 from phalanx_engine.whatif import Running, tier_of
@@ -84,8 +85,11 @@ class Simulation:
         """Per queue, the gangs admitted and not started (gang-coordinator's view of its queue)."""
         self.held: dict[str, int] = dict(held or {})
         self.waiting_units: dict[str, int] = {}
-        self.queues = SimQueues(tree, self.held, self.waiting_units, self.capacity)
-        """The books above as the rulebook's arguments (``books``)."""
+        self.queues = SimQueues(tree, self.held, self.waiting_units, self.capacity, config.usage_half_life_s)
+        """The books above as the rulebook's arguments (``books``), and each queue's recent usage."""
+        self.queues.held_changed(sorted(q for q, n in self.held.items() if n), 0.0)
+        self._later: dict[str, tuple[float, str]] = {}
+        """A gang whose preemption waits for its victims' minimum runtime: when, and why."""
         self.running: dict[str, tuple[Assignment, ...]] = {}
         self.owner: dict[PodRef, str] = {}
         self.samples: list[Sample] = []
@@ -153,8 +157,10 @@ class Simulation:
                 freed = self.tree.chain(self.outcomes[gang_id].gang.queue)
                 self._end(gang_id)
                 # each queue asked once: nothing changes while the order is drawn
+                ranks = self.queues.shares_and_ranks(t)[1] if self._failed and len(self.tree.specs) > 1 else {}
                 for s in fairness.wake_order(self._failed.values(), now=t, below_quota=cache(self._below_quota),
-                                             freed=freed, chain=self.tree.chain):
+                                             freed=freed, chain=self.tree.chain,
+                                             rank=_ranker(ranks)):
                     self._set(saga.woken(s, t))
                     due[s.gang_id] = None
             elif kind == ARRIVE:
@@ -196,7 +202,7 @@ class Simulation:
             return
         queues = {fairness.queue_of(s) for s in starting}
         # One queue among them: its rank is the same for all, so the order is priority, arrival.
-        ranks = self.queues.shares_and_ranks()[1] if len(queues) > 1 else {}
+        ranks = self.queues.shares_and_ranks(t)[1] if len(queues) > 1 else {}
         # As placement sees the records: the gangs starting now are placing (their attempt counted).
         records = {o.gang_id: o for q in self.pending.values() for o in q.values()}
         records.update((o.gang_id, o) for o in starting)
@@ -214,7 +220,9 @@ class Simulation:
         refusal = self.queues.refusal(s.members)
         if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
             if self.tree.problem(queue) or not preemption.worth_planning(self, s) or not self._preempt(t, s):
-                self._refused(t, s, refusal, fits_empty=False, waits_for="queue")
+                later, why = self._later.pop(s.gang_id, (0.0, ""))
+                self._refused(t, s, f"{refusal}; {why}" if why else refusal, fits_empty=False, waits_for="queue",
+                              retry_at=later)
             return None
         if self.queues.borrowing(s.members):
             kept = self.queues.owed_now(queue, owed, self._fits_now, memo)
@@ -229,15 +237,18 @@ class Simulation:
             if may_preempt and self._preempt(t, s):
                 return None
             self._refused_at[self.derived.key(s)] = (self.epoch, s.avoid_nodes)
-            return self._refused(t, s, NO_FIT, *self._on_empty(s))
+            later, why = self._later.pop(s.gang_id, (0.0, ""))
+            return self._refused(t, s, f"{NO_FIT}; {why}" if why else NO_FIT, *self._on_empty(s), retry_at=later)
         self._start(t, s, got.assignments)
 
     def _preempt(self, t: float, s: GangState) -> bool:
         """Plan a preemption for ``s``; if there is one, evict its victims and start ``s`` on the
         plan's placement now."""
-        plan, trials = preemption.plan(self, s, t)
+        plan, trials = preemption.answer(self, s, t)
         self.decisions += trials
-        if plan is None:
+        if isinstance(plan, NoPlan) and plan.code == "min-runtime" and plan.retry_at:
+            self._later[s.gang_id] = (plan.retry_at, plan.reason)
+        if not isinstance(plan, Plan) or not plan.victims:
             return False
         self.preemptions += 1
         for v in plan.victims:
@@ -305,12 +316,12 @@ class Simulation:
         return got
 
     def _refused(self, t: float, s: GangState, reason: str, fits_empty: bool, reserve: tuple[str, ...] = (),
-                 waits_for: WaitsFor = "") -> None:
+                 waits_for: WaitsFor = "", retry_at: float = 0.0) -> None:
         """placement's ``PlacementFailed`` for the placing gang ``s``, taken as gang-coordinator
-        takes it (``saga.placement_failed``)."""
+        takes it (``saga.placement_failed``: ``retry_at`` is when its preemption becomes possible)."""
         c = self.config
         failed = PlacementFailed(gang_id=s.gang_id, attempt=s.attempt, summary=reason, fits_empty_cluster=fits_empty,
-                                 reserve_nodes=reserve, waits_for=waits_for)
+                                 reserve_nodes=reserve, waits_for=waits_for, retry_at=retry_at)
         after = saga.placement_failed(s, failed, now=t, base_s=c.backoff_base_s, max_s=c.backoff_max_s,
                                       unschedulable_s=c.unschedulable_retry_s)
         self._set(after)
@@ -376,8 +387,10 @@ class Simulation:
             else:
                 self.cluster.upsert(view)
         units = sum(units_of_assignment(a) for a in assignments)
-        for q in self.tree.chain(queueorder.queue_of(self.outcomes[gang_id].gang.members)):
+        chain = self.tree.chain(queueorder.queue_of(self.outcomes[gang_id].gang.members))
+        for q in chain:
             self.held[q] = self.held.get(q, 0) + sign * units
+        self.queues.held_changed(chain, self.now)
 
     # -- records ----------------------------------------------------------------------------------
     def _set(self, s: GangState) -> None:
@@ -396,7 +409,7 @@ class Simulation:
         return self.queues.below_quota(queue)
 
     def _sample(self, t: float) -> None:
-        shares, _ = self.queues.shares_and_ranks()
+        shares, _ = self.queues.shares_and_ranks(t)
         allocated = sum(self.held.get(q, 0) for q in self.tree.roots())
         stranded = sum(stranded_milli(st) for st in self.cluster.nodes.values()) / 1000
         self.samples.append(Sample(
@@ -404,6 +417,11 @@ class Simulation:
             pending=sum(len(q) for q in self.pending.values()),
             pending_gpus=sum(self.waiting_units.values()) / GPU_UNITS, running=len(self.running),
             queues={q: (self.held.get(q, 0) / GPU_UNITS, shares.get(q, 0) / GPU_UNITS) for q in sorted(self.tree.specs)}))
+
+
+def _ranker(ranks: Mapping[str, float]) -> Callable[[str], float]:
+    """A queue's rank in ``ranks`` (a queue not in it last)."""
+    return lambda q: ranks.get(q, float("inf"))
 
 
 _TIER_ORDER = ("node", "hypernode", "leaf", "netpod", "cluster")

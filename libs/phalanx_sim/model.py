@@ -56,6 +56,9 @@ class SimConfig:
     """Decide every retry, even one nothing could have changed for (docs/whatif.md)."""
     preemption: bool = True
     """Preempt as placement does (``phalanx_sim.preemption``); off: gangs only wait."""
+    usage_half_life_s: float = 0.0
+    """The queues' recent usage weighs their fair share with this half-life, as placement's
+    ``--usage-half-life-s`` (docs/queues.md, "Fair share that remembers"); 0: off."""
 
 
 @dataclass

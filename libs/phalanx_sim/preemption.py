@@ -12,7 +12,7 @@ from typing import Protocol
 
 from phalanx_engine.decide import Cluster
 from phalanx_engine.framework import Profile
-from phalanx_engine.preempt import Plan, RunningGang, plan_preemption
+from phalanx_engine.preempt import NoPlan, Plan, RunningGang, plan_preemption
 from phalanx_proto.events import Assignment
 from phalanx_proto.state import GangState
 from phalanx_rules import preemption as rules
@@ -62,9 +62,17 @@ def worth_planning(sim: Books, s: GangState) -> bool:
 def plan(sim: Books, s: GangState, t: float) -> tuple[Plan | None, int]:
     """The planner's plan with victims for ``s`` at ``t`` (None when there is none), and the engine
     decisions it took (they count in the run's, whatever it answers)."""
+    got, trials = answer(sim, s, t)
+    return (got if isinstance(got, Plan) and got.victims else None), trials
+
+
+def answer(sim: Books, s: GangState, t: float) -> tuple[Plan | NoPlan | None, int]:
+    """The planner's whole answer for ``s`` at ``t`` (None: it may not preempt at all), and the
+    engine decisions it took. A ``NoPlan`` of code ``min-runtime`` says when its victims come
+    of age (``retry_at``): the run retries the gang then, as gang-coordinator does."""
     who = sim.derived.preemptor(s)
     if who is None:
         return None, 0
     got = plan_preemption(sim.cluster, who, running(sim, s.gang_id), sim.tree, held_by=dict(sim.held),
                           profile=sim.profile, avoid=s.avoid_nodes, now=t)
-    return (got if isinstance(got, Plan) and got.victims else None), got.search.trials
+    return got, got.search.trials

@@ -5,10 +5,12 @@ Each placement replica logs its cluster's changes and its engine decisions in or
 (``DecisionsRecorded`` on ``phx.decisions.<replica>``, written by
 ``services/phalanx_placement/recorder.py``). ``Replay`` rebuilds each replica's cluster from a
 base record, applies the changes as they come, and asks the same questions again: the queue
-rules (``phalanx_rules.queueorder``: the limit's refusal, whether the gang would borrow) on the
-queues and units the decision read, the engine with the same profile (the same members, the
+rules (``phalanx_rules.queueorder``: the limit's refusal, whether the gang would borrow, and the
+cycle's fair shares with the queues' recent usage, ``phalanx_rules.usage``) on the queues,
+units and usage records the decision read, the engine with the same profile (the same members, the
 same nodes to avoid), and the preemption planner on the running gangs, priorities, queues and
-units it read. Each answer must be the recorded one: the refusal to the word, the placement to
+units it read (its victims' start times against the queues' minimum runtimes included). Each
+answer must be the recorded one: the refusal to the word, the fair shares to the unit, the placement to
 the GPU (``Decision.assignments``) or the engine's reason to the word (``NoFit.summary``), the
 plan to its victims and placement.
 
@@ -27,7 +29,8 @@ from phalanx_engine.recorded import Memory
 from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, RecordedNode
 from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
-from phalanx_rules import queueorder
+from phalanx_proto.queues import shown
+from phalanx_rules import queueorder, usage
 from phalanx_rules.preemption import Preemptor, RunningGang
 from phalanx_rules.queues import QueueTree
 
@@ -156,7 +159,17 @@ def _queue_differs(item: RecordedDecision) -> list[tuple[str, str]]:
         borrowing = queueorder.borrowing(tree, item.members, q.held, q.releasing.get(queue, 0))
         if borrowing != q.borrowing:
             out.append((f"borrowing: {q.borrowing}", f"borrowing: {borrowing}"))
+    if q.order is not None:  # the cycle's order: fair shares, weighted by the recent usage recorded
+        o = q.order
+        shares, _ = queueorder.shares_and_ranks(QueueTree.of(o.specs), o.held, o.waiting, o.capacity,
+                                                usage.recent_gpus(o.history, o.now))
+        if shares != o.shares:
+            out.append((f"fair shares: {_shares(o.shares)}", f"fair shares: {_shares(shares)}"))
     return out
+
+
+def _shares(shares: dict[str, int]) -> str:
+    return ", ".join(f"{q} {shown(n)}" for q, n in sorted(shares.items()))
 
 
 def _plan_words(victims: tuple[str, ...], placed: tuple[Assignment, ...], no_plan: str) -> str:

@@ -148,10 +148,12 @@ def packing_gangs(pods: Sequence[PodShape], seq: Sequence[int]) -> list[SimGang]
 
 
 def timed_gangs(pods: Sequence[TracePod], *, seed: int, load: float, horizon_s: float, capacity_gpus: int,
-                queues: Sequence[str] = ()) -> list[SimGang]:
+                queues: Sequence[str | tuple[str, float]] = ()) -> list[SimGang]:
     """Pods drawn uniformly (seeded) with their lifetimes, arriving as a Poisson process at the
     rate that offers ``load`` x ``capacity_gpus`` GPUs on average (each lifetime counted up to
-    ``horizon_s``); each in one of ``queues`` drawn uniformly (none: ``default``)."""
+    ``horizon_s``); each in one of ``queues`` drawn uniformly among those submitting at its
+    arrival (a queue, or (queue, from when); none: ``default``)."""
+    windows = [(q, 0.0) if isinstance(q, str) else q for q in queues]
     timed = [p for p in pods if p.lifetime_s is not None]
     if not timed:
         raise ValueError("the pod list has no creation and deletion times; use --trace-mode packing")
@@ -165,7 +167,8 @@ def timed_gangs(pods: Sequence[TracePod], *, seed: int, load: float, horizon_s: 
         if t >= horizon_s:
             return out
         pod = timed[rng.randrange(len(timed))]
-        queue = queues[rng.randrange(len(queues))] if queues else ""
+        active = [q for q, start in windows if start <= t]
+        queue = active[rng.randrange(len(active))] if active else ""
         k = len(out)
         out.append(SimGang(gang_id=f"trace/p{k}", members=(member(pod, k, queue),), arrival_s=round(t, 3),
                            duration_s=pod.lifetime_s))

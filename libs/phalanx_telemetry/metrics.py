@@ -166,6 +166,10 @@ POD_PENDING_TO_BOUND_SECONDS = Histogram(
 BINDS = Counter(
     "phalanx_binds_total", "Bind commands handled by binder, by result (bound, already_bound, failed).",
     ["result"], allowed={"result": ("bound", "already_bound", "failed")})
+CLAIM_WRITES = Counter(
+    "phalanx_claim_writes_total", "ResourceClaim writes before a Binding (reserved, failed) and by a rollback "
+    "(unreserved), docs/dra.md.",
+    ["result"], allowed={"result": ("reserved", "failed", "unreserved")})
 FENCE_WRITES = Counter(
     "phalanx_fence_writes_total",
     "binder's writes of the per-node fences (docs/delivery.md), by result: written (one compare-and-set write, "

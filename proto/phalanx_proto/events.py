@@ -25,7 +25,7 @@ import msgspec
 
 from phalanx_proto.codec import Decoder
 from phalanx_proto.dra import MAX_CLAIMS_PER_POD, ClaimAllocated, PodClaim
-from phalanx_proto.queuespec import QueueSpec
+from phalanx_proto.queuespec import QueueHistory, QueueSpec
 from phalanx_proto.scheduling import (
     MAX_HOST_PORTS,
     MAX_RESOURCES,
@@ -354,6 +354,10 @@ class PlacementFailed(GangEvent, frozen=True, tag="gang.placement_failed"):
     waits_for: WaitsFor = ""
     """What must change before trying again can help (``WaitsFor``): gang-coordinator retries
     the gang when that happens, not on a timer."""
+    retry_at: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Unix time from which a preemption the gang needs becomes possible (the victims' minimum
+    runtime ends then, docs/preemption.md): gang-coordinator retries it then instead of after
+    its backoff (0: no such time)."""
 
     def scope(self) -> str:
         return uid_digest(self.members)
@@ -673,6 +677,24 @@ class RecordedQueueGate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     refusal: Annotated[str, msgspec.Meta(max_length=2000)] = ""
     borrowing: bool = False
     owed: tuple[Annotated[str, msgspec.Meta(max_length=253)], ...] = ()
+    order: RecordedOrder | None = None
+    """The cycle order this request was taken in, when it changed since the replica last
+    recorded one (the fair shares, with the queues' recent usage)."""
+
+
+class RecordedOrder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a scheduling cycle's order read and said (``phalanx_rules.queueorder.shares_and_ranks``):
+    every queue, the units each holds (its subtree included) and its waiting gangs ask, the
+    usable GPUs (units), each queue's recent-usage record (the fair share that remembers) and
+    the time they were read at; and each queue's fair share. Recorded when it changed."""
+
+    specs: RecordedSpecs = ()
+    held: RecordedUnits = {}
+    waiting: RecordedUnits = {}
+    capacity: Annotated[int, msgspec.Meta(ge=0)] = 0
+    history: Annotated[tuple[QueueHistory, ...], msgspec.Meta(max_length=1024)] = ()
+    now: float = 0.0
+    shares: RecordedUnits = {}
 
 
 class RecordedRunning(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -19,7 +19,16 @@ from phalanx_proto import subjects as S
 from phalanx_proto.codec import Decoder
 from phalanx_proto.dra import DraPool, dra_pool_decoder, pool_key
 from phalanx_proto.events import Assignment, NodeHeartbeat, NodeTopologyReported, RequestKind
-from phalanx_proto.queues import USAGE_PREFIX, QueueSpec, QueueUsage, queue_key, usage_key
+from phalanx_proto.queues import (
+    HISTORY_PREFIX,
+    USAGE_PREFIX,
+    QueueHistory,
+    QueueSpec,
+    QueueUsage,
+    history_key,
+    queue_key,
+    usage_key,
+)
 from phalanx_proto.state import (
     MAX_CLOCK_SKEW_S,
     MAX_GANG_MEMBERS,
@@ -157,9 +166,17 @@ def usage_problem(key: str, usage: QueueUsage) -> str:
     return "" if key == expected else f"key {key!r} does not match queue {usage.queue!r} (expected {expected!r})"
 
 
+def history_problem(key: str, history: QueueHistory) -> str:
+    """A queue's recent usage sits under its own key."""
+    expected = history_key(history.queue)
+    return "" if key == expected else f"key {key!r} does not match queue {history.queue!r} (expected {expected!r})"
+
+
 usage_decoder = Decoder(QueueUsage)
+history_decoder = Decoder(QueueHistory)
 queue_spec_decoder = Decoder(QueueSpec)
 USAGE_RULE = BucketRule(usage_decoder, usage_problem)
+HISTORY_RULE = BucketRule(history_decoder, history_problem)
 
 
 def queue_spec_problem(key: str, spec: QueueSpec) -> str:
@@ -175,7 +192,8 @@ def pool_problem(key: str, pool: DraPool) -> str:
 
 
 BUCKETS: dict[str, BucketRule] = {
-    S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem, keyed=((USAGE_PREFIX, USAGE_RULE),)),
+    S.KV_LEDGER: BucketRule(ledger_decoder, ledger_problem, keyed=((USAGE_PREFIX, USAGE_RULE),
+                                                                          (HISTORY_PREFIX, HISTORY_RULE))),
     S.KV_QUEUES: BucketRule(queue_spec_decoder, queue_spec_problem),
     S.KV_GANGS: BucketRule(gang_state_decoder, gang_problem),
     S.KV_TOPOLOGY: BucketRule(report_decoder, report_problem),

@@ -17,6 +17,7 @@ import msgspec
 from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 from phalanx_proto.queuespec import LabelRequirement as LabelRequirement
 from phalanx_proto.queuespec import LabelSelector as LabelSelector
+from phalanx_proto.queuespec import QueueHistory as QueueHistory
 from phalanx_proto.queuespec import QueueName as QueueName
 from phalanx_proto.queuespec import QueueSpec as QueueSpec
 from phalanx_proto.queuespec import Units as Units
@@ -71,6 +72,19 @@ def usage_key(name: str) -> str:
 
 def is_usage_key(key: str) -> bool:
     return key.startswith(USAGE_PREFIX)
+
+
+HISTORY_PREFIX = "history."
+
+
+def history_key(name: str) -> str:
+    """The ``phx-ledger`` key of a queue's recent usage: ``history.<token>``, two tokens, so it
+    never meets a node's key (one token)."""
+    return HISTORY_PREFIX + queue_key(name)
+
+
+def is_history_key(key: str) -> bool:
+    return key.startswith(HISTORY_PREFIX)
 
 
 def units_of_member(m: MemberSpec) -> int:

@@ -2,7 +2,7 @@
 tree, its quota and limit in queue units, who may use it and how it preempts. Apart from
 ``phalanx_proto.queues`` (units, usage records, the Queue resource's names) so that the wire
 events may carry a spec (the decision log records what the queue rules read) without an import
-circle; ``phalanx_proto.queues`` re-exports it."""
+circle; ``phalanx_proto.queues`` re-exports it, and ``QueueHistory`` (a queue's recent usage)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import msgspec
 
 QueueName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 Units = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+MAX_MIN_RUNTIME_S = 7 * 86400.0
+"""A queue's minimum runtime before preemption is at most a week."""
+MinRuntime = Annotated[float, msgspec.Meta(ge=0, le=MAX_MIN_RUNTIME_S)]
 
 
 class LabelRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -62,5 +65,33 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Preemption inside the queue: a gang may evict gangs of strictly lower priority, or never."""
     reclaim: Literal["Any", "Never"] = "Any"
     """Below its quota, the queue may take back what queues above theirs borrowed, or never."""
+    preempt_min_runtime_s: MinRuntime | None = None
+    """``spec.preemption.preemptMinRuntime``: a gang of this queue that started less than this
+    long ago is no victim of priority preemption (a gang of its own queue with a higher
+    priority); None: as the parent says (the root: 0, none)."""
+    reclaim_min_runtime_s: MinRuntime | None = None
+    """``spec.preemption.reclaimMinRuntime``: a gang of this queue that started less than this
+    long ago is not reclaimed by another queue; None: as the parent says (the root: 0)."""
     problem: Annotated[str, msgspec.Meta(max_length=1000)] = ""
     generation: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+MAX_HALF_LIFE_S = 365 * 86400.0
+
+
+class QueueHistory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A queue's recent usage, for the fair share that remembers (docs/queues.md, "Fair share
+    that remembers"): the GPU-seconds it held, each second weighing less by half every
+    ``half_life_s`` (``gpu_seconds``, as of unix time ``at``), and the units it held from
+    ``at`` on (its subtree included). Its usage at any later time follows from these alone
+    (``phalanx_rules.usage.usage_at``) while what it holds does not change, so the record is
+    rewritten only when that changes. In KV ``phx-ledger`` under ``history_key(queue)``,
+    written by placement only, by compare-and-set on the revision it read: of two replicas the
+    first advances it, the second finds it advanced; every second is counted once, across
+    restarts too (the record says from when)."""
+
+    queue: QueueName
+    gpu_seconds: Annotated[float, msgspec.Meta(ge=0, le=1e18)] = 0.0
+    at: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    held: Units = 0
+    half_life_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_HALF_LIFE_S)] = 3600.0

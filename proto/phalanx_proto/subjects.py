@@ -303,6 +303,9 @@ KV_SIM_PODS = "phx-sim-pods"
 KV_SIM_NODES = "phx-sim-nodes"
 KV_SIM_EVENTS = "phx-sim-events"
 KV_SIM_LEASES = "phx-sim-leases"
+KV_SIM_DEVICE_CLASSES = "phx-sim-deviceclasses"
+KV_SIM_RESOURCE_SLICES = "phx-sim-resourceslices"
+KV_SIM_RESOURCE_CLAIMS = "phx-sim-resourceclaims"
 
 BUCKETS = (
     Bucket(KV_TOPOLOGY, 1, "The current topology report of each node.",
@@ -319,7 +322,8 @@ BUCKETS = (
             Grant(READER, READ)),
            max_value_size=NODE_STATE_MAX, max_bytes=512 * MIB, value="kv.NodeKubeState", key="{node}"),
     Bucket(KV_LEDGER, 8, "Every reservation on one node (key: the node), and what each queue holds (key: "
-           "queue.<queue>); all nodes and queues of a decision commit in one atomic batch.",
+           "queue.<queue>); all nodes and queues of a decision commit in one atomic batch. Also each queue's "
+           "recent usage for the fair share (key: history.<queue>, placement by compare-and-set).",
            (Grant(PLACEMENT, WRITE), Grant(PLACEMENT, WATCH), Grant(BINDER, WATCH), Grant(GANG_COORDINATOR, WATCH),
             Grant(MIG_MANAGER, READ, "{node}"), Grant(READER, READ)),
            max_value_size=GANG_MESSAGE_MAX, max_bytes=1 * GIB, atomic=True, value="kv.NodeLedger", key="{node}"),
@@ -361,6 +365,18 @@ BUCKETS = (
     Bucket(KV_SIM_EVENTS, 2, "Simulated cluster: events of each pod.",
            (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, WRITE), Grant(BINDER, WRITE), Grant(READER, READ),
             Grant(TOPOLOGY_DISCOVERY, INFO)), max_value_size=256 * KIB, max_bytes=256 * MIB, simulator_only=True),
+    Bucket(KV_SIM_DEVICE_CLASSES, 2, "Simulated cluster: DeviceClasses (resource.k8s.io/v1), read by gang-coordinator.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)),
+           max_value_size=256 * KIB, max_bytes=64 * MIB, simulator_only=True),
+    Bucket(KV_SIM_RESOURCE_SLICES, 2, "Simulated cluster: ResourceSlices (resource.k8s.io/v1), the devices DRA drivers "
+           "publish; read by gang-coordinator.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH), Grant(READER, READ)),
+           max_value_size=1 * MIB, max_bytes=256 * MIB, simulator_only=True),
+    Bucket(KV_SIM_RESOURCE_CLAIMS, 2, "Simulated cluster: ResourceClaims (resource.k8s.io/v1); gang-coordinator reads "
+           "them, binder writes their finalizer, allocation and reservedFor and creates extended-resource claims.",
+           (Grant(SIMULATOR, WRITE), Grant(GANG_COORDINATOR, READ), Grant(GANG_COORDINATOR, WATCH),
+            Grant(BINDER, WRITE), Grant(READER, READ)),
+           max_value_size=1 * MIB, max_bytes=256 * MIB, simulator_only=True),
 )
 BUCKET = {b.name: b for b in BUCKETS}
 
@@ -373,7 +389,7 @@ def declared_bytes(*, simulator: bool = True) -> int:
 
 
 ACCOUNT_MAX_STREAMS = 64
-"""Streams the PHALANX account may have (the table declares 5 and 11 buckets). With every
+"""Streams the PHALANX account may have (the table declares 6 and 18 buckets). With every
 stream required to declare its size (the account JWT's ``max_bytes_required``), the account's
 storage is at most the sum the table declares (``declared_bytes``), times the replicas. The
 account JWT carries no total in bytes: nats-server counts a stream's replicas against it and

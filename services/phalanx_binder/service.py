@@ -8,6 +8,10 @@ bound and those that failed, with why. Idempotent: a pod already bound to the sa
 as bound (a redelivered command after a crash); bound elsewhere or recreated is a failure with
 the reason.
 
+**Claims** (``claims.py``, docs/dra.md): the ResourceClaims the reservations hold are written
+— allocation and ``reservedFor`` — for all the command's pods before any Binding; one that
+cannot be binds none.
+
 **The fence** (docs/delivery.md). The annotation is the exact text ``encoder.encode(a)`` of
 the assignment, and the fence entry records its SHA-256, so the node's device plugin serves
 only what binder wrote. The entry is written before the Binding (the kubelet can admit the
@@ -58,6 +62,7 @@ from functools import partial
 import anyio
 import msgspec
 
+from phalanx_binder import claims
 from phalanx_binder.evictions import Evictions
 from phalanx_binder.fences import NodeFences, Ticket
 from phalanx_binder.pods import PodWatch
@@ -222,8 +227,10 @@ class Binder:
             if isinstance(v, Refusal):
                 refused(v.rule, v.why, pod=str(ref), gang=ev.gang_id, attempt=ev.attempt)
         todo = [a for a in verdicts.values() if isinstance(a, Assignment)]
-        outcomes: dict[PodRef, str] = {}
+        outcomes: dict[PodRef, str] = await claims.reserve(self.cluster, todo) if any(a.claims for a in todo) else {}
         """Pod → "" when bound, else why not."""
+        if outcomes:
+            todo = []  # a claim could not be reserved: no pod of the gang is bound
         retry: list[TemporaryError] = []
         with ExitStack() as stack:
             # Announced to each node's fence writer at once, so the pods of a node share one write.

@@ -1,13 +1,15 @@
 """Compensations: give back what a failed attempt took, in reverse order of the steps.
 
-``unbind`` (delete the members already bound, so their controllers recreate them), ``mig``
-(destroy the attempt's MIG instances), ``release`` (the reservation, exactly by pod uid).
+``unbind`` (delete the members already bound, so their controllers recreate them), ``claims``
+(take the members out of their ResourceClaims' ``reservedFor`` and clear each allocation Phalanx
+wrote that nobody else holds, docs/dra.md), ``mig`` (destroy the attempt's MIG instances),
+``release`` (the reservation, exactly by pod uid).
 Each runs shielded and time-limited, and is recorded in ``GangState.rollback_done`` as soon
 as it completed, so a coordinator that dies part-way leaves ``rolling_back`` with the steps
 done so far and its successor's resync continues with the next one (style rule 3). Every
 compensation may run more than once, and when its step never happened: deleting an absent
-pod is success, destroying a MIG instance that was never made and releasing an attempt that
-holds nothing change nothing.
+pod is success; unreserving a claim never reserved, destroying a MIG instance that was never
+made and releasing an attempt that holds nothing change nothing.
 
 Also here: undoing a late bind (a member reported bound for an attempt that was rolled back),
 the one other place a pod is ever deleted — only a bound member of the gang, by uid.
@@ -27,7 +29,7 @@ import anyio
 from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
-from phalanx_kube.port import ClusterPort, NotOurs, Pod
+from phalanx_kube.port import ClaimRef, ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
@@ -66,6 +68,8 @@ class Compensator:
                 break
             with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
                 unbound = await self.unbind(state) if step == "unbind" else ()
+                if step == "claims":
+                    await self.unreserve_claims(state)
                 await self.execute(effects.compensation(state, step, self.reservations_of(state)))
             t = await self.store.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
                 s, a, st, now=time.time(), unbound=u, **self.backoff))
@@ -90,6 +94,15 @@ class Compensator:
             if await self._delete(a.pod):
                 deleted.append(a.pod)
         return tuple(deleted)
+
+    async def unreserve_claims(self, state: GangState) -> None:
+        """Take each member of the attempt out of the ResourceClaims its reservation holds, and
+        clear the allocations Phalanx wrote that nobody else holds (binder's claim step undone).
+        Claims that are gone, or never reserved, change nothing."""
+        for a in self.reservations_of(state):
+            for c in a.claims:
+                await self.cluster.unreserve_claim(ClaimRef.of(c.claim), a.pod, c.allocation if c.allocated else None)
+                metrics.CLAIM_WRITES.inc(result="unreserved")
 
     async def _delete(self, pod: PodRef) -> bool:
         """Delete a bound member so its controller recreates it; a pod of another scheduler is

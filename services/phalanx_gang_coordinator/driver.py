@@ -255,9 +255,10 @@ class SagaDriver:
         now = time.time() if now is None else now
         states, _ = await self.store.all()
         owed = self.queues.below_quota if self.queues is not None else (lambda q: False)
+        ranks = self.queues.ranks(states, now) if self.queues is not None else {}
         woken = []
         for s in fairness.wake_order(states, now=now, below_quota=owed, freed=freed, chain=self._chain,
-                                     placing=True):
+                                     placing=True, rank=lambda q: ranks.get(q, float("inf"))):
             if s.phase == "placing":
                 self.missed[s.gang_id] = (s.attempt, freed)
             elif await self._wake_one(s.gang_id, now):

@@ -17,12 +17,14 @@ import msgspec
 
 from phalanx_bus import KeyedWork
 from phalanx_gang_coordinator import effects
+from phalanx_gang_coordinator.drabook import DraBook, Waiting
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import GangState
 from phalanx_rules import saga
@@ -32,9 +34,10 @@ from phalanx_telemetry import log, metrics, warn
 class PodIntake:
     def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
                  settle_s: float, *, parallelism: int = 1, queues: QueueBook | None = None,
-                 bound_seen: dict[str, str] | None = None) -> None:
+                 bound_seen: dict[str, str] | None = None, dra: DraBook | None = None) -> None:
         """``bound_seen``: pod uid → the node the watch last showed it bound to, kept here and read
-        by the driver (the same map is passed to both)."""
+        by the driver (the same map is passed to both); ``dra``: where a pod's ResourceClaims are
+        resolved (None: pods with claims are admitted without them)."""
         self.cluster = cluster
         self.parallelism = parallelism
         self.bound_seen: dict[str, str] = bound_seen if bound_seen is not None else {}
@@ -47,6 +50,7 @@ class PodIntake:
         self.notifier = notifier
         self.settle_s = settle_s
         self.queues = queues
+        self.dra = dra
         self._queued: dict[str, list] = {}
         """Gang key → pod events not yet handled (``watch``, ``_drain``)."""
 
@@ -77,6 +81,17 @@ class PodIntake:
                     self.notifier.once(pod, "FailedScheduling", problem)
                     continue
                 spec = msgspec.structs.replace(spec, queue=queue)
+            if self.dra is not None and (pod.raw.get("spec") or {}).get("resourceClaims"):
+                claims = await self.dra.resolve(pod)
+                if isinstance(claims, Waiting):
+                    log("pod waits for its claims", pod=f"{pod.namespace}/{pod.name}", reason=str(claims))
+                    self.notifier.once(pod, "FailedScheduling", str(claims))
+                    continue
+                if isinstance(claims, Violation):
+                    warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(claims))
+                    self.notifier.once(pod, "FailedScheduling", f"invalid request: {claims}")
+                    continue
+                spec = msgspec.structs.replace(spec, claims=claims)
             admitted.append((pod, ident, spec))
         for gang_id in dict.fromkeys(ident.gang_id for _, ident, _ in admitted):
             await self._admit(gang_id, [(p, i, sp) for p, i, sp in admitted if i.gang_id == gang_id])

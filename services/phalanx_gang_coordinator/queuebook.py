@@ -18,8 +18,9 @@ brought onto the bus, and the queue each pod is in (docs/queues.md).
 * **Status.** ``write_status`` (the reconciler's lease holder calls it every pass) sets each
   Queue's ``status``: allocated and borrowed GPUs (the reservations that name the queue in
   ``phx-ledger``, mirrored here), pending gangs and GPUs (from the gang records), its fair
-  share (``phalanx_rules.queues.fair_shares`` over the nodes' GPUs), and a ``Valid``
-  condition naming the problem.
+  share (``phalanx_rules.queues.fair_shares`` over the nodes' GPUs, weighted by the queues'
+  recent usage placement keeps in ``phx-ledger``), that recent usage in GPU-hours, and a
+  ``Valid`` condition naming the problem.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.queues import (
     GPU_UNITS,
+    HISTORY_PREFIX,
     QueueSpec,
     queue_key,
 )
 from phalanx_proto.state import GangState
-from phalanx_rules import queueorder
+from phalanx_rules import queueorder, usage
 from phalanx_rules.queues import QueueTree, held_by_queue, queue_report, tree_problems
 from phalanx_telemetry import log, metrics, warn
 
@@ -62,6 +64,8 @@ class QueueBook:
         self._held_at: dict[str, dict[str, int]] = {}
         self.ledger: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put,
                                                    on_delete=self._ledger_gone)
+        self.history: KvMirror = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{HISTORY_PREFIX}*")
+        """Each queue's recent usage (placement writes it: docs/queues.md, "Fair share that remembers")."""
         self.topology = topology
         """Each node's topology report (``changes.ClusterChanges``' mirror; run by it)."""
         self._written: dict[str, bytes] = {}
@@ -72,6 +76,7 @@ class QueueBook:
         """Follow the queues until cancelled; started once they were read once."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.ledger.run)
+            await tg.start(self.history.run)
             await tg.start(self._follow_namespaces)
             await self._sync_logged()
             task_status.started()
@@ -160,9 +165,17 @@ class QueueBook:
         """The enabled nodes' GPUs, in queue units."""
         return sum(len(e.value.topology.gpus) for e in self.topology if e.value.enabled) * GPU_UNITS
 
+    def ranks(self, states: list[GangState], now: float) -> dict[str, float]:
+        """Each queue's distance from its fair share, as placement orders a cycle
+        (``queueorder.shares_and_ranks`` with the queues' recent usage): the order a release
+        wakes the gangs of different queues in."""
+        waiting = queueorder.waiting_units(states, lambda s: False)
+        recent = usage.recent_gpus((e.value for e in self.history), now)
+        return queueorder.shares_and_ranks(self.tree, self.units, waiting, self.capacity(), recent)[1]
+
     def report(self, states: list[GangState]) -> dict[str, dict]:
         """Each queue's status (``phalanx_rules.queues.queue_report``), and its metrics."""
-        out = queue_report(self.tree, self.units, states, self.capacity())
+        out = queue_report(self.tree, self.units, states, self.capacity(), (e.value for e in self.history), time.time())
         for q, r in out.items():
             metrics.QUEUE_ALLOCATED.set(r["allocated"], queue=q)
             metrics.QUEUE_QUOTA.set(r["quota"], queue=q)
@@ -181,7 +194,8 @@ class QueueBook:
             valid = {"type": "Valid", "status": "False" if r["problem"] else "True",
                      "reason": "Invalid" if r["problem"] else "Valid", "message": r["problem"] or "the queue is usable",
                      "lastTransitionTime": now}
-            status = {k: r[k] for k in ("allocated", "borrowed", "pendingGangs", "pendingGPUs", "fairShare")}
+            status = {k: r[k] for k in ("allocated", "borrowed", "pendingGangs", "pendingGPUs", "fairShare",
+                                        "recentGPUHours")}
             try:
                 await self.cluster.update_queue_status(q, {**status, "conditions": [valid]})
             except Exception as e:  # noqa: BLE001 - status is advisory; the next pass writes it again

@@ -14,6 +14,8 @@ each its own module:
 ``compensate``  the rollback's compensations, and undoing a late bind
 ``notify``      Warning events and ``PodScheduled`` conditions on pods, sent off the saga's
                 path (at most one pod's calls in flight each, the latest condition wins)
+``drabook``     DeviceClasses, ResourceSlices and ResourceClaims: the pools to KV ``phx-dra``,
+                each pod's claims resolved (docs/dra.md)
 ``resync``      the periodic safety net and the queue view; which waiting gang may
                 start now is ``phalanx_rules.fairness`` (pure; ``phalanx sim`` runs it too)
 ``reconciler``  ledger vs gang records vs bound pods, repaired (one replica: ``lease``;
@@ -38,6 +40,7 @@ import anyio
 
 from phalanx_bus import BatchSender, Bus, KvMirror, consume, sender_id
 from phalanx_gang_coordinator.changes import ClusterChanges, Signal
+from phalanx_gang_coordinator.drabook import DraBook
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.heads import QueueHeads
 from phalanx_gang_coordinator.intake import PodIntake
@@ -104,6 +107,7 @@ class Coordinator:
     queues: QueueBook
 
     changes: ClusterChanges
+    dra: DraBook
 
     @classmethod
     def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config,
@@ -118,11 +122,12 @@ class Coordinator:
         bound_seen: dict[str, str] = {}
         driver = SagaDriver(bus, cluster, store, notifier, config, queues, gate=heads.gate, bound_seen=bound_seen,
                             batched=batched)
+        dra = DraBook(bus, cluster, changed=changes.signal)
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
-                           queues=queues, bound_seen=bound_seen)
+                           queues=queues, bound_seen=bound_seen, dra=dra)
         return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config, heads),
                    Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s, queues=queues),
-                   queues, changes)
+                   queues, changes, dra)
 
     async def wake_on(self, signal: Signal, pick, why: str) -> None:
         """Whenever ``signal`` fires, try again the gangs ``pick`` says wait for it
@@ -150,6 +155,7 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
         await tg.start(driver.ledger.run)
         await tg.start(driver.mig.run)
         await tg.start(coord.queues.run)
+        await tg.start(coord.dra.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
             decoder=gang_decoder, handler=driver.on_reply, concurrency=config.parallelism,

@@ -54,7 +54,7 @@ from phalanx_placement.drapools import DraPools
 from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
-from phalanx_proto.queues import USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
+from phalanx_proto.queues import HISTORY_PREFIX, USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
 from phalanx_proto.state import GangState, NodeLedger
 from phalanx_proto.topology import NodeTopology
 from phalanx_rules.queues import held_by_queue
@@ -75,6 +75,8 @@ class ClusterCache:
         self.ledger = KvMirror.of_bucket(bus, S.KV_LEDGER, keys="*", on_put=self._ledger_put, on_delete=self._gone)
         self.usage = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{USAGE_PREFIX}*", on_put=self._ledger_put,
                                         on_delete=self._gone)
+        self.history = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{HISTORY_PREFIX}*")
+        """Each queue's recent usage (``QueueHistory``, the fair share that remembers)."""
         self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
         self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
         self.pools = DraPools(bus, on_change=self._mark, every_node=lambda: self.views.keys())
@@ -107,7 +109,8 @@ class ClusterCache:
 
     @property
     def mirrors(self) -> tuple[KvMirror, ...]:
-        own = (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs, self.pools.mirror)
+        own = (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs,
+               self.pools.mirror)
         return own if self.node_states is None else (*own, self.node_states.mirror)
 
     def _mirror_of(self, key: str) -> KvMirror:
@@ -122,7 +125,7 @@ class ClusterCache:
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Follow every bucket until cancelled; started once each is listed and the clusters built."""
         async with anyio.create_task_group() as tg:
-            for mirror in (self.topology, self.beats, self.ledger, self.usage, self.queues, self.gangs):
+            for mirror in (self.topology, self.beats, self.ledger, self.usage, self.history, self.queues, self.gangs):
                 await tg.start(mirror.run)
             await tg.start(self.pools.run)
             if self.node_states is not None:

@@ -25,6 +25,12 @@ class Config:
     """Requests decided in one scheduling cycle at most (and handlers waiting for one)."""
     usage_audit_s: float = 10.0
     """Seconds between audits of the queues' usage against the ledger (``audit_usage``)."""
+    usage_half_life_s: float = option(0.0, "half-life of the queues' recent usage, in seconds: the part of the GPUs "
+                                      "beyond the quotas goes first to the queues that used less lately "
+                                      "(docs/queues.md, 'Fair share that remembers'); 0: off, the records are removed")
+    usage_every_s: float = option(10.0, "seconds between looks at what each queue holds, to advance its recent-usage "
+                                  "record when that changed (the usage a change adds is counted from the look after "
+                                  "it: at most this late)")
     whatif_share: float = option(0.03, "share of placement's time the counterfactual probes of gangs that do not "
                                  "fit may take, at most (0: no probes; docs/whatif.md)")
     whatif_burst_s: float = 0.05

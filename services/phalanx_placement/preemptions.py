@@ -76,7 +76,8 @@ class Preemptions:
             if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
                 return None, logged
             return Relaxed(preemptor, running, self.queues.tree(), held_by, plan.reason,
-                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now), logged
+                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now,
+                           retry_at=(plan.retry_at or 0.0) if plan.code == "min-runtime" else 0.0), logged
         writes: dict = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id),
                                            ev.gang_id, ev.attempt, plan, preemptor,
                                            expires_at=now + self.config.nomination_s, now=now)

@@ -34,8 +34,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+import msgspec
+
 from phalanx_placement.cache import ClusterCache
-from phalanx_proto.events import MemberSpec, RecordedQueueGate
+from phalanx_proto.events import MemberSpec, RecordedOrder, RecordedQueueGate
 from phalanx_proto.queues import (
     GPU_UNITS,
     QueueUsage,
@@ -44,7 +46,7 @@ from phalanx_proto.queues import (
     usage_key,
 )
 from phalanx_proto.state import Allocation, GangState, NodeLedger, attempt_members
-from phalanx_rules import queueorder
+from phalanx_rules import queueorder, usage
 from phalanx_rules.queueorder import queue_of
 from phalanx_rules.queues import QueueTree, expected_usage
 
@@ -60,6 +62,9 @@ class PlacementQueues:
         self._ranks: dict[str, float] = {}
         self._ranked_at = float("-inf")
         self.shares: dict[str, int] = {}
+        self._order_logged: RecordedOrder | None = None
+        self._order_pending: RecordedOrder | None = None
+        """The cycle order computed last, until a decision's record carries it (``recorded``)."""
 
     def tree(self) -> QueueTree:
         """The queue tree as ``phx-queues`` holds it (rebuilt when the mirror moved)."""
@@ -111,11 +116,12 @@ class PlacementQueues:
         log (``phalanx sim --replay`` asks the rules again on it)."""
         tree = self.tree()
         chain = tree.chain(queue_of(members))
+        order, self._order_pending = self._order_pending, None
         return RecordedQueueGate(specs=tuple(s for q in chain if (s := tree.get(q)) is not None),
                                  limited_held=self.limited_held(chain),
                                  held={q: self.cache.queue_units.get(q, 0) for q in chain},
                                  releasing=dict(self._replaced(gang_id, keep)), refusal=refusal,
-                                 borrowing=borrowing, owed=owed)
+                                 borrowing=borrowing, owed=owed, order=order)
 
     def borrowing(self, members: tuple[MemberSpec, ...], gang_id: str, keep: frozenset[str]) -> bool:
         """Would placing the gang put its queue above its quota (``queueorder.borrowing`` on the
@@ -226,9 +232,21 @@ class PlacementQueues:
         self._ranked_at = now
         waiting = queueorder.waiting_units((e.value for e in self.cache.gangs), self._reserved)
         capacity = sum(len(v.topology.gpus) for v in self.cache.views.values() if v.enabled and not v.invalid) * GPU_UNITS
-        self.shares, self._ranks = queueorder.shares_and_ranks(self.tree(), self.cache.queue_units, waiting, capacity)
+        history = tuple(sorted((e.value for e in self.cache.history), key=lambda r: r.queue))
+        at = self.cache.clock()
+        self.shares, self._ranks = queueorder.shares_and_ranks(self.tree(), self.cache.queue_units, waiting, capacity,
+                                                               usage.recent_gpus(history, at))
+        tree = self.tree()
+        order = RecordedOrder(specs=tuple(tree.specs.values()), held={q: max(0, n) for q, n in self.cache.queue_units.items()},
+                              waiting=dict(waiting), capacity=capacity, history=history, now=at, shares=dict(self.shares))
+        if self._order_logged is None or _changed(self._order_logged, order):
+            self._order_logged = self._order_pending = order
         return self._ranks
 
     def rank_of(self, members: tuple[MemberSpec, ...]) -> float:
         return self.ranks().get(queue_of(members), float("inf"))
 
+
+def _changed(before: RecordedOrder, after: RecordedOrder) -> bool:
+    """Worth recording again: any input but the clock changed, or the shares did."""
+    return msgspec.structs.replace(before, now=0.0) != msgspec.structs.replace(after, now=0.0)

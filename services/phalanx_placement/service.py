@@ -52,6 +52,7 @@ from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
 from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
+from phalanx_placement.history import UsageHistory
 from phalanx_placement.holdings import Holdings
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
@@ -217,9 +218,10 @@ class Placement:
                 return preempted
             log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=blocked)
             metrics.QUEUE_REFUSALS.inc(queue=queue)
-            return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=blocked, reasons={blocked: 1},
+            summary, retry_at = _later(blocked, preempted)
+            return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=summary, reasons={blocked: 1},
                                           fits_empty_cluster=False, members=tuple(m.pod for m in members),
-                                          waits_for="queue",
+                                          waits_for="queue", retry_at=retry_at,
                                           whatif=self._whatif(ev.gang_id, members, record, blocked, running,
                                                               preempt=preempted)))
         borrows = self.queues.borrowing(members, ev.gang_id, running)
@@ -261,10 +263,11 @@ class Placement:
             # it starve (docs/saga.md, backfill).
             empty = decide(self.cache.empty, members, self.profile) if result.resolvable else None
             fits = isinstance(empty, Decision)
+            summary, retry_at = _later(result.summary, preempted)
             return Reply(PlacementFailed(
-                gang_id=ev.gang_id, attempt=ev.attempt, summary=result.summary, reasons=dict(result.reasons),
+                gang_id=ev.gang_id, attempt=ev.attempt, summary=summary, reasons=dict(result.reasons),
                 fits_empty_cluster=fits, members=tuple(m.pod for m in members), waits_for="gpus" if fits else "cluster",
-                reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
+                retry_at=retry_at, reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
                 whatif=self._whatif(ev.gang_id, members, record, result.summary, running, preempt=preempted)))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
         writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
@@ -359,6 +362,7 @@ async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED
         placement = Placement(bus, cache, config)
         tg.start_soon(placement.run_cycles)
         tg.start_soon(placement.holdings.audit_usage)
+        tg.start_soon(UsageHistory(bus, cache, placement.queues, config).run)
         tg.start_soon(placement.recorder.run)
         await tg.start(placement.answers.run)
         stop_collecting = REGISTRY.collect_on_render(placement.gauges.collect)
@@ -368,6 +372,15 @@ async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED
                           handler=placement.on_command, concurrency=config.cycle_max, task_status=task_status)
         finally:
             stop_collecting()
+
+
+def _later(summary: str, preempted) -> tuple[str, float]:
+    """The refusal's summary and the time to try again: when the preemption it needs waits for
+    its victims' minimum runtime (``Relaxed.retry_at``), the summary says until when (the pods'
+    reason, ``phalanx explain``) and the gang is tried again then (``PlacementFailed.retry_at``)."""
+    if isinstance(preempted, Relaxed) and preempted.retry_at:
+        return f"{summary.removesuffix('.')}; {preempted.why_not}", preempted.retry_at
+    return summary, 0.0
 
 
 def _running(record: GangState) -> frozenset[str]:

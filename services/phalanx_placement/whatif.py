@@ -98,6 +98,9 @@ class Relaxed:
     avoid: frozenset[str] = frozenset()
     profile: Profile | None = None
     now: float | None = None
+    retry_at: float = 0.0
+    """When the planner refused only because its victims are too young (``NoPlan`` code
+    ``min-runtime``): the time they may go; ``why_not`` says so. 0: not so."""
 
     def __call__(self, cluster: Cluster, members: tuple[MemberSpec, ...], *,
                  holders: Mapping[PodRef, Running]) -> PreemptPlan | None:
@@ -106,7 +109,9 @@ class Relaxed:
         top = max(g.priority for g in self.running)
         lifted = msgspec.structs.replace(self.tree.get(self.preemptor.queue) or QueueSpec(name=self.preemptor.queue),
                                          within_queue="LowerPriority", reclaim="Any")
-        tree = QueueTree.of([*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
+        # and no gang is too young to be a victim (the refusal may be that)
+        tree = QueueTree.of(msgspec.structs.replace(s, preempt_min_runtime_s=0.0, reclaim_min_runtime_s=0.0)
+                            for s in [*(s for n, s in self.tree.specs.items() if n != lifted.name), lifted])
         who = replace(self.preemptor, members=members, priority=max(self.preemptor.priority, top + 1),
                       preemption_policy=PREEMPT_LOWER_PRIORITY)
         extra = {} if self.profile is None else {"profile": self.profile}

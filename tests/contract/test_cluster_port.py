@@ -55,6 +55,10 @@ class Backend:
         obj = gpu_pod(name, self.namespace, 1, scheduler=scheduler, labels=labels)
         if node:
             obj["spec"]["nodeName"] = node  # created bound, as by another scheduler
+        elif scheduler == "default-scheduler":
+            # kube-scheduler may run in this session (tests/kube starts it when it runs first) and
+            # would bind the pod to a kwok node mid-test: no node has this label.
+            obj["spec"]["nodeSelector"] = {"phalanx.io/contract-test": "never-bound"}
         if annotations:
             obj["metadata"]["annotations"] = annotations
         uid = await self._create_pod(obj)

@@ -155,7 +155,7 @@ async def test_a_failed_mig_instance_rolls_back_destroying_instances_and_releasi
 
             st = await wait_until(backoff, 15)
             assert st.reason == "MIG instance for default/m1 on a100 failed: no free slot"
-            assert st.rollback_done == ("unbind", "mig", "release")
+            assert st.rollback_done == ("unbind", "claims", "mig", "release")
             destroy = await last(bus, S.STREAM_NODE, S.mig_subject("a100"), node_decoder, "MigDestroyRequested")
             assert destroy.attempt == state.attempt
             release = await last(bus, S.STREAM_GANG, S.placement_subject(GANG), gang_decoder, "ReleaseRequested")

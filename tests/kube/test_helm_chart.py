@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helmtool import CHART, Helm, helm_binary
 from kubeharness import HarnessError, KubeApi, unique
-from rbactable import ACCESS, CLUSTER_SCOPED, FENCE_ACCESS, GROUPS
+from rbactable import ACCESS, FENCE_ACCESS, GROUPS, scope
 
 pytestmark = pytest.mark.e2e
 
@@ -167,7 +167,7 @@ def test_the_charts_service_accounts_get_exactly_the_least_privilege_table(helm,
     try:
         def sa(service: str) -> KubeApi:
             return kube.api_as(kube.service_account_token(ns, f"phalanx-{service}"))
-        got = {svc: [(v, r, s, sa(svc).can_i(v, r, subresource=s, namespace="" if r in CLUSTER_SCOPED else kube_ns,
+        got = {svc: [(v, r, s, sa(svc).can_i(v, r, subresource=s, namespace=scope(r, s, kube_ns),
                                                      group=GROUPS.get(r, "")))
                      for v, r, s, _ in table] for svc, table in ACCESS.items()}
         assert got == ACCESS

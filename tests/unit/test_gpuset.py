@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from pathlib import Path
 
 import pytest
 
 from phalanx_cli.main import main
-from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoChoice, choose_gpus, score_set
+from phalanx_engine.gpuset import GpuChoice, GpuSetScore, NoChoice, choose_gpus, ranked_sets, score_set
 from phalanx_proto.topology import Gpu, NodeTopology
 from phalanx_topology import load_file
 from phalanx_topology.links import link_rank
@@ -210,6 +211,48 @@ def test_gpuset_beyond_the_exact_bound_falls_back_to_greedy_and_says_so() -> Non
     choice = choose_gpus(topo, set(range(32)), 16)
     assert isinstance(choice, GpuChoice)
     assert (choice.gpus, choice.exact) == (tuple(range(16)), False)
+
+
+def _key(topo: NodeTopology, gpus: tuple[int, ...], free: set[int]) -> tuple:
+    """The objective as a comparable tuple (larger is better), from ``score_set``."""
+    ranks = {"": 1 << 30}
+    s = score_set(topo, gpus, free)
+    link = ranks.get(s.ring_link)
+    if link is None:
+        nv = s.ring_link.removeprefix("NV")
+        link = link_rank("NV18" if nv == "SWITCH" else s.ring_link, nvswitch=topo.nvswitch)
+    return (link, s.pair_nvlinks, s.pair_class_sum, s.pair_same_numa,
+            s.leftover_nvlinks, s.leftover_class_sum, s.leftover_same_numa)
+
+
+@pytest.mark.parametrize("case,fixture,free,count", cases(
+    ("every quad of the V100 node, best first", V100, ALL, 4),
+    ("every pair of the V100 node with GPU 0 busy, best first", V100, ALL - {0}, 2),
+    ("every triple of the A100 node, best first", A100, ALL, 3),
+))
+def test_gpuset_ranked_sets_are_every_set_best_first(case: str, fixture: str, free: set[int], count: int) -> None:
+    topo = node(fixture)
+    ranked = list(ranked_sets(topo, free, count))
+    choice = choose_gpus(topo, free, count)
+    assert isinstance(choice, GpuChoice)
+    assert ranked[0] == choice.gpus
+    assert sorted(ranked) == sorted(itertools.combinations(sorted(free), count))
+    keys = [_key(topo, g, free) for g in ranked]
+    assert keys == sorted(keys, reverse=True)
+
+
+def test_gpuset_ranked_sets_on_the_v100_node_start_with_the_two_quads() -> None:
+    assert list(ranked_sets(node(V100), ALL, 4))[:2] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_gpuset_ranked_sets_beyond_the_exact_bound_still_yield_every_set_once() -> None:
+    topo = uniform(32, "NV18", nvswitch=True, numa_of=lambda i: i // 16)
+    ranked = list(ranked_sets(topo, set(range(32)), 4))
+    assert (ranked[0], len(ranked), len(set(ranked))) == ((0, 1, 2, 3), math.comb(32, 4), math.comb(32, 4))
+
+
+def test_gpuset_ranked_sets_of_too_few_free_gpus_are_none() -> None:
+    assert list(ranked_sets(node(V100), {0, 1}, 3)) == []
 
 
 # --- phalanx place ----------------------------------------------------------------------------

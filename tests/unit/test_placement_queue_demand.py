@@ -37,6 +37,8 @@ class Cache:
         self._ledger = ledger
         topo = NodeTopology(node="n1", gpus=tuple(Gpu(index=i, name=f"gpu{i}") for i in range(16)))
         self.views = {"n1": SimpleNamespace(topology=topo, enabled=True, invalid=False)}
+        self.history: list = []  # no recent usage: the plain fair share
+        self.clock = lambda: 0.0
 
     def gang_keys(self, gang_id: str) -> frozenset[str]:
         return frozenset(k for k, a in self._ledger.allocations.items() if a.gang_id == gang_id)

@@ -145,6 +145,7 @@ def test_redrive(name, state, held, expected):
 
 COMPENSATIONS = [
     ("unbind has no command: the compensator deletes bound members itself", ROLLING, "unbind", HELD, ()),
+    ("claims has no command: the compensator unreserves the claims itself", ROLLING, "claims", HELD, ()),
     ("mig destroys what the node recorded for each MIG member of the attempt (by owner)", ROLLING, "mig",
      (M1, A2), (Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),)),
     ("release names the attempt's reserved pods exactly", ROLLING, "release", HELD,

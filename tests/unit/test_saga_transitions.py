@@ -152,7 +152,7 @@ CASES = [
     ("a compensation recorded twice changes nothing",
      lambda s: saga.compensated(s, 2, "unbind", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind",)), None),
     ("the last compensation moves to backoff",
-     lambda s: saga.compensated(s, 2, "release", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind", "mig")),
+     lambda s: saga.compensated(s, 2, "release", now=5.0, **BO), replace(ROLLING, rollback_done=("unbind", "claims", "mig")),
      replace(ROLLING, phase="backoff", rollback_done=saga.COMPENSATIONS, failures=1,
              backoff_until=5.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("a compensation for an old attempt changes nothing",
@@ -308,7 +308,7 @@ def test_compensations_run_in_reverse_order_of_the_steps():
     while (step := saga.next_compensation(s)) is not None:
         order.append(step)
         s = saga.compensated(s, 2, step, now=1.0, **BO)
-    assert order == ["unbind", "mig", "release"] and s.phase == "backoff"
+    assert order == ["unbind", "claims", "mig", "release"] and s.phase == "backoff"
 
 
 def test_backoff_grows_exponentially_with_bounded_jitter_and_a_cap():

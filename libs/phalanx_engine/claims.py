@@ -1,0 +1,128 @@
+"""The claims step of a placement decision: a member's ResourceClaims allocated on the node the
+member would go to (docs/dra.md), after its kind's allocator chose the rest.
+
+``Claims.allocate(member, node, assignment)`` runs ``phalanx_engine.dra.allocate`` on the node's
+DRA devices (``NodeState.dra``) and returns the assignment with the claims' allocations
+(``Assignment.claims``) and the GPUs they are (added to ``Assignment.gpus``), or the node's
+``Status`` in kube-scheduler's words.
+
+What is in use comes from the decision's ``Trial`` (``trial``: a context the decision opens):
+the devices every ResourceClaim holds (the pools' ``in_use``), the allocations in the ledger,
+and those the decision itself made for earlier members — so two members never get one device,
+and a claim several members share is allocated once: the later members see its allocation and
+must go where it can be used. A call outside a decision (a planner trying one node) reads the
+node's own pools and reservations. Devices that are, or sit on, a GPU the node's device-plugin
+reservations hold are blocked: a GPU is never given twice across the two paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from phalanx_engine.dra import Refusal, Usage, allocate
+from phalanx_engine.dra.pools import DeviceKey
+from phalanx_engine.framework import Member
+from phalanx_engine.nodestate import NodeState
+from phalanx_engine.status import Status
+from phalanx_proto.dra import ClaimAllocated, ClaimAllocation, DraPool, PodClaim
+from phalanx_proto.events import Assignment
+
+PLUGIN = "DynamicResources"
+
+
+class Trial:
+    """The DRA state of one decision: the devices in use and the claims it allocated so far."""
+
+    __slots__ = ("usage", "decided")
+
+    def __init__(self, usage: Usage, decided: dict[str, ClaimAllocation] | None = None) -> None:
+        self.usage = usage
+        self.decided: dict[str, ClaimAllocation] = decided if decided is not None else {}
+        """Claim key → the allocation this decision gave it."""
+
+    def copy(self) -> Trial:
+        return Trial(self.usage.copy(), dict(self.decided))
+
+    def book(self, assignment: Assignment) -> None:
+        """The decision keeps ``assignment``: its claims' devices are taken for what follows."""
+        for c in assignment.claims:
+            self.usage.add(c.claim, c.allocation)
+            self.decided.setdefault(c.claim, c.allocation)
+
+
+_TRIAL: contextvars.ContextVar[Trial | None] = contextvars.ContextVar("dra_trial", default=None)
+
+
+@contextlib.contextmanager
+def trial(t: Trial) -> Iterator[Trial]:
+    """Run the code inside with ``t`` as the decision's DRA state."""
+    token = _TRIAL.set(t)
+    try:
+        yield t
+    finally:
+        _TRIAL.reset(token)
+
+
+def current() -> Trial | None:
+    return _TRIAL.get()
+
+
+def book(assignment: Assignment) -> None:
+    """Book a kept assignment into the decision's trial (nothing outside a decision)."""
+    t = _TRIAL.get()
+    if t is not None and assignment.claims:
+        t.book(assignment)
+
+
+def usage_of(nodes: Iterable[NodeState]) -> Usage:
+    """What is in use among ``nodes``: their pools (each once) and the claims their reservations hold."""
+    pools: dict[tuple[str, str], DraPool] = {}
+    held: list[ClaimAllocated] = []
+    for st in nodes:
+        for p in st.view.dra:
+            pools.setdefault((p.driver, p.pool), p)
+        held.extend(st.claims)
+    return Usage(pools.values(), held)
+
+
+class Claims:
+    """The claims step (module docstring)."""
+
+    name = PLUGIN
+
+    def allocate(self, member: Member, node: NodeState, assignment: Assignment) -> Assignment | Status:
+        t = _TRIAL.get()
+        if t is None:
+            t = Trial(usage_of((node,)))
+        claims = tuple(_with_decided(pc, t.decided) for pc in member.spec.claims)
+        devices = node.dra()
+        blocked = _blocked(node, assignment)
+        got = allocate(claims, devices, t.usage.blocking(blocked), node.ranking())
+        if isinstance(got, Refusal):
+            return got.status(PLUGIN)
+        whole = node.whole_gpus_of(got.claims)
+        gpus = tuple(sorted(set(assignment.gpus) | set(whole)))
+        uuids = assignment.gpu_uuids + tuple(node.gpus[g].uuid for g in whole if g not in assignment.gpus)
+        return msgspec.structs.replace(assignment, claims=got.claims, gpus=gpus,
+                                       gpu_uuids=uuids if any(uuids) else assignment.gpu_uuids)
+
+
+def _with_decided(pc: PodClaim, decided: dict[str, ClaimAllocation]) -> PodClaim:
+    """The pod claim with the allocation this decision gave it for another member, if any."""
+    got = decided.get(pc.claim.key)
+    if got is None or pc.claim.allocation is not None:
+        return pc
+    return msgspec.structs.replace(pc, claim=msgspec.structs.replace(pc.claim, allocation=got))
+
+
+def _blocked(node: NodeState, assignment: Assignment) -> frozenset[DeviceKey]:
+    """The node's DRA devices on GPUs held by its device-plugin reservations, or chosen for this
+    member by its kind's allocator."""
+    taken = node.plugin_gpus() | set(assignment.gpus)
+    if not taken:
+        return frozenset()
+    return frozenset(key for key, gpu in node.dra_gpus().items() if gpu in taken)
