@@ -111,8 +111,11 @@ def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float) 
         "gates are alpha, off) and these pods name no PodGroup: it places the members one by one and",
         "never revisits a member's devices (kubernetes#138765: its alpha gang plugin has the same gap).",
         "",
-        "* **halves**: two pods, each with its own claim preferring 8 GPUs (`firstAvailable`: 8, else",
-        "  4), both pinned to one node, one gang of two. Both run only as two halves of the node.",
+        "* **halves**: two pods of 4 GPUs each (a claim each), both pinned to one node, one gang of two:",
+        "  the node's two halves.",
+        "* **halves-prefer-whole**: the same, each claim preferring the whole node (`firstAvailable`: 8,",
+        "  else 4), kubernetes#138765 on GPUs. Both run only as two halves; given pod by pod, the first",
+        "  pod takes all 8.",
         "* **backtrack**: a trainer of 4 GPUs and a feeder of 2 GPUs plus the NIC on their PCIe root",
         "  (`matchAttribute: resource.kubernetes.io/pcieRoot`; only GPU2 and GPU3 share the NIC's root),",
         "  both pinned to one node. kube-scheduler is given the trainer first and the feeder once the",
@@ -148,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             say(f"{case.name}: upstream {da.fits_text(r.outcomes[da.UPSTREAM])}, phalanx {da.fits_text(r.outcomes[da.PHALANX])} "
                 f"({r.seconds:.1f}s)")
-        gangs = [run(cluster, side) for run in (da.run_gang_halves, da.run_gang_backtrack)
-                 for side in (da.UPSTREAM, da.PHALANX)]
+        gangs = [run(cluster, side) for run in (da.run_gang_halves, da.run_gang_halves_preferring_whole,
+                                                da.run_gang_backtrack) for side in (da.UPSTREAM, da.PHALANX)]
     finally:
         if cluster is not None and cluster.stack is not None:
             cluster.stack.stop()

@@ -569,23 +569,24 @@ GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 GANG_SIZE = "phalanx.io/gang-min-member"
 
 
-def run_gang_halves(cluster: Cluster, side: str) -> GangRun:
-    """kubernetes#138765 on GPUs: two pods, each with its own claim preferring a whole node's
-    8 GPUs (``firstAvailable``: 8, else 4), both pinned to one node, as one gang of two. The
-    only way both run is two halves; a scheduler that allocates pod by pod gives the first
-    pod all 8."""
+def run_gang_halves(cluster: Cluster, side: str, *, prefer_whole: bool = False) -> GangRun:
+    """Two pods of 4 GPUs each, both pinned to one 8-GPU node, as one gang of two: the node's
+    two halves. With ``prefer_whole`` each claim prefers the whole node (``firstAvailable``: 8,
+    else 4), kubernetes#138765 on GPUs: the only way both run is still two halves, and a
+    scheduler that allocates pod by pod gives the first pod all 8."""
     api, ns = cluster.api, cluster.namespace
     node = cluster.nodes[side][0]
-    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]})
+    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]} if prefer_whole else {"gpus": exactly(4)})
+    name = "halves-prefer-whole" if prefer_whole else "halves"
     pods = {}
     for k in range(2):
-        name = f"{side[:3]}-halves-{k}"
-        create_claim(api, ns, name, spec)
-        api.create_pod(claim_pod(name, ns, side, claim=name, node_selector={"kubernetes.io/hostname": node},
-                                 labels={GANG_LABEL: f"halves-{side[:3]}", GANG_SIZE: "2"}))
-        pods[name] = name
+        pod = f"{side[:3]}-{name}-{k}"
+        create_claim(api, ns, pod, spec)
+        api.create_pod(claim_pod(pod, ns, side, claim=pod, node_selector={"kubernetes.io/hostname": node},
+                                 labels={GANG_LABEL: f"{name}-{side[:3]}", GANG_SIZE: "2"}))
+        pods[pod] = pod
     try:
-        return GangRun("halves", side, decide(api, ns, pods))
+        return GangRun(name, side, decide(api, ns, pods))
     finally:
         clear_namespace(api, ns)
 
@@ -659,3 +660,7 @@ def gang_lines(runs: Sequence[GangRun]) -> str:
             parts.append(f"{name}: " + (f"bound, {' '.join(o.devices)}" if o.fits else f"pending ({o.message})"))
         out.append(f"* {g.name}, {g.side}: " + "; ".join(parts))
     return "\n".join(out)
+
+
+def run_gang_halves_preferring_whole(cluster: Cluster, side: str) -> GangRun:
+    return run_gang_halves(cluster, side, prefer_whole=True)
