@@ -17,7 +17,7 @@ pod is bound or told it is unschedulable, records which devices each allocation 
 on the node's topology), and deletes everything before the next case.
 
 Blockers (devices "already taken") are claims of pods pinned to a node by hostname and scheduled by
-kube-scheduler, in both pools; taints are put on the published devices of every node (a new pool
+kube-scheduler, in both pools, a second before the case's pods come (``BLOCKERS_SEEN_S``); taints are put on the published devices of every node (a new pool
 generation) and taken off after the case.
 """
 
@@ -56,6 +56,11 @@ TAINT = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
 BOUND_TIMEOUT_S = 60.0
 SETTLE_S = 8.0
 """How long a pod told it is unschedulable must stay unbound to count as left pending."""
+BLOCKERS_SEEN_S = 1.0
+"""How long after the blockers are bound the case's pods come: their allocations are in the API
+before then, and a scheduler's watch has had a second to see them. (Created the moment the
+blockers were bound, Phalanx once allocated GPUs a blocker held: its view of claims other
+schedulers allocate lagged the API; reported with issue 38.)"""
 
 
 # --- the cluster -----------------------------------------------------------------------------------
@@ -475,6 +480,8 @@ def _case_state(cluster: Cluster, case: Case) -> Iterator[dict[str, set[tuple[st
             if not o.fits:
                 raise AssertionError(f"blocker {name} was not scheduled by kube-scheduler: {o.message}")
             held[blockers[name]] |= {(o.node, d) for d in o.devices}
+        if blockers:
+            time.sleep(BLOCKERS_SEEN_S)
         yield held
     finally:
         clear_namespace(api, ns)
