@@ -40,13 +40,16 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out or "unknown"
+def commit(written: str | None) -> str:
+    """The commit run, ``-dirty`` when a tracked file other than the report differs from it."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    spec = ["--", "."] + ([f":(exclude){Path(written).resolve().relative_to(REPO)}"] if written else [])
+    return rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", *spec) else "")
 
 
 def summary(rows: Sequence[da.Row]) -> list[str]:
@@ -69,7 +72,7 @@ def summary(rows: Sequence[da.Row]) -> list[str]:
     return lines
 
 
-def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float) -> str:
+def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float, written: str | None = None) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join([
         "# DRA: agreement with kube-scheduler",
@@ -97,7 +100,7 @@ def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float) 
         "* **Links.** `phalanx_engine.gpuset.score_set` on the node's topology: the ring bottleneck over",
         "  the GPUs (NVLink > PCIe) and the NVLinks summed over their pairs.",
         "",
-        f"Run: `{COMMAND}` at commit `{commit()}`, {when}, {os.cpu_count()} CPUs, {seconds:.0f} s.",
+        f"Run: `{COMMAND}` at commit `{commit(written)}`, {when}, {os.cpu_count()} CPUs, {seconds:.0f} s.",
         "",
         "## Single pods",
         "",
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stack.stop()
         plane.stop()
         work.cleanup()
-    text = report(rows, gangs, time.monotonic() - t0)
+    text = report(rows, gangs, time.monotonic() - t0, args.write)
     print(text)
     if args.write:
         Path(args.write).write_text(text)
