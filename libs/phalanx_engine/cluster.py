@@ -53,6 +53,7 @@ class Cluster:
     with DRA pools or claims changes."""
 
     def __post_init__(self) -> None:
+        self._usage = None
         for st in self.nodes.values():
             self._index(st)
 

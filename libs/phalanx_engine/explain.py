@@ -28,7 +28,17 @@ R_KEPT = "kept for a gang ahead in the queue"
 
 
 def describe(spec: MemberSpec) -> str:
-    """A member's GPU request in a few words: ``2 GPUs``, ``a 30% / 4096 MiB share of 1 GPU``."""
+    """A member's GPU request in a few words: ``2 GPUs``, ``a 30% / 4096 MiB share of 1 GPU``,
+    ``claim team/quad``."""
+    gpus = _gpus(spec)
+    if not spec.claims:
+        return gpus or "no GPU"
+    names = ", ".join(f"{pc.claim.namespace}/{pc.claim.name}" for pc in spec.claims[:3])
+    claims = f"claim{'s' if len(spec.claims) > 1 else ''} {names}{' …' if len(spec.claims) > 3 else ''}"
+    return f"{gpus} and {claims}" if gpus else claims
+
+
+def _gpus(spec: MemberSpec) -> str:
     match spec.kind:
         case RequestKind.WHOLE:
             return f"{spec.gpus} GPU{'s' if spec.gpus != 1 else ''}"
@@ -39,7 +49,7 @@ def describe(spec: MemberSpec) -> str:
             return f"a {' / '.join(parts)} share of {n} GPU{'s' if n != 1 else ''}"
         case RequestKind.MIG:
             return f"a {spec.mig_slices}-slice MIG instance"
-    return "no GPU"
+    return ""
 
 
 def _shapes(members: Sequence[Member]) -> list[list[Member]]:

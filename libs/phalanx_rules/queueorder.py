@@ -50,15 +50,18 @@ def resolve(tree: QueueTree, namespace: str, pod_labels: Mapping[str, str],
 
 
 def refusal(tree: QueueTree, members: tuple[MemberSpec, ...], limited_held: Mapping[str, int],
-            releasing: Mapping[str, int] | None = None) -> str:
+            releasing: Mapping[str, int] | None = None, *, placed: int | None = None) -> str:
     """Why the gang may not be placed now for its queue ("" when it may): its queue does not
     exist or is invalid, or its units would pass a limit on the queue's chain. ``limited_held``:
-    units each limited queue holds; ``releasing``: units per queue the same commit gives back."""
+    units each limited queue holds; ``releasing``: units per queue the same commit gives back;
+    ``placed``: the units a decision actually gives the gang, when more than its members say
+    (GPUs its ResourceClaims got: known only once they are allocated, docs/dra.md)."""
     queue = queue_of(members)
     problem = tree.problem(queue)
     if problem:
         return problem
-    return over_limit(tree, queue, limited_held, units(members), releasing)
+    asked = units(members) if placed is None else max(units(members), placed)
+    return over_limit(tree, queue, limited_held, asked, releasing)
 
 
 def borrowing(tree: QueueTree, members: tuple[MemberSpec, ...], held: Mapping[str, int],

@@ -376,6 +376,26 @@ class BindPods(GangEvent, frozen=True, tag="bind.pods"):
         return uid_digest(self.pods)
 
 
+class HeldClaims(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One member's claims as its reservation holds them (``Assignment.claims``)."""
+
+    pod: PodRef
+    claims: Annotated[tuple[ClaimAllocated, ...], msgspec.Meta(max_length=MAX_CLAIMS_PER_POD)] = ()
+
+
+class UnreserveClaims(GangEvent, frozen=True, tag="binder.unreserve_claims"):
+    """Command to binder, the ``claims`` compensation of a rolled-back attempt (docs/dra.md):
+    take each pod out of its ResourceClaims' ``reservedFor`` and clear the allocations Phalanx
+    wrote that nobody else holds. binder does it only for a pod that is not bound (gone, or never
+    bound: the ``unbind`` compensation runs first), so a forged command cannot take a running
+    pod's devices away; each claim's allocation is cleared only while it is still the one named."""
+
+    held: Annotated[tuple[HeldClaims, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
+
+    def scope(self) -> str:
+        return uid_digest(h.pod for h in self.held)
+
+
 class BindFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One member binder could not bind, and why."""
 
@@ -504,12 +524,12 @@ class EvictionRefused(GangEvent, frozen=True, tag="placement.eviction_refused"):
 GANG_EVENTS = (
     GangAdmitted, PlaceRequested, Reserved, PlacementFailed, BindPods, BindsDone,
     RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
-    EvictPods, EvictionRefused,
+    EvictPods, EvictionRefused, UnreserveClaims,
 )
 AnyGangEvent = (
     GangAdmitted | PlaceRequested | Reserved | PlacementFailed | BindPods | BindsDone
     | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
-    | EvictPods | EvictionRefused
+    | EvictPods | EvictionRefused | UnreserveClaims
 )
 
 MAX_BATCH_EVENTS = 1_024

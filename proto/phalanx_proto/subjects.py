@@ -156,8 +156,10 @@ CHANNELS = (
             (GANG_COORDINATOR,), "The same commands to placement, in batches from one gang-coordinator replica: "
             "the placements and releases its handlers sent while its previous batch was being stored.",
             receiver="placement", carries=_tags(E.PlaceRequested, E.ReleaseRequested)),
-    Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods), (GANG_COORDINATOR,),
-            "Commands to binder: bind a gang's members to the reservations the ledger holds (one BindPods a gang).", receiver="binder"),
+    Channel("gangBinder", "phx.gang.binder.{gang}", STREAM_GANG, _tags(E.BindPods, E.UnreserveClaims),
+            (GANG_COORDINATOR,), "Commands to binder: bind a gang's members to the reservations the ledger holds "
+            "(one BindPods a gang); take a rolled-back attempt's unbound members out of their ResourceClaims.",
+            receiver="binder"),
     Channel("gangBinderBatch", "phx.gang.binder.{replica}", STREAM_GANG, _tags(E.GangBatch), (GANG_COORDINATOR,),
             "The same commands to binder, in batches from one gang-coordinator replica.", receiver="binder",
             carries=_tags(E.BindPods)),

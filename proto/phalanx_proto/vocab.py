@@ -84,7 +84,8 @@ class RefusalRule(enum.StrEnum):
     UNREADABLE_RECORD = "unreadable_record"
     """The record to check against does not decode or breaks its bucket's rule."""
     LIVE_POD = "live_pod"
-    """placement: a release of a reservation whose pod still runs on the node."""
+    """placement: a release of a reservation whose pod still runs on the node; binder: an
+    ``UnreserveClaims`` for a pod that is bound."""
     NOT_RUNNING_THERE = "not_running_there"
     """placement: an adoption of a pod the node's agent does not report running there."""
     ADOPTED_RESERVATION = "adopted_reservation"

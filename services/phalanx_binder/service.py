@@ -10,7 +10,8 @@ the reason.
 
 **Claims** (``claims.py``, docs/dra.md): the ResourceClaims the reservations hold are written
 — allocation and ``reservedFor`` — for all the command's pods before any Binding; one that
-cannot be binds none.
+cannot be binds none. ``UnreserveClaims`` (a rollback's compensation) takes unbound pods back
+out of them.
 
 **The fence** (docs/delivery.md). The annotation is the exact text ``encoder.encode(a)`` of
 the assignment, and the fence entry records its SHA-256, so the node's device plugin serves
@@ -87,6 +88,7 @@ from phalanx_proto.events import (
     BindsDone,
     EvictPods,
     PodRef,
+    UnreserveClaims,
     gang_decoder,
 )
 from phalanx_proto.kubeapi import (
@@ -158,6 +160,8 @@ class Binder:
         match event:
             case BindPods():
                 await self.bind_pods(event)
+            case UnreserveClaims():
+                await claims.unreserve(self.cluster, event, self._pod)
             case EvictPods():
                 await self.evictions.evict(event)
             case _:

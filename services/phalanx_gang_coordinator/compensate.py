@@ -1,8 +1,8 @@
 """Compensations: give back what a failed attempt took, in reverse order of the steps.
 
 ``unbind`` (delete the members already bound, so their controllers recreate them), ``claims``
-(take the members out of their ResourceClaims' ``reservedFor`` and clear each allocation Phalanx
-wrote that nobody else holds, docs/dra.md), ``mig`` (destroy the attempt's MIG instances),
+(binder takes the members out of their ResourceClaims' ``reservedFor`` and clears each
+allocation Phalanx wrote that nobody else holds, docs/dra.md), ``mig`` (destroy the attempt's MIG instances),
 ``release`` (the reservation, exactly by pod uid).
 Each runs shielded and time-limited, and is recorded in ``GangState.rollback_done`` as soon
 as it completed, so a coordinator that dies part-way leaves ``rolling_back`` with the steps
@@ -29,7 +29,7 @@ import anyio
 from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.store import GangStore
-from phalanx_kube.port import ClaimRef, ClusterPort, NotOurs, Pod
+from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto.events import Assignment, PodRef
 from phalanx_proto.kubeapi import SCHEDULER_NAMES
 from phalanx_proto.state import GangState
@@ -68,8 +68,6 @@ class Compensator:
                 break
             with anyio.fail_after(COMPENSATION_LIMIT_S, shield=True):
                 unbound = await self.unbind(state) if step == "unbind" else ()
-                if step == "claims":
-                    await self.unreserve_claims(state)
                 await self.execute(effects.compensation(state, step, self.reservations_of(state)))
             t = await self.store.transition(state.gang_id, lambda s, a=state.attempt, st=step, u=unbound: saga.compensated(
                 s, a, st, now=time.time(), unbound=u, **self.backoff))
@@ -94,15 +92,6 @@ class Compensator:
             if await self._delete(a.pod):
                 deleted.append(a.pod)
         return tuple(deleted)
-
-    async def unreserve_claims(self, state: GangState) -> None:
-        """Take each member of the attempt out of the ResourceClaims its reservation holds, and
-        clear the allocations Phalanx wrote that nobody else holds (binder's claim step undone).
-        Claims that are gone, or never reserved, change nothing."""
-        for a in self.reservations_of(state):
-            for c in a.claims:
-                await self.cluster.unreserve_claim(ClaimRef.of(c.claim), a.pod, c.allocation if c.allocated else None)
-                metrics.CLAIM_WRITES.inc(result="unreserved")
 
     async def _delete(self, pod: PodRef) -> bool:
         """Delete a bound member so its controller recreates it; a pod of another scheduler is

@@ -33,12 +33,14 @@ from phalanx_proto.events import (
     GangDeadline,
     GangPending,
     GangScheduled,
+    HeldClaims,
     MigDestroyRequested,
     MigPrepareRequested,
     PlaceRequested,
     PodRef,
     ReleaseRequested,
     RollbackStarted,
+    UnreserveClaims,
 )
 from phalanx_proto.state import GangState
 from phalanx_rules import saga
@@ -179,10 +181,15 @@ def _mig_destroy(s: GangState, a: Assignment, attempt: int | None = None) -> Pub
 
 
 def compensation(s: GangState, step: str, held: Held = ()) -> tuple[Effect, ...]:
-    """The commands of compensation ``step`` (``mig`` or ``release``; ``unbind`` has none: it is
-    the compensator's deletion of bound members). The release names the attempt's pods — its
+    """The commands of compensation ``step`` (``claims``, ``mig`` or ``release``; ``unbind`` has
+    none: it is the compensator's deletion of bound members). The release names the attempt's pods — its
     assignments, or its members when nothing was placed — exactly (contract C1)."""
     match step:
+        case "claims":
+            held_claims = tuple(HeldClaims(pod=a.pod, claims=a.claims) for a in held if a.claims)
+            if held_claims:
+                return (Publish(S.binder_subject(s.gang_id), UnreserveClaims(
+                    gang_id=s.gang_id, attempt=s.attempt, held=held_claims)),)
         case "mig":
             return tuple(_mig_destroy(s, a) for a in held if a.mig_profile)
         case "release":

@@ -91,14 +91,15 @@ class PlacementQueues:
         return out
 
     # -- a decision ------------------------------------------------------------------------------
-    def refusal(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str]) -> str:
+    def refusal(self, gang_id: str, members: tuple[MemberSpec, ...], keep: frozenset[str], *,
+                placed: int | None = None) -> str:
         """Why the gang may not be placed now for its queue ("" when it may): its queue does
         not exist or is invalid, or its units would pass a limit on the queue's chain
         (``queueorder.refusal`` on the usage records). ``keep``: allocation keys of the gang
-        that stay (its running members)."""
+        that stay (its running members); ``placed``: the units a decision gave it."""
         tree = self.tree()
         return queueorder.refusal(tree, members, self.limited_held(tree.chain(queue_of(members))),
-                                  self._replaced(gang_id, keep))
+                                  self._replaced(gang_id, keep), placed=placed)
 
     def _replaced(self, gang_id: str, keep: frozenset[str]) -> dict[str, int]:
         """Units per queue of the gang's reservations a new decision replaces (all but ``keep``)."""

@@ -71,6 +71,7 @@ from phalanx_proto.events import (
     WhatIf,
     gang_decoder,
 )
+from phalanx_proto.queues import units_of_assignment
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules import queueorder
@@ -269,6 +270,16 @@ class Placement:
                 fits_empty_cluster=fits, members=tuple(m.pod for m in members), waits_for="gpus" if fits else "cluster",
                 retry_at=retry_at, reserve_nodes=tuple(sorted({a.node for a in empty.assignments})) if fits else (),
                 whatif=self._whatif(ev.gang_id, members, record, result.summary, running, preempt=preempted)))
+        if any(m.claims for m in members):
+            # Claims' GPUs are known only now: the limit is checked again on what was given.
+            over = self.queues.refusal(ev.gang_id, members, running,
+                                       placed=sum(units_of_assignment(a) for a in result.assignments))
+            if over:
+                log("queue refuses", gang=ev.gang_id, attempt=ev.attempt, queue=queue, reason=over)
+                metrics.QUEUE_REFUSALS.inc(queue=queue)
+                return Reply(PlacementFailed(gang_id=ev.gang_id, attempt=ev.attempt, summary=over, reasons={over: 1},
+                                              fits_empty_cluster=False, members=tuple(m.pod for m in members),
+                                              waits_for="queue"))
         log("decided", level=10, gang=ev.gang_id, attempt=ev.attempt, ms=round(elapsed * 1000, 3))
         writes: dict = self._ledgers_after(ev.gang_id, ev.attempt, members, result, running, self.queues.chain(members))
         writes.update(self.queues.usage_writes(ev.gang_id, writes))

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from phalanx_cli import cmd_schema
+from phalanx_proto import dra as D
 from phalanx_proto import events as E
 from phalanx_proto import scheduling as S
 from phalanx_proto.state import GangState, NodeLedger, gang_state_decoder
@@ -37,6 +38,9 @@ SAMPLES = [
         pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)))),
     E.GangPending(gang_id="default/g", reason="gang incomplete"),
     E.GangDeadline(gang_id="default/g", attempt=3),
+    E.UnreserveClaims(gang_id="default/g", attempt=3, held=(E.HeldClaims(pod=POD, claims=(D.ClaimAllocated(
+        claim="default/c/u1", pod_claim="gpus", allocation=D.ClaimAllocation(devices=(D.AllocatedDevice(
+            request="gpu", driver="gpu.nvidia.com", pool="n1", device="gpu-0"),)), gpus=(0,)),)),)),
     E.NodeHeartbeat(node="v100-a", generation=3, at=1.5),
     E.MigPrepareRequested(node="a100-a", gang_id="default/g", pod=POD, gpu=0, profile="3g.20gb", start=4),
     E.MigFailed(node="a100-a", gang_id="default/g", pod=POD, reason="no"),
@@ -76,7 +80,7 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
         "gang.binds_done", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "binder.evict", "placement.eviction_refused",
-        "gang.batch", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
+        "binder.unreserve_claims", "gang.batch", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed", "decisions.recorded",
     ]
 

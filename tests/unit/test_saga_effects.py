@@ -10,6 +10,7 @@ import pytest
 from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.effects import Compensate, Notify, Publish, ScheduleDeadline
 from phalanx_proto import subjects as S
+from phalanx_proto.dra import AllocatedDevice, ClaimAllocated, ClaimAllocation
 from phalanx_proto.events import (
     Assignment,
     BindPods,
@@ -17,6 +18,7 @@ from phalanx_proto.events import (
     GangDeadline,
     GangPending,
     GangScheduled,
+    HeldClaims,
     MemberSpec,
     MigDestroyRequested,
     MigPrepareRequested,
@@ -24,6 +26,7 @@ from phalanx_proto.events import (
     PodRef,
     ReleaseRequested,
     RollbackStarted,
+    UnreserveClaims,
     uid_digest,
 )
 from phalanx_proto.state import GangState, Running
@@ -53,6 +56,9 @@ REQUEST = Publish(S.placement_subject(G), PlaceRequested(gang_id=G, attempt=2, m
 BIND_ALL = Publish(S.binder_subject(G), BindPods(gang_id=G, attempt=2, pods=(P1, P2)))
 BIND2 = Publish(S.binder_subject(G), BindPods(gang_id=G, attempt=2, pods=(P2,)))
 HELD = (A1, A2)
+CLAIMED = Assignment(pod=P2, node="a100", gpus=(5,), claims=(ClaimAllocated(
+    claim="default/c/uc", pod_claim="gpus", allocation=ClaimAllocation(devices=(AllocatedDevice(
+        request="gpu", driver="gpu.nvidia.com", pool="a100", device="gpu-5"),)), gpus=(5,)),))
 """What the ledger holds for the attempt (what ``held`` means below, unless a row says)."""
 
 
@@ -145,7 +151,11 @@ def test_redrive(name, state, held, expected):
 
 COMPENSATIONS = [
     ("unbind has no command: the compensator deletes bound members itself", ROLLING, "unbind", HELD, ()),
-    ("claims has no command: the compensator unreserves the claims itself", ROLLING, "claims", HELD, ()),
+    ("claims sends nothing when no reservation holds a claim", ROLLING, "claims", HELD, ()),
+    ("claims asks binder to take each member with claims out of them, with what its reservation holds",
+     ROLLING, "claims", (A1, CLAIMED),
+     (Publish(S.binder_subject(G), UnreserveClaims(gang_id=G, attempt=2, held=(
+         HeldClaims(pod=P2, claims=CLAIMED.claims),))),)),
     ("mig destroys what the node recorded for each MIG member of the attempt (by owner)", ROLLING, "mig",
      (M1, A2), (Publish(S.mig_subject("a100"), MigDestroyRequested(node="a100", gang_id=G, attempt=2, pod=P1, gpu=3)),)),
     ("release names the attempt's reserved pods exactly", ROLLING, "release", HELD,
