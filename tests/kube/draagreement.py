@@ -76,6 +76,8 @@ class Cluster:
     topologies: dict[str, NodeTopology]
     generation: dict[str, int] = field(default_factory=dict)
     stack: Stack | None = None
+    classes_made: list[str] = field(default_factory=list)
+    """The DeviceClasses this cluster created (deleted with it; ones that were there stay)."""
 
     def topology(self, node: str) -> NodeTopology:
         return self.topologies[node]
@@ -117,11 +119,14 @@ def make_cluster(plane: ControlPlane, prefix: str = "dra") -> Cluster:
             labels = {POOL_LABEL: side, **(PHALANX_LABELS if side == PHALANX else {})}
             api.create_node(_node(n, labels))
             topologies[n] = ds.with_identity(TOPOLOGY, n)
+    made = []
     for c in ds.device_classes():
+        if api.request("GET", f"{RESOURCE}/deviceclasses/{c['metadata']['name']}", ok=(404,))[0] == 404:
+            made.append(c["metadata"]["name"])
         api.apply(c)
     ns = unique("dra-agreement")
     api.create_namespace(ns)
-    cluster = Cluster(api=api, plane=plane, namespace=ns, nodes=nodes, topologies=topologies)
+    cluster = Cluster(api=api, plane=plane, namespace=ns, nodes=nodes, topologies=topologies, classes_made=made)
     for n in topologies:
         publish(cluster, n)
     wait_for(lambda: all(_ready(api, n) for n in topologies), 60, "kwok to mark the nodes Ready")
@@ -172,13 +177,16 @@ def start_phalanx(cluster: Cluster, workdir: Path) -> Stack:
 
 
 def remove_cluster(cluster: Cluster) -> None:
-    """Delete the slices and nodes (the namespace stays: nothing deletes namespaces here).
-    The DeviceClasses stay too: other modules may have applied the same ones."""
+    """Delete the slices, the nodes and the DeviceClasses the cluster created (the class
+    ``gpu.nvidia.com`` serves ``nvidia.com/gpu`` through DRA on nodes without the device plugin:
+    it must not outlive the module). The namespace stays: nothing deletes namespaces here."""
     api = cluster.api
     for n in cluster.topologies:
         for s in ds.gpu_slices(n, cluster.topology(n)) + ds.nic_slices(n, cluster.topology(n)):
             api.delete(f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
         api.delete(f"/api/v1/nodes/{n}")
+    for name in cluster.classes_made:
+        api.delete(f"{RESOURCE}/deviceclasses/{name}")
 
 
 # --- claims and pods -------------------------------------------------------------------------------
