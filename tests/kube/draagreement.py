@@ -17,7 +17,7 @@ pod is bound or told it is unschedulable, records which devices each allocation 
 on the node's topology), and deletes everything before the next case.
 
 Blockers (devices "already taken") are claims of pods pinned to a node by hostname and scheduled by
-kube-scheduler, in both pools; taints are put on the published devices of every node (a new pool
+kube-scheduler, in both pools, a second before the case's pods come (``BLOCKERS_SEEN_S``); taints are put on the published devices of every node (a new pool
 generation) and taken off after the case.
 """
 
@@ -56,6 +56,11 @@ TAINT = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
 BOUND_TIMEOUT_S = 60.0
 SETTLE_S = 8.0
 """How long a pod told it is unschedulable must stay unbound to count as left pending."""
+BLOCKERS_SEEN_S = 1.0
+"""How long after the blockers are bound the case's pods come: their allocations are in the API
+before then, and a scheduler's watch has had a second to see them. (Created the moment the
+blockers were bound, Phalanx once allocated GPUs a blocker held: its view of claims other
+schedulers allocate lagged the API; reported with issue 38.)"""
 
 
 # --- the cluster -----------------------------------------------------------------------------------
@@ -71,6 +76,8 @@ class Cluster:
     topologies: dict[str, NodeTopology]
     generation: dict[str, int] = field(default_factory=dict)
     stack: Stack | None = None
+    classes_made: list[str] = field(default_factory=list)
+    """The DeviceClasses this cluster created (deleted with it; ones that were there stay)."""
 
     def topology(self, node: str) -> NodeTopology:
         return self.topologies[node]
@@ -112,11 +119,14 @@ def make_cluster(plane: ControlPlane, prefix: str = "dra") -> Cluster:
             labels = {POOL_LABEL: side, **(PHALANX_LABELS if side == PHALANX else {})}
             api.create_node(_node(n, labels))
             topologies[n] = ds.with_identity(TOPOLOGY, n)
+    made = []
     for c in ds.device_classes():
+        if api.request("GET", f"{RESOURCE}/deviceclasses/{c['metadata']['name']}", ok=(404,))[0] == 404:
+            made.append(c["metadata"]["name"])
         api.apply(c)
     ns = unique("dra-agreement")
     api.create_namespace(ns)
-    cluster = Cluster(api=api, plane=plane, namespace=ns, nodes=nodes, topologies=topologies)
+    cluster = Cluster(api=api, plane=plane, namespace=ns, nodes=nodes, topologies=topologies, classes_made=made)
     for n in topologies:
         publish(cluster, n)
     wait_for(lambda: all(_ready(api, n) for n in topologies), 60, "kwok to mark the nodes Ready")
@@ -167,13 +177,16 @@ def start_phalanx(cluster: Cluster, workdir: Path) -> Stack:
 
 
 def remove_cluster(cluster: Cluster) -> None:
-    """Delete the slices and nodes (the namespace stays: nothing deletes namespaces here).
-    The DeviceClasses stay too: other modules may have applied the same ones."""
+    """Delete the slices, the nodes and the DeviceClasses the cluster created (the class
+    ``gpu.nvidia.com`` serves ``nvidia.com/gpu`` through DRA on nodes without the device plugin:
+    it must not outlive the module). The namespace stays: nothing deletes namespaces here."""
     api = cluster.api
     for n in cluster.topologies:
         for s in ds.gpu_slices(n, cluster.topology(n)) + ds.nic_slices(n, cluster.topology(n)):
             api.delete(f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
         api.delete(f"/api/v1/nodes/{n}")
+    for name in cluster.classes_made:
+        api.delete(f"{RESOURCE}/deviceclasses/{name}")
 
 
 # --- claims and pods -------------------------------------------------------------------------------
@@ -475,6 +488,8 @@ def _case_state(cluster: Cluster, case: Case) -> Iterator[dict[str, set[tuple[st
             if not o.fits:
                 raise AssertionError(f"blocker {name} was not scheduled by kube-scheduler: {o.message}")
             held[blockers[name]] |= {(o.node, d) for d in o.devices}
+        if blockers:
+            time.sleep(BLOCKERS_SEEN_S)
         yield held
     finally:
         clear_namespace(api, ns)
@@ -569,23 +584,24 @@ GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 GANG_SIZE = "phalanx.io/gang-min-member"
 
 
-def run_gang_halves(cluster: Cluster, side: str) -> GangRun:
-    """kubernetes#138765 on GPUs: two pods, each with its own claim preferring a whole node's
-    8 GPUs (``firstAvailable``: 8, else 4), both pinned to one node, as one gang of two. The
-    only way both run is two halves; a scheduler that allocates pod by pod gives the first
-    pod all 8."""
+def run_gang_halves(cluster: Cluster, side: str, *, prefer_whole: bool = False) -> GangRun:
+    """Two pods of 4 GPUs each, both pinned to one 8-GPU node, as one gang of two: the node's
+    two halves. With ``prefer_whole`` each claim prefers the whole node (``firstAvailable``: 8,
+    else 4), kubernetes#138765 on GPUs: the only way both run is still two halves, and a
+    scheduler that allocates pod by pod gives the first pod all 8."""
     api, ns = cluster.api, cluster.namespace
     node = cluster.nodes[side][0]
-    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]})
+    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]} if prefer_whole else {"gpus": exactly(4)})
+    name = "halves-prefer-whole" if prefer_whole else "halves"
     pods = {}
     for k in range(2):
-        name = f"{side[:3]}-halves-{k}"
-        create_claim(api, ns, name, spec)
-        api.create_pod(claim_pod(name, ns, side, claim=name, node_selector={"kubernetes.io/hostname": node},
-                                 labels={GANG_LABEL: f"halves-{side[:3]}", GANG_SIZE: "2"}))
-        pods[name] = name
+        pod = f"{side[:3]}-{name}-{k}"
+        create_claim(api, ns, pod, spec)
+        api.create_pod(claim_pod(pod, ns, side, claim=pod, node_selector={"kubernetes.io/hostname": node},
+                                 labels={GANG_LABEL: f"{name}-{side[:3]}", GANG_SIZE: "2"}))
+        pods[pod] = pod
     try:
-        return GangRun("halves", side, decide(api, ns, pods))
+        return GangRun(name, side, decide(api, ns, pods))
     finally:
         clear_namespace(api, ns)
 
@@ -659,3 +675,7 @@ def gang_lines(runs: Sequence[GangRun]) -> str:
             parts.append(f"{name}: " + (f"bound, {' '.join(o.devices)}" if o.fits else f"pending ({o.message})"))
         out.append(f"* {g.name}, {g.side}: " + "; ".join(parts))
     return "\n".join(out)
+
+
+def run_gang_halves_preferring_whole(cluster: Cluster, side: str) -> GangRun:
+    return run_gang_halves(cluster, side, prefer_whole=True)
