@@ -85,6 +85,8 @@ class DraBook:
         self._dirty: set[PoolId] = set()
         self._written: dict[PoolId, DraPool] = {}
         self._kick = anyio.Event()
+        self._flushing = anyio.Lock()
+        """One flush at a time: a caller that flushes returns once what it saw is written."""
         self._listed: set[str] = set()
 
     @property
@@ -204,6 +206,10 @@ class DraBook:
 
     async def flush(self) -> None:
         """Write every changed pool to ``phx-dra`` (delete those that are gone)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
@@ -252,6 +258,7 @@ class DraBook:
         claims = await self._named(pod)
         if not isinstance(claims, tuple):
             return claims
+        await self.flush()  # placement decides on the pools as this book has seen them now
         ext = self._extended(pod)
         return claims if not isinstance(ext, PodClaim) else (*claims, ext)
 
