@@ -10,7 +10,13 @@ lines, or one JSON document with ``--json``:
      "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
      "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}],
      "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null,
-     "preempting": {"victims": [{"gang", "rule"}], "nodes": [str], "until": float} | null}
+     "preempting": {"victims": [{"gang", "rule"}], "nodes": [str], "until": float} | null,
+     "repair": {"text", "failed": [{"pod", "node", "signal", "detail"}], "domain": str | null, "policy",
+                "started_at", "deadline_at", "attempts", "restart"} | null}
+
+``repair``: the gang lost members while it ran and is being repaired inside its domain
+(docs/repair.md): the failed members, where their replacements go, the policy and the deadline;
+null when it is not. The text form says it on a ``Repair:`` line.
 
 ``whatif``: what would start a pending gang (``phalanx_engine.whatif``, docs/whatif.md), when
 its record carries the answers (a ``whatif`` field of the gang record, ``phalanx_proto.whatif.WhatIf``);
@@ -48,6 +54,7 @@ import msgspec
 
 from phalanx_cli.cmd_run import add_cluster, add_nats, bus_auth, connect_bus, one_line, open_cluster
 from phalanx_cli.terminal import safe, safe_lines
+from phalanx_rules import repair as repairs
 
 
 def register(sub) -> None:
@@ -189,7 +196,20 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         "unreadable_records": [str(b) for b in bad],
         "whatif": whatif,
         "preempting": preempting,
+        "repair": repair_doc(state, time.time()),
     }
+
+
+def repair_doc(state: Any, now: float) -> dict[str, Any] | None:
+    """The gang's repair under way, as JSON (module docstring), or None."""
+    r = getattr(state, "repair", None)
+    if r is None:
+        return None
+    d = r.domain()
+    return {"text": repairs.describe(r, now), "domain": f"{d.tier} {d.domain}" if d is not None else None,
+            "failed": [{"pod": str(f.pod), "node": f.node, "signal": f.signal, "detail": f.detail} for f in r.failed],
+            "policy": r.policy, "started_at": r.started_at, "deadline_at": r.deadline_at, "attempts": r.attempts,
+            "restart": r.restart}
 
 
 def preempting_doc(ledgers: list, gang_id: str, now: float) -> dict[str, Any] | None:
@@ -229,6 +249,8 @@ def render(r: dict[str, Any]) -> str:
                      f"{len(g['members'])} member(s) (min {g['min_member']}), {len(g['bound'])} bound, "
                      f"queue {g['queue']}")
     lines.append(f"Reason:      {r['reason'] or '-'}")
+    if r.get("repair"):
+        lines.append(f"Repair:      {r['repair']['text']}")
     answers = (r.get("whatif") or {}).get("answers") or []
     if answers:
         lines.append("What if:")

@@ -28,6 +28,7 @@ from phalanx_kubeobjects import names
 from phalanx_proto.kubeapi import NVIDIA_GPU
 from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec
 from phalanx_proto.queuespec import MAX_MIN_RUNTIME_S
+from phalanx_proto.state import REPAIR_POLICIES
 
 RESOURCE = NVIDIA_GPU
 MAX_GPUS = 1_000_000
@@ -56,9 +57,13 @@ def queue_from_object(obj: Mapping[str, Any]) -> QueueSpec:
 def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
     if not isinstance(spec, Mapping):
         raise QueueObjectError("spec: must be an object")
-    unknown = sorted(set(spec) - {"parent", "resources", "namespaceSelector", "preemption"})
+    unknown = sorted(set(spec) - {"parent", "resources", "namespaceSelector", "preemption", "repairPolicy"})
     if unknown:
-        raise QueueObjectError(f"spec.{unknown[0]}: unknown field (parent, resources, namespaceSelector, preemption)")
+        raise QueueObjectError(f"spec.{unknown[0]}: unknown field (parent, resources, namespaceSelector, preemption, "
+                               "repairPolicy)")
+    repair = spec.get("repairPolicy", "")
+    if repair not in ("", *REPAIR_POLICIES):
+        raise QueueObjectError(f"spec.repairPolicy: one of {', '.join(REPAIR_POLICIES)}")
     parent = spec.get("parent", "")
     if not isinstance(parent, str) or (parent and not names.dns_subdomain(parent)):
         raise QueueObjectError("spec.parent: the name of another Queue (a DNS subdomain)")
@@ -93,7 +98,7 @@ def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
         raise QueueObjectError("spec.preemption.reclaim: Any or Never")
     return QueueSpec(name=name, parent=parent, quota=quota, limit=limit, over_quota_weight=float(weight),
                      namespace_selector=_selector(spec.get("namespaceSelector")), within_queue=within,
-                     reclaim=reclaim, generation=generation,
+                     reclaim=reclaim, generation=generation, repair_policy=repair,
                      preempt_min_runtime_s=_min_runtime(preemption, "preemptMinRuntime"),
                      reclaim_min_runtime_s=_min_runtime(preemption, "reclaimMinRuntime"))
 

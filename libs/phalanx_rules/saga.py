@@ -54,6 +54,7 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
     members_digest,
 )
 from phalanx_proto.vocab import IDLE, OPEN, RUNNING
+from phalanx_rules import repair as repairs
 from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
 COMPENSATIONS = ("unbind", "claims", "mig", "release")
@@ -78,7 +79,7 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
     arrives meanwhile is admitted by a later resync, once the gang waits again or is scheduled."""
     if s is None or not s.members:
         s = GangState(gang_id=gang_id, min_member=min_member or 1, created_at=now, attempt=s.attempt if s else 0,
-                      min_member_declared=min_member is not None)
+                      min_member_declared=min_member is not None, home=s.home if s else ())
     if spec in s.members or s.phase in OPEN:
         return None
     members = tuple(m for m in s.members if m.pod.name != spec.pod.name or m.pod.namespace != spec.pod.namespace)
@@ -96,14 +97,28 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
                    parts=parts, jobs=jobs)
 
 
-def drop_member(s: GangState | None, pod: PodRef) -> GangState | None:
-    """A member pod is gone (deleted, or recreated with a new uid)."""
+MAX_HOME_NODES = 1000
+
+
+def drop_member(s: GangState | None, pod: PodRef, node: str = "") -> GangState | None:
+    """A member pod is gone (deleted, or recreated with a new uid). ``node``: where it was
+    bound; a bound member's node is kept in ``home`` (where the gang ran), so a gang whose
+    pods are all recreated (a JobSet restart, a repair's restart) is placed back there first."""
     if s is None or not any(m.pod == pod for m in s.members):
         return None
-    return replace(s, members=tuple(m for m in s.members if m.pod != pod),
-                   bound=tuple(b for b in s.bound if b != pod),
-                   running=tuple(r for r in s.running if r.pod != pod),
-                   min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
+    home = s.home
+    if node and pod in repairs.held_members(s) and node not in home and len(home) < MAX_HOME_NODES:
+        home += (node,)
+    after = replace(s, home=home, members=tuple(m for m in s.members if m.pod != pod),
+                    bound=tuple(b for b in s.bound if b != pod),
+                    running=tuple(r for r in s.running if r.pod != pod),
+                    min_member=s.min_member if s.min_member_declared else max(1, len(s.members) - 1))
+    if after.repair is not None and after.phase in ("scheduled", "backoff") and not repairs.held_members(after):
+        # Nothing of the gang runs any more (restarted whole, by its repair or its controller):
+        # no repair is left to make; the gang waits to be complete again and is placed whole,
+        # back where it ran first (``home``).
+        after = replace(after, phase="waiting", repair=None, running=(), bound=(), failures=0, backoff_until=0.0)
+    return after
 
 
 def late_members(s: GangState) -> bool:
@@ -118,7 +133,7 @@ def tombstone(s: GangState | None) -> GangState | None:
     counter kept (``add_member`` takes it up again)."""
     if s is None or s.members:
         return None
-    return GangState(gang_id=s.gang_id, attempt=s.attempt, created_at=s.created_at, min_member=1)
+    return GangState(gang_id=s.gang_id, attempt=s.attempt, created_at=s.created_at, min_member=1, home=s.home)
 
 
 def complete(s: GangState, now: float, settle_s: float) -> bool:
@@ -133,10 +148,13 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
     """waiting (complete) or backoff (over) → placing, attempt + 1; or scheduled with late
     members → placing for those alone (the bound members become ``running`` and stay where
     they are). ``avoid``: nodes the attempt may not use, kept for the starving head
-    ``avoid_for`` (backfill)."""
+    ``avoid_for`` (backfill). A gang being repaired starts its repair attempt only once every
+    failed member has its replacement (``repair.ready``), and none while it restarts whole."""
     if s is None:
         return None
     running = tuple(r for r in s.running if any(m.pod == r.pod for m in s.members))
+    if s.repair is not None and (s.repair.restart or (s.phase == "scheduled" and not repairs.ready(s))):
+        return None
     if s.phase == "scheduled":
         if not late_members(s):
             return None
@@ -145,9 +163,12 @@ def start_attempt(s: GangState | None, *, now: float, settle_s: float, avoid: tu
         return None
     if s.phase == "backoff" and now < s.backoff_until:
         return None
+    r = s.repair
+    if r is not None:
+        r = replace(r, attempts=r.attempts + 1)
     return replace(s, phase="placing", attempt=s.attempt + 1, bound=(), rollback_done=(),
                    unbound=(), attempt_started_at=now, avoid_nodes=tuple(avoid), avoid_for=avoid_for if avoid else "",
-                   running=running, held_back=False)
+                   running=running, held_back=False, repair=r)
 
 
 def held_back(s: GangState | None, reason: str) -> GangState | None:
@@ -205,9 +226,11 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
                         base_s=base_s, max_s=max_s, unschedulable_s=unschedulable_s)
     reason = failure_reason(ev.summary, s, ev.whatif)
     until = ev.retry_at if ev.retry_at > now else now + delay
-    return replace(s, phase="backoff", failures=failures, backoff_until=until, reason=reason,
-                   failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
-                   reserve_nodes=ev.reserve_nodes, whatif=ev.whatif, waits_for=waits_for(ev))
+    after = replace(s, phase="backoff", failures=failures, backoff_until=until, reason=reason,
+                    failure="placement_failed", fits_empty_cluster=ev.fits_empty_cluster,
+                    reserve_nodes=ev.reserve_nodes, whatif=ev.whatif, waits_for=waits_for(ev))
+    # A repair attempt with no room in its domain: its policy widens, restarts or waits there.
+    return repairs.no_room(after, now) if s.repair is not None else after
 
 
 def failure_reason(summary: str, s: GangState, whatif: WhatIf | None = None) -> str:
@@ -243,7 +266,8 @@ def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangSt
     now_bound = s.bound + new
     done = wanted <= set(now_bound)
     if done:
-        return replace(s, bound=now_bound, phase="scheduled", reason="", whatif=None)
+        s = replace(s, bound=now_bound, phase="scheduled", reason="", whatif=None, home=())
+        return repairs.repaired(s) if s.repair is not None and not s.repair.restart else s
     return replace(s, bound=now_bound, phase="binding")
 
 

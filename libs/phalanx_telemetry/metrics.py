@@ -185,6 +185,20 @@ GANG_ATTEMPTS = Counter("phalanx_gang_attempts_total", "Gang placement attempts 
 GANG_ROLLBACKS = Counter(
     "phalanx_gang_rollbacks_total", "Gang attempts given up and compensated, by reason "
     f"({', '.join(ROLLBACK_REASONS)}).", ["reason"], allowed={"reason": ROLLBACK_REASONS})
+REPAIR_OUTCOMES = ("in_domain", "widened", "anywhere", "restarted")
+REPAIR_SIGNALS = ("node_not_ready", "node_deleted", "node_tainted", "node_cordoned", "gpu_unhealthy", "pod_deleted",
+                  "pod_failed")
+GANG_REPAIRS = Counter(
+    "phalanx_gang_repairs_total", "Repairs of running gangs that lost members (docs/repair.md), by outcome: "
+    "in_domain (replacements bound in the tightest domain the gang held), widened (one tier wider, by policy), "
+    "anywhere (the gang held no common domain), restarted (the domain was given up: the whole gang restarted).",
+    ["outcome"], allowed={"outcome": REPAIR_OUTCOMES})
+GANG_REPAIR_SECONDS = Histogram(
+    "phalanx_gang_repair_seconds", "Time from a running gang's first failed member being seen to every "
+    "replacement bound (repairs that ended in their domain or widened).", buckets=LATENCY_BUCKETS)
+GANG_MEMBER_FAILURES = Counter(
+    "phalanx_gang_member_failures_total", "Bound members of running gangs seen failed, by signal.",
+    ["signal"], allowed={"signal": REPAIR_SIGNALS})
 GANGS = Gauge("phalanx_gangs", "Gangs known to gang-coordinator, by saga phase.", ["phase"],
               allowed={"phase": PHASES})
 NOTICES_WAITING = Gauge(

@@ -37,7 +37,7 @@ from phalanx_proto.scheduling import (
     NodeSelectorTerm,
     Toleration,
 )
-from phalanx_proto.topology import NetworkTiers, NodeTopology
+from phalanx_proto.topology import MAX_GPUS, NetworkTiers, NodeTopology
 
 Attempt = Annotated[int, msgspec.Meta(ge=1)]
 MAX_BATCH_PODS = 10_000
@@ -588,6 +588,9 @@ class NodeTopologyReported(TopologyEvent, frozen=True, tag="topology.reported"):
     tiers: NetworkTiers = NetworkTiers()
     enabled: bool = True
     """False when the node's labels do not enable Phalanx (R10/R11)."""
+    unhealthy: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_GPUS)] = ()
+    """Indexes of the node's GPUs reported unhealthy (NVML cannot use them; docs/repair.md):
+    a running gang's member on one is repaired, and no new work is placed on them."""
     device_plugin: bool = False
     """The node's agent serves the kubelet device plugin (docs/delivery.md), so binder records
     every bind to this node in the node's fence; nodes without a kubelet (the simulator, kwok)

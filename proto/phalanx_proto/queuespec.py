@@ -74,6 +74,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     long ago is not reclaimed by another queue; None: as the parent says (the root: 0)."""
     problem: Annotated[str, msgspec.Meta(max_length=1000)] = ""
     generation: Annotated[int, msgspec.Meta(ge=0)] = 0
+    repair_policy: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    """``spec.repairPolicy``: what its running gangs that lose members do when their domain has
+    no room (docs/repair.md; a gang's own ``phalanx.io/repair-policy`` wins); "": the default."""
 
 
 MAX_HALF_LIFE_S = 365 * 86400.0

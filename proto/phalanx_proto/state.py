@@ -113,6 +113,60 @@ class Running(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
 
 
+RepairPolicy = Literal["wait-then-restart", "wait", "widen", "restart"]
+"""What a running gang that lost members does when its domain has no room for their
+replacements (docs/repair.md): wait in the domain until the repair's deadline and then restart
+whole (the default), wait in it for as long as it takes, widen by one network tier, or restart
+whole at once."""
+REPAIR_POLICIES: tuple[str, ...] = ("wait-then-restart", "wait", "widen", "restart")
+FailureSignal = Literal["node_not_ready", "node_deleted", "node_tainted", "node_cordoned", "gpu_unhealthy", "pod_deleted",
+                        "pod_failed"]
+"""Why a bound member counts as failed (a metric label; ``FailedMember.detail`` is the text)."""
+
+
+class FailedMember(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A bound member of a running gang that failed: its pod, the node it ran on, and why."""
+
+    pod: PodRef
+    node: str
+    signal: FailureSignal
+    detail: str = ""
+    at: float = 0.0
+
+
+class RepairDomain(msgspec.Struct, frozen=True, kw_only=True):
+    """One network domain a repair may place replacements in: ``tier`` (``node``,
+    ``hypernode``, ``leaf``, ``netpod``) and the domain's name at that tier."""
+
+    tier: str
+    domain: str
+
+
+class Repair(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A running gang being repaired (docs/repair.md): its failed members, the domains their
+    replacements may go to (the tightest the gang held when the first failed, then each wider
+    one), how far the repair has widened (``level``), its policy and deadline. Set by
+    gang-coordinator when a failure is seen, read by placement (the decision's domain), cleared
+    when every replacement is bound (``GangRepaired``) or the gang is restarted whole."""
+
+    failed: tuple[FailedMember, ...] = ()
+    domains: tuple[RepairDomain, ...] = ()
+    level: int = 0
+    """Index into ``domains`` of the domain the replacements are placed in now."""
+    policy: RepairPolicy = "wait-then-restart"
+    started_at: float = 0.0
+    deadline_at: float = 0.0
+    attempts: int = 0
+    """Repair attempts started so far (placements tried inside the domain)."""
+    restart: bool = False
+    """The repair gave up the domain: every member is being deleted so the whole gang is placed
+    again (``GangRestarted``)."""
+
+    def domain(self) -> RepairDomain | None:
+        """Where the replacements go now (None: anywhere, the gang has no known domain)."""
+        return self.domains[self.level] if 0 <= self.level < len(self.domains) else None
+
+
 class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The saga state of one gang, owned by gang-coordinator and updated by compare-and-set."""
 
@@ -173,6 +227,13 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     waits_for: WaitsFor = ""
     """From the last PlacementFailed: what must change before a retry can help (``WaitsFor``);
     gang-coordinator wakes the gang when it does (``phalanx_rules.fairness``)."""
+    repair: Repair | None = None
+    """The gang lost members while it ran and is being repaired inside its domain
+    (docs/repair.md); None when it is not."""
+    home: tuple[str, ...] = ()
+    """The nodes the gang's previous incarnation ran on when it was restarted whole (a repair's
+    restart, a JobSet restarted by its failure policy): the new incarnation is placed back in
+    their domain first. Kept by the tombstone; cleared once the gang is placed again."""
 
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:

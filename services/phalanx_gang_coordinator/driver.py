@@ -47,6 +47,7 @@ from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_ke
 from phalanx_proto.vocab import BOUND_WANTED, IDLE
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules import fairness, saga
+from phalanx_rules import repair as repairs
 from phalanx_telemetry import log, metrics, refused, tracer, warn
 
 
@@ -106,8 +107,8 @@ class SagaDriver:
                 case effects.ScheduleDeadline(event=event, at=at):
                     await self.bus.publish_scheduled(S.deadline_schedule_subject(event.gang_id), event, at=at,
                                                      target=S.deadline_fired_subject(event.gang_id))
-                case effects.Notify(pods=pods, reason=reason, message=message, condition=condition):
-                    self.notifier.tell(pods, reason, message, condition=condition)
+                case effects.Notify(pods=pods, reason=reason, message=message, condition=condition, normal=normal):
+                    self.notifier.tell(pods, reason, message, condition=condition, normal=normal)
                 case effects.Compensate(gang_id=gang_id, attempt=attempt):
                     await self.roll_back(gang_id, attempt)
 
@@ -122,9 +123,33 @@ class SagaDriver:
         """Carry out the effects of a stored transition; returns its new state."""
         if t is None:
             return None
+        self.note_repair(t.before, t.after, time.time())
         await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
                                            held=self.reservations_of(t.after), announce_now=self.config.announce_after_s <= 0))
         return t.after
+
+    def note_repair(self, before: GangState | None, after: GangState, now: float) -> None:
+        """Count a repair's end (``phalanx_gang_repairs_total``, ``phalanx_gang_repair_seconds``)
+        and record it as a span ``gang.repair`` from its first failure to now."""
+        r = before.repair if before is not None else None
+        if r is None:
+            return
+        if after.repair is None and after.phase == "scheduled":
+            outcome = repairs.outcome(before)  # type: ignore[arg-type]  # before is not None: r is its repair
+        elif after.repair is not None and after.repair.restart and not r.restart:
+            outcome = "restarted"
+        else:
+            return
+        metrics.GANG_REPAIRS.inc(outcome=outcome)
+        if outcome != "restarted":
+            metrics.GANG_REPAIR_SECONDS.observe(max(0.0, now - r.started_at))
+        span = tracer().start_span("gang.repair", context=otel_context.Context(), start_time=int(r.started_at * 1e9),
+                                   attributes={"phalanx.gang": after.gang_id, "phalanx.outcome": outcome,
+                                               "phalanx.failed": len(r.failed), "phalanx.policy": r.policy,
+                                               "phalanx.domain": str(r.domain() or ""),
+                                               "phalanx.nodes": ",".join(sorted({f.node for f in r.failed}))})
+        span.end(end_time=int(now * 1e9))
+        log("repair over", gang=after.gang_id, outcome=outcome, seconds=round(now - r.started_at, 3))
 
     async def roll_back(self, gang_id: str, attempt: int) -> None:
         state = await self.store.get(gang_id)

@@ -72,6 +72,8 @@ class Notify:
     reason: str
     message: str
     condition: bool = True
+    normal: bool = False
+    """A Normal event (news), not a Warning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +146,11 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
         case "binding" if was == "preparing":
             return binds(after)
         case "scheduled" if was in ("placing", "binding"):
-            return (Publish(S.status_subject(after.gang_id), GangScheduled(
+            done = (Publish(S.status_subject(after.gang_id), GangScheduled(
                 gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),)
+            if before is not None and before.repair is not None and after.repair is None:
+                done += (repaired_notice(before, after, held, now),)
+            return done
         case "rolling_back" if was in saga.RUNNING:
             return (Publish(S.status_subject(after.gang_id), RollbackStarted(
                 gang_id=after.gang_id, attempt=after.attempt, reason=after.reason,
@@ -154,6 +159,20 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
         case "backoff" if was in ("placing", "rolling_back"):
             return pending(after, now)
     return ()
+
+
+def repaired_notice(before: GangState, after: GangState, held: Held, now: float) -> Notify:
+    """``GangRepaired`` on every member: where the replacements went, in which domain, how long
+    the repair took since its first failure."""
+    r = before.repair
+    assert r is not None
+    d = r.domain()
+    where = f"{d.tier} {d.domain}" if d is not None else "the cluster"
+    placed = ", ".join(f"{a.pod.name} on {a.node}" for a in held[:5]) + (" …" if len(held) > 5 else "")
+    lost = ", ".join(sorted({f.node for f in r.failed}))
+    msg = (f"gang {after.gang_id} repaired inside {where} after losing {len(r.failed)} member(s) on {lost}: "
+           f"{placed}; {now - r.started_at:.1f}s from the first failure; the other members kept their GPUs")
+    return Notify(tuple(m.pod for m in after.members), "GangRepaired", msg, condition=False, normal=True)
 
 
 def redrive(s: GangState, *, timeout_s: float, held: Held = ()) -> tuple[Effect, ...]:

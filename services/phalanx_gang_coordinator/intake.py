@@ -26,7 +26,7 @@ from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
 from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.events import PodRef
-from phalanx_proto.state import GangState
+from phalanx_proto.state import FailedMember, GangState
 from phalanx_rules import saga
 from phalanx_telemetry import log, metrics, warn
 
@@ -51,6 +51,9 @@ class PodIntake:
         self.settle_s = settle_s
         self.queues = queues
         self.dra = dra
+        self.repairs = None
+        """The repair watch (``repairs.RepairWatch``), set by the service: a bound member of a
+        running gang that is deleted or fails is a failure its gang is repaired for."""
         self._queued: dict[str, list] = {}
         """Gang key → pod events not yet handled (``watch``, ``_drain``)."""
 
@@ -148,7 +151,7 @@ class PodIntake:
                 continue
             self.notifier.condition(m.pod, message)
 
-    async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None) -> None:
+    async def on_pod_deleted(self, pod: Pod, gang_id: str | None = None, *, failed: bool = False) -> None:
         """Forget a deleted member, then give back what it held (its MIG instance, its
         reservation), then roll back a running attempt it was part of. Placement refuses to
         release a live member's reservation, so the member is forgotten first; a crash in
@@ -159,12 +162,18 @@ class PodIntake:
             except InvalidMember:
                 return
         ref = PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid)
-        t = await self.store.transition(gang_id, lambda s: saga.drop_member(s, ref))
+        alloc = self.driver.ledger.allocation(ref)
+        held = alloc.assignment if alloc is not None and alloc.gang_id == gang_id else None
+        if self.repairs is not None and held is not None:
+            # A bound member of a running gang gone: a failure its gang is repaired for (recorded
+            # first: the record must still hold it). The repair watch's own evictions are known.
+            await self.repairs.failed(gang_id, FailedMember(
+                pod=ref, node=held.node, signal="pod_failed" if failed else "pod_deleted",
+                detail="the pod failed" if failed else "the pod was deleted", at=time.time()), evict=False)
+        t = await self.store.transition(gang_id, lambda s: saga.drop_member(s, ref, held.node if held else ""))
         if t is None or t.before is None:
             return
         log("member gone", gang=gang_id, pod=str(ref))
-        alloc = self.driver.ledger.allocation(ref)
-        held = alloc.assignment if alloc is not None and alloc.gang_id == gang_id else None
         await self.driver.execute(effects.member_gone(t.before, ref, held))
         new = t.after
         if not new.members:
@@ -214,8 +223,13 @@ class PodIntake:
                 await self.on_pod_deleted(events[i].pod)
                 i += 1
                 continue
+            if _failed_member(events[i].pod):
+                # A bound pod that failed (its controller makes a new one): the member is gone.
+                await self.on_pod_deleted(events[i].pod, failed=True)
+                i += 1
+                continue
             j = i
-            while j < len(events) and events[j].type != "DELETED":
+            while j < len(events) and events[j].type != "DELETED" and not _failed_member(events[j].pod):
                 j += 1
             await self.on_pods([ev.pod for ev in events[i:j]])
             i = j
@@ -232,6 +246,11 @@ class PodIntake:
             self.bound_seen.pop(pod.uid, None)
         elif pod.node_name and pod.uid:
             self.bound_seen[pod.uid] = pod.node_name
+
+
+def _failed_member(pod: Pod) -> bool:
+    """A pod bound to a node whose containers failed for good (phase ``Failed``)."""
+    return bool(pod.node_name) and pod.phase == "Failed"
 
 
 def _condition_message(pod: Pod) -> str | None:

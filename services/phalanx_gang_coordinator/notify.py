@@ -40,6 +40,8 @@ REMEMBERED = 100_000
 @dataclass(slots=True)
 class _Waiting:
     events: list[tuple[str, str]] = field(default_factory=list)
+    normal: set[tuple[str, str]] = field(default_factory=set)
+    """The events among ``events`` that are of type Normal (news, not trouble)."""
     condition: str | None = None
 
 
@@ -60,9 +62,12 @@ class Notifier:
         self._idle.set()
 
     # -- what callers hand in --------------------------------------------------------------------
-    def event(self, ref: PodRef, reason: str, message: str) -> None:
-        """A Warning event on the pod (the same reason and message again bumps its count)."""
+    def event(self, ref: PodRef, reason: str, message: str, *, normal: bool = False) -> None:
+        """A Warning event on the pod (``normal``: a Normal one); the same reason and message
+        again bumps its count."""
         w = self._slot(ref)
+        if normal:
+            w.normal.add((reason, message))
         if (reason, message) not in w.events:
             w.events.append((reason, message))
             if len(w.events) > MAX_EVENTS:
@@ -75,9 +80,10 @@ class Notifier:
         self._slot(ref).condition = message
         self._ready(ref)
 
-    def tell(self, pods: tuple[PodRef, ...], reason: str, message: str, *, condition: bool = True) -> None:
+    def tell(self, pods: tuple[PodRef, ...], reason: str, message: str, *, condition: bool = True,
+             normal: bool = False) -> None:
         for ref in pods:
-            self.event(ref, reason, message)
+            self.event(ref, reason, message, normal=normal)
             if condition:
                 self.condition(ref, message)
 
@@ -132,7 +138,8 @@ class Notifier:
     async def _send(self, ref: PodRef, w: _Waiting) -> None:
         for reason, message in w.events:
             try:
-                await self.cluster.record_event(ref, reason=reason, message=message, type="Warning")
+                await self.cluster.record_event(ref, reason=reason, message=message,
+                                                type="Normal" if (reason, message) in w.normal else "Warning")
             except Exception as e:  # noqa: BLE001 - the pod may be gone; the gang state says it all
                 warn("cannot record event", pod=str(ref), error=repr(e))
         if w.condition is None or self._set.get(ref) == w.condition:

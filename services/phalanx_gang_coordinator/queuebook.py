@@ -36,6 +36,7 @@ from phalanx_kubeobjects.queuespec import QueueObjectError, queue_from_object
 from phalanx_proto import subjects as S
 from phalanx_proto.events import encoder
 from phalanx_proto.queues import (
+    DEFAULT_QUEUE,
     GPU_UNITS,
     HISTORY_PREFIX,
     QueueSpec,
@@ -130,6 +131,16 @@ class QueueBook:
         if changed and self._synced:
             self.changed.fire()
         self._synced = True
+
+    def repair_policy(self, s: GangState) -> str:
+        """The repair policy ``s``'s queue (or the nearest ancestor that names one) gives its
+        gangs ("" when none does)."""
+        name = next((m.queue for m in s.members if m.queue), "") or DEFAULT_QUEUE
+        for queue in self.tree.chain(name):
+            spec = self.tree.get(queue)
+            if spec is not None and spec.repair_policy:
+                return spec.repair_policy
+        return ""
 
     async def resolve(self, pod: Pod) -> tuple[str, str]:
         """(the pod's queue, why it may not be in it — "" when it may). A namespace the watch has

@@ -47,6 +47,7 @@ from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.reconciler import Reconciler
+from phalanx_gang_coordinator.repairs import RepairWatch
 from phalanx_gang_coordinator.resync import Resync
 from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort
@@ -89,6 +90,13 @@ class Config:
     parallelism: int = option(16, "replies and pod events handled at once; one gang's one at a time, in order")
     queue_sync_s: float = option(2.0, "seconds between readings of the Queue objects and namespaces "
                                  "(docs/queues.md)")
+    repair_scan_s: float = option(1.0, "seconds between looks at the running gangs' nodes and GPUs for failed "
+                                  "members (docs/repair.md); 0 looks never (deleted and failed pods still start "
+                                  "repairs)")
+    repair_not_ready_grace_s: float = option(30.0, "a node seen not Ready this long fails the running gangs' "
+                                             "members on it (they are repaired)")
+    repair_on_no_schedule: bool = option(False, "an untolerated NoSchedule taint or a cordon fails a running "
+                                         "gang's members on the node too (NoExecute always does)")
     announce_after_s: float = option(1.0, "an attempt still running after this long gets its deadline scheduled "
                                      "and gang.admitted published; quicker attempts publish neither (0: every "
                                      "attempt at once)")
@@ -108,6 +116,7 @@ class Coordinator:
 
     changes: ClusterChanges
     dra: DraBook
+    repairs: RepairWatch | None = None
 
     @classmethod
     def build(cls, bus: Bus, cluster: ClusterPort, gangs_kv, config: Config,
@@ -125,9 +134,13 @@ class Coordinator:
         dra = DraBook(bus, cluster, changed=changes.signal)
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
                            queues=queues, bound_seen=bound_seen, dra=dra)
+        repairs = RepairWatch(store, driver, cluster, notifier, changes, pods=intake.watched,
+                              not_ready_grace_s=config.repair_not_ready_grace_s,
+                              no_schedule=config.repair_on_no_schedule, queue_default=queues.repair_policy)
+        intake.repairs = repairs
         return cls(store, notifier, driver, intake, Resync(cluster, store, intake, driver, config, heads),
                    Reconciler(bus, cluster, store, intake, notifier, reconcile_s=config.reconcile_s, queues=queues),
-                   queues, changes, dra)
+                   queues, changes, dra, repairs)
 
     async def wake_on(self, signal: Signal, pick, why: str) -> None:
         """Whenever ``signal`` fires, try again the gangs ``pick`` says wait for it
@@ -170,6 +183,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
         tg.start_soon(coord.wake_on, coord.changes.signal, order.woken_by_cluster_change, "the cluster changed")
         tg.start_soon(coord.wake_on, coord.queues.changed, order.woken_by_queue_change, "the queues changed")
         tg.start_soon(coord.resync.run)
+        if config.repair_scan_s > 0 and coord.repairs is not None:
+            tg.start_soon(coord.repairs.run, config.repair_scan_s)
         if config.reconcile_s > 0:
             tg.start_soon(coord.reconciler.run)
         task_status.started()

@@ -29,6 +29,7 @@ the gang, attempt, nodes, GPU ids, RDMA level and the failure reason.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import anyio
@@ -50,6 +51,7 @@ from phalanx_placement import checks, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
+from phalanx_placement.confine import confinement
 from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.history import UsageHistory
@@ -251,12 +253,18 @@ class Placement:
                                               waits_for="gpus",
                                               whatif=self._whatif(ev.gang_id, members, record, why, running, owed)))
         avoid = record.avoid_nodes
+        scope = confinement(record, self.cache.cluster)
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.queue": queue,
-                "phalanx.members": len(members)}) as span:
+                "phalanx.members": len(members), "phalanx.scope": scope.where if scope else ""}) as span:
             started = time.perf_counter()
             with self.cache.excluding(ev.gang_id, running):
-                result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
+                result = decide(self.cache.cluster, members, self.profile, avoid=scope.avoid(avoid) if scope else avoid)
+                if scope is not None and isinstance(result, NoFit):
+                    if scope.required:
+                        result = dataclasses.replace(result, detail=scope.no_room(result.detail, len(members)))
+                    else:  # a preference (the nodes a restarted gang ran on): anywhere else then
+                        result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
                 elapsed = time.perf_counter() - started
                 self._record(ev, members, avoid, result, self.queues.recorded(
                     ev.gang_id, members, running, refusal="", borrowing=borrows))
