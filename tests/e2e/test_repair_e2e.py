@@ -1,0 +1,162 @@
+"""A running gang that loses nodes is repaired inside its domain (docs/repair.md), on the real
+API server with kwok nodes and the real Job controller.
+
+The cluster: eight kwok nodes of 4 GPUs in one network-pod, each its own HyperNode: six on leaf
+switch ``leaf-a``, two on ``leaf-b``. The gang: an indexed Job of 8 pods of 2 GPUs (16 GPUs, 4
+nodes); only leaf-a holds it, so it runs there with two nodes to spare. A node fails the way a
+dead machine does: kwok stops managing it, its Ready condition turns False, it gains an
+untolerated ``NoExecute`` taint, and then the Node is deleted. Each test heals the nodes it broke
+(the Node object made again), so the next starts on the same eight.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+from kubecontrollers import delete_workloads, wait_for
+from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
+from test_seed_examples import EXAMPLES, SERVICES, condition
+
+from phalanx_localstack.stack import ClusterFile, Stack
+
+pytestmark = pytest.mark.e2e
+
+TOPOLOGY_4GPU = EXAMPLES / "topology" / "pcie-4xL40S-handwritten.yaml"
+LEAF = "phalanx.io/leaf-switch"
+JOB = "batch.kubernetes.io/job-name"
+
+
+@pytest.fixture(scope="module")
+def stack8(kube_controller_manager: ControlPlane, kube_api: KubeApi, tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e-repair")
+    nodes = []
+    for leaf, count in (("leaf-a", 6), ("leaf-b", 2)):
+        for _ in range(count):
+            name = unique(f"rp-{leaf[-1]}")
+            labels = {"lj_runtimekit_enable": "true", "phalanx.io/hypernode": f"hn-{name}", LEAF: leaf,
+                      "phalanx.io/network-pod": "np-1"}
+            topo = yaml.safe_load(TOPOLOGY_4GPU.read_text())
+            topo["node"] = name
+            (work / f"{name}.yaml").write_text(yaml.safe_dump(topo))
+            kube_api.create_node(fake_gpu_node(name, gpus=4, labels=labels))
+            nodes.append({"name": name, "labels": labels, "topology": f"{name}.yaml"})
+    names = [n["name"] for n in nodes]
+    wait_for(lambda: all(condition(kube_api.get(f"/api/v1/nodes/{n}"), "Ready") for n in names), 30,
+             "kwok to mark the nodes Ready")
+    cluster_file = work / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump({"nodes": nodes}))
+    kube_args = ["--cluster", "kube", "--kubeconfig", str(kube_controller_manager.kubeconfig)]
+    args = {s: list(kube_args) for s in SERVICES}
+    args["gang-coordinator"] += ["--repair-scan-s", "0.5"]
+    stack = Stack(ClusterFile.load(cluster_file), workdir=str(work / "stack"), service_args=args)
+    stack.start_nats()
+    try:
+        stack.start_services(timeout_s=120)
+        wait_for(lambda: all(kube_api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core")
+                             == "400" for n in names), 60, "topology-discovery to patch node capacity")
+        stack.leaves = {n["name"]: n["labels"][LEAF] for n in nodes}  # type: ignore[attr-defined]
+        stack.labels = {n["name"]: n["labels"] for n in nodes}  # type: ignore[attr-defined]
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(autouse=True)
+def _healed_after_each_test(stack8, kube_api, kube_ns):
+    yield
+    delete_workloads(kube_api, kube_ns)
+    for name, labels in stack8.labels.items():
+        node = kube_api.request("GET", f"/api/v1/nodes/{name}", ok=(404,))[1]
+        if node.get("spec", {}).get("taints") or not node.get("metadata"):
+            kube_api.delete(f"/api/v1/nodes/{name}")
+            wait_for(lambda n=name: kube_api.request("GET", f"/api/v1/nodes/{n}", ok=(404,))[0] == 404, 30,
+                     f"node {name} to be gone")
+            kube_api.create_node(fake_gpu_node(name, gpus=4, labels=labels))
+    wait_for(lambda: all(condition(kube_api.get(f"/api/v1/nodes/{n}"), "Ready") for n in stack8.labels), 60,
+             "the healed nodes to be Ready")
+
+
+def dump(stack: Stack) -> str:
+    return "\n".join(stack.tail(n, 40) for n in ("gang-coordinator", "placement", "binder"))
+
+
+def indexed_job(name: str, ns: str, pods: int = 8, gpus: int = 2, **labels: str) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns}, "spec": {
+        "completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 20,
+        "template": {"metadata": {"labels": {"aliyun.com/min-member": str(pods), **labels}}, "spec": {
+            "schedulerName": "phalanx", "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "registry.example/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}}}
+
+
+def live(api: KubeApi, ns: str, job: str) -> list[dict]:
+    return [p for p in api.get(f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"{JOB}={job}"})["items"]
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") != "Failed"]
+
+
+def bound(api: KubeApi, ns: str, job: str, stack: Stack, n: int = 8, timeout_s: float = 120,
+          without: set[str] = frozenset()) -> list[dict]:
+    def all_bound():
+        pods = live(api, ns, job)
+        ok = len(pods) == n and all(p["spec"].get("nodeName") for p in pods)
+        return ok and not ({p["spec"]["nodeName"] for p in pods} & without) and pods
+    try:
+        return wait_for(all_bound, timeout_s, f"{n} pods of {job} bound")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{dump(stack)}") from None
+
+
+def fail_node(api: KubeApi, name: str) -> None:
+    """What a dead machine looks like: nobody renews it, Ready=False, and a NoExecute taint."""
+    api.patch(f"/api/v1/nodes/{name}", {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}},
+                                         "spec": {"taints": [{"key": "phalanx.test/failed", "effect": "NoExecute"}]}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    api.patch(f"/api/v1/nodes/{name}/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "KubeletDown", "message": "test: the node died",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, merge=False)
+
+
+def events(api: KubeApi, ns: str, reason: str) -> list[dict]:
+    return [e for e in api.get(f"/api/v1/namespaces/{ns}/events")["items"] if e.get("reason") == reason]
+
+
+def by_uid(pods: list[dict]) -> dict[str, str]:
+    return {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in pods}
+
+
+def gpus_used(pods: list[dict]) -> list[tuple[str, int]]:
+    return [(a["node"], g) for a in (json.loads(p["metadata"]["annotations"]["phalanx.io/assignment"]) for p in pods)
+            for g in a["gpus"]]
+
+
+@pytest.mark.parametrize("lost", [1, 2], ids=["one node", "two nodes at once"])
+def test_a_gang_that_loses_nodes_has_its_replacements_bound_in_its_leaf_while_the_survivors_stay(
+        stack8, kube_api, kube_ns, lost):
+    kube_api.post(f"/apis/batch/v1/namespaces/{kube_ns}/jobs", indexed_job("train", kube_ns))
+    first = bound(kube_api, kube_ns, "train", stack8)
+    nodes = sorted({p["spec"]["nodeName"] for p in first})
+    assert {stack8.leaves[n] for n in nodes} == {"leaf-a"}, nodes
+    broken = set(nodes[:lost])
+    started = time.monotonic()
+    for n in broken:
+        fail_node(kube_api, n)
+    for n in broken:
+        kube_api.delete(f"/api/v1/nodes/{n}")
+    now = bound(kube_api, kube_ns, "train", stack8, timeout_s=150, without=broken)
+    took = time.monotonic() - started
+    survivors = {u: n for u, n in by_uid(first).items() if n not in broken}
+    assert len(survivors) == 8 - 2 * lost
+    assert {u: n for u, n in by_uid(now).items() if u in survivors} == survivors  # kept where they were
+    new = [p for p in now if p["metadata"]["uid"] not in survivors]
+    assert len(new) == 2 * lost
+    assert {stack8.leaves[p["spec"]["nodeName"]] for p in new} == {"leaf-a"}, by_uid(new)
+    used = gpus_used(now)
+    assert len(used) == len(set(used)) == 16
+    repaired = wait_for(lambda: events(kube_api, kube_ns, "GangRepaired"), 20, "a GangRepaired event")
+    assert "inside leaf leaf-a" in repaired[0]["message"], repaired[0]["message"]
+    assert events(kube_api, kube_ns, "GangRepairing")
+    assert not events(kube_api, kube_ns, "GangRestarted")
+    print(f"repair of {lost} node(s): every member bound again {took:.1f}s after the failure")
