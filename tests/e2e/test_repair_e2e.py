@@ -160,3 +160,50 @@ def test_a_gang_that_loses_nodes_has_its_replacements_bound_in_its_leaf_while_th
     assert events(kube_api, kube_ns, "GangRepairing")
     assert not events(kube_api, kube_ns, "GangRestarted")
     print(f"repair of {lost} node(s): every member bound again {took:.1f}s after the failure")
+
+
+def blocker(name: str, ns: str, node: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": {
+        "schedulerName": "phalanx", "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "containers": [{"name": "c", "image": "registry.example/app:1", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+
+
+@pytest.mark.parametrize("policy", ["widen", "wait"])
+def test_with_no_room_in_its_leaf_the_gangs_policy_widens_one_tier_or_waits_in_the_leaf(
+        stack8, kube_api, kube_ns, policy):
+    kube_api.post(f"/apis/batch/v1/namespaces/{kube_ns}/jobs",
+                  indexed_job("train", kube_ns, **{"phalanx.io/repair-policy": policy}))
+    first = bound(kube_api, kube_ns, "train", stack8)
+    used = {p["spec"]["nodeName"] for p in first}
+    spares = sorted(n for n, leaf in stack8.leaves.items() if leaf == "leaf-a" and n not in used)
+    for i, n in enumerate(spares):
+        kube_api.create_pod(blocker(f"blocker-{i}", kube_ns, n))
+    wait_for(lambda: all((kube_api.get_pod(kube_ns, f"blocker-{i}") or {}).get("spec", {}).get("nodeName")
+                         for i in range(len(spares))), 60, "the blockers to fill leaf-a's spare nodes")
+    broken = sorted(used)[0]
+    fail_node(kube_api, broken)
+    kube_api.delete(f"/api/v1/nodes/{broken}")
+    survivors = {u: n for u, n in by_uid(first).items() if n != broken}
+    if policy == "widen":
+        now = bound(kube_api, kube_ns, "train", stack8, timeout_s=150, without={broken})
+        new = [p for p in now if p["metadata"]["uid"] not in survivors]
+        assert {stack8.leaves[p["spec"]["nodeName"]] for p in new} == {"leaf-b"}, by_uid(new)
+        repaired = wait_for(lambda: events(kube_api, kube_ns, "GangRepaired"), 20, "a GangRepaired event")
+        assert "inside netpod np-1" in repaired[0]["message"], repaired[0]["message"]
+    else:
+        def refused():
+            pods = [p for p in live(kube_api, kube_ns, "train") if p["metadata"]["uid"] not in survivors]
+            return len(pods) == 2 and all(not p["spec"].get("nodeName") and "repair: no room" in (
+                (condition(p) or {}).get("message") or "") for p in pods) and pods
+        try:
+            wait_for(refused, 120, "the replacements to wait in leaf-a, told why")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{dump(stack8)}") from None
+        for i in range(len(spares)):
+            kube_api.request("DELETE", f"/api/v1/namespaces/{kube_ns}/pods/blocker-{i}", {"gracePeriodSeconds": 0})
+        now = bound(kube_api, kube_ns, "train", stack8, timeout_s=60, without={broken})
+        new = [p for p in now if p["metadata"]["uid"] not in survivors]
+        assert {stack8.leaves[p["spec"]["nodeName"]] for p in new} == {"leaf-a"}, by_uid(new)
+    assert {u: n for u, n in by_uid(now).items() if u in survivors} == survivors
+    assert not events(kube_api, kube_ns, "GangRestarted")
