@@ -177,7 +177,9 @@ def ready(s: GangState) -> bool:
     waiting = replacements(s)
     if not waiting:
         return False
-    return waiting >= len(r.failed) or (s.min_member_declared and len(s.members) >= s.min_member)
+    failed = {f.pod for f in r.failed}
+    present = sum(1 for m in s.members if m.pod not in failed)  # a failed member not gone yet is no member
+    return waiting >= len(r.failed) - r.replaced or (s.min_member_declared and present >= s.min_member)
 
 
 def no_room(s: GangState, now: float) -> GangState:
@@ -225,6 +227,21 @@ def restart_pods(s: GangState) -> tuple[PodRef, ...]:
 def repaired(s: GangState) -> GangState:
     """The repair attempt bound every replacement: the gang runs whole again in its domain."""
     return replace(s, repair=None, home=())
+
+
+def attempt_bound(s: GangState) -> GangState:
+    """The repair attempt bound its members (``s.bound``: the replacements it placed). The
+    repair is over (``repaired``) when every failed member is replaced and a gang that declares
+    min-member is complete again; otherwise a member failed after the attempt had started (its
+    failure joined the repair, its replacement comes later): the repair goes on, in the same
+    domain, with the ones placed so far counted (``Repair.replaced``)."""
+    r = s.repair
+    if r is None or r.restart:
+        return s
+    replaced = r.replaced + len(s.bound)
+    if replaced >= len(r.failed) and not (s.min_member_declared and len(s.members) < s.min_member):
+        return repaired(s)
+    return replace(s, repair=replace(r, replaced=min(replaced, len(r.failed))))
 
 
 def outcome(s: GangState) -> str:

@@ -267,7 +267,7 @@ def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangSt
     done = wanted <= set(now_bound)
     if done:
         s = replace(s, bound=now_bound, phase="scheduled", reason="", whatif=None, home=())
-        return repairs.repaired(s) if s.repair is not None and not s.repair.restart else s
+        return repairs.attempt_bound(s)
     return replace(s, bound=now_bound, phase="binding")
 
 

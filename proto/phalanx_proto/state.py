@@ -158,6 +158,9 @@ class Repair(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     deadline_at: float = 0.0
     attempts: int = 0
     """Repair attempts started so far (placements tried inside the domain)."""
+    replaced: int = 0
+    """Failed members already replaced by an earlier repair attempt of this repair (one that
+    started before a later failure joined it)."""
     restart: bool = False
     """The repair gave up the domain: every member is being deleted so the whole gang is placed
     again (``GangRestarted``)."""

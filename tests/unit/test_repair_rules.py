@@ -151,6 +151,30 @@ def test_the_repair_ends_when_every_replacement_is_bound():
     assert repair.outcome(s) == "in_domain"
 
 
+def test_a_failed_member_not_gone_yet_does_not_make_the_gang_complete_by_min_member():
+    # 1 and 2 failed; 1 is gone and replaced, 2's pod is not deleted yet: 4 members, but one of
+    # them failed, so the replacement alone does not start the repair attempt.
+    s = repair.member_failed(with_replacements(repairing(1), 1), failed(2, node="n2"), now=100.5, timeout_s=180)
+    assert len(s.members) == s.min_member == 4
+    assert saga.start_attempt(s, now=101, settle_s=2) is None
+    gone = saga.drop_member(s, PODS[2], "n2")
+    assert saga.start_attempt(with_replacements(gone, 2), now=101, settle_s=2).phase == "placing"
+
+
+def test_a_failure_that_joins_a_repair_attempt_under_way_keeps_the_repair_for_its_replacement():
+    s = saga.start_attempt(with_replacements(repairing(1), 1), now=101, settle_s=2)
+    s = repair.member_failed(s, failed(2, node="n2"), now=102, timeout_s=180)  # a survivor fails meanwhile
+    s = saga.drop_member(s, PODS[2], "n2")
+    done = saga.bound(s, 2, (NEW[1],))
+    assert done.phase == "scheduled" and done.repair is not None  # not over: 2 is not replaced yet
+    assert done.repair.replaced == 1 and len(done.repair.failed) == 2 and done.repair.domain() == LEAF
+    again = saga.start_attempt(with_replacements(done, 2), now=103, settle_s=2)
+    assert again.phase == "placing" and [m.pod for m in saga.attempt_members(again)] == [NEW[2]]
+    assert again.repair.domain() == LEAF  # confined as the first one was
+    over = saga.bound(again, again.attempt, (NEW[2],))
+    assert over.phase == "scheduled" and over.repair is None
+
+
 def _no_room(s: GangState, now=110.0) -> GangState:
     s = saga.start_attempt(with_replacements(s, 1), now=101, settle_s=2)
     return saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=s.attempt, summary="no room"), now=now, **BO)
