@@ -1,0 +1,281 @@
+"""A running gang that loses nodes is repaired inside its domain (docs/repair.md), on the real
+stack: nats-server, every service its own process (the node agents as one ``node-fleet``), the
+simulated cluster. The one e2e case (tests/e2e/test_repair_e2e.py) shows a node loss on the real
+API server with the real Job controller; these show the rest on the simulated cluster, where the
+test itself is the workload's controller: it recreates every member pod that is deleted, under a
+new name and the same gang label, as a Job or JobSet controller does.
+
+The cluster: seven nodes of 4 GPUs in one network-pod, each its own HyperNode: five on leaf
+switch ``leaf-a``, two on ``leaf-b``. The gang: six pods of 2 GPUs (12 GPUs, 3 nodes); only
+leaf-a holds it, so it runs there with two nodes to spare. A node fails as a dead machine looks
+to the scheduler: its Ready condition turns False and it gains an untolerated ``NoExecute``
+taint. Each test heals the nodes it broke, so the next starts on the same seven.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+from hostile import audited, cleaned_env, hostile_stack
+from phalanx_proto import subjects as S
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.state import node_kube_state_decoder
+from stackutil import gang_pod, gang_states, gpu_pod, ref, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+TOPOLOGY_4GPU = Path(__file__).resolve().parents[2] / "examples" / "topology" / "pcie-4xL40S-handwritten.yaml"
+LEAVES = {**{f"rp-a{i}": "leaf-a" for i in range(5)}, **{f"rp-b{i}": "leaf-b" for i in range(2)}}
+GANG, SIZE = "train", 6
+COORD = ["--resync-s", "0.5", "--backoff-base-s", "0.5", "--backoff-max-s", "2", "--reconcile-s", "1",
+         "--repair-scan-s", "0.3"]
+FLEET = ["--state-refresh-s", "0.3"]
+"""The node agents look at the nodes every 0.3 s (a changed node is reported within that and the
+reporter's 0.5 s debounce), the coordinator at its running gangs' nodes every 0.3 s."""
+
+
+@pytest.fixture(scope="module")
+def cluster_file(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("repair-cluster")
+    nodes = [{"name": name, "topology": str(TOPOLOGY_4GPU), "labels": {
+        "lj_runtimekit_enable": "true", "phalanx.io/hypernode": f"hn-{name}", "phalanx.io/leaf-switch": leaf,
+        "phalanx.io/network-pod": "np-1"}} for name, leaf in LEAVES.items()]
+    path = work / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"nodes": nodes}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, cluster_file):
+    yield from hostile_stack(tmp_path_factory.mktemp("repair"), COORD, cluster=cluster_file, fleet=True,
+                             service_args={"node-fleet": FLEET})
+
+
+@pytest.fixture
+async def env(stack):
+    async for e in cleaned_env(stack):
+        _, bus, sim = e
+        originals = {n.name: copy.deepcopy(n.raw) for n in await sim.list_nodes()}
+        try:
+            yield e
+        finally:
+            for name, raw in originals.items():  # heal what the test broke
+                current = await sim.get_node(name)
+                if current is None or current.raw != raw:
+                    await sim.apply_node(raw)
+            await wait_until(lambda b=bus: _all_healthy(b), 30, what="every node reported Ready and untainted again")
+
+
+async def _all_healthy(bus) -> bool:
+    kv = await bus.kv(S.KV_NODE_STATE)
+    for name in LEAVES:
+        entry = await kv.get(S.token(name))
+        if entry is None:
+            return False
+        state = node_kube_state_decoder.decode(entry.value)
+        if state.ready != "True" or state.taints:
+            return False
+    return True
+
+
+class Controller:
+    """What a Job or JobSet controller does for the gang: keeps one pod per index, making a new
+    one (a new name, the same gang label and min-member) whenever the index's pod is gone."""
+
+    def __init__(self, sim, labels: dict[str, str] | None = None) -> None:
+        self.sim = sim
+        self.labels = labels or {}
+        self.current = {i: f"{GANG}-{i}" for i in range(SIZE)}
+        self.made = 0
+
+    def pod(self, name: str) -> dict:
+        p = gang_pod(name, 2, GANG, SIZE)
+        p["metadata"]["labels"].update(self.labels)
+        p["spec"]["tolerations"] = []  # the test's failure taint is tolerated by nobody
+        return p
+
+    async def start(self) -> None:
+        for name in self.current.values():
+            await self.sim.apply_pod(self.pod(name))
+
+    async def run(self) -> None:
+        while True:
+            names = {p.name for p in await self.sim.list_pods()}
+            for i, name in self.current.items():
+                if name not in names:
+                    self.made += 1
+                    self.current[i] = f"{GANG}-{i}-r{self.made}"
+                    await self.sim.apply_pod(self.pod(self.current[i]))
+            await anyio.sleep(0.1)
+
+
+async def members(sim) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+    """The gang's pods that are bound: name → (uid, node, GPUs)."""
+    out = {}
+    for p in await sim.list_pods():
+        if p.name.startswith(f"{GANG}-") and p.node_name:
+            out[p.name] = (p.uid, p.node_name, tuple(json.loads(p.annotations[ASSIGNMENT_ANNOTATION])["gpus"]))
+    return out
+
+
+async def all_bound(sim, without: set[str] = frozenset()):
+    """Every index's pod bound, none on a node of ``without``: their placements, else None."""
+    pods = await members(sim)
+    live = {p.name for p in await sim.list_pods() if p.name.startswith(f"{GANG}-")}
+    if len(pods) == SIZE and live == set(pods) and not {n for _, n, _ in pods.values()} & without:
+        return pods
+    return None
+
+
+async def fail_node(sim, name: str) -> None:
+    """A dead machine as the scheduler sees it: Ready=False and an untolerated NoExecute taint."""
+    raw = copy.deepcopy((await sim.get_node(name)).raw)
+    raw.setdefault("spec", {})["taints"] = [{"key": "phalanx.test/failed", "effect": "NoExecute"}]
+    raw.setdefault("status", {})["conditions"] = [
+        {"type": "Ready", "status": "False", "reason": "KubeletDown", "message": "test: the node died"}]
+    await sim.apply_node(raw)
+
+
+async def reasons(sim, name: str) -> list[tuple[str, str]]:
+    return [(e.reason, e.message) for e in await sim.list_events(ref(name))]
+
+
+async def started(bus, sim, ctl: Controller) -> dict:
+    await ctl.start()
+    first = await wait_until(lambda: all_bound(sim), 30, what="the gang bound")
+    nodes = {n for _, n, _ in first.values()}
+    assert {LEAVES[n] for n in nodes} == {"leaf-a"} and len(nodes) == 3, first
+
+    async def scheduled():
+        s = await gang(bus)
+        return s is not None and s.phase == "scheduled" and s.repair is None
+
+    await wait_until(scheduled, 15, what="the gang's record scheduled")
+    return first
+
+
+async def gang(bus):
+    """The gang's record (its id is the JobSet label's: ``default/<kind>:train``)."""
+    states = [s for gid, s in (await gang_states(bus)).items() if gid.rsplit(":", 1)[-1] == GANG]
+    assert len(states) <= 1, states
+    return states[0] if states else None
+
+
+def survivors_of(first: dict, broken: set[str]) -> dict:
+    return {name: v for name, v in first.items() if v[1] not in broken}
+
+
+async def block_spares(sim, first: dict) -> list[str]:
+    """A 4-GPU pod of another workload on each of leaf-a's spare nodes: no room left in the leaf."""
+    used = {n for _, n, _ in first.values()}
+    spares = sorted(n for n, leaf in LEAVES.items() if leaf == "leaf-a" and n not in used)
+    for i, node in enumerate(spares):
+        p = gpu_pod(f"blocker-{i}", 4)
+        p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        await sim.apply_pod(p)
+
+    async def placed():
+        where = {p.name: p.node_name for p in await sim.list_pods()}
+        return all(where.get(f"blocker-{i}") == node for i, node in enumerate(spares))
+
+    await wait_until(placed, 30, what="the blockers on leaf-a's spare nodes")
+    return spares
+
+
+async def test_two_nodes_lost_at_once_are_one_repair_in_the_leaf_and_the_survivors_stay(env):
+    _, bus, sim = env
+    ctl = Controller(sim)
+    first = await started(bus, sim, ctl)
+    broken = set(sorted({n for _, n, _ in first.values()})[:2])
+    survivors = survivors_of(first, broken)
+    assert len(survivors) == 2
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        t0 = time.monotonic()
+        for n in broken:
+            await fail_node(sim, n)
+        now = await wait_until(lambda: all_bound(sim, broken), 45, what="every member bound again off the lost nodes")
+        took = time.monotonic() - t0
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors  # same pods, nodes and GPUs
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 4 and ctl.made == 4
+    assert {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
+    used = [(n, g) for _, n, gpus in now.values() for g in gpus]
+    assert len(used) == len(set(used)) == 12
+    s = await gang(bus)
+    assert s.phase == "scheduled" and s.repair is None
+    got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
+    assert "inside leaf leaf-a after losing 4 member(s)" in got, got  # one repair for both nodes
+    assert any(r == "GangRepairing" for r, _ in await reasons(sim, next(iter(survivors))))
+    assert not await restarted(sim, now)
+    print(f"two nodes lost: every member bound again {took:.1f}s after the failure")
+
+
+async def restarted(sim, pods) -> list[str]:
+    """The pods of ``pods`` told their gang was restarted whole."""
+    return [name for name in pods if any(r == "GangRestarted" for r, _ in await reasons(sim, name))]
+
+
+async def _reason(sim, pod: str, reason: str) -> str | None:
+    return next((m for r, m in await reasons(sim, pod) if r == reason), None)
+
+
+async def test_with_no_room_in_its_leaf_policy_widen_binds_the_replacements_one_tier_up(env):
+    _, bus, sim = env
+    ctl = Controller(sim, {"phalanx.io/repair-policy": "widen"})
+    first = await started(bus, sim, ctl)
+    await block_spares(sim, first)
+    broken = sorted({n for _, n, _ in first.values()})[0]
+    survivors = survivors_of(first, {broken})
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+        now = await wait_until(lambda: all_bound(sim, {broken}), 45, what="the replacements bound")
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-b"}, new
+    got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
+    assert "inside netpod np-1" in got, got
+    assert not await restarted(sim, now)
+
+
+async def test_with_no_room_in_its_leaf_policy_wait_keeps_the_replacements_pending_until_room_is_freed(env):
+    _, bus, sim = env
+    ctl = Controller(sim, {"phalanx.io/repair-policy": "wait"})
+    first = await started(bus, sim, ctl)
+    spares = await block_spares(sim, first)
+    broken = sorted({n for _, n, _ in first.values()})[0]
+    survivors = survivors_of(first, {broken})
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+
+        async def refused():
+            pods = [p for p in await sim.list_pods() if p.name.startswith(f"{GANG}-") and p.name not in survivors]
+            told = [c.get("message", "") for p in pods for c in (p.raw.get("status") or {}).get("conditions", [])
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+            return len(pods) == 2 and not any(p.node_name for p in pods) and len(told) == 2 and all(
+                "repair: no room for 2 replacement(s) inside the gang's leaf switch leaf-a" in m for m in told)
+
+        await wait_until(refused, 30, what="the replacements to wait in leaf-a, told why")
+        s = await gang(bus)
+        assert s.repair is not None and s.repair.policy == "wait"
+        assert {k: v for k, v in (await members(sim)).items()} == survivors  # nothing else moved meanwhile
+        for i in range(len(spares)):
+            await sim.delete_pod(ref(f"blocker-{i}"))
+        now = await wait_until(lambda: all_bound(sim, {broken}), 30, what="the replacements bound once room was freed")
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
+    assert not await restarted(sim, now)
+
