@@ -20,6 +20,7 @@ from phalanx_deviceplugin.plugin import Admitting, Plugin
 from phalanx_deviceplugin.served import ServedStore
 from phalanx_deviceplugin.server import Devices, KubeletSession, PodResourcesClient
 from phalanx_kube.port import ClusterPort, PodGone
+from phalanx_proto.kubeapi import ISOLATION_ANNOTATION
 from phalanx_proto.topology import NodeTopology
 from phalanx_telemetry import log, warn
 
@@ -125,7 +126,7 @@ class PluginAgent:
             level, why = dv.isolation(adm.assignment, self.config.delivery)
             ref = adm.pod.ref
             try:
-                await self.cluster.annotate_pod(ref, {dv.ISOLATION_ANNOTATION: level})
+                await self.cluster.annotate_pod(ref, {ISOLATION_ANNOTATION: level})
                 await self.cluster.record_event(ref, reason="GpuIsolation", message=f"isolation {level}: {why}",
                                                 type="Normal" if level != "advisory" else "Warning")
             except PodGone:
