@@ -37,6 +37,8 @@ class AgentConfig:
     state_dir: str = STATE_DIR
     fence_namespace: str = "phalanx-system"
     delivery: dv.Delivery = dv.Delivery()
+    health_s: float = 5.0
+    """How often the session asks which GPUs are unhealthy (``KubeletSession.health_s``)."""
 
 
 def kubelet_present(socket_dir: str) -> bool:
@@ -91,7 +93,7 @@ class PluginAgent:
                         served=ServedStore(Path(c.state_dir) / "served.json"), delivery=c.delivery,
                         fence_namespace=c.fence_namespace, on_served=self._served)
         self.session = KubeletSession(socket_dir=c.socket_dir, plugin=plugin, devices=Devices(table),
-                                      unhealthy=self._unhealthy(table))
+                                      unhealthy=self._unhealthy(table), health_s=c.health_s)
         self._done = anyio.Event()
         self._scope = await self.tg.start(self._run, self.session, self._done)
 

@@ -45,7 +45,7 @@ class Node:
         config = AgentConfig(node=self.name, socket_dir=str(self.root / "dp"),
                              pod_resources_socket=str(self.root / "pr.sock"), state_dir=str(self.root / "state"),
                              fence_namespace=self.namespace,
-                             delivery=dv.Delivery(sysfs_root=str(self.root / "host")))
+                             delivery=dv.Delivery(sysfs_root=str(self.root / "host")), health_s=0.5)
         self.agent = PluginAgent(self.tg, self.cluster, config, lambda uuids: self.unhealthy)
         await self.agent.ensure(self.topology, True)
         await self.registered()
