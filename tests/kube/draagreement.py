@@ -151,28 +151,42 @@ def publish(cluster: Cluster, node: str, taints: dict[str, list[dict]] | None = 
 def start_phalanx(cluster: Cluster, workdir: Path) -> Stack:
     """The whole Phalanx stack (own processes, ``--cluster kube``) serving the Phalanx pool,
     each node's topology file the one the slices were made from."""
-    api = cluster.api
+    stack = start_stack(cluster.plane, {n: (cluster.topology(n), {POOL_LABEL: PHALANX, **PHALANX_LABELS})
+                                        for n in cluster.nodes[PHALANX]}, workdir)
+    cluster.stack = stack
+    return stack
+
+
+def start_stack(plane: ControlPlane, nodes: dict[str, tuple[NodeTopology, dict[str, str]]], workdir: Path, *,
+                coordinator_args: Sequence[str] = (), fleet: bool = False) -> Stack:
+    """The Phalanx stack (own processes, ``--cluster kube``) serving ``nodes`` (name → topology
+    and labels, as the Node objects carry them), ready once topology-discovery patched every
+    node's capacity. ``fleet``: the node agents as one ``node-fleet`` process (two Python
+    processes fewer per node to start)."""
+    api = plane.api
     api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "lj-runtime"},
         "handler": "lj-runtime"}, ok=(409,))
     workdir.mkdir(parents=True, exist_ok=True)
     entries = []
-    for n in cluster.nodes[PHALANX]:
-        yamlfmt.dump(cluster.topology(n), workdir / f"{n}.yaml")
-        entries.append({"name": n, "labels": {POOL_LABEL: PHALANX, **PHALANX_LABELS}, "topology": f"{n}.yaml"})
+    for n, (topo, labels) in nodes.items():
+        yamlfmt.dump(topo, workdir / f"{n}.yaml")
+        entries.append({"name": n, "labels": dict(labels), "topology": f"{n}.yaml"})
     (workdir / "cluster.yaml").write_text(yaml.safe_dump({"nodes": entries}))
-    kube_args = ["--cluster", "kube", "--kubeconfig", str(cluster.plane.kubeconfig)]
-    stack = Stack(ClusterFile.load(workdir / "cluster.yaml"), workdir=str(workdir / "stack"),
-                  service_args={s: kube_args for s in SERVICES})
+    kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig)]
+    args = {s: list(kube_args) for s in (*SERVICES, "node-fleet")}
+    args["gang-coordinator"] += list(coordinator_args)
+    stack = Stack(ClusterFile.load(workdir / "cluster.yaml"), workdir=str(workdir / "stack"), service_args=args,
+                  fleet=fleet)
     stack.start_nats()
     try:
         stack.start_services(timeout_s=90)
-        wait_for(lambda: all(api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core") == "800"
-                             for n in cluster.nodes[PHALANX]), 60, "topology-discovery to patch node capacity")
+        gpus = {n: str(100 * len(topo.gpus)) for n, (topo, _) in nodes.items()}
+        wait_for(lambda: all(api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core") == want
+                             for n, want in gpus.items()), 60, "topology-discovery to patch node capacity")
     except BaseException:
         stack.stop()
         raise
-    cluster.stack = stack
     return stack
 
 
