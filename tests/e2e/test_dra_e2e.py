@@ -364,6 +364,96 @@ def test_deleting_a_pod_frees_its_devices_and_a_pod_waiting_for_them_is_placed(d
     assert reserved_for(c) == ["waiter"]
 
 
+# --- (c) a rollback clears what Phalanx wrote ------------------------------------------------------
+UNWRITABLE = "e2e.phalanx.io/unwritable"
+
+
+@contextlib.contextmanager
+def claims_unwritable(api: KubeApi, ns: str) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy (the API server's own CEL admission) refusing every status
+    write of a claim labelled ``UNWRITABLE`` in ``ns``: the claim cannot be allocated by anyone."""
+    name = unique("dra-e2e-unwritable")
+    base = "/apis/admissionregistration.k8s.io/v1"
+    api.post(f"{base}/validatingadmissionpolicies", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                                                         "operations": ["UPDATE"], "resources": ["resourceclaims/status"]}]},
+                 "validations": [{"expression": f"!has(object.metadata.labels) || "
+                                                f"!('{UNWRITABLE}' in object.metadata.labels)",
+                                  "message": "this claim's status is not writable (e2e)"}]}})
+    api.post(f"{base}/validatingadmissionpolicybindings", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}}})
+    try:
+        # the policy is in force once a labelled claim's status write is refused
+        probe = unique("probe")
+        api.post(f"{RESOURCE}/namespaces/{ns}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": probe, "namespace": ns, "labels": {UNWRITABLE: "true"}},
+            "spec": claim_spec({"gpu": exactly(1)})})
+
+        def refused() -> bool:
+            obj = claim(api, ns, probe)
+            obj["status"] = {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": ds.GPU_DRIVER, "pool": "nowhere", "device": "gpu-0"}]}}}
+            status, _ = api.request("PUT", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{probe}/status", obj,
+                                    ok=(403, 422))
+            if status < 300:  # written before the policy was in force: take it back
+                obj = claim(api, ns, probe)
+                obj["status"] = {}
+                api.request("PUT", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{probe}/status", obj, ok=(403, 422))
+            return status in (403, 422)
+
+        wait_for(refused, 20, "the ValidatingAdmissionPolicy in force", interval_s=0.3)
+        api.delete(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{probe}")
+        yield
+    finally:
+        api.delete(f"{base}/validatingadmissionpolicybindings/{name}")
+        api.delete(f"{base}/validatingadmissionpolicies/{name}")
+
+
+def test_a_gang_whose_claim_cannot_be_written_binds_nobody_and_its_rollback_clears_every_allocation(dra, ns):
+    """Member ``a``'s claim is written first (the gang's members in the order they came), then
+    the API server refuses ``b``'s: no member is bound, both are told why, and the rollback's
+    ``claims`` compensation takes ``a``'s allocation and reservation back."""
+    api, node = dra.api, dra.cliques["a"][1]
+    gang = {GANG_LABEL: "stuck", GANG_SIZE: "2"}
+    with claims_unwritable(api, ns):
+        create_claim(api, ns, "a-writable", claim_spec({"gpu": exactly(4)}))
+        api.post(f"{RESOURCE}/namespaces/{ns}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "b-unwritable", "namespace": ns, "labels": {UNWRITABLE: "true"}},
+            "spec": claim_spec({"gpu": exactly(4)})})
+        with watching(api, f"{RESOURCE}/namespaces/{ns}/resourceclaims") as (cw,):
+            for member, c in (("a-member", "a-writable"), ("b-member", "b-unwritable")):
+                api.create_pod(pod(member, ns, {"gpus": {"resourceClaimName": c}}, node=node, labels=gang))
+
+            def told() -> dict[str, str]:
+                """Each member → what it was told about the refused claim (an event or its condition)."""
+                out = {}
+                for m in ("a-member", "b-member"):
+                    said = [e.get("message", "") for e in api.events(ns, m)]
+                    said.append(scheduled_condition(api, ns, m).get("message", ""))
+                    out[m] = next((t for t in said if "b-unwritable" in t), "")
+                return out if all(out.values()) else {}
+
+            try:
+                why = wait_for(told, 30, "both members told the claim could not be written", interval_s=0.3)
+                # ... and the rollback took a's back: no allocation, nobody in reservedFor
+                wait_for(lambda: all(not results(c) and not reserved_for(c) for c in claims(api, ns)), 30,
+                         "every claim of the gang free again", interval_s=0.2)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{dra.dump()}") from None
+            # Phalanx had written a's claim before b's was refused (so there was something to undo)
+            assert cw.first("a-writable", lambda o: results(o) and "a-member" in reserved_for(o)), why
+            assert cw.first("b-unwritable", results) is None
+        assert "not writable" in why["b-member"], why
+        assert not [p["metadata"]["name"] for p in pods(api, ns) if p["spec"].get("nodeName")]
+
+
 # --- (e) ComputeDomains ----------------------------------------------------------------------------
 def compute_domain(api: KubeApi, ns: str, name: str, nodes: int) -> str:
     """A ComputeDomain and the channel template its controller would make (labelled with the
