@@ -54,11 +54,11 @@ from draagreement import (
     wait_for,
 )
 from kubecontrollers import delete_workloads
-from kubeharness import ControlPlane, KubeApi, apply_crds, fake_gpu_node, unique
+from kubeharness import ControlPlane, KubeApi, apply_crds, fake_gpu_node, gpu_pod, unique
 
 from phalanx_localstack import draslices as ds
 from phalanx_localstack.stack import Stack
-from phalanx_proto.dra import COMPUTE_DOMAIN_LABEL
+from phalanx_proto.dra import COMPUTE_DOMAIN_LABEL, EXTENDED_CLAIM_ANNOTATION
 from phalanx_proto.topology import NodeTopology
 
 pytestmark = pytest.mark.e2e
@@ -452,6 +452,38 @@ def test_a_gang_whose_claim_cannot_be_written_binds_nobody_and_its_rollback_clea
             assert cw.first("b-unwritable", results) is None
         assert "not writable" in why["b-member"], why
         assert not [p["metadata"]["name"] for p in pods(api, ns) if p["spec"].get("nodeName")]
+
+
+# --- (d) the KEP-5004 bridge -----------------------------------------------------------------------
+def test_nvidia_gpu_on_a_dra_only_node_gets_a_claim_phalanx_makes_and_on_a_device_plugin_node_the_plugin(dra, ns):
+    api = dra.api
+    dra_node = dra.cliques["b"][0]
+    allocatable = api.get(f"/api/v1/nodes/{dra_node}")["status"]["allocatable"]
+    assert "nvidia.com/gpu" not in allocatable, f"the DRA-only node advertises {allocatable}"
+    for name, node in (("on-dra", dra_node), ("on-plugin", dra.dp)):
+        p = gpu_pod(name, ns, 2)
+        p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        api.create_pod(p)
+    got = bound(dra, ns, ["on-dra", "on-plugin"])
+    assert got["on-dra"]["spec"]["nodeName"] == dra_node and got["on-plugin"]["spec"]["nodeName"] == dra.dp
+    status = got["on-dra"]["status"].get("extendedResourceClaimStatus") or {}
+    name = status.get("resourceClaimName", "")
+    assert name.startswith("on-dra-extended-resources-"), status
+    assert status["requestMappings"] == [{"containerName": "c", "resourceName": "nvidia.com/gpu",
+                                          "requestName": "container-0-request-0"}], status
+    c = claim(api, ns, name)
+    meta = c["metadata"]
+    assert meta["annotations"][EXTENDED_CLAIM_ANNOTATION] == "true"
+    assert [(o["kind"], o["name"], o["uid"]) for o in meta["ownerReferences"]] == [
+        ("Pod", "on-dra", got["on-dra"]["metadata"]["uid"])]
+    g = gpus(c, dra_node)
+    assert len(g) == 2 and any(g <= q for q in QUADS), results(c)
+    assert reserved_for(c) == ["on-dra"]
+    assert json.loads(got["on-dra"]["metadata"]["annotations"]["phalanx.io/assignment"])["gpus"] == sorted(g)
+    # the device-plugin node: no claim, the plugin's GPUs
+    assert "extendedResourceClaimStatus" not in got["on-plugin"]["status"]
+    assert [c["metadata"]["name"] for c in claims(api, ns)] == [name]
+    assert len(json.loads(got["on-plugin"]["metadata"]["annotations"]["phalanx.io/assignment"])["gpus"]) == 2
 
 
 # --- (e) ComputeDomains ----------------------------------------------------------------------------
