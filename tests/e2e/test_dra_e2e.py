@@ -165,7 +165,7 @@ def dra(jobset_controller: ControlPlane, tmp_path_factory) -> Iterator[Dra]:
     try:
         nodes = {n: (d.topologies[n], d.labels[n]) for n in d.topologies}
         d.stack = start_stack(d.plane, nodes, tmp_path_factory.mktemp("dra-e2e"), coordinator_args=COORDINATOR,
-                              fleet=True)
+                              fleet=True, dra_only=d.dra_only)
         yield d
     finally:
         if d.stack is not None:

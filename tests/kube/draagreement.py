@@ -158,11 +158,12 @@ def start_phalanx(cluster: Cluster, workdir: Path) -> Stack:
 
 
 def start_stack(plane: ControlPlane, nodes: dict[str, tuple[NodeTopology, dict[str, str]]], workdir: Path, *,
-                coordinator_args: Sequence[str] = (), fleet: bool = False) -> Stack:
+                coordinator_args: Sequence[str] = (), fleet: bool = False, dra_only: Sequence[str] = ()) -> Stack:
     """The Phalanx stack (own processes, ``--cluster kube``) serving ``nodes`` (name → topology
     and labels, as the Node objects carry them), ready once topology-discovery patched every
     node's capacity. ``fleet``: the node agents as one ``node-fleet`` process (two Python
-    processes fewer per node to start)."""
+    processes fewer per node to start). ``dra_only``: nodes whose agent advertises no GPU
+    resource (``--advertise none``: their GPUs are only the DRA driver's devices)."""
     api = plane.api
     api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "lj-runtime"},
@@ -171,7 +172,8 @@ def start_stack(plane: ControlPlane, nodes: dict[str, tuple[NodeTopology, dict[s
     entries = []
     for n, (topo, labels) in nodes.items():
         yamlfmt.dump(topo, workdir / f"{n}.yaml")
-        entries.append({"name": n, "labels": dict(labels), "topology": f"{n}.yaml"})
+        entries.append({"name": n, "labels": dict(labels), "topology": f"{n}.yaml",
+                        **({"advertise": "none"} if n in dra_only else {})})
     (workdir / "cluster.yaml").write_text(yaml.safe_dump({"nodes": entries}))
     kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig)]
     args = {s: list(kube_args) for s in (*SERVICES, "node-fleet")}
@@ -181,7 +183,7 @@ def start_stack(plane: ControlPlane, nodes: dict[str, tuple[NodeTopology, dict[s
     stack.start_nats()
     try:
         stack.start_services(timeout_s=90)
-        gpus = {n: str(100 * len(topo.gpus)) for n, (topo, _) in nodes.items()}
+        gpus = {n: str(100 * len(topo.gpus)) for n, (topo, _) in nodes.items() if n not in dra_only}
         wait_for(lambda: all(api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core") == want
                              for n, want in gpus.items()), 60, "topology-discovery to patch node capacity")
     except BaseException:
