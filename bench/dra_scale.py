@@ -41,7 +41,7 @@ from phalanx_topology.files import topology_from_file
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 NODE_SHAPES = ("8v100", "8h100")
-"""Node i is shaped NODE_SHAPES[i % 2]."""
+"""Node i is shaped NODE_SHAPES[i % 2] (``--dra-shapes`` chooses others)."""
 SINGLE_SIZES = ((1, 0.40), (2, 0.25), (4, 0.20), (8, 0.15))
 """GPUs per single pod, with their weights."""
 GANGS = ((2, 4), (4, 8))
@@ -58,17 +58,17 @@ class DraCluster:
     topologies: dict[str, NodeTopology]
 
 
-def cluster(n: int, work: Path) -> DraCluster:
-    """``n`` nodes (``NODE_SHAPES`` in turn, the synthetic tiers), each with its topology file
+def cluster(n: int, work: Path, shapes: tuple[str, ...] = NODE_SHAPES) -> DraCluster:
+    """``n`` nodes (``shapes`` in turn, the synthetic tiers), each with its topology file
     carrying the identities its slices name, and ``advertise: none``."""
     out = work / "dra-topologies"
     out.mkdir(parents=True, exist_ok=True)
     width = len(str(n - 1))
     nodes, topologies = [], {}
     base = {s: topology_from_file(str(SHAPES[s].topology), "x", gpu_model=SHAPES[s].gpu_model,
-                                  gpu_memory_mib=SHAPES[s].gpu_memory_mib) for s in NODE_SHAPES}
+                                  gpu_memory_mib=SHAPES[s].gpu_memory_mib) for s in shapes}
     for i in range(n):
-        shape = NODE_SHAPES[i % len(NODE_SHAPES)]
+        shape = shapes[i % len(shapes)]
         name = f"dra-{shape}-{i:0{width}d}"
         topo = ds.with_identity(base[shape], name)
         path = out / f"{name}.yaml"
@@ -227,7 +227,8 @@ def table(rows: list[dict]) -> str:
     for n, p in sorted(pairs.items()):
         sides = [s for s in ("phalanx", "default-scheduler") if s in p]
         names = {"phalanx": "Phalanx", "default-scheduler": "kube-scheduler"}
-        out.append(f"DRA claims at {n} nodes (DGX-1V and H100 in turn, 8 GPUs each): "
+        shapes = " and ".join(dict.fromkeys(SHAPE_NAMES.get(s, s) for s in p[sides[0]]["dra"].get("shapes", [])))
+        out.append(f"DRA claims at {n} nodes ({shapes or '?'}{' in turn' if ' and ' in shapes else ''}, 8 GPUs each): "
                    f"{p[sides[0]]['pods']} pods, {p[sides[0]]['dra']['gpus']} GPUs asked")
         out.append(f"{'':<36}" + "".join(f"{names[s]:>22}" for s in sides))
 
@@ -244,6 +245,9 @@ def table(rows: list[dict]) -> str:
             out.append(line(label, lambda r, k=key: share_text(r["dra"]["connected"], k)))
         out.append("")
     return "\n".join(out)
+
+
+SHAPE_NAMES = {"8v100": "DGX-1V", "8h100": "H100", "8a100": "HGX A100"}
 
 
 def _secs(s: float) -> str:

@@ -200,7 +200,7 @@ def check_phalanx_bindings(api: KubeApi, namespace: str) -> None:
 # -- one cluster size -------------------------------------------------------------------------
 def run_size(n: int, args, work: Path) -> list[dict]:
     t0 = time.monotonic()
-    dra = dra_scale.cluster(n, work) if "dra" in args.workloads else None
+    dra = dra_scale.cluster(n, work, args.dra_shapes) if "dra" in args.workloads else None
     cluster = dra.files if dra is not None else synthetic_cluster(f"{n}x8v100")
     plane = kubeharness.start_control_plane(kwok_config=kwok_stages(work, "scale"), kwok_lease_s=600,
                                             kwok_cidr="10.0.0.0/16")
@@ -242,7 +242,7 @@ def run_size(n: int, args, work: Path) -> list[dict]:
                 plane.stop_scheduler()
                 if dra is not None and kind == "dra":
                     r["dra"] = {"connected": dra_scale.connectivity(api, f"k-{kind}", dra, r["bound_pods"]),
-                                "gpus": sum(want.values())}
+                                "gpus": sum(want.values()), "shapes": list(args.dra_shapes)}
                 delete_pods(api, f"k-{kind}")
                 if kind == "dra":
                     dra_scale.free_claims(api, f"k-{kind}")
@@ -310,7 +310,7 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         check_phalanx_bindings(api, f"p-{kind}")
         if dra is not None and kind == "dra":
             r["dra"] = {"connected": dra_scale.connectivity(api, f"p-{kind}", dra, r["bound_pods"]),
-                        "gpus": sum((want or {}).values())}
+                        "gpus": sum((want or {}).values()), "shapes": list(args.dra_shapes)}
     finally:
         stack.stop()
     delete_pods(api, f"p-{kind}")
@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of single, gangs, queues, share, preempt; or dra alone (default %(default)s)")
     p.add_argument("--dra-pods", type=int, default=1000,
                    help="dra: pods with a ResourceClaim each, at most 60%% of the GPUs (default %(default)s)")
+    p.add_argument("--dra-shapes", default=",".join(dra_scale.NODE_SHAPES),
+                   help="dra: the nodes' shapes, in turn (synthetic shape names; default %(default)s)")
     p.add_argument("--schedulers", default="phalanx,kube-scheduler", help="comma list (default %(default)s)")
     p.add_argument("--cap-s", type=float, default=300.0, help="seconds one phase may run (default %(default)s)")
     p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
@@ -366,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.schedulers = [s for s in args.schedulers.split(",") if s]
+    args.dra_shapes = tuple(s for s in args.dra_shapes.split(",") if s)
     if "dra" in args.workloads and len(args.workloads) > 1:
         p.error("--workloads dra runs alone (its nodes are DRA-only: no nvidia.com/gpu for the others)")
     rows: list[dict] = []
