@@ -8,7 +8,7 @@ serving one pool (tests/kube/draagreement.py). Every single-pod case runs on bot
 once; then the two gangs, on each. It prints the table (Markdown) and, with ``--write``, writes
 the report with the command, the commit and the date.
 
-    .venv/bin/python bench/dra_agreement.py                          # prints; ~6 min on 2 cores
+    .venv/bin/python bench/dra_agreement.py                          # prints; ~2 min on 2 cores
     .venv/bin/python bench/dra_agreement.py --write docs/dra-agreement.md
 """
 
@@ -83,9 +83,11 @@ def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float, 
         "NVIDIA's DRA driver; docs/dra.md).",
         "",
         "* **Cluster.** kube-apiserver, kube-scheduler and kube-controller-manager v1.36.3 (default feature",
-        "  gates: DRA GA, prioritized list GA, device taints beta on), kwok. Four kwok nodes shaped like a",
+        "  gates: DRA GA, prioritized list GA, device taints beta on), kwok. Kwok nodes shaped like a",
         "  DGX-1V (8 × V100-SXM2-16GB in the hybrid cube mesh, NVLink quads {0,1,2,3} and {4,5,6,7}; one",
-        "  mlx5 NIC on GPU2/GPU3's PCIe switch), no device plugin: two `pool=upstream`, two `pool=phalanx`.",
+        "  mlx5 NIC on GPU2/GPU3's PCIe switch), no device plugin (Phalanx's agents `--advertise none`),",
+        f"  in {da.LANES} lanes of four: two `pool=upstream`, two `pool=phalanx`, each lane with its own",
+        "  namespace; the lanes run cases at once, a case at a time each.",
         "  Each node publishes a `gpu.nvidia.com` pool (GPUs `gpu-0`…`gpu-7`) and a `rdma.example.com` pool",
         "  (`nic-0`); DeviceClasses `gpu.nvidia.com`, `mig.nvidia.com`, `rdma.example.com`.",
         "* **A case.** One claim for a pod of `schedulerName: default-scheduler` pinned to the upstream pool,",
@@ -96,7 +98,7 @@ def report(rows: Sequence[da.Row], gangs: Sequence[da.GangRun], seconds: float, 
         "  bound once saw Phalanx allocate GPUs a blocker held, in \"three GPUs when another claim holds",
         "  five\": its view of claims other schedulers allocate lagged the API. Eight more runs of the",
         "  two cases that fit did not repeat it.)",
-        "  Taints are put on the published devices of every node (a new pool generation).",
+        "  Taints are put on the published devices of the lane's nodes (a new pool generation).",
         "* **Links.** `phalanx_engine.gpuset.score_set` on the node's topology: the ring bottleneck over",
         "  the GPUs (NVLink > PCIe) and the NVLinks summed over their pairs.",
         "",
@@ -150,14 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster = da.make_cluster(plane)
         say(f"control plane and pools ready ({time.monotonic() - t0:.0f}s); starting Phalanx")
         da.start_phalanx(cluster, Path(work.name))
-        rows = []
-        for case in da.CASES:
-            if args.cases not in case.name:
-                continue
-            rows.append(da.run_case(cluster, case))
-            r = rows[-1]
-            say(f"{case.name}: upstream {da.fits_text(r.outcomes[da.UPSTREAM])}, phalanx {da.fits_text(r.outcomes[da.PHALANX])} "
-                f"({r.seconds:.1f}s)")
+        rows = da.run_cases(cluster, [c for c in da.CASES if args.cases in c.name], lambda r: say(
+            f"{r.case.name}: upstream {da.fits_text(r.outcomes[da.UPSTREAM])}, "
+            f"phalanx {da.fits_text(r.outcomes[da.PHALANX])} ({r.seconds:.1f}s)"))
         gangs = [run(cluster, side) for run in (da.run_gang_halves, da.run_gang_halves_preferring_whole,
                                                 da.run_gang_backtrack) for side in (da.UPSTREAM, da.PHALANX)]
     finally:

@@ -4,7 +4,8 @@ For a ``BindPods`` whose reservations hold claims (``Assignment.claims``), every
 pod is reserved first — the finalizer, ``status.allocation`` (when Phalanx allocated it) and the
 pod in ``status.reservedFor`` (``ClusterPort.reserve_claim``, idempotent: a redelivered command
 finds its writes done) — and only when all succeeded are the pods bound. A claim that cannot be
-reserved (allocated elsewhere in the meantime, deleted, full) binds no pod of the command: each
+reserved (allocated elsewhere in the meantime, deleted, full, or a write the API server refuses:
+an admission policy, validation, authorization) binds no pod of the command: each
 pod fails with the reason, the gang rolls back, and the rollback's ``claims`` compensation takes
 back what was written: gang-coordinator sends ``UnreserveClaims`` and binder runs ``unreserve``,
 for pods that are not bound only (a forged command cannot take a running pod's devices). A gang is never bound with a claim unwritten.
@@ -19,7 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from phalanx_kube.port import ClaimConflict, ClaimGone, ClaimRef, ClusterPort, NotOurs, Pod, PodGone
+from phalanx_kube.port import (
+    ClaimConflict,
+    ClaimGone,
+    ClaimRef,
+    ClaimRefused,
+    ClusterPort,
+    NotOurs,
+    Pod,
+    PodGone,
+)
 from phalanx_kubeobjects import dra as K
 from phalanx_proto.dra import EXTENDED_CLAIM_ANNOTATION, ClaimAllocated
 from phalanx_proto.events import Assignment, PodRef, UnreserveClaims
@@ -43,7 +53,7 @@ async def reserve(cluster: ClusterPort, todo: Sequence[Assignment]) -> dict[PodR
                     await cluster.set_extended_claim_status(a.pod, K.extended_claim_status(ref.name,
                                                                                           c.extended_requests))
                 metrics.CLAIM_WRITES.inc(result="reserved")
-            except (ClaimConflict, ClaimGone, PodGone, NotOurs) as e:
+            except (ClaimConflict, ClaimGone, ClaimRefused, PodGone, NotOurs) as e:
                 metrics.CLAIM_WRITES.inc(result="failed")
                 failed[a.pod] = f"claim {ref}: {e}"
                 break
