@@ -279,3 +279,72 @@ async def test_with_no_room_in_its_leaf_policy_wait_keeps_the_replacements_pendi
     assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
     assert not await restarted(sim, now)
 
+
+
+async def test_a_coordinator_killed_between_the_repairs_steps_and_restarted_completes_the_repair(env):
+    """The repair's steps are each in the gang's record first (docs/repair.md): killed once the
+    failure is recorded, its pod deleted and the repair attempt refused for want of room (policy
+    ``wait``), and started again after room was freed while it was down, gang-coordinator carries
+    the repair on from the record: the replacement lands in the leaf, the survivors stay."""
+    stack, bus, sim = env
+    ctl = Controller(sim, {"phalanx.io/repair-policy": "wait"})
+    first = await started(bus, sim, ctl)
+    spares = await block_spares(sim, first)
+    broken = sorted({n for _, n, _ in first.values()})[0]
+    survivors = survivors_of(first, {broken})
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+
+        async def waiting():
+            s = await gang(bus)
+            return s is not None and s.repair is not None and s.repair.attempts >= 1 and s.phase == "backoff" and ctl.made == 2
+
+        await wait_until(waiting, 30, what="the repair recorded, its pods deleted and its first attempt refused")
+        await anyio.to_thread.run_sync(stack.kill, "gang-coordinator")
+        for i in range(len(spares)):
+            await sim.delete_pod(ref(f"blocker-{i}"))
+        await anyio.sleep(1.0)  # nothing binds the replacements while the coordinator is down
+        assert {k: v for k, v in (await members(sim)).items()} == survivors
+        await anyio.to_thread.run_sync(stack.restart, "gang-coordinator")
+        now = await wait_until(lambda: all_bound(sim, {broken}), 30, what="the replacements bound after the restart")
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
+    s = await gang(bus)
+    assert s.phase == "scheduled" and s.repair is None
+    got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
+    assert "inside leaf leaf-a" in got, got
+    assert not await restarted(sim, now)
+
+
+async def test_a_coordinator_killed_as_soon_as_the_failure_is_recorded_and_restarted_completes_the_repair(env):
+    """Killed the moment the gang's record shows the repair (before or just after the failed
+    pod's deletion: a scan records, then deletes), the restarted gang-coordinator deletes a
+    failed pod still there (the failure is recorded already) and places the replacements."""
+    stack, bus, sim = env
+    ctl = Controller(sim)
+    first = await started(bus, sim, ctl)
+    broken = sorted({n for _, n, _ in first.values()})[0]
+    survivors = survivors_of(first, {broken})
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+
+        async def recorded():
+            s = await gang(bus)
+            return s is not None and s.repair is not None
+
+        await wait_until(recorded, 30, interval=0.01, what="the failure recorded")
+        await anyio.to_thread.run_sync(stack.kill, "gang-coordinator")
+        await anyio.to_thread.run_sync(stack.restart, "gang-coordinator")
+        now = await wait_until(lambda: all_bound(sim, {broken}), 30, what="the replacements bound after the restart")
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
+    assert ctl.made == 2
+    s = await gang(bus)
+    assert s.phase == "scheduled" and s.repair is None
+    assert not await restarted(sim, now)
