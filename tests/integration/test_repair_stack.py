@@ -15,6 +15,7 @@ taint. Each test heals the nodes it broke, so the next starts on the same seven.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 TOPOLOGY_4GPU = Path(__file__).resolve().parents[2] / "examples" / "topology" / "pcie-4xL40S-handwritten.yaml"
 LEAVES = {**{f"rp-a{i}": "leaf-a" for i in range(5)}, **{f"rp-b{i}": "leaf-b" for i in range(2)}}
 GANG, SIZE = "train", 6
+"""The gang's name: each test its own (``_own_gang``), so no test reads another's pods' events."""
+_tests = itertools.count(1)
 COORD = ["--resync-s", "0.5", "--backoff-base-s", "0.5", "--backoff-max-s", "2", "--reconcile-s", "1",
          "--repair-scan-s", "0.3"]
 FLEET = ["--state-refresh-s", "0.3"]
@@ -56,6 +59,12 @@ def cluster_file(tmp_path_factory) -> Path:
 def stack(tmp_path_factory, cluster_file):
     yield from hostile_stack(tmp_path_factory.mktemp("repair"), COORD, cluster=cluster_file, fleet=True,
                              service_args={"node-fleet": FLEET})
+
+
+@pytest.fixture(autouse=True)
+def _own_gang():
+    global GANG
+    GANG = f"train{next(_tests)}"
 
 
 @pytest.fixture
