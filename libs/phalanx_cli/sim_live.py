@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from phalanx_engine.snapshot import NodeView
+from phalanx_engine.snapshot import NodeView, reported
 from phalanx_engine.whatif import Running
 from phalanx_proto.events import PodRef
 from phalanx_proto.queues import QueueSpec
@@ -58,8 +58,7 @@ async def read_live(args: argparse.Namespace) -> Live:
         rep = r.value
         ledger = by_node.get(rep.node)
         allocations = tuple(a.assignment for a in ledger.allocations.values()) if ledger is not None else ()
-        views.append(NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled, tiers=rep.tiers,
-                              allocations=allocations, kube=kube.get(S.token(rep.node))))
+        views.append(reported(rep, allocations=allocations, kube=kube.get(S.token(rep.node))))
         for a in ledger.allocations.values() if ledger is not None else ():
             holders[a.assignment.pod] = Running(gang_id=a.gang_id, queue=a.queues[0] if a.queues else "")
     skipped = tuple(f"{bucket}/{b.key}: {b.error}" for bucket, bads in (

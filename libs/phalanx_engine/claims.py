@@ -118,7 +118,7 @@ class Claims:
                           if c.extended or pc.claim.compute_domain else c for c, pc in zip(got.claims, claims, strict=True))
         whole = node.whole_gpus_of(allocated)
         gpus = tuple(sorted(set(whole) if extended else set(assignment.gpus) | set(whole)))
-        by_index = {g.index: g.uuid for g in node.gpus.values()}
+        by_index = {g.index: g.uuid for g in node.view.topology.gpus}
         return msgspec.structs.replace(assignment, claims=allocated, gpus=gpus,
                                        gpu_uuids=tuple(by_index[g] for g in gpus) if any(by_index.values()) else ())
 
@@ -142,9 +142,9 @@ def _plugin_serves(node: NodeState, pc: PodClaim) -> bool:
 
 
 def _blocked(node: NodeState, chosen: tuple[int, ...]) -> frozenset[DeviceKey]:
-    """The node's DRA devices on GPUs held by its device-plugin reservations, or ``chosen`` for
-    this member by its kind's allocator."""
-    taken = node.plugin_gpus() | set(chosen)
+    """The node's DRA devices on GPUs held by its device-plugin reservations, reported
+    unhealthy, or ``chosen`` for this member by its kind's allocator."""
+    taken = node.plugin_gpus() | node.unhealthy | set(chosen)
     if not taken:
         return frozenset()
     return frozenset(key for key, gpu in node.dra_gpus().items() if gpu in taken)

@@ -29,6 +29,7 @@ R_NODE_ERROR = "node could not be evaluated"
 R_STALE = "topology heartbeat stale"
 R_NO_GPUS = "no GPUs reported"
 R_GPUS = "insufficient free GPUs"
+R_UNHEALTHY = "GPU reported unhealthy"
 R_CORE = f"insufficient {GPU_CORE}"
 R_MEMORY = f"insufficient {GPU_MEMORY}"
 R_MEM_UNKNOWN = "GPU memory not reported"
@@ -54,6 +55,12 @@ def node_usable(view: NodeView) -> Status | None:
     return None
 
 
+def unhealthy(node: NodeState) -> str:
+    """``GPU 1, 3 reported unhealthy`` for a node with unhealthy GPUs (a refusal's detail), else
+    "": those GPUs take no new work (``NodeState.gpus`` leaves them out)."""
+    return f"GPU {', '.join(map(str, sorted(node.unhealthy)))} reported unhealthy" if node.unhealthy else ""
+
+
 def assignment(member: Member, node: NodeState, gpus: Iterable[int], *, nics: tuple[str, ...] = (),
                rdma_level: str = "", mig_profile: str = "", mig_start: int = -1) -> Assignment:
     """The assignment of ``member`` to ``gpus`` of ``node`` (and NICs, or a MIG slot: the
@@ -77,6 +84,8 @@ class GpuPresent:
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is RequestKind.NONE or node.gpus:
             return None
+        if node.unhealthy:
+            return refuse(self.name, Code.GPU_UNHEALTHY, R_UNHEALTHY, resolvable=False, detail=unhealthy(node))
         return refuse(self.name, Code.NO_GPUS, R_NO_GPUS, resolvable=False)
 
 
@@ -125,12 +134,9 @@ class WholeGpus:
     def filter(self, member: Member, node: NodeState) -> Status | None:
         if member.kind is not RequestKind.WHOLE:
             return None
-        free, need = len(node.free_whole()), member.units
-        if free >= need:
+        if len(node.free_whole()) >= member.units:
             return None
-        capacity = node.whole_capacity()
-        return refuse(self.name, Code.INSUFFICIENT_GPUS, R_GPUS, resolvable=need <= capacity,
-                      resource=member.spec.resource_name, requested=need, free=free, capacity=capacity)
+        return self._short(member, node)
 
     def allocate(self, member: Member, node: NodeState) -> Assignment | Status:
         free, need, topo = node.free_whole(), member.units, node.view.topology
@@ -147,10 +153,17 @@ class WholeGpus:
         return assignment(member, node, got.gpus)
 
     def _short(self, member: Member, node: NodeState) -> Status:
-        capacity = node.whole_capacity()
-        return refuse(self.name, Code.INSUFFICIENT_GPUS, R_GPUS, resolvable=member.units <= capacity,
-                      resource=member.spec.resource_name, requested=member.units, free=len(node.free_whole()),
-                      capacity=capacity)
+        """Too few free GPUs; said as "GPU reported unhealthy" where the unhealthy GPUs, were they
+        healthy and idle, would have made up the difference."""
+        capacity, free = node.whole_capacity(), len(node.free_whole())
+        held = node.plugin_gpus() if node.unhealthy else set()
+        idle_sick = sum(1 for g in node.view.topology.gpus
+                        if g.index in node.unhealthy and g.index not in held and not g.mig_enabled)
+        code, text = ((Code.GPU_UNHEALTHY, R_UNHEALTHY) if free + idle_sick >= member.units
+                      else (Code.INSUFFICIENT_GPUS, R_GPUS))
+        return refuse(self.name, code, text, resolvable=member.units <= capacity,
+                      resource=member.spec.resource_name, requested=member.units, free=free,
+                      capacity=capacity, detail=unhealthy(node))
 
 
 class TdmShare:
@@ -204,19 +217,20 @@ class TdmShare:
         shared = [i for i in sharable if i not in node.whole and i not in node.mig_inst]
         # Would the share fit once every other reservation is gone?
         resolvable = sum(1 for i in sharable if not m.memory_mib or node.gpus[i].memory_mib >= m.memory_mib) >= need
+        sick = unhealthy(node)
         if text == R_CORE:
             free = max((100 - node.core.get(i, 0) for i in shared), default=0)
             return refuse(self.name, Code.INSUFFICIENT_GPU_CORE, text, resolvable=resolvable,
-                          resource="gpu-core", requested=m.core_pct, free=free, capacity=100)
+                          resource="gpu-core", requested=m.core_pct, free=free, capacity=100, detail=sick)
         if text == R_MEMORY:
             free = max((node.gpus[i].memory_mib - node.mem.get(i, 0) for i in shared), default=0)
             capacity = max((node.gpus[i].memory_mib for i in shared), default=0)
             return refuse(self.name, Code.INSUFFICIENT_GPU_MEMORY, text, resolvable=resolvable,
-                          resource="gpu-memory", requested=m.memory_mib, free=free, capacity=capacity)
+                          resource="gpu-memory", requested=m.memory_mib, free=free, capacity=capacity, detail=sick)
         if text == R_MEM_UNKNOWN:
             return refuse(self.name, Code.GPU_MEMORY_UNKNOWN, text, resolvable=False)
         return refuse(self.name, Code.INSUFFICIENT_GPUS, R_GPUS, resolvable=resolvable,
-                      resource="gpus", requested=need, free=len(ok), capacity=len(sharable))
+                      resource="gpus", requested=need, free=len(ok), capacity=len(sharable), detail=sick)
 
 
 class MigSlice:
@@ -247,7 +261,7 @@ class MigSlice:
         slot = mig.choose_gpu(gpus, m.mig_slices, m.memory_mib) if gpus else None
         if slot is None or isinstance(slot, NoChoice):
             legal = any(mig.profile_for(t, m.mig_slices, m.memory_mib) for t in tables.values() if t)
-            return refuse(self.name, Code.NO_MIG_SLOT, R_MIG_FULL, resolvable=legal)
+            return refuse(self.name, Code.NO_MIG_SLOT, R_MIG_FULL, resolvable=legal, detail=unhealthy(node))
         return assignment(member, node, (slot.gpu,), mig_profile=slot.profile, mig_start=slot.start)
 
 

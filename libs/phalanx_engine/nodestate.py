@@ -46,12 +46,16 @@ class NodeState:
     and for the Kubernetes filters the resources requested, the pods and the host ports in
     use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
-    __slots__ = ("view", "gpus", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors", "requested",
-                 "pods", "ports", "memo", "_dra", "claims")
+    __slots__ = ("view", "gpus", "unhealthy", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors",
+                 "requested", "pods", "ports", "memo", "_dra", "claims")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
-        self.gpus = {g.index: g for g in view.topology.gpus}
+        self.unhealthy = frozenset(view.unhealthy) & {g.index for g in view.topology.gpus}
+        """The node's GPUs reported unhealthy (``NodeView.unhealthy``)."""
+        self.gpus = {g.index: g for g in view.topology.gpus if g.index not in self.unhealthy}
+        """The GPUs new work may use: every GPU of the node but the unhealthy ones. A reservation
+        already on an unhealthy GPU is booked all the same (``take``) until it is released."""
         self.whole: set[int] = set()
         self.core: dict[int, int] = {}
         self.mem: dict[int, int] = {}
@@ -82,7 +86,7 @@ class NodeState:
 
     def copy(self) -> NodeState:
         other = NodeState.__new__(NodeState)
-        other.view, other.gpus = self.view, self.gpus
+        other.view, other.gpus, other.unhealthy = self.view, self.gpus, self.unhealthy
         other.whole, other.core, other.mem = set(self.whole), dict(self.core), dict(self.mem)
         other.mig_inst = {k: list(v) for k, v in self.mig_inst.items()}
         other._free, other._capacity, other._vendors = self._free, self._capacity, self._vendors
@@ -163,13 +167,13 @@ class NodeState:
         return self._free
 
     def vendors(self) -> frozenset[str]:
-        """The vendors of the node's GPUs (fixed for the node)."""
+        """The vendors of the node's GPUs, unhealthy ones included (fixed for the node)."""
         if self._vendors is None:
-            self._vendors = frozenset(g.vendor for g in self.gpus.values())
+            self._vendors = frozenset(g.vendor for g in self.view.topology.gpus)
         return self._vendors
 
     def whole_capacity(self) -> int:
-        """GPUs that could ever be given whole: every GPU not in MIG mode."""
+        """GPUs that could ever be given whole: every healthy GPU not in MIG mode."""
         if self._capacity < 0:
             self._capacity = sum(1 for g in self.gpus.values() if not g.mig_enabled)
         return self._capacity

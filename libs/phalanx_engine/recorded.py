@@ -44,7 +44,7 @@ class Memory:
         else:
             self._kube[view.name] = view.kube
         return RecordedNode(name=view.name, topology=topology, enabled=view.enabled, fresh=view.fresh,
-                            tiers=view.tiers, allocations=view.allocations, revision=view.revision, kube=kube,
+                            tiers=view.tiers, unhealthy=view.unhealthy, allocations=view.allocations, revision=view.revision, kube=kube,
                             invalid=view.invalid, same=tuple(same))
 
     def removed(self, name: str) -> RecordedNode:
@@ -66,7 +66,7 @@ class Memory:
             kube = rec.kube
             self._kube[rec.name] = kube
         return NodeView(name=rec.name, topology=topology, enabled=rec.enabled, fresh=rec.fresh, tiers=rec.tiers,
-                        allocations=rec.allocations, revision=rec.revision, kube=kube, invalid=rec.invalid)
+                        unhealthy=rec.unhealthy, allocations=rec.allocations, revision=rec.revision, kube=kube, invalid=rec.invalid)
 
     def forget(self, name: str) -> None:
         self._topology.pop(name, None)

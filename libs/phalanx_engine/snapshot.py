@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from phalanx_engine.status import NoFit
 from phalanx_proto.dra import DraPool
-from phalanx_proto.events import Assignment
+from phalanx_proto.events import Assignment, NodeTopologyReported
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 
@@ -29,6 +29,9 @@ class NodeView:
     fresh: bool = True
     """False when the node's discovery heartbeat is older than the bound."""
     tiers: NetworkTiers = NetworkTiers()
+    unhealthy: tuple[int, ...] = ()
+    """Indexes of the node's GPUs its agent reports unhealthy: no new work goes on them (the
+    reservations already there stay counted until released)."""
     allocations: tuple[Assignment, ...] = ()
     """Every reservation on the node that the decision must respect."""
     revision: int = 0
@@ -43,6 +46,14 @@ class NodeView:
     """Why a record the node's agent wrote (its topology report, heartbeat or Kubernetes
     state) cannot be believed (``bucket: rule``); such a node takes nothing ("node report
     invalid") until its agent writes a good one."""
+
+
+def reported(report: NodeTopologyReported, **rest) -> NodeView:
+    """The view of a node as its agent's report says it: topology, tiers, enablement and
+    unhealthy GPUs; ``rest`` is what other records add (freshness, reservations, Kubernetes
+    state). Placement's cache and ``phalanx sim --live`` both build their views here."""
+    return NodeView(name=report.node, topology=report.topology, enabled=report.enabled, tiers=report.tiers,
+                    unhealthy=report.unhealthy, **rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,4 +74,4 @@ class Decision:
     alone)."""
 
 
-__all__ = ["Decision", "NoFit", "NodeView", "Snapshot"]
+__all__ = ["Decision", "NoFit", "NodeView", "Snapshot", "reported"]

@@ -36,6 +36,7 @@ class Code(enum.StrEnum):
     GPU_VENDOR = "gpu-vendor-mismatch"
     AMD_WHOLE_ONLY = "amd-whole-gpus-only"
     INSUFFICIENT_GPUS = "insufficient-gpus"
+    GPU_UNHEALTHY = "gpu-unhealthy"
     INSUFFICIENT_GPU_CORE = "insufficient-gpu-core"
     INSUFFICIENT_GPU_MEMORY = "insufficient-gpu-memory"
     GPU_MEMORY_UNKNOWN = "gpu-memory-not-reported"

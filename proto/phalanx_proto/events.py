@@ -674,6 +674,8 @@ class RecordedNode(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     enabled: bool = True
     fresh: bool = True
     tiers: NetworkTiers = NetworkTiers()
+    unhealthy: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_GPUS)] = ()
+    """The node's GPUs reported unhealthy (``NodeTopologyReported.unhealthy``)."""
     allocations: tuple[Assignment, ...] = ()
     revision: NonNegative = 0
     kube: NodeKubeState | None = None

@@ -47,7 +47,7 @@ import anyio
 
 from phalanx_bus import Bus, KvMirror, MirrorEntry, Poisoned
 from phalanx_engine.decide import Cluster
-from phalanx_engine.snapshot import NodeView
+from phalanx_engine.snapshot import NodeView, reported
 from phalanx_placement import assumed
 from phalanx_placement.assumed import Assumed, Commit
 from phalanx_placement.drapools import DraPools
@@ -384,8 +384,7 @@ class ClusterCache:
         beat = self.beats.get(key)
         ledger = self.ledger_of(key)
         entry = self.ledger.get(key)
-        return NodeView(name=rep.node, topology=rep.topology, enabled=rep.enabled,
-                        fresh=beat is not None and now - beat.value.at <= self.stale_s, tiers=rep.tiers,
+        return reported(rep, fresh=beat is not None and now - beat.value.at <= self.stale_s,
                         allocations=(tuple(a.assignment for a in ledger.allocations.values())
                                      + nominated(ledger, now)) if ledger else (),
                         revision=entry.revision if entry is not None else 0,

@@ -85,7 +85,7 @@ async def fresh_views(bus: Bus, now: float) -> tuple[dict[str, NodeView], dict[s
         entry = led.get(r.key)
         views[r.key] = NodeView(
             name=r.value.node, topology=r.value.topology, enabled=r.value.enabled,
-            fresh=r.key in at and now - at[r.key] <= STALE_S, tiers=r.value.tiers,
+            fresh=r.key in at and now - at[r.key] <= STALE_S, tiers=r.value.tiers, unhealthy=r.value.unhealthy,
             allocations=tuple(a.assignment for a in entry.value.allocations.values()) if entry else (),
             revision=entry.revision if entry else 0, kube=kube.get(r.key),
             dra=tuple(p for _, p in pools if reaches(p, r.value.node)))
@@ -124,7 +124,8 @@ async def random_step(rng: random.Random, bus: Bus, cache: ClusterCache, reps, c
     roll = rng.random()
     if roll < 0.15:
         await kv[S.KV_TOPOLOGY].put(key, encoder.encode(
-            NodeTopologyReported(node=rep.node, topology=rep.topology, tiers=rep.tiers, enabled=rng.random() < 0.8)))
+            NodeTopologyReported(node=rep.node, topology=rep.topology, tiers=rep.tiers, enabled=rng.random() < 0.8,
+                                 unhealthy=tuple(sorted(rng.sample(range(8), rng.choice([0, 0, 1, 2])))))))
         return "report"
     if roll < 0.2:
         await kv[S.KV_TOPOLOGY].delete(key)

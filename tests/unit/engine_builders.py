@@ -52,6 +52,7 @@ class NodeBuilder:
         self.name = name
         self._topo = _sub(TOPOLOGIES["V100"], 0)
         self._enabled, self._fresh = True, True
+        self._unhealthy: tuple[int, ...] = ()
         self._tiers = NetworkTiers(hypernode=f"node:{name}", leaf=f"node:{name}", netpod=f"node:{name}")
         self._allocs: list[Assignment] = []
         self._kube: dict | None = {"allocatable": dict(ROOMY), "ready": "True"}
@@ -73,6 +74,11 @@ class NodeBuilder:
 
     def stale(self) -> NodeBuilder:
         self._fresh = False
+        return self
+
+    def unhealthy(self, *gpus: int) -> NodeBuilder:
+        """The node's agent reports these GPUs unhealthy."""
+        self._unhealthy = gpus
         return self
 
     def tiers(self, *, hypernode: str = "", leaf: str = "", netpod: str = "") -> NodeBuilder:
@@ -147,7 +153,7 @@ class NodeBuilder:
     def view(self) -> NodeView:
         kube = None if self._kube is None else NodeKubeState(**self._kube)
         return NodeView(name=self.name, topology=self._topo, enabled=self._enabled, fresh=self._fresh,
-                        tiers=self._tiers, allocations=tuple(self._allocs), kube=kube)
+                        tiers=self._tiers, unhealthy=self._unhealthy, allocations=tuple(self._allocs), kube=kube)
 
     def state(self) -> NodeState:
         return NodeState(self.view())

@@ -78,6 +78,28 @@ WHOLE = "WholeGpus"
                  status("TdmShare", Code.INSUFFICIENT_GPUS, gpu.R_GPUS, resolvable=True, resource="gpus",
                         requested=3, free=1, capacity=3),
                  id="a share of three GPUs where two are taken whole"),
+    pytest.param(gpu.WholeGpus(), pod("p").gpus(4), node("a").gpus(4).unhealthy(2),
+                 status(WHOLE, Code.GPU_UNHEALTHY, gpu.R_UNHEALTHY, resolvable=False, resource="nvidia.com/gpu",
+                        requested=4, free=3, capacity=3, detail="GPU 2 reported unhealthy"),
+                 id="an unhealthy GPU is neither free nor capacity: the refusal says it"),
+    pytest.param(gpu.WholeGpus(), pod("p").gpus(2), node("a").gpus(4).unhealthy(2).busy(0, 1),
+                 status(WHOLE, Code.GPU_UNHEALTHY, gpu.R_UNHEALTHY, resolvable=True, resource="nvidia.com/gpu",
+                        requested=2, free=1, capacity=3, detail="GPU 2 reported unhealthy"),
+                 id="the unhealthy GPU would have made up the difference"),
+    pytest.param(gpu.WholeGpus(), pod("p").gpus(3), node("a").gpus(4).unhealthy(3).busy(0, 1),
+                 status(WHOLE, Code.INSUFFICIENT_GPUS, gpu.R_GPUS, resolvable=True, resource="nvidia.com/gpu",
+                        requested=3, free=1, capacity=3, detail="GPU 3 reported unhealthy"),
+                 id="too few GPUs even were the unhealthy one healthy: the shortfall, with the detail"),
+    pytest.param(gpu.WholeGpus(), pod("p").gpus(3), node("a").gpus(4).unhealthy(3), None,
+                 id="the healthy GPUs suffice"),
+    pytest.param(gpu.GpuPresent(), pod("p").gpus(1), node("a").gpus(2).unhealthy(0, 1),
+                 status("GpuPresent", Code.GPU_UNHEALTHY, gpu.R_UNHEALTHY, resolvable=False,
+                        detail="GPU 0, 1 reported unhealthy"),
+                 id="every GPU of the node unhealthy"),
+    pytest.param(gpu.TdmShare(), pod("p").share(core=60), node("a").gpus(2).share(0, core=50).unhealthy(1),
+                 status("TdmShare", Code.INSUFFICIENT_GPU_CORE, gpu.R_CORE, resolvable=True, resource="gpu-core",
+                        requested=60, free=50, capacity=100, detail="GPU 1 reported unhealthy"),
+                 id="a share never goes on an unhealthy GPU"),
     pytest.param(gpu.MigSlice(), pod("p").mig(3, 20480), node("v").gpus(8),
                  status("MigSlice", Code.NO_MIG_GPU, gpu.R_NO_MIG, resolvable=False), id="MIG on V100"),
     pytest.param(gpu.MigSlice(), pod("p").mig(3, 20480), node("m").gpus(8, model="A100"),
@@ -102,6 +124,24 @@ def test_filter(plugin, p, n, expected):
 ])
 def test_mig_allocation(p, n, expected):
     assert gpu.MigSlice().allocate(p.member(), n.state()) == expected
+
+
+def test_a_mig_slice_never_goes_on_an_unhealthy_gpu():
+    n = node("m").gpus(2, model="A100", mig=True).mig_instance(0, "3g.20gb", 4).unhealthy(0)
+    got = gpu.MigSlice().allocate(pod("g").mig(3, 20480).member(), n.state())
+    assert got == Assignment(pod=pod("g").spec().pod, node="m", gpus=(1,), gpu_uuids=("",), memory_mib=20480,
+                             mig_profile="3g.20gb", mig_start=4)
+    full = node("m").gpus(1, model="A100", mig=True).unhealthy(0)
+    assert gpu.MigSlice().allocate(pod("g").mig(3, 20480).member(), full.state()) == status(
+        "MigSlice", Code.NO_MIG_SLOT, gpu.R_MIG_FULL, resolvable=False, detail="GPU 0 reported unhealthy")
+
+
+def test_an_unhealthy_gpu_s_reservation_stays_booked_and_new_work_takes_the_healthy_ones():
+    held = Assignment(pod=pod("old").spec().pod, node="a", gpus=(1,))
+    st = node("a").gpus(4).reserved(held).unhealthy(1, 2).state()
+    assert (st.whole, st.free_whole(), st.whole_capacity(), st.unhealthy) == ({1}, {0, 3}, 2, frozenset({1, 2}))
+    got = DEFAULT_PROFILE.evaluate(pod("new").gpus(2).member(), st)
+    assert got == Assignment(pod=pod("new").spec().pod, node="a", gpus=(0, 3), gpu_uuids=("", ""))
 
 
 def test_the_profile_reports_the_first_filter_that_refuses():
