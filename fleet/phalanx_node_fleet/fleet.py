@@ -6,9 +6,11 @@ cluster file, the same per-node classes the DaemonSet agents run — topology-di
 ``Discovery`` and, for nodes whose GPU model has MIG, mig-manager's ``MigManager`` over a fake
 NVML — sharing one bus connection and one ``ClusterPort``:
 
-* **topology**: at start one node listing and one ``Discovery.report`` per node; then every
-  ``label_refresh_s`` a listing and a report for each node whose labels changed (a DaemonSet
-  agent reads its Node every beat; the fleet trades that for one listing per period);
+* **topology**: at start one node listing and one ``Discovery.report`` per node; then a report
+  for each node whose labels or ``sim.phalanx.io/unhealthy-gpus`` annotation (its simulated GPU
+  health, ``Discovery.reads``) changed, seen in the listing of every Kubernetes-state round
+  below (within ``state_refresh_s`` of the change) and in a listing every ``label_refresh_s``
+  (a DaemonSet agent reads its Node every beat; the fleet trades that for these listings);
 * **Kubernetes state**: at start and every ``state_refresh_s`` when a pod or node changed
   (``KvCluster.revision``), one node listing and one listing of the bound pods give every
   node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a node's key of
@@ -52,7 +54,7 @@ from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import Config as DiscoveryConfig
-from phalanx_topology_discovery.service import Discovery, topology_from_file
+from phalanx_topology_discovery.service import Discovery, annotated_health, topology_from_file
 
 DURABLE = "mig-manager-fleet"
 """The fleet's one MIG consumer (its filter, every node's MIG commands, is in the bus table)."""
@@ -85,13 +87,14 @@ class Fleet:
         self.mig: dict[str, MigManager] = {}
         self.names: dict[str, str] = {}
         """Subject token → node name, for every node of the fleet."""
-        self._labels: dict[str, dict[str, str] | None] = {}
+        self._read: dict[str, tuple | None] = {}
+        """What each node's last report read from its Node (``Discovery.reads``)."""
         for n in nodes:
             topo = topology_from_file(n.topology_file, n.name, gpu_model=n.gpu_model,
                                       gpu_memory_mib=n.gpu_memory_mib, mig_enabled=n.mig_enabled)
             self.agents[n.name] = Discovery(bus, cluster, DiscoveryConfig(node=n.name, heartbeat_s=config.heartbeat_s,
                                                                     advertise=n.advertise or "auto"),
-                                            lambda topo=topo: topo)
+                                            lambda topo=topo: topo, health=annotated_health)
             self.states[n.name] = NodeStateReporter(bus, n.name)
             self.names[S.token(n.name)] = n.name
             spec = fake_mig_spec(n)
@@ -100,26 +103,28 @@ class Fleet:
                                                        orphan_grace_s=config.orphan_grace_s)
 
     # -- topology and heartbeats --------------------------------------------------------------
-    async def report(self, *, changed_only: bool) -> int:
-        """List the nodes once and report every node (or those whose labels changed); returns
-        how many were reported."""
-        listed = {n.name: n for n in await self.cluster.list_nodes()}
-        todo = []
-        for name in self.agents:
+    async def report(self, *, changed_only: bool, listed: dict[str, Node] | None = None) -> int:
+        """Report every node (or those whose labels or simulated GPU health changed) from one
+        node listing (``listed``, else one made here); returns how many were reported."""
+        if listed is None:
+            listed = {n.name: n for n in await self.cluster.list_nodes()}
+        todo, reads = [], {}
+        for name, agent in self.agents.items():
             node: Node | None = listed.get(name)
-            labels = node.labels if node is not None else None
-            if not changed_only or name not in self._labels or self._labels[name] != labels:
+            reads[name] = agent.reads(node)
+            if not changed_only or name not in self._read or self._read[name] != reads[name]:
                 todo.append((name, node))
         failed = await self._each(todo, lambda item: self.agents[item[0]].report(item[1]), "report")
-        for name, node in todo:
+        for name, _ in todo:
             if name not in failed:
-                self._labels[name] = node.labels if node is not None else None
+                self._read[name] = reads[name]
         return len(todo) - len(failed)
 
-    async def report_states(self) -> int:
-        """Every node's Kubernetes state from one node listing and one pod listing; returns
-        how many nodes' stored states changed."""
-        listed = {n.name: n for n in await self.cluster.list_nodes()}
+    async def report_states(self, listed: dict[str, Node] | None = None) -> int:
+        """Every node's Kubernetes state from one node listing (``listed``, else one made here)
+        and one pod listing; returns how many nodes' stored states changed."""
+        if listed is None:
+            listed = {n.name: n for n in await self.cluster.list_nodes()}
         pods: dict[str, list[Pod]] = {}
         for p in await self.cluster.list_bound_pods():
             pods.setdefault(p.node_name, []).append(p)
@@ -144,7 +149,8 @@ class Fleet:
         return len(written)
 
     async def state_loop(self) -> None:
-        """Report the nodes' states again whenever the simulated cluster changed."""
+        """Report the nodes' states again whenever the simulated cluster changed, and the
+        topology of the nodes whose labels or GPU health changed, from the same node listing."""
         seen = None
         while True:
             await anyio.sleep(self.config.state_refresh_s)
@@ -152,7 +158,10 @@ class Fleet:
                 revision = await self.cluster.revision() if hasattr(self.cluster, "revision") else None
                 if revision is None or revision != seen:
                     seen = revision
-                    await self.report_states()
+                    listed = {n.name: n for n in await self.cluster.list_nodes()}
+                    await self.report_states(listed)
+                    if (reported := await self.report(changed_only=True, listed=listed)):
+                        log("fleet reported node changes", nodes=reported)
             except Exception as e:  # noqa: BLE001 - the listing failed: next period retries
                 metrics.HEARTBEAT_FAILURES.inc()
                 warn("fleet node state listing failed", error=repr(e)[:300])

@@ -116,6 +116,10 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 DISRUPTION_BUDGET_ANNOTATION = "sim.phalanx.io/disruptions-allowed"
 """Simulated cluster only: ``"0"`` on a pod stands for a PodDisruptionBudget that allows no
 disruption of it now (``evict_pod`` refuses it)."""
+SIM_UNHEALTHY_GPUS = "sim.phalanx.io/unhealthy-gpus"
+"""Simulated cluster only: on a Node whose topology comes from a file (the simulator, kwok),
+the indexes of its GPUs that have failed, comma-separated (``"2"``, ``"0,3"``): what NVML tells
+topology-discovery on a real node (``NodeTopologyReported.unhealthy``, docs/repair.md)."""
 SIM_ARRIVAL = "sim.phalanx.io/arrival"
 SIM_DURATION = "sim.phalanx.io/duration"
 SIM_REPEAT = "sim.phalanx.io/repeat"

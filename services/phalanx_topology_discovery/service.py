@@ -4,7 +4,11 @@ It reads the node's topology (NVML on a GPU node, or a ``nvidia-smi topo -m`` / 
 the simulator and tests), reads its Node's labels for network tiers and enablement, and
 
 * puts the report in KV ``phx-topology`` and publishes ``NodeTopologyReported`` whenever the
-  report changes (new generation, new labels);
+  report changes (new generation, new labels, a GPU turned unhealthy or healthy again);
+* reads which GPUs are unhealthy (``NodeTopologyReported.unhealthy``) from its health source
+  (``Health``): NVML on a GPU node, polled every ``health_s`` (``nvml_health``); the Node's
+  ``sim.phalanx.io/unhealthy-gpus`` annotation on a node whose topology comes from a file
+  (``annotated_health``), read with the Node every beat;
 * puts a ``NodeHeartbeat`` in KV ``phx-heartbeat`` every ``heartbeat_s``; placement treats a
   node whose beat is older than its bound as unavailable;
 * watches its Node and the pods bound to it and puts the node's Kubernetes state
@@ -37,6 +41,7 @@ from phalanx_proto.kubeapi import ACK_LABEL, ALIYUN_GPU, ENABLE_LABEL, GPU_CORE,
 from phalanx_proto.topology import NodeTopology
 from phalanx_service.config import option, required
 from phalanx_telemetry import log, metrics, warn
+from phalanx_topology import health as H
 from phalanx_topology.files import topology_from_file  # noqa: F401 - re-exported (phalanx sim reads it there)
 from phalanx_topology.tiers import enabled_by_labels, tiers_from_labels  # noqa: F401
 from phalanx_topology_discovery.kubestate import DEBOUNCE_S, REASSERT_S, NodeStateReporter
@@ -62,6 +67,8 @@ class Config:
     mig_enabled: bool = option(False, "mark the file's MIG-capable GPUs as in MIG mode (NVML reports the real mode)")
     heartbeat_s: float = option(10.0, "seconds between heartbeats (placement's --heartbeat-stale-s is 4x this by "
                                 "default, as the kubelet's lease renewal and node-monitor grace period)")
+    health_s: float = option(2.0, "seconds between GPU health checks (NVML); a GPU that turns unhealthy is reported "
+                             "within this, between heartbeats")
     node_state: bool = True
     """Report the node's Kubernetes state to ``phx-node-state`` (``kubestate``)."""
     node_state_debounce_s: float = option(DEBOUNCE_S, "at most one report of the node's Kubernetes state per this "
@@ -107,6 +114,29 @@ def extended_resources(topo: NodeTopology) -> dict[str, str]:
     return res
 
 
+Health = Callable[[NodeTopology, Node | None], tuple[int, ...]]
+"""A health source: the indexes of the topology's GPUs that are unhealthy now, given the node's
+Node as last read (``None``: not read, or it does not exist)."""
+
+
+def annotated_health(topo: NodeTopology, node: Node | None) -> tuple[int, ...]:
+    """The simulated source: the Node's ``sim.phalanx.io/unhealthy-gpus`` annotation."""
+    return H.by_annotation(topo, node.annotations) if node is not None else ()
+
+
+def nvml_health(nvml=None) -> Health:
+    """The GPU node's source: the GPUs NVML cannot use (``NvmlHealth``, by each GPU's UUID)."""
+    from phalanx_nvml.health import NvmlHealth
+
+    check = NvmlHealth(nvml)
+    return lambda topo, node: H.by_uuid(topo, check.unhealthy(g.uuid for g in topo.gpus if g.uuid))
+
+
+def health_of(config: Config) -> Health:
+    """The health source for the node: NVML, or the annotation where the topology is a file."""
+    return annotated_health if config.topology_file else nvml_health()
+
+
 class ResourceAgent(Protocol):
     """Serves the node's resources to the kubelet (the device plugin)."""
 
@@ -115,14 +145,18 @@ class ResourceAgent(Protocol):
 
 class Discovery:
     def __init__(self, bus: Bus, cluster: ClusterPort, config: Config, read: Callable[[], NodeTopology],
-                 agent: ResourceAgent | None = None) -> None:
+                 agent: ResourceAgent | None = None, health: Health = annotated_health) -> None:
         self.bus = bus
         self.cluster = cluster
         self.config = config
         self.read = read
         self.agent = agent
+        self.health = health
         self._last: NodeTopologyReported | None = None
+        self._node: Node | None = None
+        """The Node as the last report read it (what ``health_check`` reports with)."""
         self._advertised: dict[str, str] | None = None
+        self._lock = anyio.Lock()
 
     async def report_once(self) -> None:
         """One beat of the per-node agent: read the Node, report what changed, put a heartbeat."""
@@ -130,15 +164,34 @@ class Discovery:
         await self.report(node)
         await (await self.bus.kv(S.KV_HEARTBEAT)).put(S.token(self.config.node), encoder.encode(self.heartbeat()))
 
+    def reads(self, node: Node | None) -> tuple:
+        """What a report takes from ``node`` (its labels, the GPUs the health source reads as
+        unhealthy): the node fleet reports a node again when this changed."""
+        topo = self._last.topology if self._last is not None else self.read()
+        return (node.labels if node is not None else None, self.health(topo, node))
+
     async def report(self, node: Node | None) -> None:
         """Store and publish the topology report when it differs from the stored one, and
         advertise the node's extended resources when they changed. ``node`` is this agent's
         Node as read from the cluster (``None`` when it does not exist)."""
-        topo = self.read()
+        async with self._lock:  # the beat and the health check report one at a time
+            await self._report(node)
+
+    async def _report(self, node: Node | None) -> None:
+        self._node = node
+        try:
+            topo = self.read()
+        except Exception as e:
+            if self._last is None:
+                raise
+            # A GPU that fell off the bus fails discovery as a whole (NVML's GPU_IS_LOST on one
+            # call): the last topology stands, so its health can still be reported.
+            warn("topology read failed, reporting the last topology", node=self.config.node, error=repr(e)[:300])
+            topo = self._last.topology
         labels = node.labels if node else {}
         report = NodeTopologyReported(
             node=self.config.node, topology=topo, tiers=tiers_from_labels(self.config.node, labels),
-            enabled=enabled_by_labels(labels), device_plugin=self.agent is not None)
+            enabled=enabled_by_labels(labels), unhealthy=self.health(topo, node), device_plugin=self.agent is not None)
         topo_kv = await self.bus.kv(S.KV_TOPOLOGY)
         current = await topo_kv.get(S.token(self.config.node))
         if current is None or current.value != encoder.encode(report):
@@ -151,7 +204,8 @@ class Discovery:
                                    msg_id=f"{report.key()}:{time.time():.3f}")
             metrics.TOPOLOGY_REPORTS.inc()
             log("topology reported", node=self.config.node, gpus=len(topo.gpus), nics=len(topo.nics),
-                enabled=report.enabled, hypernode=report.tiers.hypernode, generation=topo.generation)
+                enabled=report.enabled, hypernode=report.tiers.hypernode, generation=topo.generation,
+                unhealthy=",".join(map(str, report.unhealthy)) or "-")
         self._last = report
         if self.agent is not None:
             await self.agent.ensure(topo, report.enabled)
@@ -166,6 +220,29 @@ class Discovery:
         """The beat to store under this node's key in ``phx-heartbeat`` (after a ``report``)."""
         generation = self._last.topology.generation if self._last is not None else 0
         return NodeHeartbeat(node=self.config.node, generation=generation, at=time.time())
+
+    async def health_check(self) -> bool:
+        """Report again, with the Node as last read, if the health source's answer changed since
+        the last report; True when it did."""
+        if self._last is None:
+            return False
+        now = self.health(self._last.topology, self._node)
+        if now == self._last.unhealthy:
+            return False
+        warn("GPU health changed", node=self.config.node, unhealthy=",".join(map(str, now)) or "-")
+        await self.report(self._node)
+        return True
+
+    async def health_loop(self) -> None:
+        """``health_check`` every ``health_s``: a GPU that fails between two beats is reported
+        within ``health_s`` (the annotation source changes only with the Node, read each beat)."""
+        while True:
+            await anyio.sleep(self.config.health_s)
+            try:
+                await self.health_check()
+            except Exception as e:  # noqa: BLE001 - the next check retries
+                metrics.HEARTBEAT_FAILURES.inc()
+                warn("health check failed", node=self.config.node, error=repr(e))
 
     async def loop(self) -> None:
         while True:
@@ -221,9 +298,11 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *, task_status=any
     the resources are patched into the Node status."""
     read, agent = reader(config), plugin_agent(config, cluster)
     async with anyio.create_task_group() as tg:
-        discovery = Discovery(bus, cluster, config, read, agent(tg) if agent else None)
+        discovery = Discovery(bus, cluster, config, read, agent(tg) if agent else None, health_of(config))
         await discovery.report_once()
         tg.start_soon(discovery.loop)
+        if not config.topology_file:  # the annotation changes only with the Node, read each beat
+            tg.start_soon(discovery.health_loop)
         if config.node_state:
             await tg.start(functools.partial(NodeStateReporter(bus, config.node).follow, cluster,
                                              debounce_s=config.node_state_debounce_s,
