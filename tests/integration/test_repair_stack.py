@@ -26,7 +26,8 @@ import yaml
 
 from hostile import audited, cleaned_env, hostile_stack
 from phalanx_proto import subjects as S
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.events import topology_decoder
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, SIM_UNHEALTHY_GPUS
 from phalanx_proto.state import node_kube_state_decoder
 from stackutil import gang_pod, gang_states, gpu_pod, ref, wait_until
 
@@ -357,3 +358,99 @@ async def test_a_coordinator_killed_as_soon_as_the_failure_is_recorded_and_resta
     s = await gang(bus)
     assert s.phase == "scheduled" and s.repair is None
     assert not await restarted(sim, now)
+
+
+async def mark_unhealthy(sim, name: str, gpus: str) -> None:
+    """The node's GPUs ``gpus`` fail as NVML would report them: the simulated source, the Node's
+    ``sim.phalanx.io/unhealthy-gpus`` annotation ("" heals them)."""
+    raw = copy.deepcopy((await sim.get_node(name)).raw)
+    annotations = raw.setdefault("metadata", {}).setdefault("annotations", {})
+    if gpus:
+        annotations[SIM_UNHEALTHY_GPUS] = gpus
+    else:
+        annotations.pop(SIM_UNHEALTHY_GPUS, None)
+    await sim.apply_node(raw)
+
+
+async def reported_unhealthy(bus, name: str) -> tuple[int, ...]:
+    entry = await (await bus.kv(S.KV_TOPOLOGY)).get(S.token(name))
+    return topology_decoder.decode(entry.value).unhealthy
+
+
+async def test_a_member_whose_gpu_turns_unhealthy_is_repaired_in_the_leaf_and_no_new_work_gets_the_gpu(env):
+    """One GPU of one member fails (topology-discovery reports it, docs/repair.md "Failure
+    signals"): that member alone is deleted and its replacement bound inside the leaf, not on
+    the GPU; the other five keep their GPUs, the healthy ones of the same node included. Then a
+    pod pinned to that node does not get the unhealthy GPU: two GPUs do not fit there (one
+    healthy GPU free, the refusal names the unhealthy one), one GPU does, the healthy one."""
+    _, bus, sim = env
+    ctl = Controller(sim)
+    first = await started(bus, sim, ctl)
+    victim = sorted(first)[0]
+    _, sick_node, victim_gpus = first[victim]
+    bad = victim_gpus[0]
+    survivors = {k: v for k, v in first.items() if k != victim}
+    try:
+        async with audited(bus), anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            t0 = time.monotonic()
+            await mark_unhealthy(sim, sick_node, str(bad))
+
+            async def replaced():
+                now = await all_bound(sim)
+                return now if now is not None and victim not in now else None
+
+            now = await wait_until(replaced, 30, what="the member on the unhealthy GPU replaced and bound")
+            took = time.monotonic() - t0
+            tg.cancel_scope.cancel()
+        assert await reported_unhealthy(bus, sick_node) == (bad,)
+        assert {k: v for k, v in now.items() if k in survivors} == survivors  # the other five stay, as they were
+        new = {k: v for k, v in now.items() if k not in survivors}
+        assert len(new) == 1 and ctl.made == 1, new
+        (_, node, gpus), = new.values()
+        assert LEAVES[node] == "leaf-a" and (sick_node, bad) not in {(node, g) for g in gpus}, new
+        used = [(n, g) for _, n, gs in now.values() for g in gs]
+        assert len(used) == len(set(used)) == 12 and (sick_node, bad) not in used
+        s = await gang(bus)
+        assert s.phase == "scheduled" and s.repair is None
+        told = [m for r, m in await reasons(sim, next(iter(survivors))) if r == "GangRepairing"]
+        assert any(f"{victim} on {sick_node} (GPU {bad} reported unhealthy)" in m for m in told), told
+        got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
+        assert "inside leaf leaf-a after losing 1 member(s)" in got, got
+        assert not await restarted(sim, now)
+
+        # New work: the sick node has one survivor (2 GPUs), the unhealthy GPU and one healthy GPU free.
+        held = {g for _, n, gs in now.values() if n == sick_node for g in gs}
+        healthy_free = sorted(set(range(4)) - held - {bad})
+        assert len(held) == 2 and len(healthy_free) == 1, (held, bad)
+        two = gpu_pod("probe-two", 2)
+        two["spec"]["nodeSelector"] = {"kubernetes.io/hostname": sick_node}
+        await sim.apply_pod(two)
+
+        async def refused():
+            p = await sim.get_pod(ref("probe-two"))
+            msgs = [c.get("message", "") for c in (p.raw.get("status") or {}).get("conditions", [])
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"] if p else []
+            return msgs[0] if msgs and not p.node_name else None
+
+        told = await wait_until(refused, 15, what="the two-GPU pod refused on the sick node")
+        assert "1 GPU reported unhealthy" in told, told
+        one = gpu_pod("probe-one", 1)
+        one["spec"]["nodeSelector"] = {"kubernetes.io/hostname": sick_node}
+        await sim.apply_pod(one)
+
+        async def bound():
+            p = await sim.get_pod(ref("probe-one"))
+            return p if p is not None and p.node_name else None
+
+        p = await wait_until(bound, 15, what="the one-GPU pod bound on the sick node")
+        assert tuple(json.loads(p.annotations[ASSIGNMENT_ANNOTATION])["gpus"]) == tuple(healthy_free)
+        assert (await sim.get_pod(ref("probe-two"))).node_name == ""
+        print(f"GPU unhealthy: the member replaced and bound {took:.1f}s after the annotation")
+    finally:
+        await mark_unhealthy(sim, sick_node, "")
+        await wait_until(lambda: _healed(bus, sick_node), 15, what="the GPU reported healthy again")
+
+
+async def _healed(bus, name: str) -> bool:
+    return await reported_unhealthy(bus, name) == ()
