@@ -11,6 +11,7 @@ scratch copy of free capacity, never on the views (style rule 4).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from phalanx_engine.status import NoFit
 from phalanx_proto.dra import DraPool
@@ -48,7 +49,7 @@ class NodeView:
     invalid") until its agent writes a good one."""
 
 
-def reported(report: NodeTopologyReported, **rest) -> NodeView:
+def reported(report: NodeTopologyReported, **rest: Any) -> NodeView:
     """The view of a node as its agent's report says it: topology, tiers, enablement and
     unhealthy GPUs; ``rest`` is what other records add (freshness, reservations, Kubernetes
     state). Placement's cache and ``phalanx sim --live`` both build their views here."""
