@@ -163,12 +163,18 @@ async def started(bus, sim, ctl: Controller) -> dict:
     nodes = {n for _, n, _ in first.values()}
     assert {LEAVES[n] for n in nodes} == {"leaf-a"} and len(nodes) == 3, first
 
+    await repaired_record(bus)
+    return first
+
+
+async def repaired_record(bus) -> None:
+    """Wait until the gang's record says scheduled with no repair open: the pods are bound in
+    the cluster a moment before gang-coordinator has read the binds and written the record."""
     async def scheduled():
         s = await gang(bus)
         return s is not None and s.phase == "scheduled" and s.repair is None
 
-    await wait_until(scheduled, 15, what="the gang's record scheduled")
-    return first
+    await wait_until(scheduled, 15, what="the gang's record scheduled with no repair open")
 
 
 async def gang(bus):
@@ -220,8 +226,7 @@ async def test_two_nodes_lost_at_once_are_one_repair_in_the_leaf_and_the_survivo
     assert {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
     used = [(n, g) for _, n, gpus in now.values() for g in gpus]
     assert len(used) == len(set(used)) == 12
-    s = await gang(bus)
-    assert s.phase == "scheduled" and s.repair is None
+    await repaired_record(bus)
     got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
     assert "inside leaf leaf-a after losing 4 member(s)" in got, got  # one repair for both nodes
     assert any(r == "GangRepairing" for r, _ in await reasons(sim, next(iter(survivors))))
@@ -322,8 +327,7 @@ async def test_a_coordinator_killed_between_the_repairs_steps_and_restarted_comp
     assert {k: v for k, v in now.items() if k in survivors} == survivors
     new = {k: v for k, v in now.items() if k not in survivors}
     assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
-    s = await gang(bus)
-    assert s.phase == "scheduled" and s.repair is None
+    await repaired_record(bus)
     got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
     assert "inside leaf leaf-a" in got, got
     assert not await restarted(sim, now)
@@ -355,8 +359,7 @@ async def test_a_coordinator_killed_as_soon_as_the_failure_is_recorded_and_resta
     new = {k: v for k, v in now.items() if k not in survivors}
     assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
     assert ctl.made == 2
-    s = await gang(bus)
-    assert s.phase == "scheduled" and s.repair is None
+    await repaired_record(bus)
     assert not await restarted(sim, now)
 
 
@@ -411,8 +414,7 @@ async def test_a_member_whose_gpu_turns_unhealthy_is_repaired_in_the_leaf_and_no
         assert LEAVES[node] == "leaf-a" and (sick_node, bad) not in {(node, g) for g in gpus}, new
         used = [(n, g) for _, n, gs in now.values() for g in gs]
         assert len(used) == len(set(used)) == 12 and (sick_node, bad) not in used
-        s = await gang(bus)
-        assert s.phase == "scheduled" and s.repair is None
+        await repaired_record(bus)
         told = [m for r, m in await reasons(sim, next(iter(survivors))) if r == "GangRepairing"]
         assert any(f"{victim} on {sick_node} (GPU {bad} reported unhealthy)" in m for m in told), told
         got = await wait_until(lambda: _reason(sim, next(iter(survivors)), "GangRepaired"), 10, what="GangRepaired")
