@@ -174,11 +174,16 @@ class Book:
 
 
 class Cluster:
-    def __init__(self, blocked: frozenset[str] = frozenset()) -> None:
+    def __init__(self, blocked: frozenset[str] = frozenset(), budgets: frozenset[str] = frozenset()) -> None:
         self.blocked = blocked
+        self.budgets = blocked | budgets
+        """The pods a PodDisruptionBudget selects (those it refuses among them)."""
         self.evicted: list[str] = []
         self.tried: list[str] = []
         self.events: list[tuple[str, str]] = []
+
+    async def budgeted(self, refs) -> set[PodRef]:
+        return {r for r in refs if r.name in self.budgets}
 
     async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
         self.tried.append(ref.name)
@@ -227,13 +232,24 @@ async def test_an_expired_nomination_evicts_nothing():
     assert cluster.tried == []
 
 
-async def test_every_pod_the_ledger_holds_for_the_named_victim_is_evicted_after_a_dry_run_and_told_why():
+async def test_every_pod_the_ledger_holds_for_the_named_victim_is_evicted_once_and_then_told_why():
+    # No disruption budget selects them: nothing can refuse their eviction, so no dry run.
     book, cluster, bus = world()
     await Evictions(bus, cluster, book, clock=lambda: NOW).evict(
         EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
-    assert cluster.tried == ["low-0", "low-1", "low-0", "low-1"]
+    assert cluster.tried == ["low-0", "low-1"]
     assert cluster.evicted == ["low-0", "low-1"]
     assert cluster.events == [("low-0", "Preempted"), ("low-1", "Preempted")]
+    assert bus.sent == []
+
+
+async def test_only_a_pod_a_disruption_budget_selects_is_tried_as_a_dry_run_first():
+    book, _, bus = world()
+    cluster = Cluster(budgets=frozenset({"low-1"}))
+    await Evictions(bus, cluster, book, clock=lambda: NOW).evict(
+        EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
+    assert cluster.tried == ["low-1", "low-0", "low-1"]
+    assert cluster.evicted == ["low-0", "low-1"]
     assert bus.sent == []
 
 
