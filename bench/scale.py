@@ -15,6 +15,10 @@ API server, one scheduler at a time, the other stopped and every pod deleted in 
   quota. kube-scheduler ignores the label and runs the same pods;
 * ``share`` (Phalanx only): four queues submit jobs all along and finish them after a while;
   prints each queue's share of the GPUs against its fair share (``--share-plot``);
+* ``dra`` (alone): pods whose GPUs are DRA ResourceClaims of 1, 2, 4 or 8 GPUs and gangs,
+  on DRA-only nodes with NVIDIA-shaped ResourceSlices, DGX-1V and H100 in turn
+  (``bench/dra_scale.py``): beside pods/s and latency, the share of multi-GPU claims given a
+  fully NVLink-connected GPU set;
 * ``preempt``: every GPU taken by low-priority mixed gangs, then a stream of high-priority
   8 x 8-GPU gangs that start only by preemption (``bench/preempt_kwok.py``): time to start
   them, GPUs evicted per GPU gained, how many landed in one HyperNode, victims left partial;
@@ -41,6 +45,7 @@ the plot are ``bench/scale_report.py``'s; what this bench shares with ``bench/pe
     .venv/bin/python bench/scale.py --nodes 1000 --pods 2000 --cap-s 600 --json
     .venv/bin/python bench/scale.py --nodes 100 --nodes 1000 --plot scale.png
     .venv/bin/python bench/scale.py --nodes 100 --workloads gangs,queues,share --share-plot share.png
+    .venv/bin/python bench/scale.py --nodes 1000 --workloads dra --dra-pods 1000
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -67,6 +73,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import kubeharness  # noqa: E402
 from kubeharness import ControlPlane, KubeApi, fake_gpu_node, gpu_pod  # noqa: E402
 
+import dra_scale  # noqa: E402
 import preempt_kwok  # noqa: E402
 from kube_baseline import BindWatch  # noqa: E402
 from kwokbench import api_counts, delete_pods, in_threads, kwok_stages, kwok_took_in, say  # noqa: E402
@@ -111,7 +118,9 @@ def pod_object(name: str, gang: str, size: int, namespace: str, scheduler: str, 
 
 # -- one phase --------------------------------------------------------------------------------
 def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[str, str, int]], scheduler: str,
-              cap_s: float, groups: dict[str, list[int]], queued: bool = False) -> dict:
+              cap_s: float, groups: dict[str, list[int]], queued: bool = False,
+              make: Callable[[tuple[str, str, int]], None] | None = None) -> dict:
+    """One scheduler on ``pods``; ``make`` creates one (default: a one-GPU pod)."""
     api: KubeApi = plane.api
     api.create_namespace(namespace)
     watch = BindWatch(plane, namespace)
@@ -122,7 +131,10 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
     def create(item: tuple[str, str, int]) -> None:
         name, gang, size = item
         created[name] = time.perf_counter()
-        api.create_pod(pod_object(name, gang, size, namespace, scheduler, queued))
+        if make is not None:
+            make(item)
+        else:
+            api.create_pod(pod_object(name, gang, size, namespace, scheduler, queued))
 
     creator = threading.Thread(target=in_threads, args=(create, pods), daemon=True)
     started = time.perf_counter()
@@ -156,6 +168,7 @@ def run_phase(plane: ControlPlane, label: str, namespace: str, pods: list[tuple[
               "cpu_s": used, "cap_s": cap_s,
               "api_per_pod": {k: round(v / max(1, len(bound)), 2) for k, v in sorted(served.items())
                               if v / max(1, len(bound)) >= 0.05}}
+    result["bound_pods"] = sorted(bound)
     say(f"  [{label}] done: {len(bound)}/{len(pods)} bound in {span:.1f} s"
         + (f" (the API server ended the bench's pod watch {watch.resumed} time(s); resumed)" if watch.resumed else ""))
     return result
@@ -187,7 +200,8 @@ def check_phalanx_bindings(api: KubeApi, namespace: str) -> None:
 # -- one cluster size -------------------------------------------------------------------------
 def run_size(n: int, args, work: Path) -> list[dict]:
     t0 = time.monotonic()
-    cluster = synthetic_cluster(f"{n}x8v100")
+    dra = dra_scale.cluster(n, work, args.dra_shapes) if "dra" in args.workloads else None
+    cluster = dra.files if dra is not None else synthetic_cluster(f"{n}x8v100")
     plane = kubeharness.start_control_plane(kwok_config=kwok_stages(work, "scale"), kwok_lease_s=600,
                                             kwok_cidr="10.0.0.0/16")
     rows = []
@@ -197,27 +211,41 @@ def run_size(n: int, args, work: Path) -> list[dict]:
             kubeharness.apply_crds(plane, [d for f in sorted(kubeharness.PHALANX_CRDS.glob("*.yaml"))
                                            for d in yaml.safe_load_all(f.read_text()) if d])
         before = api_counts(api)
-        in_threads(lambda node: api.create_node(fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
+        in_threads(lambda node: api.create_node(dra_scale.node_object(node.name, node.labels) if dra is not None
+                                                else fake_gpu_node(node.name, labels=node.labels)), cluster.nodes)
         kwok_took_in(api, n, before)
+        if dra is not None:
+            dra_scale.publish(api, dra)
+            say(f"{n} nodes: DeviceClasses and {n} ResourceSlices published ({time.monotonic() - t0:.0f} s)")
         say(f"{n} nodes: control plane up, nodes created and taken in by kwok ({time.monotonic() - t0:.0f} s)")
         context = {"control plane": [plane.procs[p].pid for p in ("kube-apiserver", "etcd", "kwok")]}
         kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig),
                      "--kube-api-qps", str(args.qps), "--kube-api-burst", str(args.burst)]
         for kind in args.workloads:
-            pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
+            want: dict[str, int] = {}
+            if kind == "dra":
+                pods, want = dra_scale.workload(8 * n, args.dra_pods, args.seed)
+            else:
+                pods = workload(kind, 8 * n, args.pods, args.gang_pods, args.seed)
             if "phalanx" in args.schedulers:
-                rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context))
+                rows.append(phalanx_phase(plane, cluster, n, kind, pods, kube_args, args, work, context, dra, want))
             if "kube-scheduler" in args.schedulers and kind != "share":
                 plane.start_scheduler(qps=args.qps, burst=args.qps)
                 time.sleep(2)
                 groups = {"scheduler": [plane.procs["kube-scheduler"].pid], **context}
+                make = dra_scale.creator(api, f"k-{kind}", "default-scheduler", want) if kind == "dra" else None
                 r = ({"scheduler": "default-scheduler",
                       "preempt": preempt_kwok.run(plane, cluster.nodes, "k-preempt", "default-scheduler", args, say)}
                      if kind == "preempt" else
                      run_phase(plane, f"kube-scheduler {n} nodes {kind}", f"k-{kind}", pods, "default-scheduler",
-                               args.cap_s, groups, queued=kind == "queues"))
+                               args.cap_s, groups, queued=kind == "queues", make=make))
                 plane.stop_scheduler()
+                if dra is not None and kind == "dra":
+                    r["dra"] = {"connected": dra_scale.connectivity(api, f"k-{kind}", dra, r["bound_pods"]),
+                                "gpus": sum(want.values()), "shapes": list(args.dra_shapes)}
                 delete_pods(api, f"k-{kind}")
+                if kind == "dra":
+                    dra_scale.free_claims(api, f"k-{kind}")
                 rows.append({"nodes": n, "workload": kind, **r})
     finally:
         plane.stop()
@@ -233,7 +261,8 @@ def idle_cpu(groups: dict[str, list[int]], seconds: float = IDLE_S) -> dict[str,
     return {g: round(v / seconds, 3) for g, v in cpu.stop().items()}
 
 
-def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work: Path, context) -> dict:
+def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work: Path, context,
+                  dra: dra_scale.DraCluster | None = None, want: dict[str, int] | None = None) -> dict:
     api = plane.api
     fleet_args = [*kube_args, "--heartbeat-s", str(FLEET_HEARTBEAT_S), "--label-refresh-s", "3600"]
     stack = Stack(cluster, workdir=str(work / f"stack-{n}-{kind}"), fleet=True,
@@ -244,7 +273,7 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
         started = time.monotonic()
         stack.start_services(timeout_s=180 + 0.2 * n)
         deadline = time.monotonic() + 120 + 0.05 * n
-        while True:
+        while dra is None:  # DRA-only nodes advertise nothing: start_services waited for placement to hold them
             items = api.get("/api/v1/nodes")["items"]
             advertised = sum(1 for i in items if i["status"].get("capacity", {}).get("aliyun.com/gpu-core"))
             if advertised >= n:
@@ -271,15 +300,22 @@ def phalanx_phase(plane, cluster, n: int, kind: str, pods, kube_args, args, work
             elif kind == "preempt":
                 r = {"scheduler": "phalanx", "preempt": preempt_kwok.run(plane, cluster.nodes, "p-preempt", "phalanx", args, say)}
             else:
-                r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups)
+                make = dra_scale.creator(api, f"p-{kind}", "phalanx", want or {}) if kind == "dra" else None
+                r = run_phase(plane, f"Phalanx {n} nodes {kind}", f"p-{kind}", pods, "phalanx", args.cap_s, groups,
+                              make=make)
         finally:
             stop_profiles(profilers)
         r["placement_rss_mib"] = memory_mib(pid["placement"])[1]
         r["idle_cpu_s_per_s"] = idle
         check_phalanx_bindings(api, f"p-{kind}")
+        if dra is not None and kind == "dra":
+            r["dra"] = {"connected": dra_scale.connectivity(api, f"p-{kind}", dra, r["bound_pods"]),
+                        "gpus": sum((want or {}).values()), "shapes": list(args.dra_shapes)}
     finally:
         stack.stop()
     delete_pods(api, f"p-{kind}")
+    if kind == "dra":
+        dra_scale.free_claims(api, f"p-{kind}")
     if kind in ("queues", "share"):
         for q in queue_objects(8 * n):
             api.request("DELETE", f"{QUEUES_PATH}/{q['metadata']['name']}", ok=(404,))
@@ -304,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=2000, help="one-GPU pods of the single workload (default %(default)s)")
     p.add_argument("--gang-pods", type=int, default=1024, help="pods of the gang workload (default %(default)s)")
     p.add_argument("--workloads", default="single,gangs",
-                   help="comma list of single, gangs, queues, share, preempt (default %(default)s)")
+                   help="comma list of single, gangs, queues, share, preempt; or dra alone (default %(default)s)")
+    p.add_argument("--dra-pods", type=int, default=1000,
+                   help="dra: pods with a ResourceClaim each, at most 60%% of the GPUs (default %(default)s)")
+    p.add_argument("--dra-shapes", default=",".join(dra_scale.NODE_SHAPES),
+                   help="dra: the nodes' shapes, in turn (synthetic shape names; default %(default)s)")
     p.add_argument("--schedulers", default="phalanx,kube-scheduler", help="comma list (default %(default)s)")
     p.add_argument("--cap-s", type=float, default=300.0, help="seconds one phase may run (default %(default)s)")
     p.add_argument("--qps", type=int, default=5000, help="client QPS of both schedulers (default %(default)s)")
@@ -328,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.schedulers = [s for s in args.schedulers.split(",") if s]
+    args.dra_shapes = tuple(s for s in args.dra_shapes.split(",") if s)
+    if "dra" in args.workloads and len(args.workloads) > 1:
+        p.error("--workloads dra runs alone (its nodes are DRA-only: no nvidia.com/gpu for the others)")
     rows: list[dict] = []
     began = time.monotonic()
     with (nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="phalanx-scale-")) as tmp:
@@ -337,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - report what happened at this size and go on
                 say(f"{n} nodes: FAILED: {e!r}")
                 rows.append({"nodes": n, "error": repr(e)})
+    for r in rows:
+        r.pop("bound_pods", None)
     good = [r for r in rows if "error" not in r]
     small = run_small(args.preempt_small, args.seed) if "preempt" in args.workloads and args.preempt_small else None
     meta = {"planner_small": small, "cpus": os.cpu_count(), "kube_version": "v1.36.3", "minutes": round((time.monotonic() - began) / 60, 1),
@@ -345,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
     else:
         print(table(good, small))
+        if any(r.get("workload") == "dra" for r in good):
+            print("\n" + dra_scale.table(good))
         for r in rows:
             if "error" in r:
                 print(f"{r['nodes']} nodes: {r['error']}")

@@ -104,7 +104,8 @@ class Fleet:
         for n in nodes:
             topo = topology_from_file(n.topology_file, n.name, gpu_model=n.gpu_model,
                                       gpu_memory_mib=n.gpu_memory_mib, mig_enabled=n.mig_enabled)
-            self.agents[n.name] = Discovery(bus, cluster, DiscoveryConfig(node=n.name, heartbeat_s=config.heartbeat_s),
+            self.agents[n.name] = Discovery(bus, cluster, DiscoveryConfig(node=n.name, heartbeat_s=config.heartbeat_s,
+                                                                    advertise=n.advertise or "auto"),
                                             lambda topo=topo: topo)
             self.states[n.name] = NodeStateReporter(bus, n.name)
             self.names[S.token(n.name)] = n.name

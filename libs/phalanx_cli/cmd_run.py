@@ -121,11 +121,15 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-file", default=None, help="write PID and health port here once ready")
 
 
-def register(sub) -> None:
+def register(sub, service: str | None = None) -> None:
+    """``run`` with every service's parser, or with ``service``'s alone when it is one (the
+    service a command line names: its process imports no other service)."""
     p = sub.add_parser("run", help="run one service (topology-discovery, gang-coordinator, placement, mig-manager, binder)",
                        description="Run one Phalanx service in the foreground until SIGTERM.")
     svc = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     for name, module in SERVICES.items():
+        if service in SERVICES and name != service:
+            continue
         if importlib.util.find_spec(module.partition(".")[0]) is None:
             continue  # the simulator's node fleet, absent from the image
         entry = importlib.import_module(module)

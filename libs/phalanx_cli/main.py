@@ -30,19 +30,31 @@ COMMANDS = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command tree; given a command line that names a command, that command's branch
+    alone (and for ``run SERVICE``, that service's alone), so a service process imports its own
+    service and not every subcommand's and service's modules to build a tree it does not use.
+    A line that names no known command gets the whole tree (its help, its errors)."""
     parser = argparse.ArgumentParser(
         prog="phalanx",
         description="Phalanx: a topology-aware GPU and gang scheduler for Kubernetes.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    named = f"phalanx_cli.cmd_{argv[0]}" if argv and not argv[0].startswith("-") else ""
     for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+        if named in COMMANDS and name != named:
+            continue
+        module = importlib.import_module(name)
+        if name == named == "phalanx_cli.cmd_run" and len(argv) > 1:
+            module.register(sub, service=argv[1])
+        else:
+            module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -20,6 +20,7 @@ from phalanx_deviceplugin.plugin import Admitting, Plugin
 from phalanx_deviceplugin.served import ServedStore
 from phalanx_deviceplugin.server import Devices, KubeletSession, PodResourcesClient
 from phalanx_kube.port import ClusterPort, PodGone
+from phalanx_proto.kubeapi import ISOLATION_ANNOTATION
 from phalanx_proto.topology import NodeTopology
 from phalanx_telemetry import log, warn
 
@@ -36,6 +37,8 @@ class AgentConfig:
     state_dir: str = STATE_DIR
     fence_namespace: str = "phalanx-system"
     delivery: dv.Delivery = dv.Delivery()
+    health_s: float = 5.0
+    """How often the session asks which GPUs are unhealthy (``KubeletSession.health_s``)."""
 
 
 def kubelet_present(socket_dir: str) -> bool:
@@ -90,7 +93,7 @@ class PluginAgent:
                         served=ServedStore(Path(c.state_dir) / "served.json"), delivery=c.delivery,
                         fence_namespace=c.fence_namespace, on_served=self._served)
         self.session = KubeletSession(socket_dir=c.socket_dir, plugin=plugin, devices=Devices(table),
-                                      unhealthy=self._unhealthy(table))
+                                      unhealthy=self._unhealthy(table), health_s=c.health_s)
         self._done = anyio.Event()
         self._scope = await self.tg.start(self._run, self.session, self._done)
 
@@ -125,7 +128,7 @@ class PluginAgent:
             level, why = dv.isolation(adm.assignment, self.config.delivery)
             ref = adm.pod.ref
             try:
-                await self.cluster.annotate_pod(ref, {dv.ISOLATION_ANNOTATION: level})
+                await self.cluster.annotate_pod(ref, {ISOLATION_ANNOTATION: level})
                 await self.cluster.record_event(ref, reason="GpuIsolation", message=f"isolation {level}: {why}",
                                                 type="Normal" if level != "advisory" else "Warning")
             except PodGone:

@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Iterator
 from phalanx_engine import claims as dra_claims
 from phalanx_engine import gpu_plugins as gpu
 from phalanx_engine.candidates import candidate, checks_resources
-from phalanx_engine.claims import Claims
+from phalanx_engine.claims import Claims, ComputeDomainClique
 from phalanx_engine.cluster import Cluster, room_for
 from phalanx_engine.explain import no_fit
 from phalanx_engine.framework import (
@@ -72,7 +72,7 @@ def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = N
                                                RequestKind.NONE: gpu.NoGpu()}
     scores: tuple[Score, ...] = (gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS),
                                  gpu.FewestFreeGpus())
-    domain_filters: tuple[DomainFilter, ...] = (gpu.GangGpuCapacity(),)
+    domain_filters: tuple[DomainFilter, ...] = (gpu.GangGpuCapacity(), ComputeDomainClique())
     claims: ClaimsStep = Claims()
     return Profile(filters=filters, allocators=allocators, scores=scores, domain_filters=domain_filters,
                    claims=claims)
@@ -161,6 +161,10 @@ def _decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile,
         return Decision(assignments=())
     avoid = frozenset(avoid)
     gang = [Member.of(m) for m in members]
+    if dra_claims.compute_domains(gang):
+        # One NVLink clique: the gang path from the clique tier, whatever its size.
+        tighter = TIERS[min(TIERS.index(loosest), TIERS.index("hypernode"))]
+        return _decide_gang(profile, cluster, gang, explain, avoid, tighter, first="hypernode")
     if len(gang) == 1:
         m = gang[0]
         if m.kind is RequestKind.TDM:
@@ -203,17 +207,22 @@ def _domains(profile: Profile, cluster: Cluster, tier: str, need: int, members: 
 
 
 def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], explain: bool,
-                 avoid: frozenset[str], loosest: str = "netpod") -> Decision | NoFit:
+                 avoid: frozenset[str], loosest: str = "netpod", first: str = "node") -> Decision | NoFit:
     need = sum(m.units for m in members)
-    ordered = sorted(members, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
     tried_any = False
     order = {m.spec.pod: i for i, m in enumerate(members)}
-    for tier in TIERS[:TIERS.index(loosest) + 1]:
-        for domain in _domains(profile, cluster, tier, need, members, avoid):
-            tried_any = True
-            got = _pack(profile, domain, ordered)
-            if got is not None:
-                return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
+    for level in range(dra_claims.alternatives(members)):
+        # Level 0: every firstAvailable request as its pod prefers; a gang that does not fit so
+        # is tried with every member's such requests from their next alternative on, and so on
+        # (a gang of two each preferring a whole node fits as two halves: kubernetes#138765).
+        trying = members if level == 0 else [Member.of(dra_claims.from_alternative(m.spec, level)) for m in members]
+        ordered = sorted(trying, key=lambda m: (-m.units, -m.spec.gpus, str(m.spec.pod)))
+        for tier in TIERS[TIERS.index(first):TIERS.index(loosest) + 1]:
+            for domain in _domains(profile, cluster, tier, need, trying, avoid):
+                tried_any = True
+                got = _pack(profile, domain, ordered)
+                if got is not None:
+                    return _decision(cluster, tuple(sorted(got, key=lambda a: order[a.pod])))
     if not explain:
         return NoFit(total_nodes=cluster.total)
     where = TIER_NAMES[loosest]
@@ -222,6 +231,8 @@ def _decide_gang(profile: Profile, cluster: Cluster, members: list[Member], expl
                   + ("" if tried_any else f"; no {where} has that many free"))
     else:
         detail = f"gang of {len(members)} members needs its ResourceClaims' devices in one {where}"
+    if dra_claims.compute_domains(members):
+        detail += " hosting no other ComputeDomain"
     return _no_fit(profile, cluster, members, detail, avoid)
 
 

@@ -147,6 +147,10 @@ class NodeState:
                     out.add(joined[0])
         return tuple(sorted(out))
 
+    def compute_domains(self) -> set[str]:
+        """The ComputeDomains whose channels the node's reservations hold."""
+        return {c.compute_domain for c in self.claims if c.compute_domain}
+
     def plugin_gpus(self) -> set[int]:
         """GPUs held for whole, shared or MIG work by any reservation (a claim's included)."""
         return self.whole | set(self.core) | set(self.mig_inst)

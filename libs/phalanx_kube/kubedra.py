@@ -6,8 +6,9 @@ listed and watched through ``phalanx_kube.reflector``) and binder writes (a clai
 
 The write rules are ``phalanx_kube.claimwrites``'s, over the API's claims: updates are ``PUT``
 with the resourceVersion read (409 is a conflict: read again), status updates ``PUT .../status``
-(the API server also checks ``resourceclaims/binding`` for them, at the cluster scope: a refusal
-is a ``KubeApiError`` with its message), deletes carry the uid as precondition.
+(the API server also checks ``resourceclaims/binding`` for them, at the cluster scope); a write
+the server refuses outright (400, 403, 422: validation, admission, authorization) is a
+``ClaimRefused`` with its message, deletes carry the uid as precondition.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kubernetes_asyncio import client
 
 from phalanx_kube import claimwrites
 from phalanx_kube.objtable import ObjectTable
-from phalanx_kube.port import ClaimGone, ClaimRef, ObjectEvent
+from phalanx_kube.port import ClaimGone, ClaimRef, ClaimRefused, ObjectEvent
 from phalanx_kube.reflector import Listed, Reflector, Watched
 from phalanx_proto.dra import ClaimAllocation
 from phalanx_proto.events import PodRef
@@ -119,7 +120,8 @@ class _KubeClaims:
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         ns = _namespace(obj) or "default"
         status, body = await self._call(f"create claim in {ns}", self._api.create_namespaced_resource_claim, ns, obj,
-                                        ok=(409,))
+                                        ok=(409, *REFUSED))
+        _refused(f"create claim in {ns}", status, body)
         if status == 409:
             raise claimwrites.StoreConflict(body.get("message", "exists"))
         return body
@@ -127,7 +129,9 @@ class _KubeClaims:
     async def _replace(self, what: str, method: Any, obj: dict[str, Any]) -> dict[str, Any]:
         obj = {**obj, "metadata": {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}}
         ref = f"{_namespace(obj)}/{_name(obj)}"
-        status, body = await self._call(f"{what} claim {ref}", method, _name(obj), _namespace(obj), obj, ok=(404, 409))
+        status, body = await self._call(f"{what} claim {ref}", method, _name(obj), _namespace(obj), obj,
+                                        ok=(404, 409, *REFUSED))
+        _refused(f"{what} claim {ref}", status, body)
         if status == 404:
             raise ClaimGone(f"claim {ref} not found")
         if status == 409:
@@ -139,6 +143,16 @@ class _KubeClaims:
 
     async def update_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         return await self._replace("update status of", self._api.replace_namespaced_resource_claim_status, obj)
+
+
+REFUSED = (400, 403, 422)
+"""Statuses of a claim write the API server refuses outright (``ClaimRefused``)."""
+
+
+def _refused(what: str, status: int, body: Any) -> None:
+    if status in REFUSED:
+        msg = body.get("message", body) if isinstance(body, dict) else body
+        raise ClaimRefused(f"{what}: HTTP {status}: {msg}")
 
 
 def _name(obj: dict[str, Any]) -> str:

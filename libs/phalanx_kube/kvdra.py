@@ -28,7 +28,7 @@ from phalanx_bus import KvConflict
 from phalanx_kube import claimwrites
 from phalanx_kube.apitime import iso
 from phalanx_kube.objtable import ObjectTable
-from phalanx_kube.port import ClaimGone, ClaimRef, ObjectEvent
+from phalanx_kube.port import ClaimGone, ClaimRef, ClaimRefused, ObjectEvent
 from phalanx_proto import subjects as S
 from phalanx_proto.dra import ClaimAllocation
 from phalanx_proto.events import PodRef
@@ -38,7 +38,7 @@ _json = msgspec.json.Encoder()
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server's generateName draws from
 
 
-class ClaimInvalid(ValueError):
+class ClaimInvalid(ClaimRefused, ValueError):
     """A write the API server refuses (422), with its words."""
 
 

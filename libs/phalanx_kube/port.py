@@ -174,6 +174,12 @@ class ClaimConflict(Exception):
     it may be; or (create) a claim of that name exists and is another one. The message says which."""
 
 
+class ClaimRefused(Exception):
+    """The API server refused the claim write itself (HTTP 400, 403 or 422: its validation, an
+    admission policy or webhook, authorization): written again the same way, it is refused
+    again. The message is the server's."""
+
+
 class NotOurs(Exception):
     """The pod's ``schedulerName`` is not one of Phalanx's: Phalanx never binds, patches or
     deletes it, whatever a command on the bus says (both adapters check before acting)."""
@@ -325,8 +331,9 @@ class ClusterPort(Protocol):
         is success. Raises ``ClaimGone``, and ``ClaimConflict`` when the claim got allocated
         elsewhere in the meantime (another allocation), is not allocated when ``allocation`` is
         None, is being deleted, or its ``reservedFor`` is full. A refusal by the API server
-        itself (403; 422, e.g. an account without ``resourceclaims/binding``) is the adapter's
-        error with the server's message (``KubeApiError``; the simulator: ``ClaimInvalid``)."""
+        itself (400, 403 or 422: validation, an admission policy, an account without
+        ``resourceclaims/binding``) raises ``ClaimRefused`` with the server's message (the
+        simulator: ``ClaimInvalid``, a ``ClaimRefused``)."""
         ...
 
     async def unreserve_claim(self, claim: ClaimRef, pod: PodRef, allocation: ClaimAllocation | None = None) -> None:

@@ -78,17 +78,8 @@ class Waiting(msgspec.Struct, frozen=True):
     reason: str
 
 
-class ExtendedRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One request of the extended-resource claim: container ``container`` (index ``index`` in
-    ``initContainers`` + ``containers``) asks ``count`` of ``resource``, backed by DeviceClass
-    ``device_class``; ``request`` is the request's name in the claim."""
-
-    request: str
-    container: str
-    index: int
-    resource: str
-    device_class: str
-    count: int
+ExtendedRequest = D.ExtendedRequest
+"""One request of the extended-resource claim (the wire type; ``extended_requests`` makes them)."""
 
 
 # --- DeviceClass -----------------------------------------------------------------------------------
@@ -185,9 +176,11 @@ def claim_spec(obj: Any, classes: Mapping[str, D.DeviceClassRef]) -> D.ClaimSpec
                         lambda x, f: _claim_config(x, f, known))
         status = mapping(_m(obj).get("status"), "status")
         alloc = _allocation(status["allocation"], "status.allocation") if status.get("allocation") else None
+        domain = _m(meta.get("labels")).get(D.COMPUTE_DOMAIN_LABEL)
         return check(D.ClaimSpec(namespace=label(meta, "namespace", "metadata"), name=subdomain(meta, "name", "metadata"),
                                  uid=text(meta, "uid", "metadata", most=64), requests=requests,
-                                 constraints=constraints, config=config, allocation=alloc), "ResourceClaim")
+                                 constraints=constraints, config=config, allocation=alloc,
+                                 compute_domain=domain if isinstance(domain, str) else ""), "ResourceClaim")
     except Bad as e:
         return e.violation
 

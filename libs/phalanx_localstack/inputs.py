@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -45,6 +45,10 @@ class ClusterNode:
     gpu_model: str = ""
     gpu_memory_mib: int = 0
     mig_enabled: bool = False
+    advertise: str = ""
+    """How the node's agent advertises its GPUs (topology-discovery's ``--advertise``): "" its
+    default (patched into the Node status here), ``none`` for a node whose GPUs only a DRA
+    driver's ResourceSlices offer (no ``nvidia.com/gpu`` in its allocatable)."""
 
 
 class _Node(msgspec.Struct, forbid_unknown_fields=True,
@@ -55,6 +59,7 @@ class _Node(msgspec.Struct, forbid_unknown_fields=True,
     gpu_model: str = ""
     gpu_memory_mib: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_MEMORY_MIB)] = 0
     mig_enabled: bool = False
+    advertise: Literal["", "node-status", "none"] = ""
 
 
 class _Cluster(msgspec.Struct, forbid_unknown_fields=True):
@@ -108,7 +113,7 @@ class ClusterFile:
             if not topo.is_file():
                 raise Invalid(f"{at}.topology", f"file {topo} does not exist")
             nodes.append(ClusterNode(n.name, dict(n.labels), str(topo), n.gpu_model, n.gpu_memory_mib,
-                                     n.mig_enabled))
+                                     n.mig_enabled, n.advertise))
         return cls(tuple(nodes))
 
     def dump(self, path: str | os.PathLike) -> Path:
@@ -122,6 +127,8 @@ class ClusterFile:
                 doc["gpuMemoryMiB"] = n.gpu_memory_mib
             if n.mig_enabled:
                 doc["migEnabled"] = True
+            if n.advertise:
+                doc["advertise"] = n.advertise
             nodes.append(doc)
         out = Path(path)
         out.write_text(yaml.dump({"nodes": nodes}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),

@@ -192,6 +192,8 @@ class Stack:
                     ["--gpu-memory-mib", str(n.gpu_memory_mib)] if n.gpu_memory_mib else [])
                 if n.mig_enabled:
                     fill.append("--mig-enabled")
+                if n.advertise:
+                    fill += ["--advertise", n.advertise]
                 out.append((f"topology-discovery@{n.name}", "topology-discovery",
                             ["--node", n.name, "--topology-file", n.topology_file, *fill]))
                 out.append((f"mig-manager@{n.name}", "mig-manager", ["--node", n.name, *_fake_mig_nvml(n)]))

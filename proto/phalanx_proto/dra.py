@@ -314,6 +314,20 @@ class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     node_selector: Annotated[tuple[NodeSelectorTerm, ...], msgspec.Meta(max_length=1)] | None = None
 
 
+class ExtendedRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One request of the claim for a pod's extended resources backed by DRA (KEP-5004):
+    container ``container`` (index ``index`` in ``initContainers`` + ``containers``) asks ``count``
+    of ``resource``, served by DeviceClass ``device_class``; ``request`` is the request's name in
+    the claim (``container-<index>-request-<i>``)."""
+
+    request: Annotated[str, msgspec.Meta(max_length=63)]
+    container: Annotated[str, msgspec.Meta(max_length=253)]
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    resource: Annotated[str, msgspec.Meta(max_length=317)]
+    device_class: Name
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)]
+
+
 class ClaimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One ResourceClaim a pod uses, as gang-coordinator read it: what it asks (classes
     resolved), and its allocation when it already has one (a claim shared with pods placed
@@ -330,7 +344,14 @@ class ClaimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     extended: bool = False
     """A claim for a device-plugin style request (``nvidia.com/gpu: 2``) on a node without the
     device plugin, made by Phalanx from the DeviceClass naming that extended resource (KEP-5004);
-    not in the API until binder creates it."""
+    not in the API until binder creates it (its ``name`` is then "", its ``uid``
+    ``extended:<pod uid>``)."""
+    extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
+    """An extended claim's requests, by container (what binder creates and records in the pod's
+    ``status.extendedResourceClaimStatus``)."""
+    compute_domain: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    """The ComputeDomain (multi-node NVLink, the uid its claim template labels the claim with:
+    ``COMPUTE_DOMAIN_LABEL``) whose channel the claim asks for; "" for none."""
 
     @property
     def key(self) -> str:
@@ -357,6 +378,10 @@ class ClaimAllocated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     allocated: bool = True
     extended: bool = False
     """The claim Phalanx makes for an extended-resource request (binder creates it first)."""
+    extended_requests: Annotated[tuple[ExtendedRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)] = ()
+    """That claim's requests, by container (``ClaimSpec.extended_requests``)."""
+    compute_domain: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    """The claim's ComputeDomain (``ClaimSpec.compute_domain``): the node's NVLink clique hosts it."""
     gpus: tuple[int, ...] = ()
     """Which of the node's GPUs (topology indices) the allocated devices are, where a device is
     joined to one (by ``uuid``, else ``resource.kubernetes.io/pciBusID``)."""
@@ -374,5 +399,8 @@ FINALIZER = "resource.kubernetes.io/delete-protection"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+COMPUTE_DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
+"""The label NVIDIA's ComputeDomain controller puts on the claim template it makes (the
+ComputeDomain's uid), which the resourceclaim controller copies onto each claim."""
 
 dra_pool_decoder = Decoder(DraPool)

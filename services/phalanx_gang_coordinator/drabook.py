@@ -13,7 +13,10 @@ brought onto the bus for placement, and the claims each pod uses (docs/dra.md).
   claim (``PodClaim``: its requests, each request's DeviceClass resolved), or why the pod must wait
   (a template's claim not created yet, a claim not seen yet: read from the API server before the
   pod is told to wait), or why it cannot be admitted (the claim does not read, or was made for
-  another pod). The pod's watch event that brings ``status.resourceClaimStatuses`` admits it.
+  another pod). The pod's watch event that brings ``status.resourceClaimStatuses`` admits it. A
+  pod asking for an extended resource that a DeviceClass serves (``extendedResourceName``,
+  KEP-5004) also carries the claim Phalanx would make for it, used only on nodes without that
+  resource's device plugin.
 * **Wake-ups.** Once the objects are listed, a pool that gained devices or lost a holder, or a
   class that changed, fires ``changed``: the gangs that fit no node set are tried again (a claim
   merely allocated takes devices, which no waiting gang needs).
@@ -32,7 +35,17 @@ from phalanx_kube.port import ClaimRef, ClusterPort, ObjectEvent, Pod
 from phalanx_kubeobjects import dra as K
 from phalanx_kubeobjects.violations import Violation
 from phalanx_proto import subjects as S
-from phalanx_proto.dra import DeviceClassRef, DraPool, InUse, PodClaim, Slice, pool_key
+from phalanx_proto.dra import (
+    ClaimSpec,
+    DeviceClassRef,
+    DeviceRequest,
+    DraPool,
+    ExactRequest,
+    InUse,
+    PodClaim,
+    Slice,
+    pool_key,
+)
 from phalanx_proto.events import encoder
 from phalanx_telemetry import log, warn
 
@@ -55,6 +68,10 @@ class DraBook:
         self.flush_s = flush_s
         self.classes: dict[str, DeviceClassRef] = {}
         self.class_problems: dict[str, str] = {}
+        self._class_objects: dict[str, dict[str, Any]] = {}
+        self.extended: dict[str, str] = {}
+        """Extended resource name → the DeviceClass that serves it on nodes without its device
+        plugin (KEP-5004, ``phalanx_kubeobjects.dra.extended_resource_classes``)."""
         self.slices: dict[str, tuple[PoolId, Slice | None, str]] = {}
         """Slice name → its pool, the slice (None: it does not read) and why not."""
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -68,6 +85,8 @@ class DraBook:
         self._dirty: set[PoolId] = set()
         self._written: dict[PoolId, DraPool] = {}
         self._kick = anyio.Event()
+        self._flushing = anyio.Lock()
+        """One flush at a time: a caller that flushes returns once what it saw is written."""
         self._listed: set[str] = set()
 
     @property
@@ -107,7 +126,9 @@ class DraBook:
         if ev.type == "DELETED":
             self.classes.pop(ev.name, None)
             self.class_problems.pop(ev.name, None)
+            self._class_objects.pop(ev.name, None)
         else:
+            self._class_objects[ev.name] = ev.obj
             got = K.device_class(ev.obj)
             if isinstance(got, Violation):
                 self.classes.pop(ev.name, None)
@@ -116,6 +137,7 @@ class DraBook:
             else:
                 self.classes[got.name] = got
                 self.class_problems.pop(got.name, None)
+        self.extended = K.extended_resource_classes(self._class_objects.values())
         if self.listed:
             self.changed.fire()
 
@@ -184,6 +206,10 @@ class DraBook:
 
     async def flush(self) -> None:
         """Write every changed pool to ``phx-dra`` (delete those that are gone)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
@@ -211,8 +237,46 @@ class DraBook:
             self.changed.fire()
 
     # -- a pod's claims ------------------------------------------------------------------------------
+    def concerns(self, pod: Pod) -> bool:
+        """Does the pod name ResourceClaims, or ask for an extended resource a DeviceClass serves?"""
+        spec = pod.raw.get("spec") or {}
+        if spec.get("resourceClaims"):
+            return True
+        if not self.extended:
+            return False
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            res = (c or {}).get("resources") or {}
+            if any(k in self.extended for k in {**(res.get("limits") or {}), **(res.get("requests") or {})}):
+                return True
+        return False
+
     async def resolve(self, pod: Pod) -> tuple[PodClaim, ...] | Waiting | Violation:
-        """The claims ``pod`` uses (module docstring); ``()`` for a pod without claims."""
+        """The claims ``pod`` uses (module docstring); ``()`` for a pod without claims. A pod
+        asking for an extended resource a DeviceClass serves also gets the claim Phalanx would
+        make for it on a node without that resource's device plugin (``ClaimSpec.extended``:
+        the engine uses it only on such a node, binder creates it)."""
+        claims = await self._named(pod)
+        if not isinstance(claims, tuple):
+            return claims
+        await self.flush()  # placement decides on the pools as this book has seen them now
+        ext = self._extended(pod)
+        return claims if not isinstance(ext, PodClaim) else (*claims, ext)
+
+    def _extended(self, pod: Pod) -> PodClaim | Violation | None:
+        if not self.extended:
+            return None
+        requests = K.extended_requests(pod.raw, self.extended)
+        if isinstance(requests, Violation) or not requests:
+            return requests or None
+        spec = ClaimSpec(namespace=pod.namespace, name="", uid=f"extended:{pod.uid}", extended=True,
+                         extended_requests=requests, requests=tuple(
+                             DeviceRequest(name=r.request, exactly=ExactRequest(
+                                 device_class=self.classes.get(r.device_class) or DeviceClassRef(
+                                     name=r.device_class, missing=True), count=r.count))
+                             for r in requests))
+        return PodClaim(name="", claim=spec)
+
+    async def _named(self, pod: Pod) -> tuple[PodClaim, ...] | Waiting | Violation:
         entries = K.pod_claims(pod.raw)
         if isinstance(entries, Violation):
             return entries

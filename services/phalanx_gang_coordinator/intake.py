@@ -81,7 +81,7 @@ class PodIntake:
                     self.notifier.once(pod, "FailedScheduling", problem)
                     continue
                 spec = msgspec.structs.replace(spec, queue=queue)
-            if self.dra is not None and (pod.raw.get("spec") or {}).get("resourceClaims"):
+            if self.dra is not None and self.dra.concerns(pod):
                 claims = await self.dra.resolve(pod)
                 if isinstance(claims, Waiting):
                     log("pod waits for its claims", pod=f"{pod.namespace}/{pod.name}", reason=str(claims))

@@ -163,6 +163,16 @@ class Placement:
             out = [self._checked(w.ev) if isinstance(r, checks.Refusal) else r for w, r in zip(batch, out, strict=True)]
         return out
 
+    async def _pools_caught_up(self) -> None:
+        """gang-coordinator writes the DRA pools it has seen before it asks for a gang with
+        claims: the mirror reads everything written up to now before such a gang is decided, so
+        devices another scheduler allocated just before are not given again (docs/dra.md,
+        "Limits")."""
+        try:
+            await self.cache.pools.mirror.catch_up()
+        except Exception as e:  # noqa: BLE001 - the bus is away: decide on what the mirror has
+            warn("dra pools not caught up", error=repr(e)[:300])
+
     # -- the scheduling cycle ------------------------------------------------------------------
     async def run_cycles(self) -> None:
         """Take what waits (bounded, by priority then arrival), decide one request after the
@@ -171,6 +181,8 @@ class Placement:
             while True:
                 batch = await self.queue.take(self.config.cycle_max, rank=lambda w: self.queues.rank_of(self._members(w.ev)))
                 records = await self._records(batch)
+                if any(isinstance(r, GangState) and any(m.claims for m in r.members) for r in records):
+                    await self._pools_caught_up()
                 self.cache.refresh()
                 self.queues.begin_cycle()
                 for w, record in zip(batch, records, strict=True):

@@ -14,7 +14,8 @@ the simulator and tests), reads its Node's labels for network tiers and enableme
   by running the device plugin (``phalanx_deviceplugin``, docs/delivery.md) while the node is
   enabled, so the kubelet advertises them and hands each pod exactly the devices Phalanx chose;
   on nodes without a kubelet (the simulator, kwok) by patching them into the Node status
-  (``--advertise node-status``).
+  (``--advertise node-status``); not at all on a node whose GPUs a DRA driver publishes
+  (``--advertise none``: its pods get GPUs through ResourceClaims, docs/dra.md).
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ class Config:
                                           "it again if it is not this node's (deleted, lost)")
     advertise: str = option("auto", "how the node's GPU resources reach the kubelet: 'device-plugin' serves them "
                             "(a real node; the DaemonSet sets this), 'node-status' patches them into the Node status "
-                            "(the simulator and kwok, which have no kubelet); 'auto' = device-plugin when the "
+                            "(the simulator and kwok, which have no kubelet), 'none' advertises nothing (the node's "
+                            "GPUs are a DRA driver's: pods get them through ResourceClaims, and nvidia.com/gpu through "
+                            "the DeviceClass that names it, KEP-5004); 'auto' = device-plugin when the "
                             "kubelet's registration socket exists", env="PHALANX_ADVERTISE",
-                            choices=("auto", "device-plugin", "node-status"), group=PLUGIN)
+                            choices=("auto", "device-plugin", "node-status", "none"), group=PLUGIN)
     device_plugin_dir: str = option(DEVICE_PLUGIN_DIR, "the kubelet's device-plugin directory",
                                     env="PHALANX_DEVICE_PLUGIN_DIR", group=PLUGIN)
     pod_resources_socket: str = option(POD_RESOURCES_SOCKET, "the kubelet's PodResources socket",
@@ -152,7 +155,7 @@ class Discovery:
         self._last = report
         if self.agent is not None:
             await self.agent.ensure(topo, report.enabled)
-        elif node is not None:
+        elif node is not None and self.config.advertise != "none":
             res = extended_resources(topo)
             if res and res != self._advertised:
                 await self.cluster.patch_node_capacity(self.config.node, res)
@@ -195,7 +198,7 @@ def plugin_agent(config: Config, cluster: ClusterPort) -> Callable[[anyio.abc.Ta
     mode = config.advertise
     if mode == "auto":
         mode = "device-plugin" if A.kubelet_present(config.device_plugin_dir) else "node-status"
-    if mode == "node-status":
+    if mode in ("node-status", "none"):
         return None
     mps = (dv.Mps(config.mps_pipe_dir, config.mps_active_thread_pct, config.mps_pinned_mem_mib)
            if config.mps_pipe_dir else None)

@@ -20,7 +20,7 @@ from dpkit import MIG_UUID, UUIDS, Binder, assignment, node_topology, pod, rdma_
 from phalanx_deviceplugin import delivery as dv
 from phalanx_deviceplugin.agent import AgentConfig, PluginAgent
 from phalanx_proto.events import Assignment, PodRef
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, ISOLATION_ANNOTATION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.deviceplugin]
 GPU = "nvidia.com/gpu"
@@ -45,7 +45,7 @@ class Node:
         config = AgentConfig(node=self.name, socket_dir=str(self.root / "dp"),
                              pod_resources_socket=str(self.root / "pr.sock"), state_dir=str(self.root / "state"),
                              fence_namespace=self.namespace,
-                             delivery=dv.Delivery(sysfs_root=str(self.root / "host")))
+                             delivery=dv.Delivery(sysfs_root=str(self.root / "host")), health_s=0.5)
         self.agent = PluginAgent(self.tg, self.cluster, config, lambda uuids: self.unhealthy)
         await self.agent.ensure(self.topology, True)
         await self.registered()
@@ -142,7 +142,7 @@ async def test_a_tdm_share_and_a_mig_slice_get_their_gpu_their_limits_and_an_hon
 
     ref = PodRef(namespace=node.namespace, name="tdm")
     with anyio.fail_after(15):
-        while (await node.cluster.get_pod(ref)).annotations.get(dv.ISOLATION_ANNOTATION) != "advisory":
+        while (await node.cluster.get_pod(ref)).annotations.get(ISOLATION_ANNOTATION) != "advisory":
             await anyio.sleep(0.1)
     assert [(e.reason, e.type) for e in await node.cluster.list_events(ref)] == [("GpuIsolation", "Warning")]
 

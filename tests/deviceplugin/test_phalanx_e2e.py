@@ -32,7 +32,7 @@ from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_nvmlfake.nvml import gpu_uuid
 from phalanx_proto import subjects as S
 from phalanx_proto.events import PodRef
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, ISOLATION_ANNOTATION
 from phalanx_proto.state import mig_slot, node_mig_decoder
 from phalanx_proto.topology import Gpu, Nic, NodeTopology
 from phalanx_topology import yamlfmt
@@ -229,7 +229,7 @@ async def test_the_four_kinds_of_pod_get_exactly_what_binder_wrote_in_their_anno
     for i in range(len(CASES)):  # the agent records the level it delivered, on the pod
         with anyio.fail_after(30):
             while (await e2e.cluster.get_pod(PodRef(namespace=ns, name=f"p{i}"))).annotations.get(
-                    dv.ISOLATION_ANNOTATION) != CASES[i].values[2]:
+                    ISOLATION_ANNOTATION) != CASES[i].values[2]:
                 await anyio.sleep(0.2)
 
 

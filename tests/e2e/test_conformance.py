@@ -207,10 +207,13 @@ STANDING = {"small": 1, "ports": 1}
 STANDING_PODS = ("cpu-user", "port-user")
 
 
-QUIET_S = 2.0
+DEBOUNCE_S = 0.1
+"""The node agents' ``--node-state-debounce-s`` here (0.5 s by default): a report at most this
+often, so a phase's pods leave the reports sooner."""
+QUIET_S = 6 * DEBOUNCE_S
 """How long the agents' reports must stay at the baseline before a phase starts: several of the
-agent's debounce periods (0.5 s), so a report of the last phase's pods still on its way (the
-pods may have been bound and deleted before the agent wrote anything) lands inside it."""
+agent's debounce periods, so a report of the last phase's pods still on its way (the pods may
+have been bound and deleted before the agent wrote anything) lands inside it."""
 
 
 def settle(stack: Stack, api: KubeApi, baseline: dict | None = None, timeout_s: float = 60) -> dict:
@@ -314,6 +317,7 @@ def cluster(tmp_path_factory):
         args = {s: list(kube_args) for s in SERVICES}
         args["gang-coordinator"] += ["--settle-s", "0.2", "--starve-after-s", "0", "--backoff-max-s", "5"]
         args["placement"] += ["--node-state", "required"]
+        args["topology-discovery"] += ["--node-state-debounce-s", str(DEBOUNCE_S)]
         stack = Stack(ClusterFile.load(cluster_file), workdir=str(work / "stack"), service_args=args, fleet=False)
         stack.start_nats()
         stack.start_services(timeout_s=180)

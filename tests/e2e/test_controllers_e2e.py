@@ -5,9 +5,10 @@ driver and a worker job, one with ``replicas: 2``, and a member deleted while it
 Every test deletes its workloads and waits for their pods to go (``delete_workloads``), so no
 pod of one test is left for the next one's scheduler.
 
-The cluster: four kwok nodes of 4 GPUs (one RDMA NIC each), two per network-pod, every node on
-its own HyperNode and leaf switch. A gang of 7 one-GPU pods needs two nodes, so it lands whole
-only if placement keeps it inside one network-pod.
+The cluster (``stack4``, shared with the queue and preemption modules: tests/e2e/sharedstack.py):
+four kwok nodes of 4 GPUs (one RDMA NIC each), two per network-pod, every node on its own
+HyperNode and leaf switch. A gang of 7 one-GPU pods needs two nodes, so it lands whole only if
+placement keeps it inside one network-pod.
 """
 
 from __future__ import annotations
@@ -18,52 +19,12 @@ from collections import Counter
 import pytest
 import yaml
 from kubecontrollers import delete_workloads, wait_for
-from kubeharness import ControlPlane, KubeApi, fake_gpu_node, unique
-from test_seed_examples import EXAMPLES, SERVICES, condition
+from kubeharness import KubeApi
+from test_seed_examples import EXAMPLES, condition
 
-from phalanx_localstack.stack import ClusterFile, Stack
+from phalanx_localstack.stack import Stack
 
 pytestmark = pytest.mark.e2e
-
-TOPOLOGY_4GPU = EXAMPLES / "topology" / "pcie-4xL40S-handwritten.yaml"
-NETWORK_POD = "phalanx.io/network-pod"
-
-
-@pytest.fixture(scope="module")
-def stack4(jobset_controller: ControlPlane, kube_api: KubeApi, tmp_path_factory):
-    """Four 4-GPU kwok nodes in two network-pods and the whole stack on the real API."""
-    kube_api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
-        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "lj-runtime"},
-        "handler": "lj-runtime"}, ok=(409,))
-    work = tmp_path_factory.mktemp("e2e-ctl")
-    nodes = []
-    for netpod in ("np-a", "np-b"):
-        for _ in range(2):
-            name = unique("e2e-ctl")
-            labels = {"lj_runtimekit_enable": "true", "phalanx.io/hypernode": f"hn-{name}",
-                      "phalanx.io/leaf-switch": f"leaf-{name}", NETWORK_POD: netpod}
-            topo = yaml.safe_load(TOPOLOGY_4GPU.read_text())
-            topo["node"] = name
-            (work / f"{name}.yaml").write_text(yaml.safe_dump(topo))
-            kube_api.create_node(fake_gpu_node(name, gpus=4, labels=labels))
-            nodes.append({"name": name, "labels": labels, "topology": f"{name}.yaml"})
-    names = [n["name"] for n in nodes]
-    wait_for(lambda: all(condition(kube_api.get(f"/api/v1/nodes/{n}"), "Ready") for n in names), 30,
-             "kwok to mark the nodes Ready")
-    cluster_file = work / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump({"nodes": nodes}))
-    kube_args = ["--cluster", "kube", "--kubeconfig", str(jobset_controller.kubeconfig)]
-    stack = Stack(ClusterFile.load(cluster_file), workdir=str(work / "stack"),
-                  service_args={s: kube_args for s in SERVICES})
-    stack.start_nats()
-    try:
-        stack.start_services(timeout_s=90)
-        wait_for(lambda: all(kube_api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core")
-                             == "400" for n in names), 30, "topology-discovery to patch node capacity")
-        stack.network_pods = {n["name"]: n["labels"][NETWORK_POD] for n in nodes}  # type: ignore[attr-defined]
-        yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(autouse=True)

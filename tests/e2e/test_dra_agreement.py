@@ -4,9 +4,11 @@ with NVIDIA-shaped ResourceSlices; tests/kube/draagreement.py says how). For eve
 case both must schedule the pod or both leave it pending, every allocation must keep the rules
 (counts, constraints, taints, devices other claims hold), and when both schedule it Phalanx's
 GPUs must be at least as well connected as kube-scheduler's (``phalanx_engine.gpuset``'s own
-ranking of a set: ring bottleneck, then NVLinks over its pairs). Then the gangs kube-scheduler
-cannot place (kubernetes#138765: it allocates pod by pod and never revisits a member's devices),
-run on both, each side asserted for what it does.
+ranking of a set: ring bottleneck, then NVLinks over its pairs). Then three gangs pinned to one
+node, run on both, each side asserted for what it does: two members of 4 GPUs (the node's two
+halves); the same two preferring the whole node (kubernetes#138765: allocating pod by pod, the
+first takes all 8); and a trainer whose first-fit GPUs leave its feeder no GPU on the NIC's PCIe
+root (kube-scheduler never revisits a placed member's devices).
 
 The kube-scheduler half (``test_kube_scheduler_*``) asserts what kube-scheduler 1.36 does with
 each case; the Phalanx half (``test_phalanx_*``) needs Phalanx's DRA support (issue 38).
@@ -30,7 +32,7 @@ from draagreement import (
     make_cluster,
     reasons,
     remove_cluster,
-    run_case,
+    run_cases,
     run_gang_backtrack,
     run_gang_halves,
     score_key,
@@ -57,7 +59,8 @@ def cluster(kube_controller_manager: ControlPlane, tmp_path_factory):
     finally:
         if c.stack is not None:
             c.stack.stop()
-        clear_namespace(c.api, c.namespace)
+        for lane in c.lanes:
+            clear_namespace(c.api, lane.namespace)
         remove_cluster(c)
         if started:
             plane.stop_scheduler()
@@ -70,8 +73,9 @@ def rows() -> dict[str, Row]:
 
 
 def row(cluster: Cluster, rows: dict[str, Row], case: Case) -> Row:
-    if case.slug not in rows:
-        rows[case.slug] = run_case(cluster, case)
+    """The case's row; the first call runs every case, in the cluster's lanes at once."""
+    if not rows:
+        rows.update({r.case.slug: r for r in run_cases(cluster, CASES)})
     return rows[case.slug]
 
 
@@ -108,16 +112,30 @@ def _quad(gpus) -> bool:
 
 
 # --- gangs -----------------------------------------------------------------------------------------
-def test_kube_scheduler_gives_one_member_of_the_halves_gang_the_whole_node(cluster):
+def test_kube_scheduler_places_two_4_gpu_members_pod_by_pod(cluster):
+    """Two members of 4 GPUs on one node: pod by pod, first fit gives the first GPUs 0-3 and the
+    second 4-7, the cube mesh's two quads (kube-scheduler gets this one right by the numbering)."""
+    run = run_gang_halves(cluster, UPSTREAM)
+    assert sorted(frozenset(o.gpus) for o in run.members.values()) == sorted(QUADS), gang_lines([run])
+
+
+def test_phalanx_places_two_4_gpu_members_on_the_two_nvlink_quads(cluster):
+    run = run_gang_halves(cluster, PHALANX)
+    members = list(run.members.values())
+    assert all(o.fits for o in members), f"{gang_lines([run])}\n{dump(cluster)}"
+    assert sorted(frozenset(o.gpus) for o in members) == sorted(QUADS), gang_lines([run])
+
+
+def test_kube_scheduler_gives_one_member_preferring_the_whole_node_all_of_it(cluster):
     """kubernetes#138765: each claim prefers 8 GPUs; pod by pod, the first takes all 8 and the
     second can never fit (kube-scheduler 1.36 has no gang scheduling by default)."""
-    run = run_gang_halves(cluster, UPSTREAM)
+    run = run_gang_halves(cluster, UPSTREAM, prefer_whole=True)
     placed = sorted((len(o.gpus), o.fits) for o in run.members.values())
     assert placed == [(0, False), (8, True)], gang_lines([run])
 
 
-def test_phalanx_places_the_halves_gang_on_the_two_nvlink_quads(cluster):
-    run = run_gang_halves(cluster, PHALANX)
+def test_phalanx_gives_two_members_preferring_the_whole_node_a_half_each(cluster):
+    run = run_gang_halves(cluster, PHALANX, prefer_whole=True)
     members = list(run.members.values())
     assert all(o.fits for o in members), f"{gang_lines([run])}\n{dump(cluster)}"
     assert sorted(frozenset(o.gpus) for o in members) == sorted(QUADS), gang_lines([run])

@@ -33,7 +33,7 @@ import urllib.request
 import pytest
 from kubecontrollers import delete_workloads, wait_for
 from kubeharness import ControlPlane, KubeApi, unique
-from test_controllers_e2e import JOBSET, bound, dump, live, stack4  # noqa: F401
+from test_controllers_e2e import JOBSET, bound, dump, live
 from test_seed_examples import condition
 
 from phalanx_localstack.stack import Stack
@@ -257,7 +257,7 @@ def preempted_message(preemptor: str, queue: str, priority: int, rule: str, vict
 
 # -- the cases -------------------------------------------------------------------------------------
 def test_a_high_priority_gang_evicts_exactly_the_planned_lower_priority_gang_whole_and_binds_on_its_gpus(
-        stack4, kube_api, kube_ns, classes, watch):  # noqa: F811
+        stack4, kube_api, kube_ns, classes, watch):
     before = fill(kube_api, kube_ns, stack4, classes)
     evicted_before = evicted_total(stack4)
     submit(kube_api, kube_ns, jobset2("hi", kube_ns, classes["high"]))
@@ -280,7 +280,7 @@ def test_a_high_priority_gang_evicts_exactly_the_planned_lower_priority_gang_who
 
 
 def test_a_queue_below_its_quota_reclaims_borrowed_gpus_down_to_the_lenders_quota_and_no_further(
-        stack4, kube_api, kube_ns, classes, watch):  # noqa: F811
+        stack4, kube_api, kube_ns, classes, watch):
     a, b = unique("team-a"), unique("team-b")
     for name in (a, b):
         kube_api.post(QUEUES, {"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue",
@@ -328,7 +328,7 @@ def test_a_queue_below_its_quota_reclaims_borrowed_gpus_down_to_the_lenders_quot
 
 
 def test_a_gang_whose_priority_class_says_never_preempt_waits_evicts_nothing_and_explain_says_why(
-        stack4, kube, kube_api, kube_ns, classes, watch):  # noqa: F811
+        stack4, kube, kube_api, kube_ns, classes, watch):
     before = fill(kube_api, kube_ns, stack4, classes)
     submit(kube_api, kube_ns, jobset2("calm", kube_ns, classes["calm"]))
     pods = refused(kube_api, kube_ns, "calm", 2, stack4, attempts=3)
@@ -360,7 +360,7 @@ def test_a_gang_whose_priority_class_says_never_preempt_waits_evicts_nothing_and
 
 
 def test_a_disruption_budget_that_refuses_the_eviction_keeps_its_gang_and_the_planner_takes_another(
-        stack4, kube_api, kube_ns, classes, watch):  # noqa: F811
+        stack4, kube_api, kube_ns, classes, watch):
     before = fill(kube_api, kube_ns, stack4, classes)
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "lo", "namespace": kube_ns},
            "spec": {"minAvailable": 2, "selector": {"matchLabels": {JOBSET: "lo"}}}}
@@ -396,7 +396,7 @@ def test_a_disruption_budget_that_refuses_the_eviction_keeps_its_gang_and_the_pl
 
 
 def test_a_preempted_jobset_is_recreated_by_its_job_waits_while_the_preemptor_runs_and_is_placed_again_when_it_goes(
-        stack4, kube_api, kube_ns, classes, watch):  # noqa: F811
+        stack4, kube_api, kube_ns, classes, watch):
     before = fill(kube_api, kube_ns, stack4, classes)
     submit(kube_api, kube_ns, jobset2("hi", kube_ns, classes["high"]))
     bound(kube_api, kube_ns, f"{JOBSET}=hi", 2, stack4)
@@ -422,7 +422,7 @@ def test_a_preempted_jobset_is_recreated_by_its_job_waits_while_the_preemptor_ru
     assert not set(hi) & set(watch.disrupted)
 
 
-def test_every_service_process_is_still_running_after_the_preemptions(stack4):  # noqa: F811
+def test_every_service_process_is_still_running_after_the_preemptions(stack4):
     dead = {n: sp.proc.returncode for n, sp in stack4.procs.items() if sp.proc.poll() is not None}
     assert dead == {}, dump(stack4)
     assert "KubeApiError" not in log_of(stack4, "binder")

@@ -13,9 +13,9 @@ limit, and the Queues' status shows the allocation.
 from __future__ import annotations
 
 import pytest
-from kubecontrollers import wait_for
+from kubecontrollers import delete_workloads, wait_for
 from kubeharness import KubeApi, gpu_pod, unique
-from test_controllers_e2e import JOBSET, bound, dump, jobset, live, stack4  # noqa: F401
+from test_controllers_e2e import JOBSET, bound, dump, jobset, live
 from test_seed_examples import condition
 
 from phalanx_proto.kubeapi import QUEUE_LABEL
@@ -32,13 +32,16 @@ def queue(name: str, quota: float, limit: float | None = None, **spec) -> dict:
 
 
 @pytest.fixture
-def teams(kube_api: KubeApi):
+def teams(kube_api: KubeApi, kube_ns: str):
+    """Two Queues; afterwards the test's workloads in ``kube_ns`` and the Queues are deleted (the
+    stack is shared: tests/e2e/sharedstack.py)."""
     names = {"a": unique("team-a"), "b": unique("team-b")}
     # team-a never reclaims: this test is about borrowing, order and limits; taking borrowed GPUs
     # back from running gangs is preemption's (docs/preemption.md, its own tests).
     kube_api.post(QUEUES, queue(names["a"], 8, 8, preemption={"reclaim": "Never"}))
     kube_api.post(QUEUES, queue(names["b"], 8))
     yield names
+    delete_workloads(kube_api, kube_ns)
     for n in names.values():
         kube_api.request("DELETE", f"{QUEUES}/{n}", ok=(404,))
 
@@ -58,7 +61,7 @@ def labelled_namespace(api: KubeApi, labels: dict[str, str]) -> str:
     return name
 
 
-def test_pods_created_with_their_namespace_are_in_the_queue_its_labels_name(stack4, kube_api):  # noqa: F811
+def test_pods_created_with_their_namespace_are_in_the_queue_its_labels_name(stack4, kube_api):
     """A pipeline creates a namespace and its pods in the same second: each pod is in the queue
     its namespace's labels say, never in the one an unread (empty) label set would give — for a
     limit, a ``NotIn`` selector and an ``In`` selector."""
@@ -100,11 +103,10 @@ def test_pods_created_with_their_namespace_are_in_the_queue_its_labels_name(stac
             kube_api.request("DELETE", f"{QUEUES}/{q}", ok=(404,))
 
 
-def test_two_teams_borrow_reclaim_first_and_wait_at_their_limit(stack4, kube_api, kube_ns, teams):  # noqa: F811
-    wait_for(lambda: all(n in {q["metadata"]["name"] for q in kube_api.get(QUEUES)["items"]} for n in teams.values()),
-             10, "the Queues to exist")
-    import time
-    time.sleep(3)  # gang-coordinator reads the Queues every 2 s
+def test_two_teams_borrow_reclaim_first_and_wait_at_their_limit(stack4, kube_api, kube_ns, teams):
+    # gang-coordinator has read the Queues once it writes their status (it reads them every 2 s)
+    wait_for(lambda: all((kube_api.get(f"{QUEUES}/{q}").get("status") or {}).get("conditions")
+                         for q in teams.values()), 30, "the Queues' status")
     # team-b borrows the idle cluster: four pods of 4 GPUs, its quota is 8.
     for i in range(4):
         kube_api.create_pod(team_pod(f"b-{i}", kube_ns, 4, teams["b"]))

@@ -15,7 +15,7 @@ from phalanx_gang_coordinator import effects
 from phalanx_kube.kvcluster import KvCluster
 from phalanx_kube.port import ClaimRef
 from phalanx_proto import subjects as S
-from phalanx_proto.dra import AllocatedDevice, ClaimAllocated, ClaimAllocation
+from phalanx_proto.dra import AllocatedDevice, ClaimAllocated, ClaimAllocation, ExtendedRequest
 from phalanx_proto.events import Assignment, PodRef, UnreserveClaims
 from phalanx_proto.scheduling import NodeSelectorRequirement, NodeSelectorTerm
 from phalanx_proto.state import GangState
@@ -122,3 +122,26 @@ async def test_an_unreserve_for_a_bound_pod_is_refused_and_its_claim_stays_reser
     await user.bind(pod.ref, "n1", {})
     await unreserve(binder, (held,))  # forged, or late: the pod runs
     assert [r["name"] for r in (await read(user, "running"))["status"]["reservedFor"]] == ["r"]
+
+
+async def test_the_claim_for_a_pods_extended_resources_is_made_reserved_and_named_in_its_status_then_undone(clusters):
+    user, binder, _ = clusters
+    pod = await user.apply_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ext", "namespace": "team"},
+                                "spec": {"schedulerName": "phalanx", "containers": [{"name": "c", "image": "x"}]}})
+    req = ExtendedRequest(request="container-0-request-0", container="c", index=0, resource="nvidia.com/gpu",
+                          device_class="gpu.nvidia.com", count=1)
+    held = Assignment(pod=pod.ref, node="n1", gpus=(0,), claims=(ClaimAllocated(
+        claim=f"team//extended:{pod.uid}", allocation=allocation("gpu-0"), extended=True, extended_requests=(req,)),))
+    for _ in range(2):  # a redelivered command finds the claim it made, not a second one
+        assert await binder_claims.reserve(binder, (held,)) == {}
+    (made,) = [c for c in await user.list_resource_claims("team")
+               if c["metadata"]["annotations"].get("resource.kubernetes.io/extended-resource-claim") == "true"]
+    assert made["metadata"]["name"].startswith("ext-extended-resources-")
+    assert [r["name"] for r in made["status"]["reservedFor"]] == ["ext"]
+    status = (await user.get_pod(pod.ref)).raw["status"]["extendedResourceClaimStatus"]
+    assert status == {"resourceClaimName": made["metadata"]["name"], "requestMappings": [
+        {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}
+    await unreserve(binder, (held,))
+    assert [c for c in await user.list_resource_claims("team") if c["metadata"]["name"] == made["metadata"]["name"]
+            and not c["metadata"].get("deletionTimestamp")] == []
+    assert "extendedResourceClaimStatus" not in ((await user.get_pod(pod.ref)).raw.get("status") or {})

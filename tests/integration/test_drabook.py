@@ -173,3 +173,22 @@ async def test_waiting_gangs_are_woken_when_devices_come_or_a_holder_lets_go_not
     await user.apply_resource_slice(gpu_slice("c-0", "node-c", 3))
     await eventually(admin, lambda p: len(p["gpu.nvidia.com/node-c"].slices[0].devices) == 3, "more devices")
     assert signal.fired > fired
+
+
+async def test_a_pod_asking_an_extended_resource_a_class_serves_carries_the_claim_phalanx_would_make(world):
+    user, book, _, _ = world
+    await user.apply_device_class({**GPU_CLASS, "metadata": {"name": "gpu-ext"},
+                                   "spec": {**GPU_CLASS["spec"], "extendedResourceName": "example.com/gpu"}})
+    with anyio.fail_after(10):
+        while "example.com/gpu" not in book.extended:
+            await anyio.sleep(0.02)
+    p = pod([])
+    p.raw["spec"].pop("resourceClaims")
+    p.raw["spec"]["containers"][0]["resources"] = {"limits": {"example.com/gpu": "2"}}
+    assert book.concerns(p)
+    (got,) = await book.resolve(p)
+    assert (got.claim.extended, got.claim.uid, [(r.resource, r.count, r.request) for r in got.claim.extended_requests]) \
+        == (True, "extended:pod-uid", [("example.com/gpu", 2, "container-0-request-0")])
+    assert got.claim.requests[0].exactly.device_class.name == "gpu-ext"
+    p.raw["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "2"}}
+    assert not book.concerns(p)

@@ -24,8 +24,9 @@ def scrape(stack: Stack, name: str) -> dict[str, float]:
     return exposition.samples(text)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack():
+    """One stack for the two tests that read it (the health endpoints change nothing)."""
     s = Stack(ClusterFile.load(CLUSTER))
     s.start_nats()
     s.start_services()

@@ -7,6 +7,7 @@ import anyio
 import msgspec
 import pytest
 
+from hostile import scrape
 from phalanx_localstack.inputs import SIMULATED_ALLOCATABLE
 from phalanx_localstack.stack import ClusterFile, Stack
 from phalanx_proto import subjects as S
@@ -64,7 +65,12 @@ async def test_a_node_whose_discovery_stops_becomes_unavailable_with_that_reason
         await wait_until(lambda: bound_pods(sim), 30)
         assert (await bound_pods(sim))["default/fill-a"][0] == "v100-a"
         await anyio.to_thread.run_sync(stack.kill, "topology-discovery@v100-b")
-        await anyio.sleep(3)
+
+        async def stale():  # placement's cache, read when /metrics is (--heartbeat-stale-s 2)
+            m = await anyio.to_thread.run_sync(scrape, stack, "placement")
+            return m.get('phalanx_placement_nodes{state="stale"}') == 1.0
+
+        await wait_until(stale, 30, what="placement to hold v100-b stale")
         await sim.apply_pod(gpu_pod("needs-b", 4))
 
         async def pending():

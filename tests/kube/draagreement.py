@@ -6,8 +6,9 @@ Used by ``tests/e2e/test_dra_agreement.py`` (which asserts it) and ``bench/dra_a
 
 The cluster: twin pools of kwok nodes shaped like a DGX-1V (8 × V100 in the hybrid cube mesh, its
 NVLink quads {0,1,2,3} and {4,5,6,7}, one mlx5 NIC on GPU2/GPU3's PCIe switch), two labelled
-``pool=upstream`` and two ``pool=phalanx``, with no device plugin (no ``nvidia.com/gpu`` in
-allocatable: DRA-only nodes). Every node gets the ResourceSlices NVIDIA's DRA driver and our RDMA
+``pool=upstream`` and two ``pool=phalanx`` per lane (``LANES`` lanes, each with its own namespace,
+running cases at once), with no device plugin (no ``nvidia.com/gpu`` in allocatable: DRA-only
+nodes; Phalanx's agents run with ``--advertise none``). Every node gets the ResourceSlices NVIDIA's DRA driver and our RDMA
 NIC driver would publish (``phalanx_localstack.draslices``), and the Phalanx nodes get the matching
 topology files (same GPU UUIDs and PCI bus ids). A case creates the same claim twice, one for a
 pod of ``schedulerName: default-scheduler`` pinned to the upstream pool and one for a pod of
@@ -17,14 +18,16 @@ pod is bound or told it is unschedulable, records which devices each allocation 
 on the node's topology), and deletes everything before the next case.
 
 Blockers (devices "already taken") are claims of pods pinned to a node by hostname and scheduled by
-kube-scheduler, in both pools; taints are put on the published devices of every node (a new pool
-generation) and taken off after the case.
+kube-scheduler, in both pools, a second before the case's pods come (``BLOCKERS_SEEN_S``); taints
+are put on the published devices of the lane's nodes (a new pool generation) and taken off after
+the case.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,27 +56,62 @@ QUADS = (frozenset({0, 1, 2, 3}), frozenset({4, 5, 6, 7}))
 V100 = "Tesla V100-SXM2-16GB"
 GPU = "gpu.nvidia.com"
 TAINT = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
+LANE_LABEL = "phalanx.io/dra-lane"
+LANES = 3
+"""Cases run in this many lanes at once, each on its own twin pools (two nodes per side) and in
+its own namespace: a case waits mostly (a pending pod must stay so for ``SETTLE_S``), so lanes
+shorten the table about as many times on two cores."""
 BOUND_TIMEOUT_S = 60.0
 SETTLE_S = 8.0
 """How long a pod told it is unschedulable must stay unbound to count as left pending."""
+BLOCKERS_SEEN_S = 1.0
+"""How long after the blockers are bound the case's pods come: their allocations are in the API
+before then, and a scheduler's watch has had a second to see them. (Created the moment the
+blockers were bound, Phalanx once allocated GPUs a blocker held: its view of claims other
+schedulers allocate lagged the API; reported with issue 38.)"""
 
 
 # --- the cluster -----------------------------------------------------------------------------------
 @dataclass
+class Lane:
+    """One lane's twin pools (``nodes[side]``, two each; labelled ``LANE_LABEL``) and namespace."""
+
+    index: int
+    namespace: str
+    nodes: dict[str, list[str]]
+
+    def selector(self, side: str) -> dict[str, str]:
+        return {POOL_LABEL: side, LANE_LABEL: str(self.index)}
+
+
+@dataclass
 class Cluster:
-    """The twin pools on one API server: ``nodes[side]`` (two each), their topologies, the
-    namespace the cases run in, and the Phalanx stack once started."""
+    """The twin pools on one API server, in ``lanes`` (the first one's namespace and nodes are
+    ``namespace`` and ``nodes``: the gangs run there), the nodes' topologies, and the Phalanx
+    stack once started."""
 
     api: KubeApi
     plane: ControlPlane
-    namespace: str
-    nodes: dict[str, list[str]]
+    lanes: list[Lane]
     topologies: dict[str, NodeTopology]
     generation: dict[str, int] = field(default_factory=dict)
     stack: Stack | None = None
+    classes_made: list[str] = field(default_factory=list)
+    """The DeviceClasses this cluster created (deleted with it; ones that were there stay)."""
 
     def topology(self, node: str) -> NodeTopology:
         return self.topologies[node]
+
+    @property
+    def namespace(self) -> str:
+        return self.lanes[0].namespace
+
+    @property
+    def nodes(self) -> dict[str, list[str]]:
+        return self.lanes[0].nodes
+
+    def side_nodes(self, side: str) -> list[str]:
+        return [n for lane in self.lanes for n in lane.nodes[side]]
 
 
 def _node(name: str, labels: dict[str, str]) -> dict:
@@ -102,21 +140,27 @@ def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, interval_s: flo
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}")
 
 
-def make_cluster(plane: ControlPlane, prefix: str = "dra") -> Cluster:
-    """Two nodes per pool, the DeviceClasses and every node's slices, a namespace."""
+def make_cluster(plane: ControlPlane, prefix: str = "dra", lanes: int = LANES) -> Cluster:
+    """Per lane two nodes per pool and a namespace; the DeviceClasses and every node's slices."""
     api = plane.api
-    nodes = {side: [unique(f"{prefix}-{side[:3]}") for _ in range(2)] for side in (UPSTREAM, PHALANX)}
     topologies: dict[str, NodeTopology] = {}
-    for side, names in nodes.items():
-        for n in names:
-            labels = {POOL_LABEL: side, **(PHALANX_LABELS if side == PHALANX else {})}
-            api.create_node(_node(n, labels))
-            topologies[n] = ds.with_identity(TOPOLOGY, n)
+    made_lanes = []
+    for k in range(lanes):
+        nodes = {side: [unique(f"{prefix}-{side[:3]}{k}") for _ in range(2)] for side in (UPSTREAM, PHALANX)}
+        for side, names in nodes.items():
+            for n in names:
+                labels = {POOL_LABEL: side, LANE_LABEL: str(k), **(PHALANX_LABELS if side == PHALANX else {})}
+                api.create_node(_node(n, labels))
+                topologies[n] = ds.with_identity(TOPOLOGY, n)
+        ns = unique(f"dra-agreement{k}")
+        api.create_namespace(ns)
+        made_lanes.append(Lane(k, ns, nodes))
+    made = []
     for c in ds.device_classes():
+        if api.request("GET", f"{RESOURCE}/deviceclasses/{c['metadata']['name']}", ok=(404,))[0] == 404:
+            made.append(c["metadata"]["name"])
         api.apply(c)
-    ns = unique("dra-agreement")
-    api.create_namespace(ns)
-    cluster = Cluster(api=api, plane=plane, namespace=ns, nodes=nodes, topologies=topologies)
+    cluster = Cluster(api=api, plane=plane, lanes=made_lanes, topologies=topologies, classes_made=made)
     for n in topologies:
         publish(cluster, n)
     wait_for(lambda: all(_ready(api, n) for n in topologies), 60, "kwok to mark the nodes Ready")
@@ -139,41 +183,62 @@ def publish(cluster: Cluster, node: str, taints: dict[str, list[dict]] | None = 
 
 
 def start_phalanx(cluster: Cluster, workdir: Path) -> Stack:
-    """The whole Phalanx stack (own processes, ``--cluster kube``) serving the Phalanx pool,
+    """The whole Phalanx stack (own processes, ``--cluster kube``; the node agents as one fleet,
+    advertising no GPU resource: the nodes are DRA-only) serving the Phalanx pool of every lane,
     each node's topology file the one the slices were made from."""
-    api = cluster.api
+    nodes = {n: (cluster.topology(n), {POOL_LABEL: PHALANX, LANE_LABEL: str(lane.index), **PHALANX_LABELS})
+             for lane in cluster.lanes for n in lane.nodes[PHALANX]}
+    stack = start_stack(cluster.plane, nodes, workdir, fleet=True, dra_only=list(nodes))
+    cluster.stack = stack
+    return stack
+
+
+def start_stack(plane: ControlPlane, nodes: dict[str, tuple[NodeTopology, dict[str, str]]], workdir: Path, *,
+                coordinator_args: Sequence[str] = (), fleet: bool = False, dra_only: Sequence[str] = ()) -> Stack:
+    """The Phalanx stack (own processes, ``--cluster kube``) serving ``nodes`` (name → topology
+    and labels, as the Node objects carry them), ready once topology-discovery patched every
+    node's capacity. ``fleet``: the node agents as one ``node-fleet`` process (two Python
+    processes fewer per node to start). ``dra_only``: nodes whose agent advertises no GPU
+    resource (``--advertise none``: their GPUs are only the DRA driver's devices)."""
+    api = plane.api
     api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "lj-runtime"},
         "handler": "lj-runtime"}, ok=(409,))
     workdir.mkdir(parents=True, exist_ok=True)
     entries = []
-    for n in cluster.nodes[PHALANX]:
-        yamlfmt.dump(cluster.topology(n), workdir / f"{n}.yaml")
-        entries.append({"name": n, "labels": {POOL_LABEL: PHALANX, **PHALANX_LABELS}, "topology": f"{n}.yaml"})
+    for n, (topo, labels) in nodes.items():
+        yamlfmt.dump(topo, workdir / f"{n}.yaml")
+        entries.append({"name": n, "labels": dict(labels), "topology": f"{n}.yaml",
+                        **({"advertise": "none"} if n in dra_only else {})})
     (workdir / "cluster.yaml").write_text(yaml.safe_dump({"nodes": entries}))
-    kube_args = ["--cluster", "kube", "--kubeconfig", str(cluster.plane.kubeconfig)]
-    stack = Stack(ClusterFile.load(workdir / "cluster.yaml"), workdir=str(workdir / "stack"),
-                  service_args={s: kube_args for s in SERVICES})
+    kube_args = ["--cluster", "kube", "--kubeconfig", str(plane.kubeconfig)]
+    args = {s: list(kube_args) for s in (*SERVICES, "node-fleet")}
+    args["gang-coordinator"] += list(coordinator_args)
+    stack = Stack(ClusterFile.load(workdir / "cluster.yaml"), workdir=str(workdir / "stack"), service_args=args,
+                  fleet=fleet)
     stack.start_nats()
     try:
         stack.start_services(timeout_s=90)
-        wait_for(lambda: all(api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core") == "800"
-                             for n in cluster.nodes[PHALANX]), 60, "topology-discovery to patch node capacity")
+        gpus = {n: str(100 * len(topo.gpus)) for n, (topo, _) in nodes.items() if n not in dra_only}
+        wait_for(lambda: all(api.get(f"/api/v1/nodes/{n}")["status"]["capacity"].get("aliyun.com/gpu-core") == want
+                             for n, want in gpus.items()), 60, "topology-discovery to patch node capacity")
     except BaseException:
         stack.stop()
         raise
-    cluster.stack = stack
     return stack
 
 
 def remove_cluster(cluster: Cluster) -> None:
-    """Delete the slices and nodes (the namespace stays: nothing deletes namespaces here).
-    The DeviceClasses stay too: other modules may have applied the same ones."""
+    """Delete the slices, the nodes and the DeviceClasses the cluster created (the class
+    ``gpu.nvidia.com`` serves ``nvidia.com/gpu`` through DRA on nodes without the device plugin:
+    it must not outlive the module). The namespace stays: nothing deletes namespaces here."""
     api = cluster.api
     for n in cluster.topologies:
         for s in ds.gpu_slices(n, cluster.topology(n)) + ds.nic_slices(n, cluster.topology(n)):
             api.delete(f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
         api.delete(f"/api/v1/nodes/{n}")
+    for name in cluster.classes_made:
+        api.delete(f"{RESOURCE}/deviceclasses/{name}")
 
 
 # --- claims and pods -------------------------------------------------------------------------------
@@ -453,19 +518,20 @@ class Row:
 
 
 @contextlib.contextmanager
-def _case_state(cluster: Cluster, case: Case) -> Iterator[dict[str, set[tuple[str, str]]]]:
-    """Taints and blockers for the case; yields the devices blockers hold per side."""
-    api, ns = cluster.api, cluster.namespace
+def _case_state(cluster: Cluster, case: Case, lane: Lane) -> Iterator[dict[str, set[tuple[str, str]]]]:
+    """Taints (on the lane's nodes) and blockers for the case; yields the devices blockers hold per side."""
+    api, ns = cluster.api, lane.namespace
     held: dict[str, set[tuple[str, str]]] = {UPSTREAM: set(), PHALANX: set()}
+    mine = [n for names in lane.nodes.values() for n in names]
     try:
         if case.taints:
-            for n in cluster.topologies:
+            for n in mine:
                 publish(cluster, n, {f"gpu-{i}": [TAINT] for i in case.taints})
             time.sleep(2)  # the schedulers' caches see the new pool generation
         blockers = {}
         for side in (UPSTREAM, PHALANX):
             for k, b in enumerate(case.blockers):
-                node = cluster.nodes[side][b.node]
+                node = lane.nodes[side][b.node]
                 name = f"blocker-{side[:3]}-{k}"
                 create_claim(api, ns, name, claim_spec({"gpu": exactly(b.count)}))
                 api.create_pod(claim_pod(name, ns, UPSTREAM, claim=name,
@@ -475,35 +541,74 @@ def _case_state(cluster: Cluster, case: Case) -> Iterator[dict[str, set[tuple[st
             if not o.fits:
                 raise AssertionError(f"blocker {name} was not scheduled by kube-scheduler: {o.message}")
             held[blockers[name]] |= {(o.node, d) for d in o.devices}
+        if blockers:
+            time.sleep(BLOCKERS_SEEN_S)
         yield held
     finally:
         clear_namespace(api, ns)
         if case.taints:
-            for n in cluster.topologies:
+            for n in mine:
                 publish(cluster, n)
             time.sleep(2)
 
 
-def run_case(cluster: Cluster, case: Case) -> Row:
-    """Both schedulers on the case at once; everything the case made is gone afterwards."""
-    api, ns = cluster.api, cluster.namespace
+def run_case(cluster: Cluster, case: Case, lane: Lane | None = None) -> Row:
+    """Both schedulers on the case at once, in ``lane`` (the first by default); everything the
+    case made is gone afterwards."""
+    lane = lane or cluster.lanes[0]
+    api, ns = cluster.api, lane.namespace
     t0 = time.monotonic()
-    with _case_state(cluster, case) as held:
+    with _case_state(cluster, case, lane) as held:
         spec = claim_spec(case.requests, case.constraints)
         pods = {}
         for side in (UPSTREAM, PHALANX):
             name = f"{side[:3]}-{case.slug}"[:63].rstrip("-")
             if case.template:
                 create_template(api, ns, name, spec)
-                api.create_pod(claim_pod(name, ns, side, template=name))
+                api.create_pod(claim_pod(name, ns, side, template=name, node_selector=lane.selector(side)))
             else:
                 create_claim(api, ns, name, spec)
-                api.create_pod(claim_pod(name, ns, side, claim=name))
+                api.create_pod(claim_pod(name, ns, side, claim=name, node_selector=lane.selector(side)))
             pods[side] = name
         outcomes = decide(api, ns, pods)
         scores = {side: score_of(cluster, o) for side, o in outcomes.items()}
         problems = {side: check_allocation(cluster, case, o, held[side]) for side, o in outcomes.items()}
     return Row(case, outcomes, scores, problems, time.monotonic() - t0)
+
+
+def run_cases(cluster: Cluster, cases: Sequence[Case], done: Callable[[Row], None] | None = None) -> list[Row]:
+    """Every case, the lanes at once (each takes the next case when it is free; ``done`` is
+    told of each row as it comes); the rows in the cases' order. The first error stops the
+    lanes after their case and is raised."""
+    todo = list(enumerate(cases))
+    lock = threading.Lock()
+    rows: dict[int, Row] = {}
+    errors: list[BaseException] = []
+
+    def work(lane: Lane) -> None:
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                i, case = todo.pop(0)
+            try:
+                row = run_case(cluster, case, lane)
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                errors.append(e)
+                return
+            with lock:
+                rows[i] = row
+                if done is not None:
+                    done(row)
+
+    threads = [threading.Thread(target=work, args=(lane,), name=f"dra-lane-{lane.index}") for lane in cluster.lanes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [rows[i] for i in range(len(cases))]
 
 
 # --- checking an allocation against the published devices ------------------------------------------
@@ -569,23 +674,24 @@ GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 GANG_SIZE = "phalanx.io/gang-min-member"
 
 
-def run_gang_halves(cluster: Cluster, side: str) -> GangRun:
-    """kubernetes#138765 on GPUs: two pods, each with its own claim preferring a whole node's
-    8 GPUs (``firstAvailable``: 8, else 4), both pinned to one node, as one gang of two. The
-    only way both run is two halves; a scheduler that allocates pod by pod gives the first
-    pod all 8."""
+def run_gang_halves(cluster: Cluster, side: str, *, prefer_whole: bool = False) -> GangRun:
+    """Two pods of 4 GPUs each, both pinned to one 8-GPU node, as one gang of two: the node's
+    two halves. With ``prefer_whole`` each claim prefers the whole node (``firstAvailable``: 8,
+    else 4), kubernetes#138765 on GPUs: the only way both run is still two halves, and a
+    scheduler that allocates pod by pod gives the first pod all 8."""
     api, ns = cluster.api, cluster.namespace
     node = cluster.nodes[side][0]
-    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]})
+    spec = claim_spec({"gpus": [("whole", exactly(8)), ("half", exactly(4))]} if prefer_whole else {"gpus": exactly(4)})
+    name = "halves-prefer-whole" if prefer_whole else "halves"
     pods = {}
     for k in range(2):
-        name = f"{side[:3]}-halves-{k}"
-        create_claim(api, ns, name, spec)
-        api.create_pod(claim_pod(name, ns, side, claim=name, node_selector={"kubernetes.io/hostname": node},
-                                 labels={GANG_LABEL: f"halves-{side[:3]}", GANG_SIZE: "2"}))
-        pods[name] = name
+        pod = f"{side[:3]}-{name}-{k}"
+        create_claim(api, ns, pod, spec)
+        api.create_pod(claim_pod(pod, ns, side, claim=pod, node_selector={"kubernetes.io/hostname": node},
+                                 labels={GANG_LABEL: f"{name}-{side[:3]}", GANG_SIZE: "2"}))
+        pods[pod] = pod
     try:
-        return GangRun("halves", side, decide(api, ns, pods))
+        return GangRun(name, side, decide(api, ns, pods))
     finally:
         clear_namespace(api, ns)
 
@@ -659,3 +765,7 @@ def gang_lines(runs: Sequence[GangRun]) -> str:
             parts.append(f"{name}: " + (f"bound, {' '.join(o.devices)}" if o.fits else f"pending ({o.message})"))
         out.append(f"* {g.name}, {g.side}: " + "; ".join(parts))
     return "\n".join(out)
+
+
+def run_gang_halves_preferring_whole(cluster: Cluster, side: str) -> GangRun:
+    return run_gang_halves(cluster, side, prefer_whole=True)

@@ -475,12 +475,17 @@ PHALANX_CRDS = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
 
 
 def apply_crds(plane: ControlPlane, docs: list[dict], timeout_s: float = 60.0) -> None:
-    """Apply CRDs (server-side apply, idempotent) and wait until every one is Established."""
+    """Apply CRDs (server-side apply, idempotent) and wait until every one is Established and its
+    resources can be listed (an Established CRD's storage may still answer 429 "storage is
+    (re)initializing" for a moment)."""
     api = plane.api
     names = []
+    lists = []
     for doc in docs:
         api.apply(doc)
         names.append(doc["metadata"]["name"])
+        spec = doc["spec"]
+        lists += [f"/apis/{spec['group']}/{v['name']}/{spec['names']['plural']}" for v in spec["versions"] if v.get("served")]
 
     def established() -> bool:
         for n in names:
@@ -488,7 +493,7 @@ def apply_crds(plane: ControlPlane, docs: list[dict], timeout_s: float = 60.0) -
             if not any(c["type"] == "Established" and c["status"] == "True"
                        for c in (crd.get("status") or {}).get("conditions") or []):
                 return False
-        return True
+        return all(api.request("GET", path, ok=(404, 429, 503))[0] == 200 for path in lists)
 
     deadline = time.monotonic() + timeout_s
     while not established():

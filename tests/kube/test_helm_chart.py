@@ -179,3 +179,14 @@ def test_the_charts_service_accounts_get_exactly_the_least_privilege_table(helm,
         for obj in rbac:
             if obj["kind"] in CLUSTER_KINDS:
                 kube_api.delete(kube_api.resource_path(obj))
+
+
+def test_the_fair_share_half_life_reaches_placement_only_when_set(helm):
+    def placement_args(*sets: str) -> list[str]:
+        objs = helm.template("phalanx", "phalanx-system", *(a for s in sets for a in ("--set", s)))
+        (dep,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "phalanx-placement"]
+        return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert placement_args() == ["run", "placement", "--health-addr", "0.0.0.0:8080"]
+    assert placement_args("placement.usageHalfLifeS=3600") == [
+        "run", "placement", "--health-addr", "0.0.0.0:8080", "--usage-half-life-s", "3600"]

@@ -6,20 +6,21 @@ claims fit nowhere says why in kube-scheduler's words.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import msgspec
 import pytest
-from dra_builders import GPU_CLASS, claim, gpu_pool, pci, request
+from dra_builders import GPU_CLASS, claim, exact, first_available, gpu_pool, pci, request
 
 from phalanx_engine.cluster import Cluster
 from phalanx_engine.decide import decide
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import NoFit
-from phalanx_proto.dra import ClaimSpec, PodClaim
+from phalanx_proto.dra import ClaimSpec, ExtendedRequest, PodClaim
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.scheduling import NodeKubeState
-from phalanx_proto.topology import NodeTopology
+from phalanx_proto.topology import NetworkTiers, NodeTopology
 from phalanx_topology import load_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
@@ -122,3 +123,72 @@ def test_a_held_device_in_the_ledger_counts_even_before_the_api_shows_the_claim(
     (a,) = placed(decide(cluster, (member("a", gpu_claim("ca", 8)),))).assignments
     cluster.assume((a,))  # committed: the ledger holds it, no pool's in_use shows it yet
     assert isinstance(decide(cluster, (member("b", gpu_claim("cb", 1)),)), NoFit)
+
+
+def extended_member(name: str, gpus: int) -> MemberSpec:
+    """A pod asking ``nvidia.com/gpu: <gpus>`` in a cluster whose gpu.nvidia.com class serves that
+    resource (KEP-5004): it carries the claim Phalanx would make for it."""
+    req = ExtendedRequest(request="container-0-request-0", container="c", index=0, resource="nvidia.com/gpu",
+                          device_class="gpu.nvidia.com", count=gpus)
+    spec = ClaimSpec(namespace="t", name="", uid=f"extended:uid-{name}", extended=True, extended_requests=(req,),
+                     requests=(request(req.request, GPU_CLASS, gpus),))
+    return msgspec.structs.replace(member(name, gpus=gpus), claims=(PodClaim(name="", claim=spec),))
+
+
+def with_allocatable(v: NodeView, gpus: int) -> NodeView:
+    return dataclasses.replace(v, kube=msgspec.structs.replace(v.kube, allocatable={**v.kube.allocatable,
+                                                                                   "nvidia.com/gpu": gpus}))
+
+
+def test_an_extended_resource_request_takes_the_device_plugin_path_where_the_node_has_the_plugin():
+    cluster = Cluster.from_snapshot(Snapshot(nodes=(with_allocatable(view("n1"), 8),)))
+    (a,) = placed(decide(cluster, (extended_member("p", 4),))).assignments
+    assert (len(a.gpus), a.claims) == (4, ())
+
+
+def test_on_a_dra_only_node_an_extended_resource_request_is_served_by_its_claim_on_an_nvlink_quad():
+    cluster = Cluster.from_snapshot(Snapshot(nodes=(view("n1", in_use=("gpu-1",)),)))
+    (a,) = placed(decide(cluster, (extended_member("p", 4),))).assignments
+    (c,) = a.claims
+    assert (c.extended, c.extended_requests[0].resource, devices(a), a.gpus) == (
+        True, "nvidia.com/gpu", ["gpu-4", "gpu-5", "gpu-6", "gpu-7"], (4, 5, 6, 7))
+
+
+def in_clique(v: NodeView, clique: str) -> NodeView:
+    return dataclasses.replace(v, tiers=NetworkTiers(hypernode=clique, leaf="leaf-1", netpod="pod-1"))
+
+
+def cd_member(name: str, domain: str) -> MemberSpec:
+    c = msgspec.structs.replace(gpu_claim(f"{name}-gpus", 8), compute_domain=domain)
+    return member(name, c)
+
+
+def test_a_compute_domain_gang_lands_in_one_nvlink_clique_and_never_in_one_hosting_another_domain():
+    nodes = (in_clique(view("n1"), "c1"), in_clique(view("n2"), "c1"), in_clique(view("n3"), "c2"),
+             in_clique(view("n4"), "c2"))
+    cluster = Cluster.from_snapshot(Snapshot(nodes=nodes))
+    first = placed(decide(cluster, (cd_member("a0", "cd-a"), cd_member("a1", "cd-a"))))
+    cliques = {"n1": "c1", "n2": "c1", "n3": "c2", "n4": "c2"}
+    (taken,) = {cliques[a.node] for a in first.assignments}
+    assert {c.compute_domain for a in first.assignments for c in a.claims} == {"cd-a"}
+    cluster.assume(first.assignments)
+    # the other clique is whole and free; the first hosts cd-a, so cd-b goes to the other one
+    second = placed(decide(cluster, (cd_member("b0", "cd-b"),)))
+    assert {cliques[a.node] for a in second.assignments} == {"c1", "c2"} - {taken}
+    cluster.assume(second.assignments)
+    refused = decide(cluster, (cd_member("c0", "cd-c"),))
+    assert isinstance(refused, NoFit) and "hosting no other ComputeDomain" in refused.summary, refused
+
+
+def test_a_gang_whose_members_each_prefer_a_whole_node_fits_as_two_halves_by_their_next_alternative():
+    def prefers_whole(name: str) -> ClaimSpec:
+        return msgspec.structs.replace(claim(name, first_available(
+            "gpu", exact(GPU_CLASS, 8, name="whole"), exact(GPU_CLASS, 4, name="half"))), namespace="t")
+
+    cluster = Cluster.from_snapshot(Snapshot(nodes=(view("n1"),)))
+    got = placed(decide(cluster, (member("a", prefers_whole("ca")), member("b", prefers_whole("cb")))))
+    assert sorted(a.gpus for a in got.assignments) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert {d.request for a in got.assignments for c in a.claims for d in c.allocation.devices} == {"gpu/half"}
+    # alone, a member gets what it prefers
+    (solo,) = placed(decide(cluster, (member("c", prefers_whole("cc")),))).assignments
+    assert {d.request for c in solo.claims for d in c.allocation.devices} == {"gpu/whole"}

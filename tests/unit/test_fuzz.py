@@ -3,12 +3,12 @@
 with hostile leaves, mutated YAML, matrices with hostile cells, schema-guided events with deep
 nesting - and must answer with a result: never a traceback, a hang or unbounded memory.
 
-The generators (``Gen``) make each choice - a branch, a length, a character, a hostile leaf - as
-one Hypothesis draw (``DrawnRandom``), so Hypothesis records the choices of every input: a
+The generators (``Gen``) make every choice - a branch, a length, a character, a hostile leaf -
+through Hypothesis (``DrawnRandom``), so Hypothesis records the choices of every input: a
 failure is shrunk to a small input, printed with the blob that replays it, and (profile
 ``fuzz``) saved in the example database (``.hypothesis/examples``), which replays it first on the next
-run. Each choice is a draw of a prebuilt strategy, so 10^4 inputs per target fit in ``make
-test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
+run. The choices are read from pools of bytes Hypothesis draws, a few draws an input instead
+of hundreds, so 10^4 inputs per target fit in ``make test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
 test``: ``PHALANX_FUZZ_EXAMPLES`` inputs per target, default 10000, derandomized so every run
 tries the same inputs) and ``fuzz`` (``make fuzz``: 200000 inputs per target from a fresh seed,
 with the database). The counts are printed at the end of the run.
@@ -60,9 +60,8 @@ PIECES = ["&a ", "*a", "*b", "<<: ", "[", "]", "{", "}", ": ", "- ", "!!binary "
           "'", '"', "\t", "\n  ", "---\n", "\x00", "\x1b", "%YAML 1.1\n", "? ", "|\n", "&a [*a]"]
 
 
-@functools.cache
-def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    return st.integers(lo, hi)
+POOL = 64
+"""Bytes per Hypothesis draw behind the generators' numeric choices (``DrawnRandom``)."""
 
 
 @functools.cache
@@ -75,30 +74,41 @@ def _bytes(n: int) -> st.SearchStrategy[bytes]:
     return st.binary(min_size=n, max_size=n)
 
 
-@functools.cache
-def _sample(population: tuple, k: int) -> st.SearchStrategy[list]:
-    return st.lists(st.sampled_from(population), min_size=k, max_size=k, unique=True)
-
-
-@functools.cache
-def _text(most: int) -> st.SearchStrategy[str]:
-    return st.text(alphabet=ALPHABET, max_size=most)
-
-
 class DrawnRandom:
-    """The part of ``random.Random`` the generators use, each call one Hypothesis draw of a
-    prebuilt strategy: Hypothesis records the calls, shrinks them (towards 0: the first branch,
-    the shortest length) and replays them."""
+    """The part of ``random.Random`` the generators use, every choice drawn through Hypothesis,
+    so Hypothesis records the choices of every input, shrinks them and replays them.
+
+    A number (``random``, ``randrange``, ``sample``, a text's length and characters) is read
+    from a pool of ``POOL`` bytes, one Hypothesis draw, drawn again when it runs out: a draw
+    costs Hypothesis tens of microseconds of bookkeeping whatever its size, and an input makes
+    hundreds of choices, so one draw per choice spent ~90% of a target's time in Hypothesis
+    rather than in the code under test. Shrinking a pool towards zero bytes shrinks its choices
+    towards 0 (the first branch, the shortest length, the first character), as before. The
+    numbers are uniform, as the generators' thresholds assume (a Hypothesis integer draw leans
+    towards small numbers and constants: ``random() < 0.4`` held for 59% of draws, so trees came
+    out smaller than ``Gen`` says). A float or random bytes stays one draw of its own strategy,
+    with Hypothesis's awkward values."""
 
     def __init__(self, draw: Callable) -> None:
         self.draw = draw
+        self.pool, self.at = b"", 0
+
+    def _below(self, n: int) -> int:
+        """A number in ``[0, n)`` read from the next bytes of the pool: enough for ``n`` and six
+        bits more, so the modulo favours no number by more than 1/64 of its chance."""
+        size = ((n - 1).bit_length() + 6 + 7) // 8
+        if self.at + size > len(self.pool):
+            self.pool, self.at = self.draw(_bytes(max(POOL, size))), 0
+        value = int.from_bytes(self.pool[self.at:self.at + size], "big")
+        self.at += size
+        return value % n
 
     def random(self) -> float:
-        return self.draw(_ints(0, 999)) / 1000
+        return self._below(1000) / 1000
 
     def randrange(self, a: int, b: int | None = None) -> int:
         lo, hi = (0, a) if b is None else (a, b)
-        return self.draw(_ints(lo, hi - 1))
+        return lo + self._below(hi - lo)
 
     def uniform(self, a: float, b: float) -> float:
         return self.draw(_floats(a, b))
@@ -107,11 +117,16 @@ class DrawnRandom:
         return self.draw(_bytes(n))
 
     def sample(self, population: typing.Sequence, k: int) -> list:
-        return self.draw(_sample(tuple(population), k))
+        """``k`` distinct items of ``population``, in a drawn order (a partial Fisher-Yates)."""
+        items = list(population)
+        for i in range(k):
+            j = i + self._below(len(items) - i)
+            items[i], items[j] = items[j], items[i]
+        return items[:k]
 
     def text(self, most: int) -> str:
-        """Up to ``most`` characters of ``ALPHABET``, one draw."""
-        return self.draw(_text(most))
+        """Up to ``most`` characters of ``ALPHABET``."""
+        return "".join([ALPHABET[self._below(len(ALPHABET))] for _ in range(self._below(most + 1))])
 
 
 class Gen:
@@ -196,7 +211,7 @@ def dump(tree: object) -> str:
 
 ROUND = 10000
 """Inputs per Hypothesis run: a longer target runs several rounds, each a fresh run, since a run
-keeps every input's choices in memory (about 40 KiB each for the largest wire structs)."""
+keeps every input's choices in memory."""
 
 
 class Budget:
@@ -333,6 +348,13 @@ def _structs(tp: object) -> list[type]:
     return [m for m in members if isinstance(m, type) and issubclass(m, msgspec.Struct)]
 
 
+@functools.cache
+def _field_names(struct: type) -> tuple[str, ...]:
+    """The wire names of ``struct``'s fields (``msgspec.structs.fields`` resolves the type hints
+    on every call)."""
+    return tuple(f.encode_name for f in msgspec.structs.fields(struct))
+
+
 def event_bytes(gen: Gen, structs: list[type]) -> bytes:
     """Random bytes, random JSON, or an object with a real tag and the struct's own field
     names holding random values, one of them sometimes nested thousands of levels deep."""
@@ -344,9 +366,9 @@ def event_bytes(gen: Gen, structs: list[type]) -> bytes:
     struct = gen.pick(structs)
     config = struct.__struct_config__
     doc = {config.tag_field: config.tag} if config.tag_field else {}
-    for f in msgspec.structs.fields(struct):
+    for name in _field_names(struct):
         if gen.r.random() < 0.75:
-            doc[f.encode_name] = gen.tree(1)
+            doc[name] = gen.tree(1)
     body = json_bytes(doc)
     if r < 0.45 and doc:
         depth = gen.r.randrange(1, 20000)

@@ -404,3 +404,11 @@ def test_no_json_makes_a_reader_raise_and_every_value_decodes_on_the_wire(tree, 
             assert isinstance(dra.pod_claims(obj), list | Violation)
             assert isinstance(dra.extended_requests(obj, {"nvidia.com/gpu": "gpu.nvidia.com"}), tuple | Violation)
             assert isinstance(dra.claim_for_pod(obj, obj, "a"), str)
+
+
+def test_a_claim_made_from_a_compute_domains_template_names_the_domain():
+    obj = claim([gpu_request()])
+    obj["metadata"]["labels"] = {D.COMPUTE_DOMAIN_LABEL: "cd-uid-1", "other": "x"}
+    assert dra.claim_spec(obj, {"gpu.nvidia.com": GPU_REF}).compute_domain == "cd-uid-1"
+    obj["metadata"]["labels"] = {}
+    assert dra.claim_spec(obj, {"gpu.nvidia.com": GPU_REF}).compute_domain == ""

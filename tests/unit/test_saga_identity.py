@@ -1,10 +1,17 @@
-"""Gang identity and member requests (services/phalanx_gang_coordinator/gangs.py)."""
+"""Gang identity and member requests (services/phalanx_gang_coordinator/gangs.py), and what the
+intake tells a pod whose request is invalid."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import anyio
 import pytest
+import yaml
 
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
+from phalanx_gang_coordinator.intake import PodIntake
+from phalanx_gang_coordinator.notify import Notifier
 from phalanx_kube.port import pod_from_dict
 from phalanx_kubeobjects import names
 from phalanx_kubeobjects.gangs import GangSize, jobset_size
@@ -212,3 +219,50 @@ def test_member_spec_carries_what_the_pod_asks_of_a_node_besides_gpus():
     assert got == MemberSpec(pod=REF, gpus=1, vendor="nvidia", requests={"cpu": 1500, "memory": 8 << 30},
                              tolerations=(Toleration(key="dedicated", operator="Exists", effect="NoSchedule"),),
                              node_selector={"pool": "train"}, host_ports=(HostPort(port=9090),))
+
+
+class Told:
+    """A cluster that records the notices the notifier sends."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    async def record_event(self, ref, *, reason: str, message: str, type: str = "Normal") -> None:
+        self.calls.append(("event", ref.name, reason, type, message))
+
+    async def set_scheduled_condition(self, ref, *, status: bool, reason: str, message: str) -> None:
+        self.calls.append(("condition", ref.name, status, reason, message))
+
+
+class AdmitsNothing:
+    """A saga driver no gang may reach."""
+
+    async def admit(self, gang_id, change):
+        raise AssertionError(f"gang {gang_id} admitted")
+
+
+@pytest.mark.anyio
+async def test_the_mig_demo_asking_for_five_slices_is_told_the_allowed_values_and_joins_no_gang():
+    """gang-coordinator's intake on the seed's mig-demo pod with ``gpu-slice: 5``: a Warning
+    ``FailedScheduling`` event and ``PodScheduled=False`` naming the field and the allowed slice
+    counts, and no gang (so nothing places or binds it). This ran on a whole MIG stack before
+    (test_mig_end_to_end); the way from intake to the pod's event through real processes is
+    proven for an invalid request by test_saga_processes and the e2e seed examples."""
+    demo = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "pods" / "mig-demo.yaml").read_text())
+    demo["metadata"] |= {"name": "slice-five", "namespace": "default", "uid": "u5"}
+    demo["spec"]["containers"][0]["resources"]["limits"] = {"aliyun.com/gpu-slice": "5", "aliyun.com/gpu-memory": "4"}
+    cluster = Told()
+    notifier = Notifier(cluster)
+    intake = PodIntake(cluster, None, AdmitsNothing(), notifier, settle_s=0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        await intake.on_pods([pod_from_dict(demo)])
+        with anyio.fail_after(5):
+            await notifier.drained()
+        tg.cancel_scope.cancel()
+    (condition, event) = sorted(cluster.calls)  # one of each
+    assert event[:4] == ("event", "slice-five", "FailedScheduling", "Warning")
+    assert condition[:4] == ("condition", "slice-five", False, "Unschedulable")
+    message = event[4]
+    assert condition[4] == message and message.startswith("invalid request: ")
+    assert "aliyun.com/gpu-slice" in message and "1, 2, 3, 4" in message

@@ -3,6 +3,7 @@ synthetic clusters the benchmarks and ``phalanx up --synthetic`` use."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,15 @@ def test_the_synthetic_shapes_topologies_are_packaged_and_equal_to_the_examples_
         assert shape.topology.is_relative_to(TOPOLOGIES), f"{name} is read from the package, not from examples/"
         (original,) = examples.rglob(shape.topology.name)
         assert shape.topology.read_bytes() == original.read_bytes(), f"{name}: the packaged copy drifted"
+
+
+def test_a_dra_only_node_of_the_cluster_file_runs_its_agent_advertising_nothing(tmp_path):
+    """``advertise: none`` (a node whose GPUs only a DRA driver offers) reaches its
+    topology-discovery as ``--advertise none`` and survives the fleet's file round trip (the
+    fleet gives each node's agent its own mode)."""
+    cluster = synthetic_cluster("2x8v100")
+    dra = ClusterFile((cluster.nodes[0], dataclasses.replace(cluster.nodes[1], advertise="none")))
+    assert ClusterFile.load(dra.dump(tmp_path / "c.yaml")) == dra
+    args = {name: extra for name, _, extra in Stack(dra, workdir=str(tmp_path)).plan()}
+    assert "--advertise" not in args["topology-discovery@8v100-0"]
+    assert args["topology-discovery@8v100-1"][-2:] == ["--advertise", "none"]
