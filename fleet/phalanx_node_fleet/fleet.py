@@ -15,7 +15,12 @@ NVML — sharing one bus connection and one ``ClusterPort``:
   (``KvCluster.revision``), one node listing and one listing of the bound pods give every
   node's ``NodeKubeState`` (``kubestate.NodeStateReporter``; a node's key of
   ``phx-node-state`` is written only when its state changed), and every ``label_refresh_s``
-  each node's stored state is read back and written again if it is not the node's;
+  each node's stored state is read back and written again if it is not the node's. A Phalanx
+  pod that goes (the watch of Phalanx's pods shows it deleted or terminal) is reported at once
+  for its node, from the last listing without it, as a node agent reports a departure without
+  its debounce: placement frees a reservation only once the node no longer lists its pod, and a
+  preemptor waits for that (docs/preemption.md). A pod seen gone is left out of every later
+  report, so a listing taken before it went cannot bring it back;
 * **heartbeats**: every ``heartbeat_s`` one beat per node, each under the node's own key of
   ``phx-heartbeat``, written ``concurrency`` at a time (pipelined, one connection);
 * **MIG**: one durable consumer on every node's MIG subject (``phx.node.*.mig``) hands each
@@ -56,6 +61,9 @@ from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import Config as DiscoveryConfig
 from phalanx_topology_discovery.service import Discovery, annotated_health, topology_from_file
 
+GONE_KEPT_S = 120.0
+"""How long a pod seen gone is left out of the reports: far longer than a listing takes."""
+
 DURABLE = "mig-manager-fleet"
 """The fleet's one MIG consumer (its filter, every node's MIG commands, is in the bus table)."""
 
@@ -89,6 +97,13 @@ class Fleet:
         """Subject token → node name, for every node of the fleet."""
         self._read: dict[str, tuple | None] = {}
         """What each node's last report read from its Node (``Discovery.reads``)."""
+        self._listed: dict[str, Node] = {}
+        """The nodes as the last state round listed them."""
+        self._pods: dict[str, tuple[Pod, ...]] = {}
+        """Each node's bound pods as the last state round listed them."""
+        self.gone: dict[str, float] = {}
+        """Uid → when the watch showed that Phalanx pod gone (deleted or terminal): left out of
+        every report from then on (a uid never comes back), forgotten after ``GONE_KEPT_S``."""
         for n in nodes:
             topo = topology_from_file(n.topology_file, n.name, gpu_model=n.gpu_model,
                                       gpu_memory_mib=n.gpu_memory_mib, mig_enabled=n.mig_enabled)
@@ -128,14 +143,45 @@ class Fleet:
         pods: dict[str, list[Pod]] = {}
         for p in await self.cluster.list_bound_pods():
             pods.setdefault(p.node_name, []).append(p)
+        self._listed, self._pods = listed, {name: tuple(ps) for name, ps in pods.items()}
+        cutoff = time.monotonic() - GONE_KEPT_S
+        self.gone = {uid: at for uid, at in self.gone.items() if at > cutoff}
         changed: list[str] = []
 
         async def one(name: str) -> None:
-            if await self.states[name].observe(NodeObjects(node=listed.get(name), pods=tuple(pods.get(name, ())))):
+            if await self.states[name].observe(self._objects(name)):
                 changed.append(name)
 
         await self._each(list(self.states), one, "node state")
         return len(changed)
+
+    def _objects(self, name: str) -> NodeObjects:
+        """Node ``name`` and its pods as last listed, without the pods seen gone since."""
+        return NodeObjects(node=self._listed.get(name),
+                           pods=tuple(p for p in self._pods.get(name, ()) if p.uid not in self.gone))
+
+    async def departures(self) -> None:
+        """Follow Phalanx's pods; when one bound to a node of the fleet is deleted or turns
+        terminal, report that node at once (``NodeStateReporter.departed``'s rule for a node
+        agent)."""
+        while True:
+            try:
+                async for ev in self.cluster.watch_pods():
+                    if ev is None or not (ev.type == "DELETED" or ev.pod.terminal) or not ev.pod.uid:
+                        continue
+                    self.gone[ev.pod.uid] = time.monotonic()
+                    name = ev.pod.node_name
+                    if name in self.states and name in self._listed:
+                        objs = self._objects(name)
+                        reporter = self.states[name]
+                        if reporter.departed(objs):
+                            try:
+                                await reporter.observe(objs)
+                            except Exception as e:  # noqa: BLE001 - the next round reports it
+                                warn("fleet departure report failed", node=name, error=repr(e)[:300])
+            except Exception as e:  # noqa: BLE001 - the watch broke: follow again
+                warn("fleet pod watch failed", error=repr(e)[:300])
+                await anyio.sleep(1.0)
 
     async def reassert_states(self) -> int:
         """Each node's stored state read back, written again where it is not the node's."""
@@ -260,6 +306,7 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *, task_status=any
         tg.start_soon(fleet.beat_loop)
         tg.start_soon(fleet.label_loop)
         tg.start_soon(fleet.state_loop)
+        tg.start_soon(fleet.departures)
         if fleet.mig:
             tg.start_soon(fleet.reconcile_loop)
         await tg.start(lambda task_status: consume(

@@ -169,7 +169,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         reason = f"not scheduled by phalanx (schedulerName {pod.scheduler_name!r})"
     elif state is None:
         reason = "not seen by gang-coordinator yet"
-    elif state.phase == "placing" and assignment is not None:
+    elif state.phase in ("placing", "preempting") and assignment is not None:
         reason = f"gang placed: reserved on {assignment.node}, being bound"  # the binds go out from placing
     else:
         reason = f"gang {state.phase}"

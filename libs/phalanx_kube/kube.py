@@ -23,12 +23,12 @@ Mapping of the port's rules onto the API:
 * every request (a watch's start included) first waits for the client-side rate limiter,
   ``--kube-api-qps``/``--kube-api-burst`` as in kube-scheduler (``phalanx_kube.ratelimit``), and
   the HTTP connection pool is sized to the burst;
-* events (``phalanx_kube.kubeevents``), leases (``kubeleases``), queues (``kubequeues``) and the
-  DRA objects (``kubedra``: DeviceClasses, ResourceSlices, ResourceClaims) are mixed into
+* events (``phalanx_kube.kubeevents``), leases (``kubeleases``), queues (``kubequeues``), the
+  disruption budgets an eviction asks about (``kubebudgets``) and the DRA objects (``kubedra``: DeviceClasses, ResourceSlices, ResourceClaims) are mixed into
   ``KubeCluster`` from their own modules.
 
 RBAC this needs (``deploy/k8s/rbac.yaml`` grants each service only its part): pods
-get/list/watch/patch/delete, pods/binding create, pods/eviction create (binder: preemption), pods/status patch, events create/get/patch,
+get/list/watch/patch/delete, pods/binding create, pods/eviction create and poddisruptionbudgets list (binder: preemption), pods/status patch, events create/get/patch,
 nodes get/list/watch, nodes/status patch (the node agent: its own node's pods list/watch,
 ``watch_node``); ``list_events`` (tests, CLI) also needs events list;
 the per-node fences are ``coordination.k8s.io`` leases (binder: get/create/update/delete; the
@@ -53,6 +53,7 @@ from kubernetes_asyncio import client, config
 
 from phalanx_kube import nodewatch
 from phalanx_kube.apitime import epoch, iso
+from phalanx_kube.kubebudgets import KubeBudgets
 from phalanx_kube.kubedra import KubeDra
 from phalanx_kube.kubeevents import KubeEvents
 from phalanx_kube.kubeleases import KubeLeases
@@ -104,7 +105,7 @@ def _uid_mismatch(e: KubeApiError) -> bool:
     return e.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
 
 
-class KubeCluster(KubeQueues, KubeEvents, KubeLeases, KubeDra):
+class KubeCluster(KubeQueues, KubeEvents, KubeLeases, KubeDra, KubeBudgets):
     """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
     ``await close()`` (or ``async with``) releases the HTTP session."""
 

@@ -18,7 +18,7 @@ import asyncio
 import copy
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -212,6 +212,16 @@ class KvCluster(KvQueues, KvDra):
         if not dry_run:
             await self.delete_pod(ref)
         return True
+
+    async def budgeted(self, refs: Iterable[PodRef]) -> set[PodRef]:
+        """The pods annotated ``DISRUPTION_BUDGET_ANNOTATION`` (whatever its value): the
+        simulator's stand-in for a PodDisruptionBudget selecting the pod."""
+        out = set()
+        for ref in refs:
+            _, obj = await self._read(ref)
+            if obj is not None and DISRUPTION_BUDGET_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+                out.add(ref)
+        return out
 
     async def record_event(self, ref: PodRef, *, reason: str, message: str,
                            type: Literal["Normal", "Warning"] = "Normal") -> None:

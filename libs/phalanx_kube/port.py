@@ -16,7 +16,7 @@ for extended resources backed by DRA (``create_resource_claim``, ``set_extended_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -225,6 +225,12 @@ class ClusterPort(Protocol):
         ``dry_run``: would be), False when it is gone (or recreated: another uid). Raises
         ``EvictionBlocked`` when a disruption budget refuses it, ``NotOurs`` for a pod of
         another scheduler."""
+        ...
+
+    async def budgeted(self, refs: Iterable[PodRef]) -> set[PodRef]:
+        """Of ``refs``, the pods a PodDisruptionBudget selects: an eviction of one of them may be
+        refused, so binder tries it as a dry run first; the others are evicted at once. May
+        answer more pods than are selected (never fewer)."""
         ...
 
     async def record_event(self, ref: PodRef, *, reason: str, message: str,

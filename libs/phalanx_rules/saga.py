@@ -13,6 +13,9 @@ data too (gang-coordinator's ``effects.py``), carried out by its ``driver.SagaDr
         ──every member in BindsDone──▶ scheduled
     placing/binding ──some members in BindsDone──▶ binding ──the rest──▶ scheduled
     placing ──PlacementFailed──▶ backoff                     (nothing was reserved)
+    placing ──Preempting (GPUs nominated, victims evicted)──▶ preempting ──Reserved (the
+        nomination turned into the reservation when the victims' last GPUs were freed)──▶
+        binds out, as from placing; preempting ──PlacementFailed (nomination given up)──▶ backoff
     preparing/binding: MigFailed, a failure in BindsDone, deadline; placing: deadline
         ──▶ rolling_back ──compensations done──▶ backoff ──backoff over──▶ placing
     waiting/backoff ──the gate or its queues hold it (``held_back``)──▶ the same phase, held
@@ -40,6 +43,7 @@ from phalanx_proto.events import (
     Phase,
     PlacementFailed,
     PodRef,
+    Preempting,
     Reserved,
     WhatIf,
 )
@@ -53,7 +57,7 @@ from phalanx_proto.state import (  # noqa: F401 - attempt_members, members_diges
     attempt_members,
     members_digest,
 )
-from phalanx_proto.vocab import IDLE, OPEN, RUNNING
+from phalanx_proto.vocab import IDLE, OPEN, PLACING, RUNNING  # noqa: F401 - PLACING: the saga's vocabulary
 from phalanx_rules import repair as repairs
 from phalanx_rules.fairness import UNSCHEDULABLE_RETRY_S, backoff_delay, retry_delay, waits_for
 
@@ -204,9 +208,23 @@ def placed(s: GangState | None, ev: Reserved) -> GangState | None:
     Without MIG there is nothing to prepare and no transition: the driver sends the binds at
     once and the record stays ``placing`` until ``bound`` moves it on — the ledger, the home
     of the reservations, already says the attempt is placed (docs/saga.md, "One write fewer")."""
-    if s is None or s.attempt != ev.attempt or s.phase != "placing" or ev.members_digest != members_digest(s):
+    if s is None or s.attempt != ev.attempt or s.phase not in PLACING or ev.members_digest != members_digest(s):
         return None
     return replace(s, phase="preparing", whatif=None)
+
+
+def preempting(s: GangState | None, ev: Preempting) -> GangState | None:
+    """placing → preempting: placement nominated the GPUs the victims it evicts will free. The
+    attempt stays open — no backoff, no new attempt, woken by no release — until placement
+    answers ``Reserved`` (the nomination became the reservation) or ``PlacementFailed`` (it gave
+    the nomination up). While preempting, a new reason (victims slow to go) is recorded; the same
+    one again changes nothing."""
+    if s is None or s.attempt != ev.attempt or s.phase not in PLACING or ev.members_digest != members_digest(s):
+        return None
+    if s.phase == "preempting" and s.reason == ev.reason:
+        return None
+    return replace(s, phase="preempting", reason=ev.reason, reserve_nodes=ev.nodes, whatif=None, waits_for="gpus",
+                   held_back=False)
 
 
 def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, base_s: float,
@@ -216,8 +234,8 @@ def placement_failed(s: GangState | None, ev: PlacementFailed, *, now: float, ba
     The gang keeps what it waits for (``fairness.waits_for``) and is retried when that changes,
     or after ``fairness.retry_delay`` at the latest — or, when placement named the time a
     preemption it needs becomes possible (``retry_at``: its victims' minimum runtime), at that
-    time, neither before nor after."""
-    if s is None or s.attempt != ev.attempt or s.phase != "placing":
+    time, neither before nor after. From ``preempting`` too: placement gave the nomination up."""
+    if s is None or s.attempt != ev.attempt or s.phase not in PLACING:
         return None
     if ev.members and set(ev.members) != {m.pod for m in attempt_members(s)}:
         return None
@@ -254,10 +272,10 @@ def mig_ready(s: GangState | None, ev: MigReady, *, all_ready: bool) -> GangStat
 
 
 def bound(s: GangState | None, attempt: int, pods: tuple[PodRef, ...]) -> GangState | None:
-    """binding, or placing without MIG (its binds went out from there): more members bound (the
-    driver checked each against the cluster and the ledger); → scheduled when every member of
-    the attempt is, else binding."""
-    if s is None or s.attempt != attempt or s.phase not in ("placing", "binding"):
+    """binding, or placing/preempting without MIG (its binds went out from there): more members
+    bound (the driver checked each against the cluster and the ledger); → scheduled when every
+    member of the attempt is, else binding."""
+    if s is None or s.attempt != attempt or s.phase not in (*PLACING, "binding"):
         return None
     wanted = {m.pod for m in attempt_members(s)}
     new = tuple(p for p in dict.fromkeys(pods) if p in wanted and p not in s.bound)
@@ -297,12 +315,12 @@ def mig_failed(s: GangState | None, ev: MigFailed) -> GangState | None:
 
 def bind_failed(s: GangState | None, ev: BindsDone) -> GangState | None:
     """binder could not bind one of the attempt's members: roll back (the first failure names it).
-    While ``binding``, or ``placing`` when the binds went out from there (no MIG)."""
+    While ``binding``, or ``placing``/``preempting`` when the binds went out from there (no MIG)."""
     failure = next((f for f in ev.failed if _in_attempt(s, f.pod)), None)
     if failure is None:
         return None
     return fail(s, ev.attempt, f"bind of {failure.pod} failed: {failure.reason}", code="bind_failed",
-                phases=("placing", "binding"))
+                phases=(*PLACING, "binding"))
 
 
 def deadline(s: GangState | None, ev: GangDeadline) -> GangState | None:
@@ -342,6 +360,8 @@ def pending_reason(s: GangState, now: float) -> str:
     if s.phase == "waiting" or s.attempt == 0:
         have, need = len(s.members), s.min_member
         return f"gang incomplete: {have}/{need} members present" if have < need else "gang waiting to start"
+    if s.phase == "preempting":
+        return f"{s.reason} (attempt {s.attempt})"
     retry = max(0.0, s.backoff_until - now)
     return f"{s.reason} (attempt {s.attempt}); next try in {retry:.0f}s"
 

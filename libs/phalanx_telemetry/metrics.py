@@ -120,6 +120,14 @@ PREEMPTED_GPUS = Counter(
 PREEMPTIONS_REFUSED = Counter(
     "phalanx_preemptions_refused_total",
     "Nominations placement dropped because binder could not evict a victim (a PodDisruptionBudget).")
+PROMOTIONS = Counter(
+    "phalanx_preemptions_promoted_total",
+    "Nominations placement turned into the preemptor's reservation, in the batch that freed its victims' last "
+    "GPUs or in its nomination pass (docs/preemption.md).")
+NOMINATIONS_GIVEN_UP = Counter(
+    "phalanx_nominations_given_up_total",
+    "Preempting attempts placement answered with a failure because their nomination ended (expired, or the "
+    "GPUs it keeps could not become the reservation), so the gang backs off and plans again.")
 EVICTIONS = Counter(
     "phalanx_evictions_total",
     "Victim pods binder asked the Eviction API to evict, by result: evicted, refused (a PodDisruptionBudget: "

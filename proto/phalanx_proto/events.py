@@ -363,6 +363,25 @@ class PlacementFailed(GangEvent, frozen=True, tag="gang.placement_failed"):
         return uid_digest(self.members)
 
 
+class Preempting(GangEvent, frozen=True, tag="gang.preempting"):
+    """Reply from placement: the attempt does not fit as the cluster is, so placement nominated
+    GPUs its victims will free and sent their eviction (docs/preemption.md). The attempt stays
+    open: gang-coordinator moves it to ``preempting`` and waits, with no backoff and no new
+    attempt, until placement turns the nomination into the attempt's reservation (``Reserved``,
+    in the same compare-and-set that frees the victims' last GPUs) or gives it up
+    (``PlacementFailed``). Sent again, with another ``reason``, while the victims are slow to go."""
+
+    members_digest: str = ""
+    """``uid_digest`` of the attempt's members, as in the ``placement.place`` it answers."""
+    reason: Annotated[str, msgspec.Meta(max_length=4000)] = ""
+    """What the pods say meanwhile: the victims, or those still holding GPUs."""
+    nodes: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
+    """Where the GPUs are kept for it (the nominated nodes)."""
+
+    def scope(self) -> str:
+        return f"{self.members_digest}:{hashlib.sha256(self.reason.encode()).hexdigest()[:8]}"
+
+
 class BindPods(GangEvent, frozen=True, tag="bind.pods"):
     """Command to binder: bind these members of the attempt. A reference: each pod is bound
     to what the ledger holds for exactly (gang, attempt, pod uid), a MIG member with the
@@ -524,12 +543,12 @@ class EvictionRefused(GangEvent, frozen=True, tag="placement.eviction_refused"):
 GANG_EVENTS = (
     GangAdmitted, PlaceRequested, Reserved, PlacementFailed, BindPods, BindsDone,
     RollbackStarted, ReleaseRequested, AdoptRequested, Released, GangScheduled, GangPending, GangDeadline,
-    EvictPods, EvictionRefused, UnreserveClaims,
+    EvictPods, EvictionRefused, UnreserveClaims, Preempting,
 )
 AnyGangEvent = (
     GangAdmitted | PlaceRequested | Reserved | PlacementFailed | BindPods | BindsDone
     | RollbackStarted | ReleaseRequested | AdoptRequested | Released | GangScheduled | GangPending | GangDeadline
-    | EvictPods | EvictionRefused | UnreserveClaims
+    | EvictPods | EvictionRefused | UnreserveClaims | Preempting
 )
 
 MAX_BATCH_EVENTS = 1_024
@@ -807,4 +826,4 @@ def tag_of(event_type: type[msgspec.Struct]) -> str:
     return event_type.__struct_config__.tag  # type: ignore[return-value]  # str | int | None: ours are str tags
 
 
-Phase = Literal["waiting", "placing", "preparing", "binding", "scheduled", "rolling_back", "backoff"]
+Phase = Literal["waiting", "placing", "preempting", "preparing", "binding", "scheduled", "rolling_back", "backoff"]

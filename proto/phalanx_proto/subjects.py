@@ -174,7 +174,7 @@ CHANNELS = (
             (PLACEMENT,), "Replies of a placement replica to gang-coordinator, in batches: what a scheduling cycle "
             "decided (and the releases carried out meanwhile) as one message, each reply handled as if it came "
             "alone on its gang's subject. Replaces phx.gang.coord.placement.{gang} (one reply a message).",
-            receiver="gang-coordinator", carries=_tags(E.Reserved, E.PlacementFailed, E.Released)),
+            receiver="gang-coordinator", carries=_tags(E.Reserved, E.PlacementFailed, E.Preempting, E.Released)),
     Channel("gangBinderAnswers", "phx.gang.coord.bound.{replica}", STREAM_GANG, _tags(E.GangBatch),
             (BINDER,), "Replies of a binder replica to gang-coordinator, in batches (the gangs whose binds ended "
             "while its previous batch was being stored). Replaces phx.gang.coord.binder.{gang}.",

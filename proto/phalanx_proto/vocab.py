@@ -26,8 +26,9 @@ IDLE: frozenset[Phase] = frozenset({"waiting", "backoff"})
 attempt (``backoff``). Only from here does an attempt start (or late members join a
 ``scheduled`` gang)."""
 
-RUNNING: frozenset[Phase] = frozenset({"placing", "preparing", "binding"})
-"""An attempt is under way: it may fail, and its deadline is armed."""
+RUNNING: frozenset[Phase] = frozenset({"placing", "preempting", "preparing", "binding"})
+"""An attempt is under way: it may fail, and its deadline is armed. ``preempting``: placement
+nominated the GPUs its victims will free and the attempt waits for them (docs/preemption.md)."""
 
 OPEN: frozenset[Phase] = RUNNING | {"rolling_back"}
 """An attempt is under way or being rolled back: its members are fixed (a pod that arrives waits
@@ -36,14 +37,19 @@ for the next attempt) and it may hold reservations, MIG instances and bound pods
 LIVE: frozenset[Phase] = RUNNING | {"scheduled"}
 """The current attempt's reservations are in use: none of its members' may be released."""
 
-ASKING: frozenset[Phase] = IDLE | {"placing"}
-"""The gang asks for GPUs it does not hold yet: it waits, or its attempt is being placed (until
-its reservation is in: then it holds them and is being bound). What a queue's fair share and
-the queues owed free GPUs count (``phalanx_rules.queueorder``)."""
+ASKING: frozenset[Phase] = IDLE | {"placing", "preempting"}
+"""The gang asks for GPUs it does not hold yet: it waits, or its attempt is being placed, or
+waits for its victims' GPUs (until its reservation is in: then it holds them and is being
+bound). What a queue's fair share and the queues owed free GPUs count
+(``phalanx_rules.queueorder``)."""
 
-BOUND_WANTED: frozenset[Phase] = frozenset({"placing", "binding", "scheduled"})
-"""The attempt wants its members bound where the ledger holds them (``placing``: its binds go out
-from there when no MIG instance is to be made first)."""
+PLACING: frozenset[Phase] = frozenset({"placing", "preempting"})
+"""The attempt has no reservation yet, or has just got it and its binds are out (no MIG): a
+``Reserved`` is taken, and a placement decision made, only here."""
+
+BOUND_WANTED: frozenset[Phase] = PLACING | {"binding", "scheduled"}
+"""The attempt wants its members bound where the ledger holds them (``placing``/``preempting``:
+its binds go out from there when no MIG instance is to be made first)."""
 
 assert IDLE | OPEN | {"scheduled"} == set(PHASES), "every phase is idle, open or scheduled"
 

@@ -8,21 +8,23 @@ the command names must be one that nomination names, and the pods evicted are th
 ledger holds reservations of those gangs for — never a pod the command names. A command that
 fails a check is refused (logged with the rule, counted) and changes nothing.
 
-Then, for the victims' pods:
+Then, for the victims' pods (issue #39: one pass, all at once):
 
-1. every eviction is tried as a dry run first: when a PodDisruptionBudget refuses any of them
-   (HTTP 429), nothing is evicted, the preemptor's pods get a ``PreemptionBlocked`` warning
-   event with the API server's reason, and placement is told (``EvictionRefused``) so it drops
-   the nomination and chooses again without those gangs, or the gang waits;
-2. otherwise each pod gets a ``Preempted`` event naming the preemptor, its queue and priority
-   and the rule, and is evicted. The victims' controllers see their pods go; gang-coordinator
-   rolls each victim gang back as for any deleted member, releasing its reservations, and
-   the preemptor is placed on its next attempt. A budget that changes between the dry run and
-   the eviction can still refuse a pod there: that is reported the same way, no eviction starts
-   after it, and the pods evicted before it (or under way beside it) stay evicted (their gangs
-   roll back whole).
-
-Both steps run ``EVICT_PODS_AT_ONCE`` pods at a time, in the ledger's order.
+1. the pods a PodDisruptionBudget selects (``ClusterPort.budgeted``: one listing of the budgets
+   per namespace) are tried as a dry run first: when a budget refuses any of them (HTTP 429),
+   nothing is evicted, the preemptor's pods get a ``PreemptionBlocked`` warning event with the
+   API server's reason, and placement is told (``EvictionRefused``) so it drops the nomination
+   and chooses again without those gangs, or the gang waits; pods no budget selects need no
+   dry run (nothing can refuse their eviction);
+2. otherwise every pod is evicted, ``EVICT_PODS_AT_ONCE`` at a time; then each gets a
+   ``Preempted`` event naming the preemptor, its queue and priority and the rule — after the
+   evictions, so the events never delay them. The victims' controllers see their pods go;
+   gang-coordinator rolls each victim gang back as for any deleted member, releasing its
+   reservations, and placement turns the nomination into the preemptor's reservation when the
+   last of its GPUs is released (docs/preemption.md). A budget that changes between the dry run
+   and the eviction can still refuse a pod there: that is reported the same way, no eviction
+   starts after it, and the pods evicted before it (or under way beside it) stay evicted (their
+   gangs roll back whole).
 
 Evicting a pod already gone is no error (a redelivered command evicts nothing twice).
 """
@@ -43,8 +45,8 @@ from phalanx_proto.state import Nomination
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
-EVICT_PODS_AT_ONCE = 16
-"""Eviction requests (dry runs, then events and evictions) in flight at once: one at a time, a
+EVICT_PODS_AT_ONCE = 32
+"""Eviction requests (dry runs, evictions, then events) in flight at once: one at a time, a
 preemptor whose victims hold 50 pods waited about 5 s on the API server's writes."""
 
 
@@ -85,6 +87,7 @@ class Evictions:
         pods = [(v, p) for v, refs in victims.items() for p in refs]
         blocked: dict[str, str] = {}
         foreign: list[str] = []
+        budgeted = await self.cluster.budgeted([p for _, p in pods])
 
         async def dry_run(victim: str, ref: PodRef) -> None:
             try:
@@ -94,7 +97,7 @@ class Evictions:
             except NotOurs as e:
                 foreign.append(str(e))
 
-        await self._each(pods, dry_run)
+        await self._each([(v, p) for v, p in pods if p in budgeted], dry_run)
         if foreign:
             refused(R.FOREIGN_SCHEDULER, foreign[0], gang=ev.gang_id, attempt=ev.attempt, command="evict")
             return
@@ -102,20 +105,15 @@ class Evictions:
             await self._refused(ev, noms, blocked, evicted=0)
             return
         first = noms[0]
-        evicted = 0
+        evicted: list[tuple[str, PodRef]] = []
 
         async def evict(victim: str, ref: PodRef) -> None:
-            nonlocal evicted
-            rule = first.victims.get(victim, "priority")
             try:
-                await self.cluster.record_event(
-                    ref, reason="Preempted", type="Warning",
-                    message=f"Preempted by gang {ev.gang_id} (queue {first.queue or 'default'}, priority "
-                            f"{first.priority}) under rule {rule}: victim gang {victim} is evicted whole")
                 if await self.cluster.evict_pod(ref):
-                    evicted += 1
+                    evicted.append((victim, ref))
                     metrics.EVICTIONS.inc(result="evicted")
-                    log("evicted", pod=str(ref), victim=victim, preemptor=ev.gang_id, attempt=ev.attempt, rule=rule)
+                    log("evicted", pod=str(ref), victim=victim, preemptor=ev.gang_id, attempt=ev.attempt,
+                        rule=first.victims.get(victim, "priority"))
                 else:
                     metrics.EVICTIONS.inc(result="gone")
             except EvictionBlocked as e:  # the budget changed since the dry run: start no more
@@ -125,7 +123,19 @@ class Evictions:
 
         await self._each(pods, evict, stop=lambda: bool(blocked))
         if blocked:
-            await self._refused(ev, noms, blocked, evicted=evicted)
+            await self._refused(ev, noms, blocked, evicted=len(evicted))
+
+        async def tell(victim: str, ref: PodRef) -> None:
+            rule = first.victims.get(victim, "priority")
+            try:
+                await self.cluster.record_event(
+                    ref, reason="Preempted", type="Warning",
+                    message=f"Preempted by gang {ev.gang_id} (queue {first.queue or 'default'}, priority "
+                            f"{first.priority}) under rule {rule}: victim gang {victim} is evicted whole")
+            except Exception as e:  # noqa: BLE001 - an event is information; the eviction is done
+                warn("event not recorded", pod=str(ref), error=repr(e)[:200])
+
+        await self._each(evicted, tell)
 
     async def _each(self, pods: list[tuple[str, PodRef]], fn: Callable[[str, PodRef], Awaitable[None]], *,
                     stop: Callable[[], bool] = lambda: False) -> None:

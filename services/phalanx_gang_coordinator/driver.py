@@ -39,12 +39,13 @@ from phalanx_proto.events import (
     MigReady,
     PlacementFailed,
     PodRef,
+    Preempting,
     Released,
     ReleaseRequested,
     Reserved,
 )
 from phalanx_proto.state import MAX_GANG_TIMEOUT_S, GangState, NodeMig, alloc_key, attempt_members
-from phalanx_proto.vocab import BOUND_WANTED, IDLE
+from phalanx_proto.vocab import BOUND_WANTED, IDLE, PLACING
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules import fairness, saga
 from phalanx_rules import repair as repairs
@@ -126,6 +127,8 @@ class SagaDriver:
         self.note_repair(t.before, t.after, time.time())
         await self.execute(effects.entered(t.before, t.after, now=time.time(), timeout_s=self.timeout_of(t.after),
                                            held=self.reservations_of(t.after), announce_now=self.config.announce_after_s <= 0))
+        if t.after.phase == "preempting":
+            self.announced.add((t.after.gang_id, t.after.attempt))  # entering it armed the deadline
         return t.after
 
     def note_repair(self, before: GangState | None, after: GangState, now: float) -> None:
@@ -261,6 +264,11 @@ class SagaDriver:
                         await self._wake_one(event.gang_id, time.time()):
                     log("gang woken: GPUs were released during its attempt", gang=event.gang_id,
                         attempt=event.attempt)
+            case Preempting():
+                self.missed.pop(event.gang_id, None)  # a release no longer helps it: its GPUs are kept
+                state = await self.apply(await self.store.transition(event.gang_id, lambda s: saga.preempting(s, event)))
+                if state is not None:
+                    log("preempting", gang=event.gang_id, attempt=event.attempt, nodes=",".join(event.nodes[:20]))
             case BindsDone():
                 await self.on_binds_done(event)
             case Released():
@@ -344,7 +352,7 @@ class SagaDriver:
             refused(R.UNSTARTED_ATTEMPT, f"Reserved for attempt {ev.attempt}, which this gang never started",
                     gang=ev.gang_id, attempt=ev.attempt)
             return
-        if current.attempt != ev.attempt or current.phase != "placing":
+        if current.attempt != ev.attempt or current.phase not in PLACING:
             # Late or redelivered: a reservation nobody will use (old attempt, or rolled back).
             held = tuple(self.ledger.reservations(ev.gang_id, ev.attempt).values())
             pods = tuple(a.pod for a in held)
@@ -369,7 +377,7 @@ class SagaDriver:
             # Nothing to prepare: the binds go out now and the record stays placing (one write
             # fewer an attempt); the ledger says it is placed, and bound() moves it on.
             await self.execute(effects.binds(current))
-            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase="placing", nodes=nodes)
+            log("placed", gang=ev.gang_id, attempt=ev.attempt, phase=current.phase, nodes=nodes)
             return
         state = await self.apply(await self.store.transition(ev.gang_id, lambda s: saga.placed(s, ev)))
         if state is not None:

@@ -9,7 +9,8 @@ out twice (a redelivery, a crash before the ack, a re-drive) stores each command
     entered(before, after, held)   the effects of one transition (before → after)
     announce(state)                an attempt taking a while: its deadline and GangAdmitted
     redrive(state, held)           what a running state waits for, again (same message ids)
-    binds(state)                   the attempt's bind command (straight from placing without MIG)
+    binds(state)                   the attempt's bind command (straight from placing or preempting
+                                   without MIG)
     compensation(state, step, held) one compensation's effects (``unbind`` is carried out by
                                    the compensator itself, it needs the cluster)
     member_gone(state, pod, held)  give back what one deleted member held
@@ -141,11 +142,17 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
     match after.phase:
         case "placing" if was != "placing":
             return (*(announce(after, timeout_s=timeout_s) if announce_now else ()), _placement(after))
-        case "preparing" if was == "placing":
+        case "preempting" if was == "placing":
+            # The attempt stays open while its victims go: its deadline is armed now, and its
+            # pods are told once why they wait.
+            return (*announce(after, timeout_s=timeout_s), *pending(after, now))
+        case "preempting" if was == "preempting":
+            return pending(after, now)
+        case "preparing" if was in saga.PLACING:
             return _mig_prepares(after, held)
         case "binding" if was == "preparing":
             return binds(after)
-        case "scheduled" if was in ("placing", "binding"):
+        case "scheduled" if was in (*saga.PLACING, "binding"):
             done = (Publish(S.status_subject(after.gang_id), GangScheduled(
                 gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),)
             if before is not None and before.repair is not None and after.repair is None:
@@ -156,7 +163,7 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
                 gang_id=after.gang_id, attempt=after.attempt, reason=after.reason,
                 members_digest=saga.members_digest(after))),
                     Compensate(after.gang_id, after.attempt))
-        case "backoff" if was in ("placing", "rolling_back"):
+        case "backoff" if was in (*saga.PLACING, "rolling_back"):
             return pending(after, now)
     return ()
 
@@ -182,6 +189,10 @@ def redrive(s: GangState, *, timeout_s: float, held: Held = ()) -> tuple[Effect,
     match s.phase:
         case "placing":
             return (_deadline(s, timeout_s), _placement(s), *(binds(s) if saga.binds_without_write(s, held) else ()))
+        case "preempting":
+            # placement watches the nomination (re-sends the eviction, promotes it, gives it up);
+            # what is re-driven here is the binds of a promotion whose Reserved was lost.
+            return (_deadline(s, timeout_s), *(binds(s) if saga.binds_without_write(s, held) else ()))
         case "preparing":
             return (_deadline(s, timeout_s), *_mig_prepares(s, held))
         case "binding":

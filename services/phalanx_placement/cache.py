@@ -78,7 +78,10 @@ class ClusterCache:
         self.history = KvMirror.of_bucket(bus, S.KV_LEDGER, keys=f"{HISTORY_PREFIX}*")
         """Each queue's recent usage (``QueueHistory``, the fair share that remembers)."""
         self.queues = KvMirror.of_bucket(bus, S.KV_QUEUES)
-        self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS)
+        self.gangs = KvMirror.of_bucket(bus, S.KV_GANGS, on_put=self._gang_put, on_delete=self._gang_gone)
+        self.preempting: set[str] = set()
+        """The gangs whose record says their attempt waits for its victims (``preempting``):
+        what placement's nomination pass looks after (``nominations``)."""
         self.pools = DraPools(bus, on_change=self._mark, every_node=lambda: self.views.keys())
         """The DRA pools each node reaches (``NodeView.dra``)."""
         self._dirty: set[str] = set()
@@ -138,6 +141,20 @@ class ClusterCache:
         key = S.gang_key(gang_id)
         entry = self.gangs.get(key)
         return entry.value if entry is not None else self.gangs.poisoned.get(key)
+
+    def _gang_put(self, entry: MirrorEntry, previous: MirrorEntry | None) -> None:
+        if entry.value.phase == "preempting":
+            self.preempting.add(entry.value.gang_id)
+        else:
+            self.preempting.discard(entry.value.gang_id)
+
+    def _gang_gone(self, previous: MirrorEntry) -> None:
+        self.preempting.discard(previous.value.gang_id)
+
+    def usable(self, key: str) -> bool:
+        """The node is in the cluster decisions see, fresh and with a valid report."""
+        view = self.views.get(key)
+        return view is not None and view.fresh and not view.invalid
 
     def ledger_of(self, key: str) -> NodeLedger | None:
         """The node's ledger as the cache believes it (assumed commits included)."""

@@ -15,7 +15,7 @@ from phalanx_proto.events import AdoptRequested, PlaceRequested, ReleaseRequeste
 from phalanx_proto.kvrules import gpu_conflicts
 from phalanx_proto.state import Allocation, GangState, NodeLedger, alloc_key, attempt_members, members_digest
 from phalanx_proto.topology import NodeTopology
-from phalanx_proto.vocab import LIVE
+from phalanx_proto.vocab import LIVE, PLACING
 from phalanx_proto.vocab import RefusalRule as R
 
 
@@ -45,8 +45,10 @@ def check_request(record: GangState | None, ev: PlaceRequested) -> Refusal | Non
 
 
 def check_decide(record: GangState) -> Refusal | None:
-    """A new decision is made only while the record says the attempt is placing."""
-    if record.phase != "placing":
+    """A new decision is made only while the record says the attempt is placing (or preempting:
+    a request redelivered after its ``Preempting`` was answered is decided again, on the cluster
+    as it is then)."""
+    if record.phase not in PLACING:
         return Refusal(R.NOT_PLACING, f"the attempt is {record.phase}, not placing")
     return None
 

@@ -113,19 +113,31 @@ class Commits:
             unchecked_nodes=",".join(decided.decision.unchecked))
         await self.reply(w, Reserved(gang_id=ev.gang_id, attempt=ev.attempt, members_digest=ev.members_digest))
 
-    async def rewrite(self, build: Callable[[], dict[str, NodeLedger | QueueUsage] | None], *, what: str) -> bool:
+    async def rewrite(self, build: Callable[[], dict[str, NodeLedger | QueueUsage] | None], *, what: str,
+                      pause_s: float = 0.0) -> bool:
         """Write what ``build`` makes of the cache as it is now, as one atomic batch; after a lost
         compare-and-set, catch the ledger up and build again, ``max_commit_retries`` times at most
         (then ``TemporaryError``: the message is retried later). Whether anything was written
-        (``build`` returning nothing writes nothing)."""
+        (``build`` returning nothing writes nothing). ``pause_s``: a test hook's wait between
+        assuming the writes and sending them (``testhooks.PROMOTE_DELAY_S``)."""
         for _ in range(self.config.max_commit_retries):
             writes = build()
             if not writes:
                 return False
+            commit = self.cache.assume(writes)  # at once: the revisions expected are those ``build`` read
+            if pause_s:
+                try:
+                    await anyio.sleep(pause_s)
+                except BaseException:
+                    self.cache.forget(commit)
+                    raise
             try:
-                await self.write(self.cache.assume(writes))
+                await self.write(commit)
                 return True
             except KvConflict:
+                self.conflicts += 1
+                metrics.LEDGER_COMMIT_CONFLICTS.inc()
+                log("ledger conflict, building again", what=what, conflicts=self.conflicts)
                 await self.cache.catch_up()
         raise TemporaryError(f"{what}: ledger kept changing", delay=0.5)
 

@@ -1,7 +1,13 @@
 """What placement does with reservations already made, besides deciding: frees exactly what a
 release names (never under a pod its node reports running), records a reservation for a pod
 found bound without one (the reconciler's adoption, only onto free GPUs), and audits the
-queues' usage records against the ledger (docs/saga.md "Checks", docs/queues.md)."""
+queues' usage records against the ledger (docs/saga.md "Checks", docs/queues.md).
+
+A release that frees the last reservation standing on GPUs a preemptor's nomination keeps
+turns that nomination into the preemptor's reservation **in the same atomic batch**
+(``preempting.promotion``) and answers the preemptor ``Reserved``: its binds follow at once,
+and no attempt of it waits on a timer or a wake-up (docs/preemption.md, "The attempt stays
+open")."""
 
 from __future__ import annotations
 
@@ -10,15 +16,16 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from phalanx_bus import BatchSender, Bus, Poisoned, TemporaryError
-from phalanx_placement import checks
+from phalanx_placement import checks, preempting, testhooks
 from phalanx_placement.assumed import Commit
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
 from phalanx_placement.queues import PlacementQueues
 from phalanx_proto import subjects as S
-from phalanx_proto.events import AdoptRequested, Released, ReleaseRequested
+from phalanx_proto.events import AdoptRequested, Released, ReleaseRequested, Reserved
 from phalanx_proto.queues import QueueUsage, usage_key
-from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.state import GangState, NodeLedger, members_digest
+from phalanx_proto.vocab import PLACING
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules.queues import usage_drift
 from phalanx_telemetry import log, metrics, refused, warn
@@ -43,6 +50,9 @@ class Holdings:
         self.rewrite = rewrite
         """``Commits.rewrite``: build the writes from the cache, again after a lost compare-and-set."""
         self._waiters = anyio.CapacityLimiter(RELEASE_WAITERS)
+        self.answered: dict[tuple[str, int], float] = {}
+        """(preemptor, attempt) → when its promotion's ``Reserved`` was sent (``nominations``
+        sends it again should the attempt still wait long after)."""
 
     async def on_release(self, ev: ReleaseRequested) -> None:
         """Free exactly (gang, attempt, pod uid) for each pod named, after ``checks.check_release``.
@@ -58,9 +68,10 @@ class Holdings:
             refused(refusal.rule, refusal.why, gang=ev.gang_id, attempt=ev.attempt, command="release")
             return
         released, held, held_on, freeing, queues = 0, [], set(), 0, set()
+        promoted: list[GangState] = []
 
         def build() -> dict:
-            nonlocal held, held_on, freeing
+            nonlocal held, held_on, freeing, promoted
             writes, held, held_on, freeing = {}, [], set(), 0
             for key in self.cache.gang_keys(ev.gang_id):
                 ledger = self.cache.ledger_of(key)
@@ -75,7 +86,9 @@ class Holdings:
                     queues.update(q for k, a in ledger.allocations.items() if k not in out.ledger.allocations
                                   for q in a.queues)
                     writes[key] = out.ledger
-            writes.update(self.queues.usage_writes(ev.gang_id, writes))
+            promoted = self.promotions(writes) if not testhooks.PROMOTE_DELAY_S else []
+            for gang in (ev.gang_id, *(p.gang_id for p in promoted)):
+                writes.update(self.queues.usage_writes(gang, writes))
             return writes
 
         # Under pods its node still reports running, a reservation is kept; the release waits
@@ -84,6 +97,8 @@ class Holdings:
         while True:
             if await self.rewrite(build, what=f"gang {ev.gang_id}: release"):
                 released += freeing
+                for record in promoted:
+                    await self.promoted(record, after=f"gang {ev.gang_id} released")
             if not held or not await self._wait_for_reports(held_on, deadline):
                 break
         log("released", gang=ev.gang_id, attempt=ev.attempt, reason=ev.reason, allocations=released)
@@ -95,6 +110,35 @@ class Holdings:
                                  delay=RELEASE_RETRY_S)
         await self.answers.send(Released(gang_id=ev.gang_id, attempt=ev.attempt, pods=ev.pods,
                                          queues=tuple(sorted(queues))[:64]))
+
+    def promotions(self, writes: dict) -> list[GangState]:
+        """Add to ``writes`` the promotion of every preemptor nominated on a node they touch
+        whose nominations ``preempting.promotion`` can now turn into its reservation (its record
+        at that attempt, placing or preempting); returns their records."""
+        now = self.cache.clock()
+        gangs = sorted({n.gang_id for led in writes.values() if isinstance(led, NodeLedger)
+                        for n in led.nominations.values() if n.active(now)})
+        out = []
+        for gang in gangs:
+            record = self.cache.gang(gang)
+            if not isinstance(record, GangState) or record.phase not in PLACING:
+                continue
+            promo = preempting.promotion(lambda k: _ledger(writes.get(k)) or self.cache.ledger_of(k),
+                                         self.cache.gang_keys(gang), record, now,
+                                         queues=self.queues.chain(record.members), usable=self.cache.usable)
+            if promo:
+                writes.update(promo)
+                out.append(record)
+        return out
+
+    async def promoted(self, record: GangState, *, after: str) -> None:
+        """The preemptor's nomination is its reservation now (committed): answer ``Reserved``."""
+        log("promoted", gang=record.gang_id, attempt=record.attempt, after=after)
+        metrics.PROMOTIONS.inc()
+        testhooks.exit_after_promotion()
+        self.answered[(record.gang_id, record.attempt)] = self.cache.clock()
+        await self.answers.send(Reserved(gang_id=record.gang_id, attempt=record.attempt,
+                                         members_digest=members_digest(record)))
 
     async def _wait_for_reports(self, nodes: set[str], deadline: float) -> bool:
         """Wait, until ``deadline``, for one of ``nodes``' agents to report again (whether its
@@ -170,3 +214,7 @@ class Holdings:
                     await self.write(self.cache.assume({usage_key(q): fixed}))
                 except Exception as e:  # noqa: BLE001 - a commit raced it: looked at again next pass
                     warn("queue usage repair not written", queue=q, error=repr(e)[:200])
+
+
+def _ledger(value: object) -> NodeLedger | None:
+    return value if isinstance(value, NodeLedger) else None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from phalanx_engine.preempt import Plan
 from phalanx_engine.snapshot import Decision
 from phalanx_placement.assumed import Commit
-from phalanx_proto.events import EvictPods, PlacementFailed, PlaceRequested
+from phalanx_proto.events import EvictPods, PlacementFailed, PlaceRequested, Preempting
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +23,19 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Decided:
     """A decision assumed into the cache, to be committed; for a preemption, the nominations
-    (``commit``), then ``evict`` to binder and ``reply`` (pending, naming the victims)."""
+    (``commit``), then ``evict`` to binder and ``reply`` (``Preempting``, naming the victims)."""
 
     commit: Commit
     decision: Decision
     evict: EvictPods | None = None
-    reply: PlacementFailed | None = None
+    reply: Preempting | None = None
     plan: Plan | None = None
+
+
+def preempting_answer(ev: PlaceRequested, reason: str, nodes: list[str]) -> Preempting:
+    """The attempt waits, open, for the victims of its nomination on ``nodes`` (docs/preemption.md)."""
+    return Preempting(gang_id=ev.gang_id, attempt=ev.attempt, members_digest=ev.members_digest, reason=reason[:4000],
+                      nodes=tuple(nodes))
 
 
 def pending(ev: PlaceRequested, members, reason: str, nodes: list[str], *, fits_empty: bool = True) -> Reply:

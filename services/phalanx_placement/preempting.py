@@ -11,6 +11,8 @@ publishes the eviction.
 * ``nominate``: the ledgers with the plan's placement recorded as the preemptor's
   nominations (its older ones dropped, expired ones of anybody dropped on the way);
   ``without_nominations``: a ledger once the preemptor reserves or its eviction is refused.
+* ``promotion``: the ledgers with a preemptor's nominations turned into its reservations, once
+  no reservation left on those GPUs stands in the way (the victims' last ones released).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import msgspec
 
 from phalanx_engine.preempt import NoPlan, Plan, Preemptor, RunningGang, running_gangs
 from phalanx_proto.events import RecordedPreemption, RecordedRunning
+from phalanx_proto.kvrules import gpu_conflicts
 from phalanx_proto.queues import shown
-from phalanx_proto.state import GangState, NodeLedger, Nomination, alloc_key
+from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key, attempt_members
 from phalanx_rules.queues import QueueTree
 
 
@@ -88,6 +91,44 @@ def nominate(ledger_of: Callable[[str], NodeLedger | None], token: Callable[[str
         new = msgspec.structs.replace(kept, nominations={**kept.nominations, **by_key.get(key, {})})
         if new != ledger:
             out[key] = new
+    return out
+
+
+def promotion(ledger_of: Callable[[str], NodeLedger | None], keys: Iterable[str], record: GangState, now: float, *,
+              queues: tuple[str, ...] = (), usable: Callable[[str], bool] = lambda key: True) -> dict[str, NodeLedger] | None:
+    """The ledgers (of ``keys``, the nodes the gang is nominated on, as ``ledger_of`` has them —
+    the writes about to be made included) with the preemptor's nominations for its record's
+    attempt turned into reservations of that attempt (charged to ``queues``) and dropped, or
+    None while that cannot be: a member of the attempt has no nomination in force, a nominated
+    node is not ``usable``, or a reservation still stands on a nominated GPU (a victim's, whose
+    pod its node still reports running: placement frees it only when the node no longer does).
+    The engine chose those GPUs for the gang on the cluster without its victims (the plan), and
+    every other decision since saw them taken (``cache.nominated``)."""
+    found: dict[str, tuple[str, Nomination]] = {}
+    ledgers: dict[str, NodeLedger] = {}
+    for key in keys:
+        ledger = ledger_of(key)
+        if ledger is None:
+            continue
+        ledgers[key] = ledger
+        for k, n in ledger.nominations.items():
+            if n.gang_id == record.gang_id and n.attempt == record.attempt and n.active(now):
+                found[k] = (key, n)
+    members = attempt_members(record)
+    if not members or any(alloc_key(m.pod) not in found for m in members):
+        return None
+    out = {}
+    for key in {key for key, _ in found.values()}:
+        if not usable(key):
+            return None
+        ledger = ledgers[key]
+        mine = {k: Allocation(gang_id=record.gang_id, attempt=record.attempt, assignment=n.assignment, queues=queues)
+                for k, (at, n) in found.items() if at == key}
+        allocations = {k: a for k, a in ledger.allocations.items() if k not in mine}
+        if gpu_conflicts([a.assignment for a in allocations.values()] + [a.assignment for a in mine.values()]):
+            return None
+        out[key] = without_nominations(msgspec.structs.replace(ledger, allocations={**allocations, **mine}),
+                                       record.gang_id, now)
     return out
 
 

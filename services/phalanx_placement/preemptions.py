@@ -10,16 +10,18 @@ from collections.abc import Awaitable, Callable
 
 from phalanx_engine.framework import Profile
 from phalanx_engine.preempt import NoPlan, plan_preemption
-from phalanx_placement import preempting
+from phalanx_placement import nominations, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
-from phalanx_placement.outcomes import Decided, Reply, pending
+from phalanx_placement.outcomes import Decided, Reply
+from phalanx_placement.outcomes import preempting_answer as preempting_reply
 from phalanx_placement.queues import PlacementQueues
 from phalanx_placement.whatif import Relaxed
 from phalanx_proto import subjects as S
 from phalanx_proto.events import EvictionRefused, EvictPods, MemberSpec, PlaceRequested, RecordedPreemption
 from phalanx_proto.queues import shown
 from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.vocab import PLACING
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_rules.preemption import preemptor_of, with_nominations
 from phalanx_telemetry import log, metrics, refused, warn
@@ -27,8 +29,11 @@ from phalanx_telemetry import log, metrics, refused, warn
 
 class Preemptions:
     def __init__(self, cache: ClusterCache, queues: PlacementQueues, config: Config, profile: Callable[[], Profile],
-                 rewrite: Callable[..., Awaitable[bool]]) -> None:
+                 rewrite: Callable[..., Awaitable[bool]],
+                 answer: Callable[[object], Awaitable[None]] | None = None) -> None:
         self.cache, self.queues, self.config, self.profile, self.rewrite = cache, queues, config, profile, rewrite
+        self.answer = answer
+        """Sends a reply to gang-coordinator (with the cycle's others); None: replies are not sent."""
         self._refused: dict[str, dict[str, float]] = {}
         """Preemptor → victim gangs whose eviction was refused for it, until when they are left
         out of its plans (``on_eviction_refused``)."""
@@ -48,18 +53,16 @@ class Preemptions:
         asked)."""
         now = self.cache.clock()
         ledgers = self.ledgers()
-        own = preempting.nominations(ledgers, ev.gang_id, now)
+        own = [n for n in preempting.nominations(ledgers, ev.gang_id, now) if n.attempt == ev.attempt]
         holding = sorted({v for n in own for v in n.victims if self._holds(v)})
         if own and holding:
-            # The eviction goes again with every wait: a placement that stopped between writing
-            # the nomination and sending it (or a send that failed) is finished by the next
-            # attempt. Its message id is the first one's, so within the stream's window it is
-            # dropped; after it, binder evicts only pods still there.
-            latest = max(n.attempt for n in own)
-            named = sorted({v for n in own if n.attempt == latest for v in n.victims})
-            reply = pending(ev, members, preempting.waiting_reason(own, holding),
-                                  sorted({n.assignment.node for n in own}))
-            return Reply(reply.event, evict=EvictPods(gang_id=ev.gang_id, attempt=latest, victims=tuple(named))), None
+            # A request decided again while its nomination's victims still hold GPUs (redelivered
+            # after a crash, before or after its Preempting): the attempt waits on, and the
+            # eviction goes again. Its message id is the first one's, so within the stream's
+            # window it is dropped; after it, binder evicts only pods still there.
+            named = sorted({v for n in own for v in n.victims})
+            reply = preempting_reply(ev, preempting.waiting_reason(own, holding), sorted({n.assignment.node for n in own}))
+            return Reply(reply, evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt, victims=tuple(named))), None
         preemptor = preemptor_of(ev.gang_id, members, queue)
         if isinstance(preemptor, str):
             log("preemption refused", gang=ev.gang_id, attempt=ev.attempt, reason=preemptor)
@@ -85,7 +88,7 @@ class Preemptions:
         reason = preempting.preempting_reason(plan)
         log("preempting", gang=ev.gang_id, attempt=ev.attempt, reason=reason,
             victims=",".join(v.gang_id for v in plan.victims), gpus=shown(plan.units))
-        reply = pending(ev, members, reason, sorted({a.node for a in plan.placement.assignments})).event
+        reply = preempting_reply(ev, reason, sorted({a.node for a in plan.placement.assignments}))
         return Decided(self.cache.assume(writes), plan.placement, plan=plan, reply=reply,
                        evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
                                        victims=tuple(v.gang_id for v in plan.victims))), logged
@@ -124,3 +127,9 @@ class Preemptions:
         metrics.PREEMPTIONS_REFUSED.inc()
         warn("eviction refused, nomination dropped", gang=ev.gang_id, attempt=ev.attempt,
              victims=",".join(victims), reason=ev.reason)
+        record = self.cache.gang(ev.gang_id)
+        if self.answer is not None and isinstance(record, GangState) and record.attempt == ev.attempt \
+                and record.phase in PLACING:
+            # The attempt waited for these victims: it backs off, and plans again without them.
+            await self.answer(nominations.failed(record, f"preempting for it is blocked, the planner will choose "
+                                                         f"again: {ev.reason}"[:2000]))

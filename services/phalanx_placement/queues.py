@@ -166,11 +166,14 @@ class PlacementQueues:
                 out += [(k, a) for k, a in ledger.allocations.items() if a.gang_id == gang_id]
         return out
 
-    def usage_writes(self, gang_id: str, writes: Mapping[str, NodeLedger]) -> dict[str, QueueUsage]:
+    def usage_writes(self, gang_id: str, writes: Mapping[str, NodeLedger | QueueUsage]) -> dict[str, QueueUsage]:
         """The usage records that change when ``writes`` commit: for every queue with a limit
         the gang's reservations name before or after, its charges recomputed from those
         reservations (a record written for the first time starts from what the ledgers hold
-        for the queue)."""
+        for the queue). A usage record already among ``writes`` (another gang's change in the
+        same batch) is the one changed further."""
+        base = {k: v for k, v in writes.items() if isinstance(v, QueueUsage)}
+        writes = {k: v for k, v in writes.items() if isinstance(v, NodeLedger)}
         tree = self.tree()
         before = self._allocations(gang_id, {})
         after = self._allocations(gang_id, writes)
@@ -183,8 +186,8 @@ class PlacementQueues:
         prefix = f"{gang_id}#"
         out = {}
         for q in touched:
-            current = self.cache.usage_of(q)
-            if self.cache.usage.get(usage_key(q)) is None and not current.charges:
+            current = base.get(usage_key(q)) or self.cache.usage_of(q)
+            if usage_key(q) not in base and self.cache.usage.get(usage_key(q)) is None and not current.charges:
                 current = QueueUsage(queue=q, charges=self._from_ledgers(q))
             charges = {k: v for k, v in current.charges.items() if not k.startswith(prefix)}
             charges.update({k: v for k, v in charged.get(q, {}).items() if v})

@@ -56,6 +56,7 @@ from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.history import UsageHistory
 from phalanx_placement.holdings import Holdings
+from phalanx_placement.nominations import Nominations
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.preemptions import Preemptions
 from phalanx_placement.queues import PlacementQueues
@@ -101,9 +102,11 @@ class Placement:
         self.replica = sender_id()
         self.answers = BatchSender(bus, S.placement_answers_subject(self.replica), self.replica)
         self.commits = Commits(bus, cache, config, self.gauges, self.queue, self.answers)
-        self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.rewrite)
+        self.preemptions = Preemptions(cache, self.queues, config, lambda: self.profile, self.commits.rewrite,
+                                       self.answers.send)
         self.holdings = Holdings(bus, cache, config, self.queues, self.commits.write, self.commits.rewrite,
                                  self.answers)
+        self.nominations = Nominations(bus, cache, config, self.holdings, self.commits.rewrite, self.answers)
         self.recorder = Recorder(bus, cache.cluster, enabled=config.record_decisions,
                                  base_every_s=config.record_base_every_s, replica=self.replica)
 
@@ -393,6 +396,7 @@ async def run(bus: Bus, config: Config, *, task_status=anyio.TASK_STATUS_IGNORED
         placement = Placement(bus, cache, config)
         tg.start_soon(placement.run_cycles)
         tg.start_soon(placement.holdings.audit_usage)
+        tg.start_soon(placement.nominations.run)
         tg.start_soon(UsageHistory(bus, cache, placement.queues, config).run)
         tg.start_soon(placement.recorder.run)
         await tg.start(placement.answers.run)

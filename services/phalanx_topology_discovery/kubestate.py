@@ -14,8 +14,11 @@ pod once reports flow) instead of believing a stale state.
 
 ``follow`` drives it from ``ClusterPort.watch_node`` (a list + watch on a real API server, a
 poll in the simulator) and writes at most once per ``debounce_s``: a burst of pod changes on a
-busy node costs one write. The simulator's node fleet calls ``observe`` itself from one listing
-per round.
+busy node costs one write. A Phalanx pod that no longer runs here (deleted, or terminal) is
+reported at once, without the debounce: placement frees a reservation only once its node's
+report no longer lists the pod, and a preemptor waits for exactly that (docs/preemption.md).
+The simulator's node fleet calls ``observe`` itself from one listing per round, and at once for
+a node one of whose Phalanx pods went (``phalanx_node_fleet``).
 """
 
 from __future__ import annotations
@@ -50,10 +53,22 @@ class NodeStateReporter:
         self.bus = bus
         self.node = node
         self._written: bytes | None = None
+        self._placed: frozenset[str] = frozenset()
+        """The Phalanx pods the last state written lists running here (``phalanx_pods``)."""
         self.writes = 0
+        self._lock = anyio.Lock()
+
+    def departed(self, objs: NodeObjects) -> bool:
+        """A Phalanx pod the last written state lists is no longer running here in ``objs``:
+        reported without delay."""
+        return bool(self._placed - set(placed_pods(objs.pods)))
 
     async def observe(self, objs: NodeObjects) -> bool:
-        """Report ``objs``; True when the stored state changed."""
+        """Report ``objs``; True when the stored state changed. One report at a time."""
+        async with self._lock:
+            return await self._observe(objs)
+
+    async def _observe(self, objs: NodeObjects) -> bool:
         kv = await self.bus.kv(S.KV_NODE_STATE)
         key = S.token(self.node)
         if objs.node is None:
@@ -66,7 +81,7 @@ class NodeStateReporter:
         if raw == self._written:
             return False
         await kv.put(key, raw)
-        self._written, self.writes = raw, self.writes + 1
+        self._written, self._placed, self.writes = raw, frozenset(state.phalanx_pods), self.writes + 1
         log("node state reported", level=10, node=self.node, pods=state.pods, unschedulable=state.unschedulable,
             ready=state.ready, taints=len(state.taints))
         return True
@@ -89,15 +104,16 @@ class NodeStateReporter:
         if self._written == b"":
             return False
         await kv.delete(key)
-        self._written = b""
+        self._written, self._placed = b"", frozenset()
         warn("node state not reported", node=self.node, why=why)
         return True
 
     async def follow(self, cluster: ClusterPort, *, debounce_s: float = DEBOUNCE_S, reassert_s: float = REASSERT_S,
                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Report from ``cluster.watch_node`` until cancelled, at most one write per
-        ``debounce_s``; a failed write is retried with the next change or after ``debounce_s``.
-        Started once the first state was reported (or its report failed)."""
+        ``debounce_s`` — but at once when a Phalanx pod left (``departed``); a failed write is
+        retried with the next change or after ``debounce_s``. Started once the first state was
+        reported (or its report failed)."""
         latest: list[NodeObjects] = []
         changed = anyio.Event()
 
@@ -123,7 +139,7 @@ class NodeStateReporter:
             while True:
                 await changed.wait()
                 changed = anyio.Event()
-                if not first:
+                if not first and not self.departed(latest[0]):
                     await anyio.sleep(debounce_s)
                 try:
                     await self.observe(latest[0])

@@ -327,6 +327,15 @@ async def test_an_eviction_its_disruption_budget_forbids_raises_eviction_blocked
     assert pod is not None and not pod.deleting
 
 
+async def test_the_pods_a_disruption_budget_selects_are_told_apart_from_the_others(backend):
+    # binder dry-runs only their evictions (docs/preemption.md): a pod no budget selects is
+    # evicted at once, since nothing can refuse it.
+    guarded = await backend.guarded_pod("budgeted")
+    free = await backend.pod("unbudgeted", labels={"guarded": "someone-else"})
+    assert await backend.cluster.budgeted([guarded, free, backend.ref("never-existed")]) == {guarded}
+    assert await backend.cluster.budgeted([free]) == set()
+
+
 @pytest.mark.parametrize("scheduler", ["default-scheduler", "someone-else"])
 async def test_a_pod_of_another_scheduler_is_never_bound_patched_or_deleted(backend, scheduler):
     ref = await backend.pod("not-ours", scheduler=scheduler)

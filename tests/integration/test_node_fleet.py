@@ -31,6 +31,7 @@ from phalanx_proto.events import (
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
 from phalanx_proto.scheduling import HostPort, NodeKubeState
 from phalanx_topology.tiers import tiers_from_labels
+from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import topology_from_file
 from stackutil import connect, gpu_pod, ref, seed_nodes, wait_until
 
@@ -112,6 +113,74 @@ async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beat
         got = await wait_until(state_of_n, 30)
         assert (got.requested, got.pods, got.host_ports, got.ready, got.allocatable["cpu"]) == (
             {"cpu": 3000}, 1, (HostPort(port=8080),), "True", 96000)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_phalanx_pod_that_goes_is_reported_gone_at_once_not_at_the_next_round(bus, tmp_path):
+    """Placement frees a reservation only once the node's report no longer lists the pod; a
+    preemptor waits for exactly that. The fleet's rounds are an hour apart here: the departure
+    is reported from the watch of Phalanx's pods alone."""
+    cluster = synthetic_cluster("4x8v100")
+    n = cluster.nodes[1].name
+    async with anyio.create_task_group() as tg:
+        ours = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "placed", "namespace": "default", "annotations": {ASSIGNMENT_ANNOTATION: "{}"}},
+            "spec": {"schedulerName": "phalanx", "nodeName": n, "containers": [{"name": "c", "image": "x"}]}}
+        sim = await KvCluster.open(bus)
+        await sim.apply_pod(ours)
+        placed = await sim.get_pod(PodRef(namespace="default", name="placed"))
+        fleet, sim = await fleet_of(bus, cluster, tg, tmp_path, state_refresh_s=3600.0, label_refresh_s=3600.0)
+
+        async def listed() -> tuple[str, ...]:
+            e = await (await bus.kv(S.KV_NODE_STATE)).get(S.token(n))
+            return msgspec.json.decode(e.value, type=NodeKubeState).phalanx_pods
+
+        assert await listed() == (f"default/placed/{placed.uid}",)
+        await anyio.sleep(0.5)  # the fleet's watch of Phalanx's pods has listed
+        await sim.delete_pod(placed.ref)
+
+        async def gone():
+            return (await listed()) == () or None
+
+        with anyio.fail_after(10):
+            await wait_until(gone, 10, what="the departure reported")
+        tg.cancel_scope.cancel()
+
+
+async def test_a_node_agent_reports_a_departure_without_its_debounce_and_an_arrival_with_it(bus):
+    """topology-discovery's ``NodeStateReporter.follow`` on the simulated cluster, with a debounce
+    far longer than the test: a Phalanx pod that goes is reported at once; one that comes waits."""
+    cluster = synthetic_cluster("1x8v100")
+    sim = await KvCluster.open(bus)
+    for node in cluster.node_objects():
+        await sim.apply_node(node)
+    n = cluster.nodes[0].name
+
+    def ours(name: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "default", "annotations": {ASSIGNMENT_ANNOTATION: "{}"}},
+            "spec": {"schedulerName": "phalanx", "nodeName": n, "containers": [{"name": "c", "image": "x"}]}}
+
+    await sim.apply_pod(ours("first"))
+    first = await sim.get_pod(PodRef(namespace="default", name="first"))
+
+    async def listed() -> tuple[str, ...]:
+        e = await (await bus.kv(S.KV_NODE_STATE)).get(S.token(n))
+        return msgspec.json.decode(e.value, type=NodeKubeState).phalanx_pods if e is not None else None
+
+    reporter = NodeStateReporter(bus, n)
+    async with anyio.create_task_group() as tg:
+        await tg.start(lambda task_status: reporter.follow(sim, debounce_s=60.0, task_status=task_status))
+        assert await listed() == (f"default/first/{first.uid}",)
+        await sim.delete_pod(first.ref)
+
+        async def gone():
+            return (await listed()) == () or None
+
+        await wait_until(gone, 10, what="the departure reported")
+        await sim.apply_pod(ours("second"))
+        await anyio.sleep(3)  # several polls of the simulated node: the arrival waits for the debounce
+        assert await listed() == ()
         tg.cancel_scope.cancel()
 
 

@@ -69,12 +69,14 @@ async def fill(sim, protect: str = "") -> dict[str, tuple[str, tuple[int, ...]]]
     return await wait_until(all_bound, 60, what="the low-priority gangs bound")
 
 
-async def preempt(bus, sim) -> tuple[dict, list[Nomination], set[str]]:
+async def preempt(bus, sim, phases: list[tuple[str, int]] | None = None) -> tuple[dict, list[Nomination], set[str]]:
     """Submit the 8-GPU priority-10 gang and wait until it is bound, watching the ledger and the
     gang records meanwhile (it may all take a fraction of a second): its pod, every nomination
-    written and every reason its record gave."""
+    written and every reason its record gave; ``phases``: filled with each (phase, attempt) its
+    record went through."""
     seen: list[Nomination] = []
     reasons: set[str] = set()
+    phases = phases if phases is not None else []
 
     async def follow(bucket: str, keys: str, decoder, take) -> None:
         async for entry in (await bus.kv(bucket)).watch(keys):
@@ -85,8 +87,11 @@ async def preempt(bus, sim) -> tuple[dict, list[Nomination], set[str]]:
         seen.extend(n for n in led.nominations.values() if n not in seen)
 
     def reason(s) -> None:
-        if s.members and s.members[0].pod.name == "hi-0" and s.reason:
-            reasons.add(s.reason)
+        if s.members and s.members[0].pod.name == "hi-0":
+            if s.reason:
+                reasons.add(s.reason)
+            if not phases or phases[-1] != (s.phase, s.attempt):
+                phases.append((s.phase, s.attempt))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(follow, S.KV_LEDGER, "*", ledger_decoder, nominations)
@@ -106,9 +111,14 @@ async def preempt(bus, sim) -> tuple[dict, list[Nomination], set[str]]:
 
 async def test_a_high_priority_gang_evicts_exactly_the_planned_victims_whole_and_binds_to_their_gpus(env):
     stack, bus, sim = env
+    phases: list[tuple[str, int]] = []
     async with audited(bus):
         before = await fill(sim)
-        pod, noms, reasons = await preempt(bus, sim)
+        pod, noms, reasons = await preempt(bus, sim, phases)
+    # the attempt stayed open: one attempt, preempting until its nomination became its reservation,
+    # no backoff and no second attempt (docs/preemption.md, "The attempt stays open")
+    assert ("preempting", 1) in phases, phases
+    assert {a for _, a in phases} == {1} and not any(p == "backoff" for p, _ in phases), phases
     victims = {v for n in noms for v in n.victims}
     assert victims, "a nomination named the victims before the preemptor was placed"
     assert all(n.victims == {"default/JobSet:lo-x": "priority"} for n in noms), noms
@@ -133,6 +143,7 @@ async def test_a_high_priority_gang_evicts_exactly_the_planned_victims_whole_and
     binder = await anyio.to_thread.run_sync(scrape, stack, "binder")
     assert placement.get('phalanx_preemptions_total{rule="priority"}') == 1
     assert placement.get('phalanx_preempted_gpus_total{rule="priority"}') == 8
+    assert placement.get("phalanx_preemptions_promoted_total") == 1
     assert binder.get('phalanx_evictions_total{result="evicted"}') == 2
 
 
@@ -189,13 +200,17 @@ async def test_a_gang_that_never_preempts_waits_and_explain_names_the_gang_preem
     assert "preempted" not in record.reason
 
 
-async def test_a_nomination_whose_eviction_was_never_sent_is_finished_by_the_preemptors_next_attempt(dropping):
+async def test_a_nomination_whose_eviction_was_never_sent_is_finished_by_placements_nomination_pass(dropping):
     stack, bus, sim = dropping
+    phases: list[tuple[str, int]] = []
     async with audited(bus):
         before = await fill(sim)
-        pod, noms, reasons = await preempt(bus, sim)
-    # the first plan's command was never sent; the next attempt, finding its nomination's victims
-    # still holding, sent it again and they were evicted whole: nothing else, no second plan
+        pod, noms, reasons = await preempt(bus, sim, phases)
+    # the first plan's command was never sent; placement's nomination pass, finding the victims
+    # still holding, sent it again and they were evicted whole: nothing else, no second plan, and
+    # the preemptor's attempt stayed open meanwhile
+    assert {a for _, a in phases} == {1}, phases
+    assert "preempting did not start it" not in stack.procs["placement"].log_path.read_text()
     log = stack.procs["placement"].log_path.read_text()
     assert log.count("test hook: the eviction is not sent") == 1
     assert {tuple(n.victims) for n in noms} == {("default/JobSet:lo-x",)}, noms

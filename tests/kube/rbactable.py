@@ -20,7 +20,8 @@ ACCESS = {
                          ("create", "resourceclaims", "", False), ("update", "resourceclaims", "status", False),
                          ("update", "resourceclaims", "binding", False)],
     "binder": [("get", "pods", "", True), ("patch", "pods", "", True), ("create", "pods", "binding", True),
-               ("create", "pods", "eviction", True), ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
+               ("create", "pods", "eviction", True), ("list", "poddisruptionbudgets", "", True),
+               ("delete", "poddisruptionbudgets", "", False), ("delete", "pods", "", False), ("create", "events", "", True), ("patch", "events", "", True),
                ("list", "pods", "", True), ("watch", "pods", "", True), ("patch", "pods", "status", True),
                ("update", "pods", "status", False), ("get", "nodes", "", False), ("get", "secrets", "", False),
                ("get", "resourceclaims", "", True), ("list", "resourceclaims", "", True),
@@ -46,7 +47,7 @@ CLUSTER_SCOPED_SUBRESOURCES = {("resourceclaims", "binding")}
 """Checked at the cluster scope although the resource is namespaced: the API server authorizes
 ``resourceclaims/binding`` with namespace "" (``AuthorizedForBinding``)."""
 GROUPS = {"queues": "scheduling.phalanx.io", "deviceclasses": "resource.k8s.io", "resourceslices": "resource.k8s.io",
-          "resourceclaims": "resource.k8s.io"}
+          "resourceclaims": "resource.k8s.io", "poddisruptionbudgets": "policy"}
 """Resources outside the core API group."""
 
 

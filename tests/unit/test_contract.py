@@ -34,6 +34,9 @@ SAMPLES = [
     E.RollbackStarted(gang_id="default/g", reason="deadline"),
     E.ReleaseRequested(gang_id="default/g", reason="pod deleted", pods=(POD,)),
     E.Released(gang_id="default/g"),
+    E.Preempting(gang_id="default/g", attempt=2, members_digest=E.uid_digest([POD]),
+                 reason="preempting default/lo (priority 1, queue default, rule priority) to free 8 GPUs on n1",
+                 nodes=("n1",)),
     E.GangScheduled(gang_id="default/g", assignments=(ASSIGNMENT, E.Assignment(
         pod=POD, node="n1", gpus=(0,), requests={"cpu": 4000}, host_ports=(S.HostPort(port=8080),)))),
     E.GangPending(gang_id="default/g", reason="gang incomplete"),
@@ -80,7 +83,7 @@ def test_tags_are_the_stable_names_subscribers_rely_on():
         "gang.binds_done", "gang.rollback", "placement.release_requested", "placement.adopt_requested",
             "gang.released",
         "gang.scheduled", "gang.pending", "gang.deadline", "binder.evict", "placement.eviction_refused",
-        "binder.unreserve_claims", "gang.batch", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
+        "binder.unreserve_claims", "gang.preempting", "gang.batch", "topology.reported", "topology.heartbeat", "mig.prepare_requested",
         "mig.destroy_requested", "mig.ready", "mig.failed", "mig.destroyed", "decisions.recorded",
     ]
 

@@ -152,6 +152,49 @@ def test_the_reasons_name_the_victims_their_priority_queue_and_rule_the_gpus_and
         "waiting for the preempted gang(s) ns/low to release their GPUs (nominated on n3)")
 
 
+# -- promotion: the nomination becomes the reservation once the victims' GPUs are free ------------------
+
+PREEMPTOR = GangState(gang_id="ns/hi", phase="preempting", attempt=3, members=(member("hi-0", 4), member("hi-1", 4)))
+
+
+def nominated(node: str, pod: str, *gpus: int, **kw) -> Nomination:
+    return nomination("ns/hi", pod, node, *gpus, attempt=3, **kw)
+
+
+def test_a_nomination_whose_gpus_are_free_on_every_node_becomes_the_preemptors_reservation_and_ends():
+    other = nomination("ns/other", "other-0", "b", 7)
+    led = {"a": ledger("a", alloc("ns/keep", "keep-0", "a", 4), noms=(nominated("a", "hi-0", 0, 1, 2, 3),)),
+           "b": ledger("b", noms=(nominated("b", "hi-1", 0, 1, 2, 3), other))}
+    got = preempting.promotion(led.get, {"a", "b"}, PREEMPTOR, NOW, queues=("team-a",))
+    assert got == {
+        "a": ledger("a", alloc("ns/keep", "keep-0", "a", 4), Allocation(
+            gang_id="ns/hi", attempt=3, assignment=Assignment(pod=ref("hi-0"), node="a", gpus=(0, 1, 2, 3)),
+            queues=("team-a",))),
+        "b": ledger("b", Allocation(gang_id="ns/hi", attempt=3, assignment=Assignment(
+            pod=ref("hi-1"), node="b", gpus=(0, 1, 2, 3)), queues=("team-a",)), noms=(other,)),
+    }
+    assert all(ledger_problem(S.token(k), v) == "" for k, v in got.items())
+
+
+@pytest.mark.parametrize(("case", "ledgers", "usable"), [
+    ("a victim still holds a nominated GPU on one of the nodes (its pod still runs there)",
+     {"a": ledger("a", noms=(nominated("a", "hi-0", 0, 1, 2, 3),)),
+      "b": ledger("b", alloc("ns/low", "low-0", "b", 3), noms=(nominated("b", "hi-1", 0, 1, 2, 3),))}, True),
+    ("a member has no nomination",
+     {"a": ledger("a", noms=(nominated("a", "hi-0", 0, 1, 2, 3),))}, True),
+    ("the nomination is of another attempt",
+     {"a": ledger("a", noms=(nomination("ns/hi", "hi-0", "a", 0, attempt=2),
+                             nomination("ns/hi", "hi-1", "a", 1, attempt=2)))}, True),
+    ("the nomination expired",
+     {"a": ledger("a", noms=(nominated("a", "hi-0", 0, expires_at=NOW), nominated("a", "hi-1", 1, expires_at=NOW)))},
+     True),
+    ("a nominated node is unavailable now",
+     {"a": ledger("a", noms=(nominated("a", "hi-0", 0), nominated("a", "hi-1", 1)))}, False),
+])
+def test_a_nomination_is_not_promoted_while(case, ledgers, usable):
+    assert preempting.promotion(ledgers.get, set(ledgers), PREEMPTOR, NOW, usable=lambda key: usable) is None
+
+
 # -- binder's checks -------------------------------------------------------------------------------------
 
 class Book:
@@ -174,11 +217,16 @@ class Book:
 
 
 class Cluster:
-    def __init__(self, blocked: frozenset[str] = frozenset()) -> None:
+    def __init__(self, blocked: frozenset[str] = frozenset(), budgets: frozenset[str] = frozenset()) -> None:
         self.blocked = blocked
+        self.budgets = blocked | budgets
+        """The pods a PodDisruptionBudget selects (those it refuses among them)."""
         self.evicted: list[str] = []
         self.tried: list[str] = []
         self.events: list[tuple[str, str]] = []
+
+    async def budgeted(self, refs) -> set[PodRef]:
+        return {r for r in refs if r.name in self.budgets}
 
     async def evict_pod(self, ref: PodRef, *, dry_run: bool = False) -> bool:
         self.tried.append(ref.name)
@@ -227,13 +275,24 @@ async def test_an_expired_nomination_evicts_nothing():
     assert cluster.tried == []
 
 
-async def test_every_pod_the_ledger_holds_for_the_named_victim_is_evicted_after_a_dry_run_and_told_why():
+async def test_every_pod_the_ledger_holds_for_the_named_victim_is_evicted_once_and_then_told_why():
+    # No disruption budget selects them: nothing can refuse their eviction, so no dry run.
     book, cluster, bus = world()
     await Evictions(bus, cluster, book, clock=lambda: NOW).evict(
         EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
-    assert cluster.tried == ["low-0", "low-1", "low-0", "low-1"]
+    assert cluster.tried == ["low-0", "low-1"]
     assert cluster.evicted == ["low-0", "low-1"]
     assert cluster.events == [("low-0", "Preempted"), ("low-1", "Preempted")]
+    assert bus.sent == []
+
+
+async def test_only_a_pod_a_disruption_budget_selects_is_tried_as_a_dry_run_first():
+    book, _, bus = world()
+    cluster = Cluster(budgets=frozenset({"low-1"}))
+    await Evictions(bus, cluster, book, clock=lambda: NOW).evict(
+        EvictPods(gang_id="ns/hi", attempt=1, victims=("ns/low",)))
+    assert cluster.tried == ["low-1", "low-0", "low-1"]
+    assert cluster.evicted == ["low-0", "low-1"]
     assert bus.sent == []
 
 

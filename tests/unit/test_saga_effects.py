@@ -49,6 +49,7 @@ DIGEST = saga.members_digest(gang())
 PLACING = gang("placing", 2, attempt_started_at=900.0)
 BINDING = replace(PLACING, phase="binding")
 PREPARING = replace(PLACING, phase="preparing")
+PREEMPTING = replace(PLACING, phase="preempting", reason="preempting a/lo to free 2 GPUs on n1")
 ROLLING = replace(BINDING, phase="rolling_back", reason="not every member was ready within 180 s")
 BACKOFF = replace(ROLLING, phase="backoff", failures=1, backoff_until=NOW + 4, rollback_done=saga.COMPENSATIONS)
 DEADLINE = ScheduleDeadline(GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST), at=900.0 + TIMEOUT)
@@ -104,6 +105,20 @@ ENTERED = [
                          backoff_until=NOW + 1), "0/2 nodes are available. (attempt 2); next try in 1s")),
     ("a compensation recorded mid-rollback publishes nothing", ROLLING, replace(ROLLING, rollback_done=("unbind",)),
      HELD, ()),
+    ("a nomination arms the deadline at once and tells the pods once why they wait (no retry time: none is due)",
+     PLACING, PREEMPTING, "later",
+     (DEADLINE, Publish(S.status_subject(G), GangAdmitted(gang_id=G, attempt=2, members=(P1, P2), min_member=2)),
+      *pending(PREEMPTING, "preempting a/lo to free 2 GPUs on n1 (attempt 2)"))),
+    ("a new reason while preempting tells the pods again",
+     PREEMPTING, replace(PREEMPTING, reason="waiting for a/lo"), (),
+     pending(replace(PREEMPTING, reason="waiting for a/lo"), "waiting for a/lo (attempt 2)")),
+    ("every member of a promoted nomination bound announces the gang scheduled",
+     PREEMPTING, replace(PREEMPTING, phase="scheduled", bound=(P1, P2)), HELD,
+     (Publish(S.status_subject(G), GangScheduled(gang_id=G, attempt=2, assignments=(A1, A2))),)),
+    ("a nomination given up tells the pods the reason and the retry",
+     PREEMPTING, replace(PREEMPTING, phase="backoff", failures=1, reason="nomination ended", backoff_until=NOW + 1),
+     (), pending(replace(PREEMPTING, phase="backoff", failures=1, reason="nomination ended", backoff_until=NOW + 1),
+                 "nomination ended (attempt 2); next try in 1s")),
     ("a member added while waiting publishes nothing", gang(members=MEMBERS[:1]), gang(), (), ()),
 ]
 
@@ -138,6 +153,10 @@ REDRIVE = [
      (replace(M1, mig_instance_uuid="MIG-1"), replace(A2, mig_profile="1g.5gb", mig_start=0, node="a100")),
      (DEADLINE, Publish(S.mig_subject("a100"), MigPrepareRequested(
          node="a100", gang_id=G, attempt=2, pod=P2, gpu=1, profile="1g.5gb", start=0)))),
+    ("a preempting gang re-schedules its deadline and asks placement for nothing (placement watches its nomination)",
+     PREEMPTING, (), (DEADLINE,)),
+    ("a preempting gang the ledger holds whole (its nomination promoted, the Reserved lost) asks binder",
+     PREEMPTING, HELD, (DEADLINE, BIND_ALL)),
     ("a rollback left half-done is continued", ROLLING, HELD, (Compensate(G, 2),)),
     ("a scheduled gang waits for nothing", replace(BINDING, phase="scheduled"), HELD, ()),
     ("a gang in backoff waits for nothing", BACKOFF, (), ()),

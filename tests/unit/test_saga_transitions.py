@@ -14,6 +14,7 @@ from phalanx_proto.events import (
     MigReady,
     PlacementFailed,
     PodRef,
+    Preempting,
     Reserved,
     uid_digest,
 )
@@ -47,6 +48,9 @@ HALF_BOUND = gang("binding", 2, bound=(P1,))
 PREPARING = gang("preparing", 2)
 ROLLING = gang("rolling_back", 2, reason="deadline")
 RESERVED = Reserved(gang_id=G, attempt=2, members_digest=DIGEST)
+NOMINATED = Preempting(gang_id=G, attempt=2, members_digest=DIGEST, reason="preempting a/lo to free 2 GPUs on n1",
+                       nodes=("n1",))
+PREEMPTING = gang("preempting", 2, reason=NOMINATED.reason, reserve_nodes=("n1",), waits_for="gpus")
 MIG_READY = MigReady(node="a100", gang_id=G, attempt=2, pod=P1, instance_uuid="MIG-1")
 
 
@@ -104,6 +108,37 @@ CASES = [
                    fits_empty_cluster=False, backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
     ("PlacementFailed for an old attempt changes nothing",
      lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=1), now=1.0, **BO), PLACING, None),
+    # Preemption keeps its attempt open (docs/preemption.md): it waits in preempting, not backoff.
+    ("a nomination keeps the attempt open, waiting for its victims with the reason",
+     lambda s: saga.preempting(s, NOMINATED), replace(PLACING, whatif=WHATIF), PREEMPTING),
+    ("a new reason while preempting is recorded",
+     lambda s: saga.preempting(s, replace(NOMINATED, reason="waiting for a/lo")), PREEMPTING,
+     replace(PREEMPTING, reason="waiting for a/lo")),
+    ("the same Preempting again changes nothing",
+     lambda s: saga.preempting(s, NOMINATED), PREEMPTING, None),
+    ("a Preempting for an old attempt changes nothing",
+     lambda s: saga.preempting(s, replace(NOMINATED, attempt=1)), PLACING, None),
+    ("a Preempting for other members changes nothing",
+     lambda s: saga.preempting(s, replace(NOMINATED, members_digest=uid_digest([STRANGER, P2]))), PLACING, None),
+    ("a Preempting once the attempt was rolled back changes nothing",
+     lambda s: saga.preempting(s, NOMINATED), ROLLING, None),
+    ("the nomination given up sends the preempting attempt to backoff",
+     lambda s: saga.placement_failed(s, PlacementFailed(gang_id=G, attempt=2, summary="nomination ended"),
+                                     now=100.0, **BO),
+     PREEMPTING, replace(PREEMPTING, phase="backoff", failures=1, reason="nomination ended",
+                         failure="placement_failed", reserve_nodes=(),
+                         backoff_until=100.0 + saga.backoff_delay(1, gang_id=G, **BO))),
+    ("a promoted nomination's binds went out from preempting: every member bound schedules the gang",
+     lambda s: saga.bound(s, 2, (P1, P2)), PREEMPTING, replace(PREEMPTING, phase="scheduled", bound=(P1, P2),
+                                                              reason="")),
+    ("a failed bind of a promoted nomination rolls the attempt back",
+     lambda s: saga.bind_failed(s, binds(failed=((P2, "gone"),))), PREEMPTING,
+     replace(PREEMPTING, phase="rolling_back", failure="bind_failed", reason="bind of default/w-1 failed: gone")),
+    ("the deadline of a preempting attempt rolls it back (its release ends the nomination)",
+     lambda s: saga.deadline(s, GangDeadline(gang_id=G, attempt=2, members_digest=DIGEST)), PREEMPTING,
+     replace(PREEMPTING, phase="rolling_back", failure="deadline", reason="not every member was ready within the gang timeout")),
+    ("a promoted nomination with a MIG slice moves to preparing",
+     lambda s: saga.placed(s, RESERVED), PREEMPTING, replace(PREEMPTING, phase="preparing")),
     ("the MigReady after which every instance is recorded ready moves to binding",
      lambda s: saga.mig_ready(s, MIG_READY, all_ready=True), PREPARING, BINDING),
     ("a MigReady while other instances are not ready yet changes nothing",
