@@ -168,9 +168,9 @@ def replacements(s: GangState) -> int:
 
 
 def ready(s: GangState) -> bool:
-    """The repair attempt may start: the gang is repairing, not being restarted, and a
-    replacement is present for every failed member (so members lost together are placed
-    together), or the gang is complete again by its declared min-member."""
+    """The repair attempt may start: the gang is repairing, not being restarted, every failed
+    member's pod is gone, and a replacement is present for every failed member (so members lost
+    together are placed together), or the gang is complete again by its declared min-member."""
     r = s.repair
     if r is None or r.restart:
         return True
@@ -178,7 +178,12 @@ def ready(s: GangState) -> bool:
     if not waiting:
         return False
     failed = {f.pod for f in r.failed}
-    present = sum(1 for m in s.members if m.pod not in failed)  # a failed member not gone yet is no member
+    if any(m.pod in failed for m in s.members):
+        # A failed member's pod is not gone yet (its deletion not seen): placing a replacement
+        # now would end the repair with the failed member still held on its bad node, and the
+        # next scan would record it failed again, for a replacement already placed.
+        return False
+    present = len(s.members)
     return waiting >= len(r.failed) - r.replaced or (s.min_member_declared and present >= s.min_member)
 
 

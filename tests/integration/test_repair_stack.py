@@ -174,7 +174,10 @@ async def repaired_record(bus) -> None:
         s = await gang(bus)
         return s is not None and s.phase == "scheduled" and s.repair is None
 
-    await wait_until(scheduled, 15, what="the gang's record scheduled with no repair open")
+    try:
+        await wait_until(scheduled, 15, what="the gang's record scheduled with no repair open")
+    except TimeoutError:
+        raise AssertionError(f"the gang's record did not come to scheduled with no repair open: {await gang(bus)}")
 
 
 async def gang(bus):

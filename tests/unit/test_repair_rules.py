@@ -161,6 +161,20 @@ def test_a_failed_member_not_gone_yet_does_not_make_the_gang_complete_by_min_mem
     assert saga.start_attempt(with_replacements(gone, 2), now=101, settle_s=2).phase == "placing"
 
 
+def test_the_repair_attempt_waits_until_a_failed_members_pod_is_gone_even_with_its_replacement_present():
+    # The race a coordinator restart showed: 1 failed and its replacement arrived before 1's
+    # deletion was seen. Placing the replacement then would end the repair with 1 still a held
+    # member on its bad node, and the next scan would record 1 as failed again: a repair that
+    # waits for a replacement already placed, open for good.
+    s = with_replacements(repair.member_failed(running(), failed(1), now=100.0, timeout_s=180), 1)
+    assert saga.start_attempt(s, now=101, settle_s=2) is None
+    gone = saga.drop_member(s, PODS[1], "n1")
+    started = saga.start_attempt(gone, now=101, settle_s=2)
+    assert started.phase == "placing" and [m.pod for m in saga.attempt_members(started)] == [NEW[1]]
+    done = saga.bound(started, started.attempt, (NEW[1],))
+    assert done.repair is None and PODS[1] not in repair.held_members(done)
+
+
 def test_a_failure_that_joins_a_repair_attempt_under_way_keeps_the_repair_for_its_replacement():
     s = saga.start_attempt(with_replacements(repairing(1), 1), now=101, settle_s=2)
     s = repair.member_failed(s, failed(2, node="n2"), now=102, timeout_s=180)  # a survivor fails meanwhile
