@@ -12,11 +12,17 @@ lines, or one JSON document with ``--json``:
      "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null,
      "preempting": {"victims": [{"gang", "rule"}], "nodes": [str], "until": float} | null,
      "repair": {"text", "failed": [{"pod", "node", "signal", "detail"}], "domain": str | null, "policy",
-                "started_at", "deadline_at", "attempts", "restart"} | null}
+                "started_at", "deadline_at", "attempts", "restart"} | null,
+     "claims": [{"name", "claim", "state", "detail", "reserved_for", "devices": [{"request", "device"}]}] | null}
 
 ``repair``: the gang lost members while it ran and is being repaired inside its domain
 (docs/repair.md): the failed members, where their replacements go, the policy and the deadline;
 null when it is not. The text form says it on a ``Repair:`` line.
+
+``claims``: the pod's ResourceClaims (docs/dra.md) — each ``allocated`` (to which devices, reserved
+for which pods), ``unallocated``, ``not created yet`` (a template's claim the resourceclaim
+controller has not made), ``absent`` or ``invalid`` (the field and the rule); null for a pod
+without claims. The text form lists them under ``Claims:``.
 
 ``whatif``: what would start a pending gang (``phalanx_engine.whatif``, docs/whatif.md), when
 its record carries the answers (a ``whatif`` field of the gang record, ``phalanx_proto.whatif.WhatIf``);
@@ -140,6 +146,7 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
             if members and (state is None or any(m.uid == pod.uid for m in members)):
                 state = candidate
 
+        claims = await _claims_read(cluster, namespace, pod.raw)
         assignment = preempting = None
         if state is not None and not pod.node_name:  # reserved, not bound yet: the ledger holds it
             ledgers, _ = await read_all(await bus.kv(S.KV_LEDGER), pattern="*")
@@ -197,7 +204,66 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         "whatif": whatif,
         "preempting": preempting,
         "repair": repair_doc(state, time.time()),
+        "claims": claims_doc(pod.raw, claims),
     }
+
+
+async def _claims_read(cluster: Any, namespace: str, pod_raw: Any) -> dict[str, Any]:
+    """The ResourceClaims the pod names (``spec.resourceClaims``, and the claim Phalanx made for
+    its extended resources), read from the cluster: name -> the object, or None when absent."""
+    from phalanx_kube.port import ClaimRef
+    from phalanx_kubeobjects import dra as kdra
+
+    named = kdra.pod_claims(pod_raw)
+    names = [c for _, c in named if isinstance(c, str)] if isinstance(named, list) else []
+    extended = ((pod_raw.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(extended)
+    return {n: await cluster.get_resource_claim(ClaimRef(namespace=namespace, name=n)) for n in dict.fromkeys(names)}
+
+
+def claims_doc(pod_raw: Any, claims: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Each of the pod's claims (docs/dra.md): its ResourceClaim, whether it is allocated, to
+    which devices (driver/pool/device, per request) and for which pods it is reserved — or why
+    there is nothing to show (not created yet, absent, a field that breaks the API's rules).
+    None for a pod with no claims."""
+    from phalanx_kubeobjects import dra as kdra
+    from phalanx_kubeobjects.violations import Violation
+
+    named = kdra.pod_claims(pod_raw)
+    if isinstance(named, Violation):
+        return [{"name": "-", "claim": None, "state": "invalid", "detail": str(named)}]
+    entries: list[tuple[str, str | None | kdra.Waiting]] = list(named)
+    extended = ((pod_raw.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        entries.append(("(extended resources)", extended))
+    if not entries:
+        return None
+    out = []
+    for name, claim in entries:
+        if isinstance(claim, kdra.Waiting):
+            out.append({"name": name, "claim": None, "state": "not created yet", "detail": claim.reason})
+            continue
+        if claim is None:
+            out.append({"name": name, "claim": None, "state": "not needed", "detail": ""})
+            continue
+        obj = claims.get(claim)
+        if obj is None:
+            out.append({"name": name, "claim": claim, "state": "absent", "detail": "no such ResourceClaim"})
+            continue
+        allocation = kdra.allocation_of(obj)
+        reserved = [f"{r.get('resource')}/{r.get('name')}" for r in (obj.get("status") or {}).get("reservedFor") or []
+                    if isinstance(r, dict)]
+        if isinstance(allocation, Violation):
+            out.append({"name": name, "claim": claim, "state": "invalid", "detail": str(allocation),
+                        "reserved_for": reserved})
+        elif allocation is None:
+            out.append({"name": name, "claim": claim, "state": "unallocated", "detail": "", "reserved_for": reserved})
+        else:
+            out.append({"name": name, "claim": claim, "state": "allocated", "detail": "", "reserved_for": reserved,
+                        "devices": [{"request": d.request, "device": f"{d.driver}/{d.pool}/{d.device}"}
+                                    for d in allocation.devices]})
+    return out
 
 
 def repair_doc(state: Any, now: float) -> dict[str, Any] | None:
@@ -261,6 +327,17 @@ def render(r: dict[str, Any]) -> str:
     if p:
         victims = ", ".join(f"{v['gang']} ({v['rule']})" for v in p["victims"])
         lines.append(f"Preempting:  {victims}; GPUs kept on {', '.join(p['nodes'])} until {_stamp(p['until'])}")
+    for c in r.get("claims") or []:
+        head = f"  {c['name']}" + (f" (claim {c['claim']})" if c.get("claim") else "") + f": {c['state']}"
+        if c.get("devices"):
+            head += " to " + ", ".join(f"{d['device']} ({d['request']})" for d in c["devices"])
+        if c.get("reserved_for"):
+            head += f"; reserved for {', '.join(c['reserved_for'])}"
+        if c.get("detail"):
+            head += f" — {c['detail']}"
+        if c is r["claims"][0]:
+            lines.append("Claims:")
+        lines.append(head)
     a = r["assignment"]
     if a:
         parts = [f"node {a.get('node', '-')}", f"GPUs {','.join(map(str, a.get('gpus') or [])) or '-'}"]

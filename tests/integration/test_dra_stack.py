@@ -11,6 +11,9 @@ topology reports.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -113,7 +116,7 @@ async def bound(sim: KvCluster, *names: str) -> dict[str, tuple[str, list[int]]]
 
 
 async def test_a_pod_with_a_four_gpu_claim_gets_an_nvlink_quad_written_to_its_claim_before_it_is_bound(env):
-    _, bus, sim = env
+    stack, bus, sim = env
     await sim.apply_resource_claim(gpu_claim("quad", 4))
     await sim.apply_pod(claim_pod("solo", "quad"))
     got = await wait_until(lambda: bound(sim, "solo"), 30, what="the pod bound")
@@ -125,6 +128,15 @@ async def test_a_pod_with_a_four_gpu_claim_gets_an_nvlink_quad_written_to_its_cl
     assert claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
     assert "resource.kubernetes.io/delete-protection" in claim["metadata"]["finalizers"]
     assert (await audit_ledger(bus))["default/solo"] == 1
+    # phalanx explain, as the read-only identity, shows the claim and its devices
+    done = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "phalanx_cli.main", "explain", "default/solo", "--json", "--nats", stack.url],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **stack.identity_env(S.READER)}))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["claims"] == [
+        {"name": "gpus", "claim": "quad", "state": "allocated", "detail": "", "reserved_for": ["pods/solo"],
+         "devices": [{"request": r["request"], "device": f"{r['driver']}/{r['pool']}/{r['device']}"}
+                     for r in claim["status"]["allocation"]["devices"]["results"]]}]
 
 
 async def test_a_gang_of_two_needing_halves_of_one_node_gets_both_quads_with_no_device_twice(env):
