@@ -13,13 +13,16 @@ Two shortcuts keep those searches from redoing work, neither changing what they 
   its assignment carrying its own pod. A node a plugin raised on is not remembered: it is
   evaluated, and its error logged, every time, as before. Nor is a member with ResourceClaims:
   its answer depends on devices other nodes' decisions take (a pool reaching several nodes) and
-  on the claims decided so far, not on this node's state alone.
+  on the claims decided so far, not on this node's state alone. Nor is a member pod
+  (anti-)affinity may refuse nodes for (``podaffinity.relevant``): that answer depends on the
+  pods of other nodes in the node's domain.
 """
 
 from __future__ import annotations
 
 from msgspec.structs import replace
 
+from phalanx_engine import podaffinity
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.kube_plugins import NodeResourcesFit, resources_fit
 from phalanx_engine.nodestate import NodeState
@@ -45,23 +48,24 @@ def neg_name(name: str) -> tuple:
 def candidate(profile: Profile, member: Member, st: NodeState, gate: bool) -> Candidate | None:
     """The member's assignment on ``st`` with its rank (higher is better; ties go to the
     smaller name), or None when a filter refuses the node. ``gate``: ``checks_resources``."""
-    kept = st.memo.get(member.shape) if not member.spec.claims else None
+    keeps = not member.spec.claims and not podaffinity.relevant(member.spec)
+    kept = st.memo.get(member.shape) if keeps else None
     if kept is not None and kept[0] is profile:
         got = kept[1]
         if got is None or got[1].pod == member.spec.pod:
             return got
         return got[0], replace(got[1], pod=member.spec.pod)
     if gate and not resources_fit(member, st):
-        return _keep(profile, member, st, None)
+        return _keep(profile, member, st, None, keeps)
     a = profile.evaluate(member, st)
     if isinstance(a, Status):
-        return None if any(r.code is Code.NODE_ERROR for r in a.reasons) else _keep(profile, member, st, None)
+        return None if any(r.code is Code.NODE_ERROR for r in a.reasons) else _keep(profile, member, st, None, keeps)
     rank = profile.rank(member, st, a)
-    return None if rank is None else _keep(profile, member, st, ((rank, neg_name(st.name)), a))
+    return None if rank is None else _keep(profile, member, st, ((rank, neg_name(st.name)), a), keeps)
 
 
-def _keep(profile: Profile, member: Member, st: NodeState, got: Candidate | None) -> Candidate | None:
-    if member.spec.claims:
+def _keep(profile: Profile, member: Member, st: NodeState, got: Candidate | None, keeps: bool) -> Candidate | None:
+    if not keeps:
         return got
     if len(st.memo) >= MEMO_SHAPES:
         st.memo = {}

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine import podaffinity
 from phalanx_engine.candidates import checks_resources
 from phalanx_engine.claims import usage_of
 from phalanx_engine.dra import Usage
@@ -48,6 +49,9 @@ class Cluster:
     """Per node, the pods, CPU and memory ``NodeResourcesFit`` finds free (no Kubernetes state:
     unbounded): the single-member searches pass over the nodes it refuses in bulk."""
     _topology: Topology | None = field(default=None, init=False, repr=False, compare=False)
+    _anti: dict[str, tuple[podaffinity.Placed, ...]] = field(default_factory=dict, repr=False, compare=False)
+    """Per node with such pods, the pods there with required anti-affinity terms (every member
+    is checked against them, ``affinity_pods``)."""
     _usage: Usage | None = field(default=None, init=False, repr=False, compare=False)
     """What DRA devices are in use across the usable nodes (``dra_usage``); dropped when a node
     with DRA pools or claims changes."""
@@ -90,6 +94,9 @@ class Cluster:
         self._room[st.name] = _UNBOUNDED if kube is None else (
             kube.allocatable.get(PODS, 0) - st.pods, kube.allocatable.get(CPU, 0) - st.requested.get(CPU, 0),
             kube.allocatable.get(MEMORY, 0) - st.requested.get(MEMORY, 0))
+        anti = tuple(_placed(st, only_anti=True))
+        if anti:
+            self._anti[st.name] = anti
         if self._topology is not None:
             self._topology.add(st)
 
@@ -100,6 +107,7 @@ class Cluster:
         for level in self._levels.pop(st.name, ()):
             self._leave(True, level, st.name)
         self._room.pop(st.name, None)
+        self._anti.pop(st.name, None)
         if self._topology is not None:
             self._topology.remove(st.name)
 
@@ -158,11 +166,21 @@ class Cluster:
         other.nodes, other.total, other.excluded = dict(self.nodes), self.total, dict(self.excluded)
         other.by_free = {k: set(v) for k, v in self.by_free.items()}
         other.by_core = {k: set(v) for k, v in self.by_core.items()}
-        other._levels, other._room = dict(self._levels), dict(self._room)
+        other._levels, other._room, other._anti = dict(self._levels), dict(self._room), dict(self._anti)
         other._sorted = {k: list(v) for k, v in self._sorted.items()}
         other._topology = None if self._topology is None else self._topology.copy()
         other._usage = self._usage
         return other
+
+    def affinity_pods(self) -> podaffinity.Pods:
+        """The pods of the usable nodes for pod (anti-)affinity (``podaffinity.Pods``): the
+        full list is read only for a member with terms of its own."""
+        return podaffinity.Pods(_everyone(list(self.nodes.values())),
+                                tuple(p for ps in self._anti.values() for p in ps))
+
+    def has_pod_anti_affinity(self) -> bool:
+        """Does any pod on a usable node carry required anti-affinity terms?"""
+        return bool(self._anti)
 
     # -- a long-lived cluster (placement's cache keeps one and changes it node by node) --------
     def upsert(self, view: NodeView) -> None:
@@ -216,6 +234,19 @@ class Cluster:
 
 
 _UNBOUNDED = (math.inf, math.inf, math.inf)
+
+
+def _placed(st: NodeState, only_anti: bool = False) -> Iterator[podaffinity.Placed]:
+    kube = st.view.kube
+    labels = kube.labels if kube is not None else {}
+    for r in st.running:
+        if r.anti_affinity or not only_anti:
+            yield podaffinity.Placed(labels, r.namespace, r.labels, r.anti_affinity)
+
+
+def _everyone(states: list[NodeState]) -> Iterator[podaffinity.Placed]:
+    for st in states:
+        yield from _placed(st)
 
 
 def room_for(profile: Profile, member: Member) -> tuple[float, float] | None:

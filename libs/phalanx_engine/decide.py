@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Iterator
 
 from phalanx_engine import claims as dra_claims
 from phalanx_engine import gpu_plugins as gpu
+from phalanx_engine import podaffinity
 from phalanx_engine.candidates import candidate, checks_resources
 from phalanx_engine.claims import Claims, ComputeDomainClique
 from phalanx_engine.cluster import Cluster, room_for
@@ -140,7 +141,8 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
     default, is one network-pod. The counterfactual probes (``whatif``) pass a tighter one.
 
     A node a plugin raises on is refused alone; the result names it, once (``node_errors``)."""
-    with collecting_node_errors() as errors, _claims_trial(cluster, members):
+    with collecting_node_errors() as errors, _claims_trial(cluster, members), \
+            podaffinity.trial(cluster.affinity_pods()):
         result = _decide(cluster, members, profile, explain, avoid, loosest)
     return dataclasses.replace(result, node_errors=tuple(dict.fromkeys(errors))) if errors else result
 
@@ -254,14 +256,25 @@ def _pack(profile: Profile, nodes: list[NodeState], members: list[Member]) -> li
 
 
 def _pack_in(profile: Profile, order: list[NodeState], members: list[Member]) -> list[Assignment] | None:
+    mark = podaffinity.mark()
+    got = _pack_members(profile, order, members)
+    if got is None:
+        podaffinity.forget(mark)
+    return got
+
+
+def _pack_members(profile: Profile, order: list[NodeState], members: list[Member]) -> list[Assignment] | None:
     states: dict[str, NodeState] = {}
     start: dict[bytes, int] = {}
     """Per member shape, the first node that may still take it: a node that refused a shape
-    refuses it for the rest of the pack (the pack only ever takes capacity)."""
+    refuses it for the rest of the pack (the pack only ever takes capacity). Not for a member
+    pod (anti-)affinity may refuse nodes for: that verdict depends on the members placed so
+    far and on the member's labels, which its shape leaves out."""
     out = []
     for m in members:
         placed = None
-        for i in range(start.get(m.shape, 0), len(order)):
+        skip = not podaffinity.relevant(m.spec)
+        for i in range(start.get(m.shape, 0) if skip else 0, len(order)):
             base = order[i]
             st = states.get(base.name)
             if st is None:
@@ -271,7 +284,9 @@ def _pack_in(profile: Profile, order: list[NodeState], members: list[Member]) ->
                 placed = got
                 st.take(got)
                 dra_claims.book(got)
-                start[m.shape] = i
+                podaffinity.book(got, st.view.kube.labels if st.view.kube is not None else {})
+                if skip:
+                    start[m.shape] = i
                 break
         if placed is None:
             return None

@@ -53,9 +53,9 @@ def _gpus(spec: MemberSpec) -> str:
 
 
 def _shapes(members: Sequence[Member]) -> list[list[Member]]:
-    groups: dict[bytes, list[Member]] = {}
-    for m in members:
-        groups.setdefault(m.shape, []).append(m)
+    groups: dict[tuple, list[Member]] = {}
+    for m in members:  # labels too: another pod's anti-affinity may tell members apart by them
+        groups.setdefault((m.shape, m.spec.pod.namespace, tuple(sorted(m.spec.labels.items()))), []).append(m)
     return list(groups.values())
 
 

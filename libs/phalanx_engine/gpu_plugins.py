@@ -65,12 +65,14 @@ def assignment(member: Member, node: NodeState, gpus: Iterable[int], *, nics: tu
                rdma_level: str = "", mig_profile: str = "", mig_start: int = -1) -> Assignment:
     """The assignment of ``member`` to ``gpus`` of ``node`` (and NICs, or a MIG slot: the
     defaults are ``Assignment``'s). It carries the member's other requests and host ports, so
-    the ledger accounts for them."""
+    the ledger accounts for them, and its labels and anti-affinity terms, so pod (anti-)affinity
+    sees it there."""
     gpus = tuple(gpus)
     m = member.spec
     return Assignment(pod=m.pod, node=node.name, gpus=gpus, gpu_uuids=tuple(node.gpus[i].uuid for i in gpus),
                       core_pct=m.core_pct, memory_mib=m.memory_mib, requests=m.requests, host_ports=m.host_ports,
-                      nics=nics, rdma_level=rdma_level, mig_profile=mig_profile, mig_start=mig_start)
+                      nics=nics, rdma_level=rdma_level, mig_profile=mig_profile, mig_start=mig_start,
+                      labels=m.labels, anti_affinity=m.pod_anti_affinity)
 
 
 class GpuPresent:

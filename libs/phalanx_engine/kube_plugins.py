@@ -1,7 +1,8 @@
 """The filters kube-scheduler runs that are not about GPUs, with its plugin names, reason texts
 and resolvability (kube-scheduler v1.36): NodeUnschedulable, NodeName, TaintToleration,
-NodeAffinity, NodePorts, NodeResourcesFit; pod affinity and topology spread are refused
-explicitly; NodeStateReported says when a node's Kubernetes state is missing.
+NodeAffinity, NodePorts, NodeResourcesFit, InterPodAffinity (required terms, ``podaffinity``);
+topology spread (and pod affinity selecting namespaces by label) is refused explicitly;
+NodeStateReported says when a node's Kubernetes state is missing.
 
 They read ``NodeView.kube`` (``phalanx_proto.scheduling.NodeKubeState``). A node without it
 fails ``NodeStateReported`` when the profile requires node state; otherwise the other filters
@@ -11,6 +12,7 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 
 from __future__ import annotations
 
+from phalanx_engine import podaffinity
 from phalanx_engine.framework import Filter, Member
 from phalanx_engine.matching import (
     node_selector_matches,
@@ -190,10 +192,42 @@ def resources_fit(member: Member, node: NodeState) -> bool:
     return True
 
 
+_POD_AFFINITY = {podaffinity.AFFINITY: (Code.POD_AFFINITY, podaffinity.R_AFFINITY, False),
+                 podaffinity.ANTI: (Code.POD_ANTI_AFFINITY, podaffinity.R_ANTI_AFFINITY, True),
+                 podaffinity.EXISTING: (Code.EXISTING_POD_ANTI_AFFINITY, podaffinity.R_EXISTING_ANTI_AFFINITY, True)}
+
+
+class InterPodAffinity:
+    """Required pod affinity and anti-affinity, the member's own and the existing pods'
+    (``podaffinity``): over the pods of the decision under way (``podaffinity.current``: the
+    cluster's, Phalanx's reservations and the members placed before this one). Affinity is not
+    resolvable by preemption, anti-affinity is (kube-scheduler's statuses)."""
+
+    name = "InterPodAffinity"
+
+    def applies(self, member: Member) -> bool:
+        return True  # an existing pod's anti-affinity may select any member
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        spec, pods = member.spec, podaffinity.current()
+        if pods is None:
+            if not (spec.pod_affinity or spec.pod_anti_affinity):
+                return None
+            pods = podaffinity.Pods((), ())  # outside a decision: no other pod is known
+        if not pods.relevant(spec):
+            return None
+        kube = node.view.kube
+        why = podaffinity.verdict(spec, pods.counts(spec), kube.labels if kube is not None else {})
+        if not why:
+            return None
+        code, text, resolvable = _POD_AFFINITY[why]
+        return refuse(self.name, code, text, resolvable=resolvable)
+
+
 class PodAffinityRefused:
-    """Pod (anti-)affinity and topology spread need the labels of the pods on every node,
-    which the cluster state does not carry: a pod with such required terms is refused with
-    that reason, never placed as if they were not there."""
+    """Terms Phalanx does not evaluate (hard topology spread; pod (anti-)affinity terms that
+    select namespaces by their labels): a pod with them is refused with that reason, never
+    placed as if they were not there."""
 
     name = "InterPodAffinity"
 
@@ -213,4 +247,4 @@ def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:
     node's status, so the order decides the reason a node shows). Typed as ``Filter``s, so the
     type checker holds each to the protocol here."""
     return (NodeStateReported(require_node_state), NodeUnschedulable(), NodeName(), TaintToleration(),
-            NodeAffinity(), NodePorts(), NodeResourcesFit(), PodAffinityRefused())
+            NodeAffinity(), NodePorts(), NodeResourcesFit(), InterPodAffinity(), PodAffinityRefused())

@@ -14,7 +14,7 @@ from phalanx_engine.dra import NodeDevices, Ranking, gather
 from phalanx_engine.snapshot import NodeView
 from phalanx_proto.dra import ClaimAllocated
 from phalanx_proto.events import Assignment, RequestKind
-from phalanx_proto.scheduling import HostPort
+from phalanx_proto.scheduling import HostPort, RunningPod
 
 ANY_IP = "0.0.0.0"
 
@@ -47,7 +47,8 @@ class NodeState:
     use — by pods Phalanx did not place (``NodeView.kube``) plus Phalanx's reservations."""
 
     __slots__ = ("view", "gpus", "unhealthy", "whole", "core", "mem", "mig_inst", "_free", "_capacity", "_vendors",
-                 "requested", "pods", "ports", "memo", "_dra", "claims")
+                 "requested", "pods", "ports", "memo", "_dra", "claims",
+                 "running")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
@@ -67,6 +68,9 @@ class NodeState:
         self.requested: dict[str, int] = dict(kube.requested) if kube else {}
         self.pods = kube.pods if kube else 0
         self.ports: set[tuple[str, str, int]] = {port_key(p) for p in kube.host_ports} if kube else set()
+        self.running: list[RunningPod] = list(kube.running) if kube else []
+        """The pods on the node as pod (anti-)affinity sees them: those Phalanx did not place,
+        then its reservations (``take``)."""
         self.memo: dict[bytes, tuple] = {}
         """Per member shape, what the single-member search found here (``candidates``); emptied
         by ``take``, the only way the state changes."""
@@ -94,6 +98,7 @@ class NodeState:
         other.memo = {}
         other._dra = self._dra
         other.claims = list(self.claims)
+        other.running = list(self.running)
         return other
 
     def take(self, a: Assignment) -> None:
@@ -105,6 +110,7 @@ class NodeState:
         for r, q in a.requests.items():
             self.requested[r] = self.requested.get(r, 0) + q
         self.ports.update(port_key(p) for p in a.host_ports)
+        self.running.append(RunningPod(namespace=a.pod.namespace, labels=a.labels, anti_affinity=a.anti_affinity))
         match a.kind:
             case RequestKind.MIG:
                 for g in a.gpus:

@@ -28,6 +28,7 @@ from phalanx_proto.dra import MAX_CLAIMS_PER_POD, ClaimAllocated, PodClaim
 from phalanx_proto.queuespec import QueueHistory, QueueSpec
 from phalanx_proto.scheduling import (
     MAX_HOST_PORTS,
+    MAX_POD_LABELS,
     MAX_RESOURCES,
     MAX_SELECTOR_LABELS,
     MAX_TERMS,
@@ -35,6 +36,8 @@ from phalanx_proto.scheduling import (
     HostPort,
     NodeKubeState,
     NodeSelectorTerm,
+    PodAffinityTerm,
+    QualifiedName,
     Toleration,
 )
 from phalanx_proto.topology import MAX_GPUS, NetworkTiers, NodeTopology
@@ -132,9 +135,18 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Host ports the pod binds (with ``host_network``, every container port)."""
     host_network: bool = False
     unsupported: Annotated[tuple[str, ...], msgspec.Meta(max_length=8)] = ()
-    """Scheduling terms the pod has that Phalanx does not evaluate (``podAffinity``,
-    ``podAntiAffinity``, ``topologySpreadConstraints``): such a member fits no node, with
-    that reason, rather than having them ignored."""
+    """Scheduling terms the pod has that Phalanx does not evaluate (``topologySpreadConstraints``
+    with ``DoNotSchedule``; ``podAffinity``/``podAntiAffinity`` whose terms select namespaces by
+    their labels): such a member fits no node, with that reason, rather than having them
+    ignored."""
+    labels: Annotated[dict[QualifiedName, str], msgspec.Meta(max_length=MAX_POD_LABELS)] = {}
+    """The pod's labels, for pod (anti-)affinity: the terms of other pods (and of the gang's
+    other members) select it by them."""
+    pod_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """Required pod affinity terms (``InterPodAffinity``): every one must hold on the node."""
+    pod_anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """Required pod anti-affinity terms: none may select a pod in the node's domain; they also
+    keep later pods they select out of it (the reservation carries them)."""
     queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
     """The queue the pod is in (its label, else its namespace's, else ``default``:
     docs/queues.md); "" before queues, read as ``default``."""
@@ -181,6 +193,12 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     claims: Annotated[tuple[ClaimAllocated, ...], msgspec.Meta(max_length=MAX_CLAIMS_PER_POD)] = ()
     """The member's ResourceClaims and what Phalanx allocated for each (docs/dra.md); the
     devices joined to the node's GPUs are also in ``gpus``."""
+    labels: Annotated[dict[QualifiedName, str], msgspec.Meta(max_length=MAX_POD_LABELS)] = {}
+    """The member's pod labels (``MemberSpec.labels``), so pod (anti-)affinity sees Phalanx's
+    own pods on the node, bound or still reserved."""
+    anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """The member's required pod anti-affinity terms (``MemberSpec.pod_anti_affinity``): they
+    keep the pods they select out of its domain."""
 
     @property
     def kind(self) -> RequestKind:

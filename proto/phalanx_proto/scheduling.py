@@ -42,12 +42,20 @@ MAX_NODE_TAINTS = 256
 MAX_NODE_HOST_PORTS = 4096
 MAX_NODE_PODS = 4096
 """Pods one node reports at most (the kubelet's default limit is 110)."""
+MAX_POD_LABELS = 64
+"""Labels of one pod carried for pod (anti-)affinity (a pod with more is refused, the field named)."""
+MAX_TERM_NAMESPACES = 64
+"""Namespaces one pod (anti-)affinity term names at most."""
+MAX_NODE_POD_LABELS = 16384
+"""Labels of all the pods one node reports, together (``NodeKubeState.running``)."""
 
 # Bounds on the strings a node reports (the API server's own: a qualified name's prefix is a
 # DNS subdomain of at most 253 characters, its name part 63; a label value 63).
 QualifiedName = Annotated[str, msgspec.Meta(max_length=317)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=63)]
 PodKey = Annotated[str, msgspec.Meta(max_length=400)]
+Namespace = Annotated[str, msgspec.Meta(max_length=63)]
+SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 """``<namespace>/<name>/<uid>``: 63 + 253 + a uid, with separators."""
 
 
@@ -94,6 +102,42 @@ class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     host_ip: str = ""
 
 
+class LabelSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One requirement of a pod label selector (``matchLabels`` entries are ``In`` with one value)."""
+
+    key: QualifiedName
+    operator: SelectorOperator
+    values: Annotated[tuple[LabelValue, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
+
+
+class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One required pod (anti-)affinity term (``requiredDuringSchedulingIgnoredDuringExecution``
+    of ``podAffinity``/``podAntiAffinity``) as kube-scheduler's InterPodAffinity reads it: the
+    pods it selects run on nodes whose ``topology_key`` label has the value the term's node has.
+
+    ``selector``: every requirement must hold (``matchLabels``, ``matchExpressions`` and the
+    pod's own ``matchLabelKeys``/``mismatchLabelKeys`` merged in, as ``In``/``NotIn``); an
+    empty selector (``labelSelector: {}``) selects every pod, ``match_none`` (no
+    ``labelSelector``) none. Namespaces: ``all_namespaces`` (``namespaceSelector: {}``), else
+    ``namespaces``, else (both empty) the namespace of the pod that carries the term.
+    """
+
+    topology_key: QualifiedName
+    selector: Annotated[tuple[LabelSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
+    match_none: bool = False
+    namespaces: Annotated[tuple[Namespace, ...], msgspec.Meta(max_length=MAX_TERM_NAMESPACES)] = ()
+    all_namespaces: bool = False
+
+
+class RunningPod(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A pod bound to a node, as pod (anti-)affinity sees it: its namespace, its labels and its
+    own required anti-affinity terms (which keep other pods out of its domain)."""
+
+    namespace: Namespace
+    labels: Annotated[dict[QualifiedName, LabelValue], msgspec.Meta(max_length=MAX_POD_LABELS)] = {}
+    anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+
+
 class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A node's Kubernetes state as its node agent reports it, for the filters kube-scheduler
     runs: NodeResourcesFit, NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts.
@@ -125,3 +169,7 @@ class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     and not terminal, as ``<namespace>/<name>/<uid>``, sorted: what runs there. Placement
     never frees a reservation of a pod listed here, and adopts a reservation only for one
     (docs/security.md, "A stolen coordinator credential")."""
+    running: Annotated[tuple[RunningPod, ...], msgspec.Meta(max_length=MAX_NODE_PODS)] = ()
+    """The pods Phalanx did not place that are bound to the node and not terminal (the ones
+    ``pods`` counts), for pod (anti-)affinity: their namespaces, labels and required
+    anti-affinity terms, sorted. At most ``MAX_NODE_POD_LABELS`` labels in all."""

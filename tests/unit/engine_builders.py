@@ -13,9 +13,12 @@ from phalanx_engine.snapshot import NodeView, Snapshot
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.scheduling import (
     HostPort,
+    LabelSelectorRequirement,
     NodeKubeState,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PodAffinityTerm,
+    RunningPod,
     Taint,
     Toleration,
 )
@@ -134,6 +137,15 @@ class NodeBuilder:
         k.update(requested=used, pods=k.get("pods", 0) + pods, host_ports=(*k.get("host_ports", ()), *ports))
         return self
 
+    def pod_here(self, namespace: str = "default", anti: tuple[PodAffinityTerm, ...] = (),
+                 **labels: str) -> NodeBuilder:
+        """A pod Phalanx did not place runs here with ``labels`` (and its own required
+        anti-affinity terms); counted among the node's pods."""
+        k = self._k()
+        k.update(pods=k.get("pods", 0) + 1,
+                 running=(*k.get("running", ()), RunningPod(namespace=namespace, labels=labels, anti_affinity=anti)))
+        return self
+
     def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
         self._k()["taints"] = (*self._k().get("taints", ()), Taint(key=key, value=value, effect=effect))
         return self
@@ -227,6 +239,22 @@ class PodBuilder:
         self._fields.update(host_ports=ports, host_network=host_network)
         return self
 
+    def labels(self, **labels: str) -> PodBuilder:
+        self._fields["labels"] = {**self._fields.get("labels", {}), **labels}
+        return self
+
+    def namespace(self, namespace: str) -> PodBuilder:
+        self._fields["pod"] = PodRef(namespace=namespace, name=self._fields["pod"].name)
+        return self
+
+    def pod_affinity(self, *terms: PodAffinityTerm) -> PodBuilder:
+        self._fields["pod_affinity"] = (*self._fields.get("pod_affinity", ()), *terms)
+        return self
+
+    def pod_anti_affinity(self, *terms: PodAffinityTerm) -> PodBuilder:
+        self._fields["pod_anti_affinity"] = (*self._fields.get("pod_anti_affinity", ()), *terms)
+        return self
+
     def unsupported(self, *terms: str) -> PodBuilder:
         self._fields["unsupported"] = terms
         return self
@@ -240,6 +268,15 @@ class PodBuilder:
 
 def pod(name: str) -> PodBuilder:
     return PodBuilder(name)
+
+
+def term(topology_key: str, *reqs: tuple, namespaces: tuple[str, ...] = (), all_namespaces: bool = False,
+         match_none: bool = False) -> PodAffinityTerm:
+    """A pod (anti-)affinity term: each requirement ``(key, operator, *values)``."""
+    return PodAffinityTerm(topology_key=topology_key, match_none=match_none, namespaces=namespaces,
+                           all_namespaces=all_namespaces,
+                           selector=tuple(LabelSelectorRequirement(key=k, operator=op, values=tuple(v))
+                                          for k, op, *v in reqs))
 
 
 def port(number: int, protocol: str = "TCP", host_ip: str = "") -> HostPort:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
+from phalanx_engine import podaffinity
 from phalanx_engine.framework import Member
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import Status
@@ -87,7 +88,8 @@ def probe_wait(p: Probing) -> list[Answer]:
 
 
 def _could(p: Probing, member: Member, name: str) -> bool:
-    got = p.profile.evaluate(member, p.cluster.nodes[name])
+    with podaffinity.trial(p.cluster.affinity_pods()):
+        got = p.profile.evaluate(member, p.cluster.nodes[name])
     return not isinstance(got, Status) or got.resolvable
 
 

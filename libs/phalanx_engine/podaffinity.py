@@ -1,0 +1,248 @@
+"""Required inter-pod affinity and anti-affinity, as kube-scheduler v1.36's InterPodAffinity
+filter evaluates them (``pkg/scheduler/framework/plugins/interpodaffinity``), over every pod the
+cluster state knows: the pods Phalanx did not place (``NodeKubeState.running``), Phalanx's own
+reservations (``Assignment.labels``/``anti_affinity``), and the members of the decision under
+way placed before this one (a gang's members see each other as if already placed).
+
+Per incoming member, as kube-scheduler's PreFilter does (``Counts``), topology pair
+(label key, value) → how many pods:
+
+* ``affinity``: pods that match **every** required affinity term of the member, counted once per
+  term at their node's value of the term's ``topologyKey``;
+* ``anti``: pods a required anti-affinity term of the member selects, at that term's key;
+* ``existing``: pods whose own required anti-affinity term selects the member, at that term's key.
+
+Then, per node (``verdict``): every affinity term's key must be on the node with a count there
+(or no pod matches anywhere and the member matches its own terms: the first pod of a group);
+no anti-affinity term may count at the node's value; no pair of the node's labels may count
+in ``existing``. A node without the topology label belongs to no domain.
+
+Pure: the decision's pods come in through ``Pods`` (``decide`` sets one per decision,
+``trial``); nothing here reads the clock or the bus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from phalanx_proto.events import Assignment, MemberSpec
+from phalanx_proto.scheduling import LabelSelectorRequirement, PodAffinityTerm
+
+R_AFFINITY = "node(s) didn't match pod affinity rules"
+R_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
+R_EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
+
+AFFINITY, ANTI, EXISTING = "affinity", "anti-affinity", "existing anti-affinity"
+
+
+def selector_matches(selector: Iterable[LabelSelectorRequirement], labels: Mapping[str, str]) -> bool:
+    """``labels.Selector.Matches``: every requirement holds (an empty selector matches all)."""
+    for r in selector:
+        has = r.key in labels
+        match r.operator:
+            case "In":
+                ok = has and labels[r.key] in r.values
+            case "NotIn":
+                ok = not has or labels[r.key] not in r.values
+            case "Exists":
+                ok = has
+            case "DoesNotExist":
+                ok = not has
+            case _:
+                ok = False
+        if not ok:
+            return False
+    return True
+
+
+def term_matches(term: PodAffinityTerm, owner_namespace: str, namespace: str, labels: Mapping[str, str]) -> bool:
+    """Does ``term`` (carried by a pod in ``owner_namespace``) select a pod in ``namespace``
+    with ``labels``? (``AffinityTerm.Matches``.)"""
+    if term.match_none:
+        return False
+    if not term.all_namespaces:
+        if term.namespaces:
+            if namespace not in term.namespaces:
+                return False
+        elif namespace != owner_namespace:
+            return False
+    return selector_matches(term.selector, labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One pod where it runs (or is reserved, or was placed in this decision)."""
+
+    node_labels: Mapping[str, str]
+    namespace: str
+    labels: Mapping[str, str]
+    anti: tuple[PodAffinityTerm, ...] = ()
+
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """kube-scheduler's preFilterState for one member: topology pair → matching pods."""
+
+    affinity: dict[Pair, int] = field(default_factory=dict)
+    anti: dict[Pair, int] = field(default_factory=dict)
+    existing: dict[Pair, int] = field(default_factory=dict)
+
+
+def _bump(m: dict[Pair, int], node_labels: Mapping[str, str], key: str) -> None:
+    value = node_labels.get(key)
+    if value is not None:
+        m[(key, value)] = m.get((key, value), 0) + 1
+
+
+def matches_all(terms: tuple[PodAffinityTerm, ...], owner_namespace: str, namespace: str,
+                labels: Mapping[str, str]) -> bool:
+    return all(term_matches(t, owner_namespace, namespace, labels) for t in terms)
+
+
+def count(spec: MemberSpec, pods: Iterable[Placed]) -> Counts:
+    """The three counts for ``spec`` over ``pods``."""
+    c = Counts()
+    ns, aff, anti = spec.pod.namespace, spec.pod_affinity, spec.pod_anti_affinity
+    for p in pods:
+        if aff and matches_all(aff, ns, p.namespace, p.labels):
+            for t in aff:
+                _bump(c.affinity, p.node_labels, t.topology_key)
+        for t in anti:
+            if term_matches(t, ns, p.namespace, p.labels):
+                _bump(c.anti, p.node_labels, t.topology_key)
+        for t in p.anti:
+            if term_matches(t, p.namespace, ns, spec.labels):
+                _bump(c.existing, p.node_labels, t.topology_key)
+    return c
+
+
+def verdict(spec: MemberSpec, counts: Counts, node_labels: Mapping[str, str]) -> str:
+    """"" when the node passes, else which rule it breaks (``AFFINITY``, ``ANTI``,
+    ``EXISTING``), checked in kube-scheduler's order."""
+    if spec.pod_affinity:
+        exist = True
+        for t in spec.pod_affinity:
+            value = node_labels.get(t.topology_key)
+            if value is None:
+                return AFFINITY  # all topology labels must be on the node
+            if counts.affinity.get((t.topology_key, value), 0) <= 0:
+                exist = False
+        if not exist and not (not counts.affinity and matches_all(spec.pod_affinity, spec.pod.namespace,
+                                                                   spec.pod.namespace, spec.labels)):
+            return AFFINITY
+    if counts.anti:
+        for t in spec.pod_anti_affinity:
+            value = node_labels.get(t.topology_key)
+            if value is not None and counts.anti.get((t.topology_key, value), 0) > 0:
+                return ANTI
+    if counts.existing and any(n > 0 and node_labels.get(k) == v for (k, v), n in counts.existing.items()):
+        return EXISTING
+    return ""
+
+
+class Pods:
+    """Every pod one decision must respect: ``base`` (a callable listing the cluster's pods,
+    read at most once, only for a member with terms of its own), ``with_anti`` (the pods with
+    required anti-affinity terms: every member is checked against them) and ``decided`` (this
+    decision's members placed so far, in order)."""
+
+    __slots__ = ("_base", "_all", "with_anti", "decided", "_counts", "_changes")
+
+    def __init__(self, base: Iterable[Placed] | None, with_anti: tuple[Placed, ...]) -> None:
+        self._base = base
+        self._all: tuple[Placed, ...] | None = None
+        self.with_anti = with_anti
+        self.decided: list[Placed] = []
+        self._changes = 0
+        """Bumped whenever ``decided`` changes (booked or forgotten): what counts were kept for."""
+        self._counts: dict[int, tuple[MemberSpec, int, Counts]] = {}
+
+    def everyone(self) -> tuple[Placed, ...]:
+        if self._all is None:
+            self._all = tuple(self._base or ())
+        return self._all
+
+    def counts(self, spec: MemberSpec) -> Counts:
+        """The member's counts over the cluster's pods and the decision's so far (kept per
+        member until the decision's pods change)."""
+        kept = self._counts.get(id(spec))
+        if kept is not None and kept[0] is spec and kept[1] == self._changes:
+            return kept[2]
+        if spec.pod_affinity or spec.pod_anti_affinity:
+            got = count(spec, (*self.everyone(), *self.decided))
+        else:  # only the existing pods' own anti-affinity can refuse it
+            got = count(spec, (*self.with_anti, *(p for p in self.decided if p.anti)))
+        if len(self._counts) > 4096:
+            self._counts.clear()
+        self._counts[id(spec)] = (spec, self._changes, got)
+        return got
+
+    def relevant(self, spec: MemberSpec) -> bool:
+        """Can the rule refuse any node for ``spec``? (False: the filter passes every node, so
+        what a node said for the member's shape may be remembered.)"""
+        if spec.pod_affinity or spec.pod_anti_affinity:
+            return True
+        return bool(self.counts(spec).existing)
+
+    def book(self, a: Assignment, node_labels: Mapping[str, str]) -> None:
+        """The decision keeps ``a``: later members see its pod on its node."""
+        self.decided.append(Placed(node_labels, a.pod.namespace, a.labels, a.anti_affinity))
+        self._changes += 1
+
+    def forget(self, since: int) -> None:
+        """Drop the pods booked after the first ``since``."""
+        if len(self.decided) > since:
+            del self.decided[since:]
+            self._changes += 1
+
+
+_PODS: contextvars.ContextVar[Pods | None] = contextvars.ContextVar("pod_affinity", default=None)
+
+
+@contextlib.contextmanager
+def trial(pods: Pods) -> Iterator[Pods]:
+    """Run the code inside with ``pods`` as the decision's pods."""
+    token = _PODS.set(pods)
+    try:
+        yield pods
+    finally:
+        _PODS.reset(token)
+
+
+def current() -> Pods | None:
+    return _PODS.get()
+
+
+def book(a: Assignment, node_labels: Mapping[str, str]) -> None:
+    """Book a kept assignment into the decision's pods (nothing outside a decision)."""
+    p = _PODS.get()
+    if p is not None:
+        p.book(a, node_labels)
+
+
+def mark() -> int:
+    """Where the decision's booked pods stand now (for ``forget``)."""
+    p = _PODS.get()
+    return len(p.decided) if p is not None else 0
+
+
+def forget(since: int) -> None:
+    """Forget the pods booked since ``mark`` said ``since`` (a trial packing that failed)."""
+    p = _PODS.get()
+    if p is not None:
+        p.forget(since)
+
+
+def relevant(spec: MemberSpec) -> bool:
+    """Whether the decision's pods can make the rule refuse nodes for ``spec`` (no decision
+    under way: only its own terms can)."""
+    p = _PODS.get()
+    if p is None:
+        return bool(spec.pod_affinity or spec.pod_anti_affinity)
+    return p.relevant(spec)
