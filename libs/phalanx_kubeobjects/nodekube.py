@@ -10,7 +10,10 @@ placement for the non-GPU filters, read the way kube-scheduler reads it:
   ``spec.unschedulable``; a taint with an effect the API server would refuse is left out;
 * **Ready**: the ``Ready`` condition's status (``Unknown`` without one);
 * **requested, pods, host ports**: summed over the pods that are not terminal (``Succeeded`` /
-  ``Failed`` pods hold nothing, as in kube-scheduler's cache), through ``podspec``.
+  ``Failed`` pods hold nothing, as in kube-scheduler's cache), through ``podspec``;
+* **running**: those pods' namespaces, labels and required anti-affinity terms, for pod
+  (anti-)affinity (``nodeterms``; a term whose ``namespaceSelector`` selects by labels is read
+  as every namespace: it keeps more pods apart, never fewer).
 
 The result respects the wire bounds (``phalanx_proto.scheduling.MAX_NODE_*``) or is a
 ``Violation`` naming the bound; nothing raises on a malformed object.
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from phalanx_kubeobjects import podspec
+from phalanx_kubeobjects import names, nodeterms, podspec
 from phalanx_kubeobjects.quantity import NANO, Bound, cpu_millis, scaled
 from phalanx_kubeobjects.violations import Violation, as_list, as_map, shown
 from phalanx_proto import scheduling as K
@@ -49,12 +52,18 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
                    and isinstance(t.get("value") or "", str))
     requested: dict[str, int] = {}
     ports: list[K.HostPort] = []
-    count = 0
+    running: list[K.RunningPod] = []
+    count = pod_labels = 0
     for pod in pods:
         pspec = as_map(pod.get("spec"))
         if as_map(pod.get("status")).get("phase") in TERMINAL:
             continue
         count += 1
+        got = _running(pod)
+        if isinstance(got, Violation):
+            return got
+        running.append(got)
+        pod_labels += len(got.labels)
         for r, q in podspec.pod_requests(pspec).items():
             requested[r] = requested.get(r, 0) + q
         ports.extend(podspec.pod_host_ports(pspec))
@@ -63,14 +72,33 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
                           ("status.allocatable", len(allocatable), K.MAX_NODE_RESOURCES),
                           ("requests of the node's pods", len(requested), K.MAX_NODE_RESOURCES),
                           ("host ports of the node's pods", len(ports), K.MAX_NODE_HOST_PORTS),
-                          ("Phalanx's pods on the node", len(placed), K.MAX_NODE_PODS)):
+                          ("Phalanx's pods on the node", len(placed), K.MAX_NODE_PODS),
+                          ("pods on the node", len(running), K.MAX_NODE_PODS),
+                          ("labels of the node's pods", pod_labels, K.MAX_NODE_POD_LABELS)):
         if n > most:
             return Violation(what, f"{n} entries", f"Phalanx reports at most {most} per node")
     return NodeKubeState(allocatable=allocatable, labels=labels, taints=taints,
                          unschedulable=spec.get("unschedulable") is True, ready=_ready(status),
                          requested=dict(sorted(requested.items())), pods=count,
                          host_ports=tuple(sorted(set(ports), key=lambda p: (p.port, p.protocol, p.host_ip))),
-                         phalanx_pods=placed)
+                         phalanx_pods=placed,
+                         running=tuple(sorted(running, key=lambda r: (r.namespace, sorted(r.labels.items())))))
+
+
+def _running(pod: Mapping[str, Any]) -> K.RunningPod | Violation:
+    """One pod on the node as pod (anti-)affinity sees it, or the first rule it breaks (named
+    with the pod)."""
+    meta = as_map(pod.get("metadata"))
+    v: list[Violation] = []
+    namespace = meta.get("namespace") or "default"
+    if not names.dns_label(namespace):
+        v.append(Violation("metadata.namespace", shown(namespace), f"a namespace {names.LABEL_RULE}"))
+    labels = nodeterms.pod_labels(meta.get("labels"), v)
+    anti, _ = nodeterms.pod_terms(as_map(pod.get("spec")), labels, "podAntiAffinity", v, namespace_selectors=True)
+    if v:
+        who = f"pod {shown(namespace)}/{shown(meta.get('name'))}"
+        return Violation(f"{who}: {v[0].field}", v[0].value, v[0].rule)
+    return K.RunningPod(namespace=namespace, labels=labels, anti_affinity=anti)
 
 
 def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:

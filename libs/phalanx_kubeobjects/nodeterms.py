@@ -1,7 +1,8 @@
 """Which nodes a pod may go to, read from its spec the way kube-scheduler reads it: tolerations,
-``nodeSelector``, required node affinity, ``nodeName``, and the terms Phalanx refuses (required
-pod affinity and anti-affinity, hard topology spread: ``unsupported``) or ignores with a warning
-(their preferred forms, preferred node affinity). Part of ``podspec.parse_constraints``; every
+``nodeSelector``, required node affinity, ``nodeName``, required pod affinity and anti-affinity
+(``pod_terms``), and the terms Phalanx refuses (hard topology spread, pod (anti-)affinity terms
+that select namespaces by their labels: ``unsupported``) or ignores with a warning (the preferred
+forms, preferred node affinity). Part of ``podspec.parse_constraints``; every
 invalid value is a ``Violation`` naming field, value and rule, never an exception.
 """
 
@@ -13,7 +14,13 @@ from typing import Any
 from phalanx_kubeobjects import names
 from phalanx_kubeobjects.violations import Violation, as_list, as_map, as_str, shown
 from phalanx_proto import scheduling as K
-from phalanx_proto.scheduling import NodeSelectorRequirement, NodeSelectorTerm, Toleration
+from phalanx_proto.scheduling import (
+    LabelSelectorRequirement,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    Toleration,
+)
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -21,8 +28,12 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 _AFFINITY = "spec.affinity"
 _TERMS = f"{_AFFINITY}.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
-WHY_POD_AFFINITY = ("it needs the labels of the pods on every node, which Phalanx's cluster state does not carry; "
-                    "the pod would wait with that reason")
+WHY_SPREAD = ("it needs the count of matching pods per domain, which Phalanx does not evaluate; "
+              "the pod would wait with that reason")
+WHY_NAMESPACE_SELECTOR = ("a term's namespaceSelector selects namespaces by their labels, which Phalanx's cluster "
+                          "state does not carry (namespaceSelector {} for every namespace, and namespaces, are "
+                          "evaluated); the pod would wait with that reason")
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
 def tolerations(raw: Any, v: list[Violation]) -> tuple[Toleration, ...]:
@@ -168,23 +179,160 @@ def node_name(raw: Any, v: list[Violation]) -> str:
     return raw
 
 
-def unsupported(spec: Mapping[str, Any], warnings: list[str]) -> tuple[str, ...]:
+def pod_labels(raw: Any, v: list[Violation], field: str = "metadata.labels", *, each: bool = True
+               ) -> dict[str, str]:
+    """A pod's labels for pod (anti-)affinity, at most ``MAX_POD_LABELS``; with ``each``, keys
+    and values by the API server's rules (without: the caller checked them, ``names.check_metadata``,
+    and labels that break them are left out here)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        v.append(Violation(field, shown(raw), "labels map keys to string values"))
+        return {}
+    if len(raw) > K.MAX_POD_LABELS:
+        v.append(Violation(field, f"{len(raw)} labels", f"Phalanx reads at most {K.MAX_POD_LABELS} labels per pod "
+                                                        "(pod affinity matches pods by them)"))
+        return {}
+    if not each:
+        return dict(sorted((k, x) for k, x in raw.items() if names.qualified_name(k) and names.label_value(x)))
+    before = len(v)
+    for k, x in raw.items():
+        if not names.qualified_name(k):
+            v.append(Violation(f"{field}[{shown(k)}]", shown(k), f"a label key {names.QUALIFIED_RULE}"))
+        elif not isinstance(x, str) or not names.label_value(x):
+            v.append(Violation(f"{field}[{shown(k)}]", shown(x), names.VALUE_RULE))
+    return {} if len(v) > before else dict(sorted(raw.items()))
+
+
+def pod_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str, v: list[Violation], *,
+              namespace_selectors: bool = False) -> tuple[tuple[PodAffinityTerm, ...], bool]:
+    """The required terms of ``kind`` (``podAffinity`` or ``podAntiAffinity``) and whether one
+    selects namespaces by their labels (not evaluated: the caller refuses the pod, or, with
+    ``namespace_selectors`` (another pod's terms, read by a node agent), reads such a term as
+    every namespace, which keeps more pods apart, never fewer)."""
+    field = f"{_AFFINITY}.{kind}.{REQUIRED}"
+    items = as_list(as_map(as_map(spec.get("affinity")).get(kind)).get(REQUIRED), field, v)
+    if len(items) > K.MAX_TERMS:
+        v.append(Violation(field, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} terms"))
+        return (), False
+    out, by_labels = [], False
+    for i, raw in enumerate(items):
+        got = _pod_term(as_map(raw), labels, f"{field}[{i}]", v, namespace_selectors)
+        if got is None:
+            continue
+        term, selects = got
+        by_labels = by_labels or selects
+        out.append(term)
+    return tuple(out), by_labels
+
+
+def _pod_term(t: Mapping[str, Any], labels: Mapping[str, str], where: str, v: list[Violation],
+              namespace_selectors: bool) -> tuple[PodAffinityTerm, bool] | None:
+    before = len(v)
+    key = t.get("topologyKey")
+    if not isinstance(key, str) or not names.qualified_name(key):
+        v.append(Violation(f"{where}.topologyKey", shown(key), f"required: a node label key {names.QUALIFIED_RULE}"))
+    reqs: list[LabelSelectorRequirement] = []
+    raw_sel = t.get("labelSelector")
+    if raw_sel is not None:
+        reqs = _selector(raw_sel, f"{where}.labelSelector", v)
+        for section, op in (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn")):
+            keys = as_list(t.get(section), f"{where}.{section}", v)
+            if len(keys) > K.MAX_REQUIREMENTS or not all(isinstance(k, str) for k in keys):
+                v.append(Violation(f"{where}.{section}", shown(keys) if len(keys) <= 8 else f"{len(keys)} keys",
+                                   f"at most {K.MAX_REQUIREMENTS} label keys (strings)"))
+                continue
+            reqs.extend(LabelSelectorRequirement(key=k, operator=op, values=(labels[k],))  # type: ignore[arg-type]
+                        for k in keys if k in labels)
+        if len(reqs) > 2 * K.MAX_REQUIREMENTS:
+            v.append(Violation(f"{where}.labelSelector", f"{len(reqs)} requirements",
+                               f"Phalanx reads at most {2 * K.MAX_REQUIREMENTS} requirements per selector"))
+    nss = as_list(t.get("namespaces"), f"{where}.namespaces", v)
+    if len(nss) > K.MAX_TERM_NAMESPACES:
+        v.append(Violation(f"{where}.namespaces", f"{len(nss)} namespaces",
+                           f"Phalanx reads at most {K.MAX_TERM_NAMESPACES} namespaces per term"))
+        nss = []
+    for j, ns in enumerate(nss):
+        if not names.dns_label(ns):
+            v.append(Violation(f"{where}.namespaces[{j}]", shown(ns), f"a namespace name {names.LABEL_RULE}"))
+    raw_ns_sel = t.get("namespaceSelector")
+    if raw_ns_sel is not None and not isinstance(raw_ns_sel, Mapping):
+        v.append(Violation(f"{where}.namespaceSelector", shown(raw_ns_sel), "a label selector (a mapping)"))
+    ns_sel = as_map(raw_ns_sel)
+    every = raw_ns_sel is not None and not ns_sel.get("matchLabels") and not ns_sel.get("matchExpressions")
+    by_labels = raw_ns_sel is not None and not every
+    if len(v) > before:
+        return None
+    term = PodAffinityTerm(topology_key=key, selector=tuple(reqs), match_none=raw_sel is None,  # type: ignore[arg-type]
+                           namespaces=tuple(sorted(set(nss))), all_namespaces=every or (by_labels and namespace_selectors))
+    return term, by_labels and not namespace_selectors
+
+
+def _selector(raw: Any, where: str, v: list[Violation]) -> list[LabelSelectorRequirement]:
+    """``metav1.LabelSelector``: ``matchLabels`` as ``In`` requirements, then ``matchExpressions``."""
+    if not isinstance(raw, Mapping):
+        v.append(Violation(where, shown(raw), "a label selector (a mapping)"))
+        return []
+    out: list[LabelSelectorRequirement] = []
+    ml = raw.get("matchLabels")
+    if ml is not None and not isinstance(ml, Mapping):
+        v.append(Violation(f"{where}.matchLabels", shown(ml), "matchLabels maps label keys to values"))
+    ml = as_map(ml)
+    if len(ml) > K.MAX_REQUIREMENTS:
+        v.append(Violation(f"{where}.matchLabels", f"{len(ml)} labels",
+                           f"Phalanx reads at most {K.MAX_REQUIREMENTS} labels per selector"))
+        return []
+    for k, x in ml.items():
+        if not names.qualified_name(k):
+            v.append(Violation(f"{where}.matchLabels[{shown(k)}]", shown(k), f"a label key {names.QUALIFIED_RULE}"))
+        elif not isinstance(x, str) or not names.label_value(x):
+            v.append(Violation(f"{where}.matchLabels[{shown(k)}]", shown(x), names.VALUE_RULE))
+        else:
+            out.append(LabelSelectorRequirement(key=k, operator="In", values=(x,)))
+    exprs = as_list(raw.get("matchExpressions"), f"{where}.matchExpressions", v)
+    if len(exprs) > K.MAX_REQUIREMENTS:
+        v.append(Violation(f"{where}.matchExpressions", f"{len(exprs)} requirements",
+                           f"Phalanx reads at most {K.MAX_REQUIREMENTS} requirements per selector"))
+        return out
+    for j, r in enumerate(exprs):
+        field = f"{where}.matchExpressions[{j}]"
+        r = as_map(r)
+        key, op, values = r.get("key"), r.get("operator"), r.get("values") or []
+        if not names.qualified_name(key):
+            v.append(Violation(f"{field}.key", shown(key), f"a label key {names.QUALIFIED_RULE}"))
+        elif op not in SELECTOR_OPERATORS:
+            v.append(Violation(f"{field}.operator", shown(op), f"the operator is one of {', '.join(SELECTOR_OPERATORS)}"))
+        elif not isinstance(values, list) or len(values) > K.MAX_VALUES \
+                or not all(isinstance(x, str) and names.label_value(x) for x in values):
+            v.append(Violation(f"{field}.values", shown(values) if not isinstance(values, list) else "a list",
+                               f"values is a list of at most {K.MAX_VALUES} label values"))
+        elif (rule := _requirement_rule(op, values)):
+            v.append(Violation(f"{field}.values", shown(", ".join(values[:8]) or "[]"), rule))
+        else:
+            out.append(LabelSelectorRequirement(key=key, operator=op, values=tuple(values)))
+    return out
+
+
+def unsupported(spec: Mapping[str, Any], warnings: list[str], selects_namespaces: tuple[str, ...] = ()
+                ) -> tuple[str, ...]:
+    """The terms refused: ``selects_namespaces`` (the pod (anti-)affinity kinds with a term
+    whose ``namespaceSelector`` selects by labels, from ``pod_terms``) and hard topology spread."""
     refused = []
     affinity = as_map(spec.get("affinity"))
     for kind in ("podAffinity", "podAntiAffinity"):
         terms = as_map(affinity.get(kind))
-        if terms.get(REQUIRED):
+        if kind in selects_namespaces:
             refused.append(kind)
-            warnings.append(f"{_AFFINITY}.{kind}.{REQUIRED}: Phalanx refuses required pod "
-                            f"{'anti-' if kind == 'podAntiAffinity' else ''}affinity ({WHY_POD_AFFINITY})")
+            warnings.append(f"{_AFFINITY}.{kind}.{REQUIRED}: Phalanx refuses this required pod "
+                            f"{'anti-' if kind == 'podAntiAffinity' else ''}affinity ({WHY_NAMESPACE_SELECTOR})")
         if terms.get(PREFERRED):
-            warnings.append(f"{_AFFINITY}.{kind}.{PREFERRED} is ignored: Phalanx does not evaluate pod "
+            warnings.append(f"{_AFFINITY}.{kind}.{PREFERRED} is ignored: Phalanx evaluates only required pod "
                             "(anti-)affinity")
     spread = [as_map(c) for c in as_list(spec.get("topologySpreadConstraints"))]
     if any(c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule" for c in spread):
         refused.append("topologySpreadConstraints")
         warnings.append("spec.topologySpreadConstraints with whenUnsatisfiable DoNotSchedule: Phalanx refuses hard "
-                        f"topology spread ({WHY_POD_AFFINITY})")
+                        f"topology spread ({WHY_SPREAD})")
     elif spread:
         warnings.append("spec.topologySpreadConstraints with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx "
                         "does not evaluate topology spread")

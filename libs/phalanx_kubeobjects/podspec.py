@@ -18,9 +18,11 @@ raises on a malformed pod.
   ``containerPort`` is a host port (API server defaulting).
 * **Which nodes** (``nodeterms``): tolerations, ``nodeSelector``, required node affinity,
   ``nodeName``.
-* **Refused**: required pod affinity, anti-affinity and ``DoNotSchedule`` topology spread
-  (``MemberSpec.unsupported``: the pod waits with that reason); **ignored with a warning**:
-  their preferred forms, preferred node affinity.
+* **Pod (anti-)affinity** (``nodeterms.pod_terms``): the required terms, with the pod's labels
+  (``matchLabelKeys``/``mismatchLabelKeys`` are merged into the selector from them).
+* **Refused**: ``DoNotSchedule`` topology spread, and pod (anti-)affinity whose terms select
+  namespaces by their labels (``MemberSpec.unsupported``: the pod waits with that reason);
+  **ignored with a warning**: the preferred forms, preferred node affinity.
 * **Bounds** (``phalanx_proto.scheduling.MAX_*``): tighter than the API server's, each a
   violation that says so; they keep a gang's request within one message.
 """
@@ -42,6 +44,7 @@ from phalanx_proto.scheduling import (
     MEMORY,
     HostPort,
     NodeSelectorTerm,
+    PodAffinityTerm,
     Toleration,
 )
 
@@ -61,20 +64,27 @@ class PodConstraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     host_ports: tuple[HostPort, ...] = ()
     host_network: bool = False
     unsupported: tuple[str, ...] = ()
+    labels: dict[str, str] = {}
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
 
 
 def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v: list[Violation],
-                      warnings: list[str]) -> PodConstraints:
-    """The constraints of a pod ``spec``; every broken rule is appended to ``v``, every
-    constraint Phalanx refuses or ignores to ``warnings``. ``gpu_resources`` are left to the
-    GPU request."""
+                      warnings: list[str], labels: Any = None) -> PodConstraints:
+    """The constraints of a pod ``spec`` (its ``metadata.labels`` as ``labels``); every broken
+    rule is appended to ``v``, every constraint Phalanx refuses or ignores to ``warnings``.
+    ``gpu_resources`` are left to the GPU request."""
     host_network = spec.get("hostNetwork") is True
-    return PodConstraints(
+    own = nodeterms.pod_labels(labels, v, each=False)  # keys and values: names.check_metadata
+    affinity, aff_ns = nodeterms.pod_terms(spec, own, "podAffinity", v)
+    anti, anti_ns = nodeterms.pod_terms(spec, own, "podAntiAffinity", v)
+    selects = tuple(k for k, by in (("podAffinity", aff_ns), ("podAntiAffinity", anti_ns)) if by)
+    return PodConstraints(labels=own, pod_affinity=affinity, pod_anti_affinity=anti,
         requests=_requests(spec, gpu_resources, v), tolerations=nodeterms.tolerations(spec.get("tolerations"), v),
         node_selector=nodeterms.node_selector(spec.get("nodeSelector"), v),
         node_affinity=nodeterms.node_affinity(spec, v, warnings), node_name=nodeterms.node_name(spec.get("nodeName"), v),
         host_ports=_host_ports(spec, host_network, v), host_network=host_network,
-        unsupported=nodeterms.unsupported(spec, warnings))
+        unsupported=nodeterms.unsupported(spec, warnings, selects))
 
 
 # --- requests -------------------------------------------------------------------------------

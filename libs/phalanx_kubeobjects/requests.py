@@ -34,9 +34,10 @@ container that names a share must name the same one (they share the pod's GPUs);
 whole GPUs add up over containers, as in Kubernetes.
 
 Everything else the pod asks of a node (CPU, memory and other requests, tolerations,
-nodeSelector, required node affinity, nodeName, host ports) is read by ``podspec`` into
+nodeSelector, required node affinity, nodeName, host ports, required pod (anti-)affinity with the
+pod's labels) is read by ``podspec`` into
 ``GpuRequest.constraints`` and carried in ``MemberSpec``; the scheduling terms Phalanx refuses
-(required pod affinity and anti-affinity, hard topology spread) or ignores (their preferred
+(hard topology spread, pod affinity selecting namespaces by label) or ignores (their preferred
 forms, preferred node affinity) are warnings naming the field and the rule. Workload objects
 (Job, JobSet, MPIJob, ...) are in ``workloads``.
 """
@@ -180,7 +181,7 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     vendor = _vendor(as_map(meta.get("annotations")), whole, share, v)
     gang_timeout(as_map(meta.get("annotations")), v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
-    constraints = parse_constraints(spec, RESOURCES, v, warnings)
+    constraints = parse_constraints(spec, RESOURCES, v, warnings, meta.get("labels"))
     if v:
         raise RequestError(v, pod_name)
 

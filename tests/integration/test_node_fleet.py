@@ -29,7 +29,13 @@ from phalanx_proto.events import (
     node_decoder,
 )
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
-from phalanx_proto.scheduling import HostPort, NodeKubeState
+from phalanx_proto.scheduling import (
+    HostPort,
+    LabelSelectorRequirement,
+    NodeKubeState,
+    PodAffinityTerm,
+    RunningPod,
+)
 from phalanx_topology.tiers import tiers_from_labels
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 from phalanx_topology_discovery.service import topology_from_file
@@ -99,10 +105,14 @@ async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beat
         states = {e.key: msgspec.json.decode(e.value, type=NodeKubeState)
                   for e in await (await bus.kv(S.KV_NODE_STATE)).items()}
         assert sorted(states) == sorted(n.name for n in cluster.nodes)
-        foreign = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "default"},
+        keep_apart = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}
+        foreign = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
                    "spec": {"schedulerName": "default-scheduler", "nodeName": n.name, "containers": [
                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}},
-                        "ports": [{"containerPort": 80, "hostPort": 8080}]}]}}
+                        "ports": [{"containerPort": 80, "hostPort": 8080}]}],
+                            "affinity": {"podAntiAffinity": keep_apart}}}
         await sim.apply_pod(foreign)
 
         async def state_of_n():
@@ -111,8 +121,11 @@ async def test_every_node_of_a_fleet_is_reported_as_its_own_agent_would_and_beat
             return got if got.pods else None
 
         got = await wait_until(state_of_n, 30)
-        assert (got.requested, got.pods, got.host_ports, got.ready, got.allocatable["cpu"]) == (
-            {"cpu": 3000}, 1, (HostPort(port=8080),), "True", 96000)
+        assert (got.requested, got.pods, got.host_ports, got.ready, got.allocatable["cpu"], got.running) == (
+            {"cpu": 3000}, 1, (HostPort(port=8080),), "True", 96000,
+            (RunningPod(namespace="default", labels={"app": "web"}, anti_affinity=(PodAffinityTerm(
+                topology_key="kubernetes.io/hostname",
+                selector=(LabelSelectorRequirement(key="app", operator="In", values=("web",)),)),)),))
         tg.cancel_scope.cancel()
 
 

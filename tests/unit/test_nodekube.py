@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx_kubeobjects import names
 from phalanx_kubeobjects.nodekube import node_kube_state
 from phalanx_kubeobjects.violations import Violation
-from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
+from phalanx_proto.scheduling import (
+    HostPort,
+    LabelSelectorRequirement,
+    NodeKubeState,
+    PodAffinityTerm,
+    RunningPod,
+    Taint,
+)
+
+ANON = RunningPod(namespace="default")
+"""A pod without metadata: in the default namespace, no labels."""
 
 
 def node(**status_spec) -> dict:
@@ -36,12 +47,13 @@ CASES = [
      node(), [pod("500m", "1Gi"), pod("1", phase="Pending"), pod("4", "8Gi", phase="Succeeded"),
               pod("2", phase="Failed")],
      NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
-                   labels={"zone": "a"}, ready="True", requested={"cpu": 1500, "memory": 1 << 30}, pods=2)),
+                   labels={"zone": "a"}, ready="True", requested={"cpu": 1500, "memory": 1 << 30}, pods=2,
+                   running=(ANON, ANON))),
     ("host ports come from hostPort, and from every container port with hostNetwork",
      node(), [pod(host_port=8080), pod(host_network=True)],
      NodeKubeState(allocatable={"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 8, "pods": 110},
                    labels={"zone": "a"}, ready="True", pods=2,
-                   host_ports=(HostPort(port=80), HostPort(port=8080)))),
+                   host_ports=(HostPort(port=80), HostPort(port=8080)), running=(ANON, ANON))),
     ("a cordoned, tainted node without a Ready condition is Unknown; a taint with a made-up effect is left out",
      node(spec={"unschedulable": True, "taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
                                                    {"key": "x", "effect": "Sometimes"}]}, conditions=[]), [],
@@ -68,4 +80,46 @@ def test_more_labels_than_the_wire_carries_is_a_violation_naming_the_bound():
 
 def test_a_malformed_node_object_gives_an_empty_unknown_state_and_no_exception():
     assert node_kube_state({"metadata": [], "spec": "x", "status": {"conditions": "y"}}, [{"spec": 3}]) == \
-        NodeKubeState(pods=1)
+        NodeKubeState(pods=1, running=(ANON,))
+
+
+ANTI = {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}, "namespaceSelector": {"matchLabels": {
+        "team": "a"}}}]}
+
+
+def labelled(ns: str, name: str, labels: dict, anti: dict | None = None) -> dict:
+    return {"metadata": {"namespace": ns, "name": name, "labels": labels},
+            "spec": {"containers": [{"name": "c"}], **({"affinity": {"podAntiAffinity": anti}} if anti else {})},
+            "status": {"phase": "Running"}}
+
+
+def test_the_pods_namespaces_labels_and_anti_affinity_are_reported_sorted():
+    got = node_kube_state(node(), [labelled("b", "x", {"app": "db"}), labelled("a", "y", {"app": "web"}, ANTI),
+                                   labelled("a", "z", {"app": "x"}, {"preferredDuringSchedulingIgnoredDuringExecution": [
+                                       {"weight": 1}]})])
+    assert isinstance(got, NodeKubeState)
+    assert got.running == (
+        RunningPod(namespace="a", labels={"app": "web"}, anti_affinity=(PodAffinityTerm(
+            topology_key="zone", selector=(LabelSelectorRequirement(key="app", operator="In", values=("web",)),),
+            all_namespaces=True),)),  # a namespaceSelector by labels: every namespace, keeping more pods apart
+        RunningPod(namespace="a", labels={"app": "x"}),
+        RunningPod(namespace="b", labels={"app": "db"}))
+
+
+@pytest.mark.parametrize(("pods", "expected"), [
+    pytest.param([labelled("a", "p", {"bad key!": "v"})],
+                 Violation("pod a/p: metadata.labels[bad key!]", "bad key!", "a label key " + names.QUALIFIED_RULE), id="a label key"),
+    pytest.param([labelled("a", "p", {f"k{i}": "v" for i in range(65)})],
+                 Violation("pod a/p: metadata.labels", "65 labels",
+                           "Phalanx reads at most 64 labels per pod (pod affinity matches pods by them)"),
+                 id="too many labels on one pod"),
+    pytest.param([labelled("a", "p", {}, {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": 7}]})],
+                 Violation("pod a/p: spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+                           ".topologyKey", "7", "required: a node label key " + names.QUALIFIED_RULE), id="a term without a topology key"),
+    pytest.param([labelled("a", f"p{j}", {f"k{i}": "v" for i in range(64)}) for j in range(257)],
+                 Violation("labels of the node's pods", "16448 entries", "Phalanx reports at most 16384 per node"),
+                 id="too many labels on the node's pods together"),
+])
+def test_hostile_pods_are_a_violation_naming_the_pod_and_the_field(pods, expected):
+    assert node_kube_state(node(), pods) == expected

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx_kubeobjects import names
 from phalanx_kubeobjects.containers import RESOURCES
 from phalanx_kubeobjects.podspec import PodConstraints, parse_constraints
 from phalanx_kubeobjects.violations import Violation
-from phalanx_proto.scheduling import HostPort, NodeSelectorRequirement, NodeSelectorTerm, Toleration
+from phalanx_proto.scheduling import (
+    HostPort,
+    LabelSelectorRequirement,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    Toleration,
+)
 
 GIB = 1 << 30
 
@@ -159,7 +167,10 @@ def test_invalid_ports(spec, field):
 
 @pytest.mark.parametrize(("affinity", "spread", "unsupported", "warned"), [
     pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}, [],
-                 ("podAntiAffinity",), 1, id="required anti-affinity is refused and warned about"),
+                 (), 0, id="required anti-affinity is evaluated"),
+    pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "zone", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}, [],
+                 ("podAntiAffinity",), 1, id="a term selecting namespaces by label is refused and warned about"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [],
                  (), 1, id="preferred pod affinity is ignored with a warning"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone"}], ("topologySpreadConstraints",), 1,
@@ -206,8 +217,87 @@ def test_hostile_constraints_are_violations_never_errors(spec, field, value):
 
 def test_warnings_name_the_field_and_the_rule():
     _, v, w = parse({"containers": [c("a")], "affinity": {"podAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}})
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone", "labelSelector": {},
+                                                            "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}})
     assert v == [] and w == [
-        "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses required pod "
-        "affinity (it needs the labels of the pods on every node, which Phalanx's cluster state does not carry; the "
-        "pod would wait with that reason)"]
+        "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses this required pod "
+        "affinity (a term's namespaceSelector selects namespaces by their labels, which Phalanx's cluster state does "
+        "not carry (namespaceSelector {} for every namespace, and namespaces, are evaluated); the pod would wait with "
+        "that reason)"]
+
+
+JOB_KEY = "jobset.sigs.k8s.io/job-key"
+REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def req(key: str, op: str, *values: str) -> LabelSelectorRequirement:
+    return LabelSelectorRequirement(key=key, operator=op, values=values)
+
+
+def test_jobset_exclusive_placement_terms_are_read_whole():
+    """The terms JobSet's pod webhook injects (pkg/webhooks/pod_mutating_webhook.go)."""
+    spec = {"containers": [c("a")], "affinity": {
+        "podAffinity": {REQ: [{"labelSelector": {"matchExpressions": [
+            {"key": JOB_KEY, "operator": "In", "values": ["j1"]}]}, "topologyKey": "leaf", "namespaceSelector": {}}]},
+        "podAntiAffinity": {REQ: [{"labelSelector": {"matchExpressions": [
+            {"key": JOB_KEY, "operator": "Exists"}, {"key": JOB_KEY, "operator": "NotIn", "values": ["j1"]}]},
+            "topologyKey": "leaf", "namespaceSelector": {}}]}}}
+    v: list[Violation] = []
+    w: list[str] = []
+    got = parse_constraints(spec, RESOURCES, v, w, {JOB_KEY: "j1"})
+    assert (got.labels, got.pod_affinity, got.pod_anti_affinity, got.unsupported, v, w) == (
+        {JOB_KEY: "j1"},
+        (PodAffinityTerm(topology_key="leaf", selector=(req(JOB_KEY, "In", "j1"),), all_namespaces=True),),
+        (PodAffinityTerm(topology_key="leaf", selector=(req(JOB_KEY, "Exists"), req(JOB_KEY, "NotIn", "j1")),
+                         all_namespaces=True),), (), [], [])
+
+
+@pytest.mark.parametrize(("term", "labels", "expected"), [
+    pytest.param({"topologyKey": "zone"}, {}, PodAffinityTerm(topology_key="zone", match_none=True),
+                 id="no labelSelector selects no pod"),
+    pytest.param({"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}, "namespaces": ["b", "a"]},
+                 {}, PodAffinityTerm(topology_key="zone", selector=(req("app", "In", "db"),), namespaces=("a", "b")),
+                 id="matchLabels as In; namespaces sorted"),
+    pytest.param({"topologyKey": "zone", "labelSelector": {}, "matchLabelKeys": ["run", "absent"],
+                  "mismatchLabelKeys": ["team"]}, {"run": "r1", "team": "t"},
+                 PodAffinityTerm(topology_key="zone", selector=(req("run", "In", "r1"), req("team", "NotIn", "t"))),
+                 id="matchLabelKeys/mismatchLabelKeys merged from the pod's labels; absent keys ignored"),
+])
+def test_pod_affinity_terms(term, labels, expected):
+    v: list[Violation] = []
+    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v, [],
+                            labels)
+    assert (got.pod_affinity, v) == ((expected,), [])
+
+
+F = f"spec.affinity.podAffinity.{REQ}[0]"
+
+
+@pytest.mark.parametrize(("term", "expected"), [
+    pytest.param({"labelSelector": {}}, Violation(f"{F}.topologyKey", "null",
+                                                  f"required: a node label key {names.QUALIFIED_RULE}"),
+                 id="topologyKey is required"),
+    pytest.param({"topologyKey": "z", "labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt",
+                                                                             "values": ["1"]}]}},
+                 Violation(f"{F}.labelSelector.matchExpressions[0].operator", "Gt",
+                           "the operator is one of In, NotIn, Exists, DoesNotExist"), id="no Gt in a pod selector"),
+    pytest.param({"topologyKey": "z", "labelSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}},
+                 Violation(f"{F}.labelSelector.matchExpressions[0].values", "[]", "In needs at least one value"),
+                 id="In needs values"),
+    pytest.param({"topologyKey": "z", "labelSelector": "all"},
+                 Violation(f"{F}.labelSelector", "all", "a label selector (a mapping)"), id="a selector is a mapping"),
+    pytest.param({"topologyKey": "z", "namespaces": ["Bad_NS"]},
+                 Violation(f"{F}.namespaces[0]", "Bad_NS", f"a namespace name {names.LABEL_RULE}"),
+                 id="namespace names"),
+])
+def test_pod_affinity_term_violations_name_the_field(term, expected):
+    v: list[Violation] = []
+    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v, [])
+    assert (got.pod_affinity, v) == ((), [expected])
+
+
+def test_a_pod_with_more_labels_than_phalanx_reads_is_refused_naming_the_field():
+    v: list[Violation] = []
+    parse_constraints({"containers": [c("a")]}, RESOURCES, v, [], {f"k{i}": "v" for i in range(65)})
+    assert v == [Violation("metadata.labels", "65 labels",
+                           "Phalanx reads at most 64 labels per pod (pod affinity matches pods by them)")]

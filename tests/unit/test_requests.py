@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
@@ -143,7 +144,9 @@ VALID = [
 
 @pytest.mark.parametrize(("case", "spec", "expected"), VALID, ids=[c[0] for c in VALID])
 def test_requests_valid_pods_parse_to_the_expected_request(case: str, spec: dict, expected: GpuRequest) -> None:
-    assert parse_pod(spec) == expected
+    labels = dict(sorted(spec.get("metadata", {}).get("labels", {}).items()))  # carried for pod affinity
+    assert parse_pod(spec) == msgspec.structs.replace(
+        expected, constraints=msgspec.structs.replace(expected.constraints, labels=labels))
 
 
 # --- every rule, rejected ------------------------------------------------------------------
@@ -554,7 +557,8 @@ def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_inv
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "pods.yaml"
     spread = [{"maxSkew": 1, "topologyKey": "zone", "labelSelector": {}}]
-    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}
     f.write_text(yaml.safe_dump_all([
         pod(ctr(nvidia_gpu="1"), name="spread", topologySpreadConstraints=spread, affinity=anti),
         pod({**ctr(), "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "lots"}}}, name="bad",
@@ -565,11 +569,12 @@ def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_inv
     assert out.out.splitlines() == [
         f"{f}#1: OK Pod/spread: 1 whole GPU (nvidia.com/gpu)",
         "  warning: spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses "
-        "required pod anti-affinity (it needs the labels of the pods on every node, which Phalanx's cluster state "
-        "does not carry; the pod would wait with that reason)",
+        "this required pod anti-affinity (a term's namespaceSelector selects namespaces by their labels, which "
+        "Phalanx's cluster state does not carry (namespaceSelector {} for every namespace, and namespaces, are "
+        "evaluated); the pod would wait with that reason)",
         "  warning: spec.topologySpreadConstraints with whenUnsatisfiable DoNotSchedule: Phalanx refuses hard "
-        "topology spread (it needs the labels of the pods on every node, which Phalanx's cluster state does not "
-        "carry; the pod would wait with that reason)"]
+        "topology spread (it needs the count of matching pods per domain, which Phalanx does not evaluate; the pod "
+        "would wait with that reason)"]
     err = out.err.splitlines()
     assert err[0] == f"{f}#2: INVALID Pod/bad:" and len(err) == 3
     assert err[1].startswith("  - spec.containers[app].resources.requests[cpu] = 'lots': a Kubernetes quantity is")
