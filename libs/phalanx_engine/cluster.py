@@ -241,7 +241,7 @@ def _placed(st: NodeState, only_anti: bool = False) -> Iterator[podaffinity.Plac
     labels = kube.labels if kube is not None else {}
     for r in st.running:
         if r.anti_affinity or not only_anti:
-            yield podaffinity.Placed(labels, r.namespace, r.labels, r.anti_affinity)
+            yield podaffinity.Placed(labels, r.namespace, r.labels, r.anti_affinity, unread=bool(r.unread))
 
 
 def _everyone(states: list[NodeState]) -> Iterator[podaffinity.Placed]:

@@ -80,6 +80,9 @@ class Placed:
     namespace: str
     labels: Mapping[str, str]
     anti: tuple[PodAffinityTerm, ...] = ()
+    unread: bool = False
+    """Its labels and terms are not known (``RunningPod.unread``): it matches every
+    anti-affinity term of an incoming pod and no affinity term, the side that keeps pods apart."""
 
 
 Pair = tuple[str, str]
@@ -110,11 +113,11 @@ def count(spec: MemberSpec, pods: Iterable[Placed]) -> Counts:
     c = Counts()
     ns, aff, anti = spec.pod.namespace, spec.pod_affinity, spec.pod_anti_affinity
     for p in pods:
-        if aff and matches_all(aff, ns, p.namespace, p.labels):
+        if aff and not p.unread and matches_all(aff, ns, p.namespace, p.labels):
             for t in aff:
                 _bump(c.affinity, p.node_labels, t.topology_key)
         for t in anti:
-            if term_matches(t, ns, p.namespace, p.labels):
+            if p.unread or term_matches(t, ns, p.namespace, p.labels):
                 _bump(c.anti, p.node_labels, t.topology_key)
         for t in p.anti:
             if term_matches(t, p.namespace, ns, spec.labels):

@@ -13,7 +13,10 @@ placement for the non-GPU filters, read the way kube-scheduler reads it:
   ``Failed`` pods hold nothing, as in kube-scheduler's cache), through ``podspec``;
 * **running**: those pods' namespaces, labels and required anti-affinity terms, for pod
   (anti-)affinity (``nodeterms``; a term whose ``namespaceSelector`` selects by labels is read
-  as every namespace: it keeps more pods apart, never fewer).
+  as every namespace: it keeps more pods apart, never fewer). A pod whose labels or terms
+  cannot be reported (too many, malformed) is listed ``unread`` with the reason, as is every
+  pod past the node's label budget: the engine counts it as matching every anti-affinity term
+  and no affinity term.
 
 The result respects the wire bounds (``phalanx_proto.scheduling.MAX_NODE_*``) or is a
 ``Violation`` naming the bound; nothing raises on a malformed object.
@@ -60,8 +63,9 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
             continue
         count += 1
         got = _running(pod)
-        if isinstance(got, Violation):
-            return got
+        if pod_labels + len(got.labels) > K.MAX_NODE_POD_LABELS:
+            got = K.RunningPod(namespace=got.namespace, unread=(
+                f"the node's pods carry more than {K.MAX_NODE_POD_LABELS} labels together: this pod's are not reported"))
         running.append(got)
         pod_labels += len(got.labels)
         for r, q in podspec.pod_requests(pspec).items():
@@ -73,8 +77,7 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
                           ("requests of the node's pods", len(requested), K.MAX_NODE_RESOURCES),
                           ("host ports of the node's pods", len(ports), K.MAX_NODE_HOST_PORTS),
                           ("Phalanx's pods on the node", len(placed), K.MAX_NODE_PODS),
-                          ("pods on the node", len(running), K.MAX_NODE_PODS),
-                          ("labels of the node's pods", pod_labels, K.MAX_NODE_POD_LABELS)):
+                          ("pods on the node", len(running), K.MAX_NODE_PODS)):
         if n > most:
             return Violation(what, f"{n} entries", f"Phalanx reports at most {most} per node")
     return NodeKubeState(allocatable=allocatable, labels=labels, taints=taints,
@@ -85,19 +88,24 @@ def node_kube_state(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
                          running=tuple(sorted(running, key=lambda r: (r.namespace, sorted(r.labels.items())))))
 
 
-def _running(pod: Mapping[str, Any]) -> K.RunningPod | Violation:
-    """One pod on the node as pod (anti-)affinity sees it, or the first rule it breaks (named
-    with the pod)."""
+def _running(pod: Mapping[str, Any]) -> K.RunningPod:
+    """One pod on the node as pod (anti-)affinity sees it. A pod whose labels or terms break a
+    rule (more labels than Phalanx reports, a malformed term) is reported ``unread`` with the
+    first rule it breaks, named with the pod: counted conservatively by the engine, and never a
+    reason to drop the node's whole state (a pod anyone may run there would otherwise take the
+    node from Phalanx)."""
     meta = as_map(pod.get("metadata"))
     v: list[Violation] = []
     namespace = meta.get("namespace") or "default"
     if not names.dns_label(namespace):
         v.append(Violation("metadata.namespace", shown(namespace), f"a namespace {names.LABEL_RULE}"))
+        namespace = "default"
     labels = nodeterms.pod_labels(meta.get("labels"), v)
     anti, _ = nodeterms.pod_terms(as_map(pod.get("spec")), labels, "podAntiAffinity", v, namespace_selectors=True)
     if v:
-        who = f"pod {shown(namespace)}/{shown(meta.get('name'))}"
-        return Violation(f"{who}: {v[0].field}", v[0].value, v[0].rule)
+        why = str(Violation(f"pod {shown(meta.get('namespace'))}/{shown(meta.get('name'))}: {v[0].field}", v[0].value,
+                            v[0].rule))
+        return K.RunningPod(namespace=namespace, unread=why[:512])
     return K.RunningPod(namespace=namespace, labels=labels, anti_affinity=anti)
 
 

@@ -42,7 +42,7 @@ MAX_NODE_TAINTS = 256
 MAX_NODE_HOST_PORTS = 4096
 MAX_NODE_PODS = 4096
 """Pods one node reports at most (the kubelet's default limit is 110)."""
-MAX_POD_LABELS = 64
+MAX_POD_LABELS = 256
 """Labels of one pod carried for pod (anti-)affinity (a pod with more is refused, the field named)."""
 MAX_TERM_NAMESPACES = 64
 """Namespaces one pod (anti-)affinity term names at most."""
@@ -136,6 +136,11 @@ class RunningPod(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     namespace: Namespace
     labels: Annotated[dict[QualifiedName, LabelValue], msgspec.Meta(max_length=MAX_POD_LABELS)] = {}
     anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    unread: Annotated[str, msgspec.Meta(max_length=512)] = ""
+    """Why the agent could not report this pod's labels or terms (too many, a malformed term):
+    such a pod is counted as matching every anti-affinity term of an incoming pod and no
+    affinity term (it keeps more pods apart, never fewer); its own terms are not known. One
+    such pod never takes the whole node's state away."""
 
 
 class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -82,6 +82,9 @@ class NodeStateReporter:
             return False
         await kv.put(key, raw)
         self._written, self._placed, self.writes = raw, frozenset(state.phalanx_pods), self.writes + 1
+        for r in state.running:
+            if r.unread:  # reported, counted conservatively by pod (anti-)affinity (docs/placement.md)
+                warn("pod on the node not read for pod affinity", node=self.node, reason=r.unread)
         log("node state reported", level=10, node=self.node, pods=state.pods, unschedulable=state.unschedulable,
             ready=state.ready, taints=len(state.taints))
         return True

@@ -14,6 +14,7 @@ from phalanx_engine.decide import decide
 from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import Code, NoFit, Reason, Status
 from phalanx_proto.events import Assignment, PodRef
+from phalanx_proto.scheduling import RunningPod
 
 ZONE = "topology.kubernetes.io/zone"
 JOB_KEY = "jobset.sigs.k8s.io/job-key"
@@ -187,3 +188,14 @@ def test_the_reservation_carries_labels_and_anti_affinity_so_later_decisions_res
         assert isinstance(got, Decision)
         assert got.assignments[0].node != kept_on
         cluster.assume(got.assignments)
+
+
+def test_a_pod_the_agent_could_not_read_keeps_anti_affinity_pods_away_and_satisfies_no_affinity():
+    # Its labels are unknown (RunningPod.unread): the side that keeps pods apart is taken, so a
+    # pod with anti-affinity stays out of its zone and a pod with affinity is not satisfied by it.
+    unread = node("a").label(ZONE, "z1")
+    unread._k().update(pods=1, running=(RunningPod(namespace="default", unread="pod default/x: metadata.labels …"),))
+    others = (node("b").label(ZONE, "z1"), node("c").label(ZONE, "z2"), node("d"))
+    assert verdicts(pod("p").pod_anti_affinity(WEB), (unread, *others)) == each(ANTI, ANTI, None, None)
+    assert verdicts(pod("p").pod_affinity(DB), (unread, *others)) == each(AFF, AFF, AFF, AFF)
+    assert verdicts(pod("p").labels(app="web"), (unread, *others)) == each()  # its own terms are unknown: none

@@ -298,6 +298,6 @@ def test_pod_affinity_term_violations_name_the_field(term, expected):
 
 def test_a_pod_with_more_labels_than_phalanx_reads_is_refused_naming_the_field():
     v: list[Violation] = []
-    parse_constraints({"containers": [c("a")]}, RESOURCES, v, [], {f"k{i}": "v" for i in range(65)})
-    assert v == [Violation("metadata.labels", "65 labels",
-                           "Phalanx reads at most 64 labels per pod (pod affinity matches pods by them)")]
+    parse_constraints({"containers": [c("a")]}, RESOURCES, v, [], {f"k{i}": "v" for i in range(257)})
+    assert v == [Violation("metadata.labels", "257 labels",
+                           "Phalanx reads at most 256 labels per pod (pod affinity matches pods by them)")]
