@@ -13,6 +13,7 @@ from phalanx_engine.preempt import NoPlan, plan_preemption
 from phalanx_placement import nominations, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
+from phalanx_placement.confine import confinement
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.outcomes import preempting_answer as preempting_reply
 from phalanx_placement.queues import PlacementQueues
@@ -70,8 +71,13 @@ class Preemptions:
         refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
         running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
         held_by = with_nominations(self.cache.queue_units, ledgers, self.queues.tree(), now, but=ev.gang_id)
+        # A repair attempt preempts only inside the domain its placement is confined to
+        # (docs/repair.md): the victims hold GPUs there and the nomination lands there.
+        scope = confinement(record, self.cache.cluster)
+        within = scope.inside if scope is not None and scope.required else None
         plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
-                               held_by=held_by, profile=self.profile(), avoid=record.avoid_nodes, now=now)
+                               held_by=held_by, profile=self.profile(), avoid=record.avoid_nodes, now=now,
+                               within=within)
         logged = preempting.recorded(preemptor, running, self.queues.tree(), held_by, now, plan)
         if isinstance(plan, NoPlan) or not plan.victims:
             log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
@@ -79,7 +85,7 @@ class Preemptions:
             if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
                 return None, logged
             return Relaxed(preemptor, running, self.queues.tree(), held_by, plan.reason,
-                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now,
+                           avoid=frozenset(record.avoid_nodes), within=within, profile=self.profile(), now=now,
                            retry_at=(plan.retry_at or 0.0) if plan.code == "min-runtime" else 0.0), logged
         writes: dict = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id),
                                            ev.gang_id, ev.attempt, plan, preemptor,
