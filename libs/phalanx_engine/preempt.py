@@ -29,7 +29,16 @@ from phalanx_engine.status import NoFit
 from phalanx_proto.events import PodRef, pod_key
 from phalanx_proto.queues import DEFAULT_QUEUE, GPU_UNITS, shown
 from phalanx_proto.state import NodeLedger
-from phalanx_rules.preemption import PRIORITY, RECLAIM, Preemptor, Rule, Rules, RunningGang, when_text
+from phalanx_rules.preemption import (
+    PRIORITY,
+    RECLAIM,
+    Preemptor,
+    Rule,
+    Rules,
+    RunningGang,
+    confined,
+    when_text,
+)
 from phalanx_rules.queues import QueueTree
 
 DEFAULT_BOUNDS = SearchBounds()
@@ -80,18 +89,24 @@ class NoPlan:
 def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[RunningGang], tree: QueueTree, *,
                     held_by: Mapping[str, int] | None = None, profile: Profile = DEFAULT_PROFILE,
                     avoid: Collection[str] = frozenset(), now: float | None = None,
-                    bounds: SearchBounds = DEFAULT_BOUNDS) -> Plan | NoPlan:
+                    bounds: SearchBounds = DEFAULT_BOUNDS, within: Collection[str] | None = None) -> Plan | NoPlan:
     """The best plan for ``preemptor`` by the plan order, or why there is none.
 
     ``cluster``: the engine's view placement decides on (never modified); ``running``: every
     gang holding reservations in it (a reservation of no listed gang is never evicted);
     ``held_by``: units each queue holds, its subtree included (``queues.held_by_queue`` of the
     ledgers; None: summed from ``running``); ``avoid``: nodes kept for a gang ahead, as in
-    ``decide``; ``now``: unix seconds, for GPU-seconds (None: not counted). Raises nothing for
-    data: a gang it cannot use is simply no candidate."""
+    ``decide``; ``now``: unix seconds, for GPU-seconds (None: not counted); ``within``: the
+    nodes a repair attempt is confined to (its repair's domain; None: the whole cluster): it is
+    placed only there, and only gangs holding GPUs there are candidates (``rules.confined``).
+    Raises nothing for data: a gang it cannot use is simply no candidate."""
+    running = tuple(running)
+    held = dict(held_by) if held_by is not None else _held(running, {g.gang_id: g.units for g in running})
+    if within is not None:
+        avoid = frozenset(avoid) | (cluster.nodes.keys() - frozenset(within))
+        running = confined(running, within)
     gangs = {g.gang_id: g for g in sorted(running, key=lambda g: g.gang_id)}
     units = {g: gang.units for g, gang in gangs.items()}
-    held = dict(held_by) if held_by is not None else _held(gangs.values(), units)
     rules = Rules(preemptor, tree, held, now)
     trials = Trials(cluster, preemptor.members, profile, avoid, gangs)
     fits = trials.decide(frozenset())
@@ -104,12 +119,13 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
     every = {g: r for g, gang in gangs.items() if (r := rules.rule_for(gang, units[g])) is not None}
     young = {g: (r, t) for g, r in every.items() if (t := rules.protected_until(gangs[g], r)) is not None}
     rule = {g: r for g, r in every.items() if g not in young}
+    nobody = rules.nobody(None if within is None else len(cluster.nodes.keys() & frozenset(within)))
     if not every:
-        return NoPlan("no-candidates", f"{limit}; {rules.nobody()}" if limit else rules.nobody(),
+        return NoPlan("no-candidates", f"{limit}; {nobody}" if limit else nobody,
                       search=SearchStats(trials=trials.calls))
     got = _search(rules, trials, cluster, gangs, units, rule, bounds, now) if rule else None
     if isinstance(got, Plan) or not young:
-        return got if got is not None else NoPlan("no-candidates", rules.nobody(), SearchStats(trials=trials.calls))
+        return got if got is not None else NoPlan("no-candidates", nobody, SearchStats(trials=trials.calls))
     # Too young to be victims yet: would they be, the plan the planner would make then says
     # from when the preemptor may preempt (the minimum runtime of its youngest victim).
     later = _search(rules, trials, cluster, gangs, units, every, bounds, now)
@@ -117,7 +133,7 @@ def plan_preemption(cluster: Cluster, preemptor: Preemptor, running: Iterable[Ru
         return later
     waiting = {v.gang_id: young[v.gang_id] for v in later.victims if v.gang_id in young}
     if not waiting:  # the full search found a set the first one was bounded out of: no age needed
-        return got if got is not None else NoPlan("no-candidates", rules.nobody(), later.search)
+        return got if got is not None else NoPlan("no-candidates", nobody, later.search)
     retry_at = max(t for _, t in waiting.values())
     names = ", ".join(v.gang_id for v in later.victims)
     return NoPlan("min-runtime", f"not preempting yet: evicting {names} would let it start, but "

@@ -15,6 +15,7 @@ Example::
       resources:
         nvidia.com/gpu: {quota: 8, limit: 16, overQuotaWeight: 1}
       preemption: {withinQueue: LowerPriority, reclaim: Any, preemptMinRuntime: 10m, reclaimMinRuntime: 30m}
+      repairReserve: {tier: leaf, gpus: 4}
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any
 
 from phalanx_kubeobjects import names
 from phalanx_proto.kubeapi import NVIDIA_GPU
-from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec
-from phalanx_proto.queuespec import MAX_MIN_RUNTIME_S
+from phalanx_proto.queues import GPU_UNITS, LabelRequirement, LabelSelector, QueueSpec, RepairReserve, shown
+from phalanx_proto.queuespec import MAX_MIN_RUNTIME_S, RESERVE_TIERS
 from phalanx_proto.state import REPAIR_POLICIES
 
 RESOURCE = NVIDIA_GPU
@@ -57,10 +58,11 @@ def queue_from_object(obj: Mapping[str, Any]) -> QueueSpec:
 def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
     if not isinstance(spec, Mapping):
         raise QueueObjectError("spec: must be an object")
-    unknown = sorted(set(spec) - {"parent", "resources", "namespaceSelector", "preemption", "repairPolicy"})
+    unknown = sorted(set(spec) - {"parent", "resources", "namespaceSelector", "preemption", "repairPolicy",
+                                  "repairReserve"})
     if unknown:
         raise QueueObjectError(f"spec.{unknown[0]}: unknown field (parent, resources, namespaceSelector, preemption, "
-                               "repairPolicy)")
+                               "repairPolicy, repairReserve)")
     repair = spec.get("repairPolicy", "")
     if repair not in ("", *REPAIR_POLICIES):
         raise QueueObjectError(f"spec.repairPolicy: one of {', '.join(REPAIR_POLICIES)}")
@@ -84,6 +86,7 @@ def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
     weight = gpu.get("overQuotaWeight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or not 0 <= weight <= 1e6:
         raise QueueObjectError(f"{field}.overQuotaWeight: a number from 0 to 1000000")
+    reserve = _reserve(spec["repairReserve"], quota) if spec.get("repairReserve") is not None else None
     preemption = spec.get("preemption") or {}
     if not isinstance(preemption, Mapping):
         raise QueueObjectError("spec.preemption: must be an object")
@@ -98,9 +101,29 @@ def _spec(name: str, spec: Any, generation: int) -> QueueSpec:
         raise QueueObjectError("spec.preemption.reclaim: Any or Never")
     return QueueSpec(name=name, parent=parent, quota=quota, limit=limit, over_quota_weight=float(weight),
                      namespace_selector=_selector(spec.get("namespaceSelector")), within_queue=within,
-                     reclaim=reclaim, generation=generation, repair_policy=repair,
+                     reclaim=reclaim, generation=generation, repair_policy=repair, repair_reserve=reserve,
                      preempt_min_runtime_s=_min_runtime(preemption, "preemptMinRuntime"),
                      reclaim_min_runtime_s=_min_runtime(preemption, "reclaimMinRuntime"))
+
+
+def _reserve(value: Any, quota: int) -> RepairReserve:
+    """``spec.repairReserve``: {tier, gpus}, the GPUs at most the queue's quota (the reserve is
+    kept out of it: docs/queues.md, "Spare capacity for repairs")."""
+    if not isinstance(value, Mapping):
+        raise QueueObjectError("spec.repairReserve: must be an object with tier and gpus")
+    unknown = sorted(set(value) - {"tier", "gpus"})
+    if unknown:
+        raise QueueObjectError(f"spec.repairReserve.{unknown[0]}: unknown field (tier, gpus)")
+    tier = value.get("tier")
+    if tier not in RESERVE_TIERS:
+        raise QueueObjectError(f"spec.repairReserve.tier: one of {', '.join(RESERVE_TIERS)}")
+    gpus = value.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        raise QueueObjectError(f"spec.repairReserve.gpus: a whole number of GPUs from 1 to {MAX_GPUS}")
+    if gpus * GPU_UNITS > quota:
+        raise QueueObjectError(f"spec.repairReserve.gpus: at most the queue's quota ({shown(quota)} GPUs): the reserve "
+                               "is kept out of it")
+    return RepairReserve(tier=tier, gpus=gpus)
 
 
 PREEMPTION_FIELDS = ("withinQueue", "reclaim", "preemptMinRuntime", "reclaimMinRuntime")

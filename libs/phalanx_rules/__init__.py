@@ -17,6 +17,8 @@ reads a clock: every rule takes values and returns values.
                 minimum runtime is none yet), and whether a set of victims keeps every
                 queue's quota and limit
 ``saga``        the gang saga's transitions: state (+ event, + now) in, new state out
+``reserve``     a queue's spare capacity per domain for its repairs: which nodes other
+                queues' new work leaves alone
 ==============  ==========================================================================
 
 import-linter keeps it below the engine and the services: it imports the wire contract

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -214,13 +214,15 @@ class Rules:
                 return True
         return False
 
-    def nobody(self) -> str:
-        """Why no running gang may be preempted, both rules named."""
+    def nobody(self, confined_to: int | None = None) -> str:
+        """Why no running gang may be preempted, both rules named; ``confined_to``: the number of
+        nodes the preemptor is confined to (a repair attempt, ``confined``), None: not confined."""
         p, q = self.preemptor, self.preemptor.queue
+        there = "" if confined_to is None else " there"
         if self.spec.within_queue == NEVER:
             within = f"queue {q} does not preempt within itself (spec.preemption.withinQueue: Never)"
         else:
-            within = f"no gang of queue {q} with a priority below {p.priority} holds GPUs"
+            within = f"no gang of queue {q} with a priority below {p.priority} holds GPUs{there}"
         held = self.held.get(q, 0)
         if self.spec.reclaim == NEVER:
             reclaim = f"queue {q} does not reclaim (spec.preemption.reclaim: Never)"
@@ -229,7 +231,18 @@ class Rules:
                        "it does not reclaim")
         else:
             reclaim = "no other queue holds a gang it could give up without going below its quota"
-        return f"no running gang may be preempted: {within}; {reclaim}"
+        where = "" if confined_to is None else f" on the {confined_to} node(s) it is confined to"
+        return f"no running gang{where} may be preempted: {within}; {reclaim}"
+
+
+def confined(running: Iterable[RunningGang], within: Collection[str]) -> tuple[RunningGang, ...]:
+    """The running gangs a preemptor confined to the nodes ``within`` (a repair attempt: the
+    nodes of its repair's domain, docs/repair.md) may choose victims from: those holding a
+    reservation on one of those nodes. A gang elsewhere frees no GPU it may use, so it is never
+    evicted for it, not even to make room in its queues' limits; a gang holding GPUs both inside
+    and outside goes whole, as every victim does."""
+    inside = frozenset(within)
+    return tuple(g for g in running if any(a.node in inside for a in g.assignments))
 
 
 def with_nominations(held_by: Mapping[str, int], ledgers: Iterable[NodeLedger], tree: QueueTree, now: float,

@@ -40,12 +40,13 @@ from phalanx_engine.packing import stranded_milli
 from phalanx_engine.preempt import NoPlan, Plan
 from phalanx_engine.snapshot import Decision, NodeView, Snapshot
 from phalanx_engine.status import Status
+from phalanx_engine.topology import domain_of
 from phalanx_engine.whatif import Running, tier_of
 from phalanx_proto.events import Assignment, PlacementFailed, PodRef, WaitsFor
 from phalanx_proto.queues import GPU_UNITS, units_of_assignment
 from phalanx_proto.state import GangState, attempt_members
 from phalanx_proto.vocab import IDLE
-from phalanx_rules import fairness, queueorder, saga
+from phalanx_rules import fairness, queueorder, reserve, saga
 from phalanx_rules.queues import QueueTree
 from phalanx_sim import preemption
 from phalanx_sim.agenda import ARRIVE, END, RETRY, Agenda
@@ -215,11 +216,14 @@ class Simulation:
             self._place(t, s, owed, memo)
 
     def _place(self, t: float, s: GangState, owed: list, memo: dict[int, bool]) -> None:
-        """placement's handling of one request: queue, borrow gate, decision."""
+        """placement's handling of one request: queue, borrow gate, decision. Other queues'
+        spare capacity for repairs is left alone, as placement leaves it (``_kept_back``)."""
         queue = fairness.queue_of(s)
+        kept = self._kept_back(queue)
+        avoid = tuple(sorted(set(s.avoid_nodes) | kept)) if kept - set(s.avoid_nodes) else s.avoid_nodes
         refusal = self.queues.refusal(s.members)
         if refusal:  # over a limit it may preempt its own queue's lower priorities, as placement does
-            if self.tree.problem(queue) or not preemption.worth_planning(self, s) or not self._preempt(t, s):
+            if self.tree.problem(queue) or not preemption.worth_planning(self, s) or not self._preempt(t, s, avoid):
                 later, why = self._later.pop(s.gang_id, (0.0, ""))
                 self._refused(t, s, f"{refusal}; {why}" if why else refusal, fits_empty=False, waits_for="queue",
                               retry_at=later)
@@ -229,22 +233,37 @@ class Simulation:
             if kept:
                 return self._refused(t, s, queueorder.borrow_reason(queue, kept), fits_empty=False, waits_for="gpus")
         may_preempt = preemption.worth_planning(self, s)
-        if not self.config.exact and not may_preempt and self._still_refused(s):
+        if not self.config.exact and not may_preempt and self._still_refused(s, avoid):
             return self._refused(t, s, NO_FIT, *self._on_empty(s))
         self.decisions += 1
-        got = decide(self.cluster, s.members, self.profile, explain=False, avoid=s.avoid_nodes)
+        got = decide(self.cluster, s.members, self.profile, explain=False, avoid=avoid)
         if not isinstance(got, Decision):
-            if may_preempt and self._preempt(t, s):
+            if may_preempt and self._preempt(t, s, avoid):
                 return None
-            self._refused_at[self.derived.key(s)] = (self.epoch, s.avoid_nodes)
+            self._refused_at[self.derived.key(s)] = (self.epoch, avoid)
             later, why = self._later.pop(s.gang_id, (0.0, ""))
             return self._refused(t, s, f"{NO_FIT}; {why}" if why else NO_FIT, *self._on_empty(s), retry_at=later)
         self._start(t, s, got.assignments)
 
-    def _preempt(self, t: float, s: GangState) -> bool:
-        """Plan a preemption for ``s``; if there is one, evict its victims and start ``s`` on the
-        plan's placement now."""
-        plan, trials = preemption.answer(self, s, t)
+    def _kept_back(self, queue: str) -> set[str]:
+        """The nodes other queues' ``repairReserve`` keeps from a new gang of ``queue``
+        (``phalanx_rules.reserve``, the rule placement's ``spare.kept_from`` calls): the queues'
+        running gangs' nodes from the run's books, free whole GPUs from the engine's state."""
+        rs = reserve.reserves(self.tree, self.held)
+        if not rs or all(r.queue == queue for r in rs):
+            return set()
+        running: dict[str, set[str]] = {}
+        for gang_id, assignments in self.running.items():
+            running.setdefault(queueorder.queue_of(self.outcomes[gang_id].gang.members), set()).update(
+                a.node for a in assignments)
+        nodes = self.cluster.nodes
+        free = {name: len(st.free_whole()) for name, st in nodes.items()}
+        return set(reserve.held_back(rs, queue, running, free, lambda n, tier: domain_of(nodes[n], tier)))
+
+    def _preempt(self, t: float, s: GangState, avoid: tuple[str, ...]) -> bool:
+        """Plan a preemption for ``s`` (on the nodes it may use: not ``avoid``); if there is
+        one, evict its victims and start ``s`` on the plan's placement now."""
+        plan, trials = preemption.answer(self, s, t, avoid)
         self.decisions += trials
         if isinstance(plan, NoPlan) and plan.code == "min-runtime" and plan.retry_at:
             self._later[s.gang_id] = (plan.retry_at, plan.reason)
@@ -272,14 +291,14 @@ class Simulation:
                             reason="preempted"))
         self._agenda.push(t + self.config.backoff_base_s, RETRY, gang_id)
 
-    def _still_refused(self, s: GangState) -> bool:
+    def _still_refused(self, s: GangState, avoid: tuple[str, ...]) -> bool:
         """Would the engine refuse ``s`` again for sure? Yes when it avoids the same nodes as at
         its last refusal and nothing was released since (the cluster only got fuller); for a
         gang of one also when no node released since can take it now (a single member fits
         exactly when some node passes every filter, and the other nodes only got fuller)."""
         key = self.derived.key(s)
         last = self._refused_at.get(key)
-        if last is None or last[1] != s.avoid_nodes:
+        if last is None or last[1] != avoid:
             return False
         if self.cluster.has_pod_anti_affinity() or any(m.pod_affinity or m.pod_anti_affinity for m in s.members):
             return False  # pod (anti-)affinity: a release elsewhere in a domain may change any node's answer
@@ -291,11 +310,11 @@ class Simulation:
         gate = checks_resources(self.profile, member)  # as the engine's search: no room, refused
         for name in set().union(*self._released[last[0]:self.epoch]):
             st = self.cluster.nodes.get(name)
-            if name in s.avoid_nodes or st is None or (gate and not resources_fit(member, st)):
+            if name in avoid or st is None or (gate and not resources_fit(member, st)):
                 continue
             if not isinstance(self.profile.evaluate(member, st), Status):
                 return False
-        self._refused_at[key] = (self.epoch, s.avoid_nodes)
+        self._refused_at[key] = (self.epoch, avoid)
         return True
 
     def _fits_now(self, members) -> bool:

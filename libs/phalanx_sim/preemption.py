@@ -66,13 +66,14 @@ def plan(sim: Books, s: GangState, t: float) -> tuple[Plan | None, int]:
     return (got if isinstance(got, Plan) and got.victims else None), trials
 
 
-def answer(sim: Books, s: GangState, t: float) -> tuple[Plan | NoPlan | None, int]:
-    """The planner's whole answer for ``s`` at ``t`` (None: it may not preempt at all), and the
+def answer(sim: Books, s: GangState, t: float, avoid: tuple[str, ...] | None = None) -> tuple[Plan | NoPlan | None, int]:
+    """The planner's whole answer for ``s`` at ``t`` on the nodes it may use (``avoid``: the
+    nodes to leave out, the gang's own by default) (None: it may not preempt at all), and the
     engine decisions it took. A ``NoPlan`` of code ``min-runtime`` says when its victims come
     of age (``retry_at``): the run retries the gang then, as gang-coordinator does."""
     who = sim.derived.preemptor(s)
     if who is None:
         return None, 0
     got = plan_preemption(sim.cluster, who, running(sim, s.gang_id), sim.tree, held_by=dict(sim.held),
-                          profile=sim.profile, avoid=s.avoid_nodes, now=t)
+                          profile=sim.profile, avoid=s.avoid_nodes if avoid is None else avoid, now=t)
     return got, got.search.trials

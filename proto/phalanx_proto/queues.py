@@ -20,6 +20,7 @@ from phalanx_proto.queuespec import LabelSelector as LabelSelector
 from phalanx_proto.queuespec import QueueHistory as QueueHistory
 from phalanx_proto.queuespec import QueueName as QueueName
 from phalanx_proto.queuespec import QueueSpec as QueueSpec
+from phalanx_proto.queuespec import RepairReserve as RepairReserve
 from phalanx_proto.queuespec import Units as Units
 
 GROUP, VERSION, KIND, PLURAL = "scheduling.phalanx.io", "v1alpha1", "Queue", "queues"

@@ -46,6 +46,18 @@ class LabelSelector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         return True
 
 
+RESERVE_TIERS = ("node", "hypernode", "leaf", "netpod")
+"""The domain tiers a repair reserve may name (the engine's, tightest first)."""
+
+
+class RepairReserve(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``spec.repairReserve``: free GPUs the queue keeps, in each domain of ``tier`` where it runs
+    gangs, from other queues' new work, for its repairs (docs/queues.md)."""
+
+    tier: Literal["node", "hypernode", "leaf", "netpod"]
+    gpus: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+
+
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One queue as its ``Queue`` object says, in queue units (KV ``phx-queues``, key
     ``queue_key(name)``). ``problem`` is why the queue cannot be used (an unknown parent, a
@@ -77,6 +89,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     repair_policy: Annotated[str, msgspec.Meta(max_length=32)] = ""
     """``spec.repairPolicy``: what its running gangs that lose members do when their domain has
     no room (docs/repair.md; a gang's own ``phalanx.io/repair-policy`` wins); "": the default."""
+    repair_reserve: RepairReserve | None = None
+    """``spec.repairReserve``: spare capacity per domain for its repairs, within its quota
+    (``phalanx_rules.reserve``); None: none."""
 
 
 MAX_HALF_LIFE_S = 365 * 86400.0

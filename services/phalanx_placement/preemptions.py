@@ -13,6 +13,7 @@ from phalanx_engine.preempt import NoPlan, plan_preemption
 from phalanx_placement import nominations, preempting
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.config import Config
+from phalanx_placement.confine import confinement
 from phalanx_placement.outcomes import Decided, Reply
 from phalanx_placement.outcomes import preempting_answer as preempting_reply
 from phalanx_placement.queues import PlacementQueues
@@ -42,15 +43,16 @@ class Preemptions:
         """Every node's ledger as the cache believes it (assumed commits included)."""
         return [led for key in self.cache.views if (led := self.cache.ledger_of(key)) is not None]
 
-    def plan(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...],
-             queue: str) -> tuple[Decided | Reply | Relaxed | None, RecordedPreemption | None]:
+    def plan(self, ev: PlaceRequested, record: GangState, members: tuple[MemberSpec, ...], queue: str,
+             avoid: frozenset[str] | None = None) -> tuple[Decided | Reply | Relaxed | None, RecordedPreemption | None]:
         """A gang that does not fit: wait for the victims its nomination names, or plan a
         preemption (``phalanx_engine.preempt``) on the cluster without the gang's own
         reservations and nominations (the caller's ``excluding``). Otherwise no preemption
         helps (the caller answers the engine's reason): the preempt probe's planner, which says
         which victims the refusing rules kept it from (``whatif.Relaxed``), or None. Beside the
         outcome, what the planner read and answered for the decision log (None when it was not
-        asked)."""
+        asked). ``avoid``: the nodes the gang's decision left alone (its ``avoid_nodes`` and other
+        queues' spare capacity for repairs, ``spare``); None: its ``avoid_nodes``."""
         now = self.cache.clock()
         ledgers = self.ledgers()
         own = [n for n in preempting.nominations(ledgers, ev.gang_id, now) if n.attempt == ev.attempt]
@@ -70,8 +72,13 @@ class Preemptions:
         refused = {g for g, until in self._refused.get(ev.gang_id, {}).items() if until > now}
         running = preempting.candidates(ledgers, self._record, ev.gang_id, now, refused)
         held_by = with_nominations(self.cache.queue_units, ledgers, self.queues.tree(), now, but=ev.gang_id)
+        # A repair attempt preempts only inside the domain its placement is confined to
+        # (docs/repair.md): the victims hold GPUs there and the nomination lands there.
+        scope = confinement(record, self.cache.cluster)
+        within = scope.inside if scope is not None and scope.required else None
+        avoid = frozenset(record.avoid_nodes) if avoid is None else avoid
         plan = plan_preemption(self.cache.cluster, preemptor, running, self.queues.tree(),
-                               held_by=held_by, profile=self.profile(), avoid=record.avoid_nodes, now=now)
+                               held_by=held_by, profile=self.profile(), avoid=avoid, now=now, within=within)
         logged = preempting.recorded(preemptor, running, self.queues.tree(), held_by, now, plan)
         if isinstance(plan, NoPlan) or not plan.victims:
             log("no preemption", gang=ev.gang_id, attempt=ev.attempt,
@@ -79,7 +86,7 @@ class Preemptions:
             if not isinstance(plan, NoPlan) or plan.code in ("queue-problem", "search-bound"):
                 return None, logged
             return Relaxed(preemptor, running, self.queues.tree(), held_by, plan.reason,
-                           avoid=frozenset(record.avoid_nodes), profile=self.profile(), now=now,
+                           avoid=avoid, within=within, profile=self.profile(), now=now,
                            retry_at=(plan.retry_at or 0.0) if plan.code == "min-runtime" else 0.0), logged
         writes: dict = preempting.nominate(self.cache.ledger_of, S.token, self.cache.gang_keys(ev.gang_id),
                                            ev.gang_id, ev.attempt, plan, preemptor,

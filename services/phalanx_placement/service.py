@@ -47,7 +47,7 @@ from phalanx_bus import (
 )
 from phalanx_engine.decide import decide, default_profile
 from phalanx_engine.snapshot import Decision, NoFit
-from phalanx_placement import checks, preempting
+from phalanx_placement import checks, preempting, spare
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
@@ -221,6 +221,13 @@ class Placement:
             return refusal
         running = _running(record)
         queue = queue_of(members)
+        scope = confinement(record, self.cache.cluster)
+        with self.cache.excluding(ev.gang_id, running):
+            # Other queues' spare capacity for repairs (docs/queues.md): left alone by this
+            # gang, its preemption plans too, unless it is a repair attempt.
+            kept = {} if scope is not None and scope.required else spare.kept_from(
+                queue, self.cache.cluster, self.preemptions.ledgers(), self.queues.tree(), self.cache.queue_units)
+        avoid = frozenset(record.avoid_nodes) | kept.keys()
         blocked = self.queues.refusal(ev.gang_id, members, running)
         if blocked:
             # Over a limit (not an invalid queue), it may preempt its own queue's gangs of lower
@@ -230,7 +237,7 @@ class Placement:
                 self._record(ev, members, record.avoid_nodes, None, self.queues.recorded(
                     ev.gang_id, members, running, refusal=blocked))
                 if not self.queues.tree().problem(queue):
-                    preempted, logged = self.preemptions.plan(ev, record, members, queue)
+                    preempted, logged = self.preemptions.plan(ev, record, members, queue, avoid=avoid)
                     self.recorder.planned(logged)
             if isinstance(preempted, Decided | Reply):
                 return preempted
@@ -255,8 +262,6 @@ class Placement:
                                               fits_empty_cluster=False, members=tuple(m.pod for m in members),
                                               waits_for="gpus",
                                               whatif=self._whatif(ev.gang_id, members, record, why, running, owed)))
-        avoid = record.avoid_nodes
-        scope = confinement(record, self.cache.cluster)
         with tracer().start_as_current_span("placement.decide", context=w.context, attributes={
                 "phalanx.gang": ev.gang_id, "phalanx.attempt": ev.attempt, "phalanx.queue": queue,
                 "phalanx.members": len(members), "phalanx.scope": scope.where if scope else ""}) as span:
@@ -268,12 +273,15 @@ class Placement:
                         result = dataclasses.replace(result, detail=scope.no_room(result.detail, len(members)))
                     else:  # a preference (the nodes a restarted gang ran on): anywhere else then
                         result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
+                if kept and isinstance(result, NoFit):
+                    detail = spare.kept_detail(kept, self.queues.tree())
+                    result = dataclasses.replace(result, detail=f"{result.detail}; {detail}" if result.detail else detail)
                 elapsed = time.perf_counter() - started
                 self._record(ev, members, avoid, result, self.queues.recorded(
                     ev.gang_id, members, running, refusal="", borrowing=borrows))
                 preempted = None
                 if isinstance(result, NoFit):
-                    preempted, logged = self.preemptions.plan(ev, record, members, queue)
+                    preempted, logged = self.preemptions.plan(ev, record, members, queue, avoid=avoid)
                     self.recorder.planned(logged)
             _annotate_decision(span, result)
         metrics.PLACEMENT_DECISION_SECONDS.observe(elapsed, outcome="no_fit" if isinstance(result, NoFit) else "placed")

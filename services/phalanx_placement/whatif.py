@@ -44,6 +44,7 @@ from phalanx_proto.events import MemberSpec, PodRef, WhatIf
 from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import QueueSpec
 from phalanx_proto.state import GangState
+from phalanx_rules.preemption import confined
 from phalanx_rules.queueorder import queue_of
 from phalanx_rules.queues import QueueTree
 from phalanx_telemetry import warn
@@ -99,14 +100,17 @@ class Relaxed:
     profile: Profile | None = None
     now: float | None = None
     retry_at: float = 0.0
+    within: frozenset[str] | None = None
+    """The nodes a repair attempt is confined to (``plan_preemption``'s ``within``); None: all."""
     """When the planner refused only because its victims are too young (``NoPlan`` code
     ``min-runtime``): the time they may go; ``why_not`` says so. 0: not so."""
 
     def __call__(self, cluster: Cluster, members: tuple[MemberSpec, ...], *,
                  holders: Mapping[PodRef, Running]) -> PreemptPlan | None:
-        if not self.running:
+        running = self.running if self.within is None else confined(self.running, self.within)
+        if not running:
             return None
-        top = max(g.priority for g in self.running)
+        top = max(g.priority for g in running)
         lifted = msgspec.structs.replace(self.tree.get(self.preemptor.queue) or QueueSpec(name=self.preemptor.queue),
                                          within_queue="LowerPriority", reclaim="Any")
         # and no gang is too young to be a victim (the refusal may be that)
@@ -116,7 +120,7 @@ class Relaxed:
                       preemption_policy=PREEMPT_LOWER_PRIORITY)
         extra = {} if self.profile is None else {"profile": self.profile}
         plan = plan_preemption(cluster, who, self.running, tree, held_by=self.held_by, avoid=self.avoid,
-                               now=self.now, bounds=PROBE_BOUNDS, **extra)
+                               now=self.now, bounds=PROBE_BOUNDS, within=self.within, **extra)
         if not isinstance(plan, Plan) or not plan.victims:
             return None
         return PreemptPlan(victims=tuple(v.gang_id for v in plan.victims), allowed=False, why_not=self.why_not)

@@ -99,14 +99,15 @@ class Controller:
     """What a Job or JobSet controller does for the gang: keeps one pod per index, making a new
     one (a new name, the same gang label and min-member) whenever the index's pod is gone."""
 
-    def __init__(self, sim, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, sim, labels: dict[str, str] | None = None, priority: int | None = None) -> None:
         self.sim = sim
         self.labels = labels or {}
+        self.priority = priority
         self.current = {i: f"{GANG}-{i}" for i in range(SIZE)}
         self.made = 0
 
     def pod(self, name: str) -> dict:
-        p = gang_pod(name, 2, GANG, SIZE)
+        p = gang_pod(name, 2, GANG, SIZE, priority=self.priority)
         p["metadata"]["labels"].update(self.labels)
         p["spec"]["tolerations"] = []  # the test's failure taint is tolerated by nobody
         return p
@@ -177,7 +178,7 @@ async def repaired_record(bus) -> None:
     try:
         await wait_until(scheduled, 15, what="the gang's record scheduled with no repair open")
     except TimeoutError:
-        raise AssertionError(f"the gang's record did not come to scheduled with no repair open: {await gang(bus)}")
+        raise AssertionError(f"the gang's record did not come to scheduled with no repair open: {await gang(bus)}") from None
 
 
 async def gang(bus):
@@ -191,21 +192,28 @@ def survivors_of(first: dict, broken: set[str]) -> dict:
     return {name: v for name, v in first.items() if v[1] not in broken}
 
 
-async def block_spares(sim, first: dict) -> list[str]:
+async def block_spares(sim, first: dict, *, priority: int | None = None) -> list[str]:
     """A 4-GPU pod of another workload on each of leaf-a's spare nodes: no room left in the leaf."""
     used = {n for _, n, _ in first.values()}
     spares = sorted(n for n, leaf in LEAVES.items() if leaf == "leaf-a" and n not in used)
-    for i, node in enumerate(spares):
-        p = gpu_pod(f"blocker-{i}", 4)
+    await block(sim, {f"blocker-{i}": node for i, node in enumerate(spares)}, priority=priority)
+    return spares
+
+
+async def block(sim, where: dict[str, str], *, priority: int | None = None) -> None:
+    """A 4-GPU pod (of ``priority``) of another workload on each node: pod name → node."""
+    for name, node in where.items():
+        p = gpu_pod(name, 4)
         p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        if priority is not None:
+            p["spec"]["priority"] = priority
         await sim.apply_pod(p)
 
     async def placed():
-        where = {p.name: p.node_name for p in await sim.list_pods()}
-        return all(where.get(f"blocker-{i}") == node for i, node in enumerate(spares))
+        bound = {p.name: p.node_name for p in await sim.list_pods()}
+        return all(bound.get(name) == node for name, node in where.items())
 
-    await wait_until(placed, 30, what="the blockers on leaf-a's spare nodes")
-    return spares
+    await wait_until(placed, 30, what=f"the blockers on {', '.join(sorted(set(where.values())))}")
 
 
 async def test_two_nodes_lost_at_once_are_one_repair_in_the_leaf_and_the_survivors_stay(env):
@@ -297,6 +305,40 @@ async def test_with_no_room_in_its_leaf_policy_wait_keeps_the_replacements_pendi
     assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-a"}, new
     assert not await restarted(sim, now)
 
+
+
+async def test_with_no_room_in_its_leaf_a_repair_preempts_lower_priority_pods_in_the_leaf_only(env):
+    """Preemption for a repair is confined to its domain (docs/repair.md): leaf-a's spares held by
+    pods of priority 10, leaf-b's two nodes by pods of priority 0 (cheaper victims, and room the
+    unconfined planner would take); the gang (priority 100, policy ``wait``) loses a node. One
+    leaf-a blocker is evicted and the replacements are bound in its place; nothing in leaf-b
+    moves."""
+    _, bus, sim = env
+    ctl = Controller(sim, {"phalanx.io/repair-policy": "wait"}, priority=100)
+    first = await started(bus, sim, ctl)
+    spares = await block_spares(sim, first, priority=10)
+    outside = {f"outside-{i}": n for i, n in enumerate(sorted(n for n, leaf in LEAVES.items() if leaf == "leaf-b"))}
+    await block(sim, outside, priority=0)
+    before = {p.name: (p.uid, p.node_name) for p in await sim.list_pods() if p.name in outside}
+    broken = sorted({n for _, n, _ in first.values()})[0]
+    survivors = survivors_of(first, {broken})
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+        now = await wait_until(lambda: all_bound(sim, {broken}), 30, what="the replacements bound after preempting")
+        tg.cancel_scope.cancel()
+    assert {k: v for k, v in now.items() if k in survivors} == survivors
+    new = {k: v for k, v in now.items() if k not in survivors}
+    assert len(new) == 2 and len({n for _, n, _ in new.values()}) == 1, new
+    (landed,) = {n for _, n, _ in new.values()}
+    assert landed in spares, new
+    pods = {p.name: (p.uid, p.node_name) for p in await sim.list_pods()}
+    evicted = {f"blocker-{i}" for i, n in enumerate(spares) if n == landed}
+    assert {f"blocker-{i}": pods.get(f"blocker-{i}", (None, None))[1] for i in range(len(spares))} == {
+        f"blocker-{i}": None if f"blocker-{i}" in evicted else n for i, n in enumerate(spares)}
+    assert {name: pods.get(name) for name in outside} == before  # nothing outside leaf-a evicted
+    await repaired_record(bus)
+    assert not await restarted(sim, now)
 
 
 async def test_a_coordinator_killed_between_the_repairs_steps_and_restarted_completes_the_repair(env):

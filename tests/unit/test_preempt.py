@@ -5,6 +5,7 @@ compared as a whole ``Plan`` or ``NoPlan``."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from engine_builders import NodeBuilder, node, pod, snapshot
 
@@ -167,6 +168,65 @@ CASES = [
 @pytest.mark.parametrize(("world", "preemptor", "queues", "expected"), CASES)
 def test_plans(world, preemptor, queues, expected):
     assert plan(world, preemptor, *queues, now=10_000.0) == expected
+
+
+# A repair attempt is confined to its domain (docs/repair.md, "Preemption for a repair"):
+# ``within`` names the domain's nodes. Nodes a and b; the domain is node a.
+def aged(spec: QueueSpec, preempt: float) -> QueueSpec:
+    return msgspec.structs.replace(spec, preempt_min_runtime_s=preempt)
+
+
+CONFINED = [
+    pytest.param(
+        World(v100("a"), v100("b")).gang("in", ("a", 0, 1, 2, 3), priority=1).gang("a-keep", ("a", 4, 5, 6, 7), priority=50)
+        .gang("out", ("b", 0, 1, 2, 3), priority=0).gang("b-keep", ("b", 4, 5, 6, 7), priority=50),
+        wants("p", 4), (),
+        Plan(victims=(victim("in", "priority", gpus=4, priority=1),),
+             placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=4 * G),
+        id="the victim inside the domain is chosen though a lower-priority gang outside it would cost less"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("in", full("a"), priority=1),
+        wants("p", 4), (),
+        Plan(victims=(victim("in", "priority", gpus=8, priority=1),),
+             placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=8 * G),
+        id="free GPUs outside the domain do not count: it preempts inside"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("a-keep", full("a"), priority=50).gang("out", full("b"), priority=0),
+        wants("p", 4), (),
+        NoPlan("no-candidates", "no running gang on the 1 node(s) it is confined to may be preempted: no gang of queue "
+                                "default with a priority below 10 holds GPUs there; queue default is at or above its "
+                                "quota (16 of 0 GPUs): it does not reclaim"),
+        id="no plan when the domain holds no gang it may preempt, though one outside could go"),
+    pytest.param(
+        World(v100("a"), v100("b")).gang("young", full("a"), queue="t", started=9_990.0)
+        .gang("old", full("b"), queue="t", started=0.0),
+        wants("p", 4, queue="t"), (aged(q("t"), 60.0),),
+        NoPlan("min-runtime", "not preempting yet: evicting ns/young would let it start, but ns/young (queue t, "
+                              "preemptMinRuntime 1m) started too recently to be a victim; it may preempt from "
+                              "1970-01-01T02:47:30Z and is tried again then", retry_at=10_050.0),
+        id="a victim inside too young to go: it waits for it, never takes the old one outside"),
+]
+
+
+@pytest.mark.parametrize(("world", "preemptor", "queues", "expected"), CONFINED)
+def test_a_confined_plan_preempts_only_inside_its_nodes(world, preemptor, queues, expected):
+    assert plan(world, preemptor, *queues, now=10_000.0, within=frozenset({"a"})) == expected
+
+
+def test_without_confinement_the_same_worlds_take_the_cheapest_victims_anywhere():
+    """The cases above are confinement's doing: unconfined, each takes the gang outside, or fits outside."""
+    got = [plan(w, p, *qs, now=10_000.0) for w, p, qs, _ in (c.values for c in CONFINED)]
+    assert [(tuple(v.gang_id for v in g.victims), tuple(a.node for a in g.placement.assignments))
+            if isinstance(g, Plan) else g.code for g in got] == [
+        (("ns/out",), ("b",)), ((), ("b",)), (("ns/out",), ("b",)), (("ns/old",), ("b",))]
+
+
+def test_a_gang_holding_gpus_both_inside_and_outside_is_a_candidate_and_goes_whole():
+    w = World(v100("a"), v100("b")).gang("wide", ("a", 0, 1, 2, 3), ("b", 0, 1, 2, 3), priority=1) \
+        .gang("a-keep", ("a", 4, 5, 6, 7), priority=50).gang("b-keep", ("b", 4, 5, 6, 7), priority=50)
+    assert plan(w, wants("p", 4), within=frozenset({"a"})) == Plan(
+        victims=(victim("wide", "priority", gpus=8, priority=1, pods=2),),
+        placement=Decision(assignments=(placed("p", "a", 0, 1, 2, 3),)), units=8 * G)
 
 
 def teams(a_quota: float = 8, b_quota: float = 8, reclaim: str = "Any") -> tuple[QueueSpec, ...]:

@@ -261,3 +261,24 @@ def test_retries_refused_without_deciding_change_nothing():
     assert quick.decisions < exact.decisions
     assert [(o.start, o.end, o.tier, o.domain, o.reason) for o in quick.outcomes.values()] == \
         [(o.start, o.end, o.tier, o.domain, o.reason) for o in exact.outcomes.values()]
+
+
+def test_another_queues_gang_leaves_a_queues_repair_reserve_alone_as_placement_does():
+    # Two leaves of two 8-GPU nodes. team-a (quota 16, repairReserve 8 GPUs per leaf) runs a
+    # 4-GPU gang on a1; team-b's 8-GPU gang would take a2 by packing (leaf-a is the fuller
+    # leaf), but a2 is leaf-a's reserve for team-a's repairs: it goes to leaf-b. team-a's own
+    # next gang may use the reserve.
+    from phalanx_proto.queues import RepairReserve
+
+    nodes = [node("a1").gpus(8).tiers(leaf="leaf-a"), node("a2").gpus(8).tiers(leaf="leaf-a"),
+             node("b1").gpus(8).tiers(leaf="leaf-b"), node("b2").gpus(8).tiers(leaf="leaf-b")]
+    tree = QueueTree.of([QueueSpec(name="team-a", quota=16 * GPU_UNITS, repair_reserve=RepairReserve(tier="leaf", gpus=8)),
+                         QueueSpec(name="team-b", quota=16 * GPU_UNITS)])
+    gangs = [gang("a-run", 4, at=0, runs=None, queue="team-a"), gang("b-new", 8, at=1, runs=None, queue="team-b"),
+             gang("a-new", 8, at=2, runs=None, queue="team-a")]
+    sim = run(nodes, gangs, tree)
+    where = {g.removeprefix("default/"): {a.node for a in asg} for g, asg in sim.running.items()}
+    assert where == {"a-run": {"a1"}, "b-new": {"b1"}, "a-new": {"a2"}}
+    without = run(nodes, gangs, QueueTree.of([QueueSpec(name="team-a", quota=16 * GPU_UNITS),
+                                              QueueSpec(name="team-b", quota=16 * GPU_UNITS)]))
+    assert {g.removeprefix("default/"): {a.node for a in asg} for g, asg in without.running.items()}["b-new"] == {"a2"}
