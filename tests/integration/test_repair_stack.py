@@ -177,7 +177,7 @@ async def repaired_record(bus) -> None:
     try:
         await wait_until(scheduled, 15, what="the gang's record scheduled with no repair open")
     except TimeoutError:
-        raise AssertionError(f"the gang's record did not come to scheduled with no repair open: {await gang(bus)}")
+        raise AssertionError(f"the gang's record did not come to scheduled with no repair open: {await gang(bus)}") from None
 
 
 async def gang(bus):
