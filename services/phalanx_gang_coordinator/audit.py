@@ -5,8 +5,12 @@ records, then the pods (so a reservation seen always belongs to a pod that exist
 pods were listed) — and returns every disagreement as a ``Finding`` with the repair it calls
 for. Rules (docs/saga.md, "The reconciler"):
 
-1. A reservation whose pod (by uid) is gone is released; if the pod is still a member of its
-   gang's record, the member is forgotten first (which releases it: ``Forget``).
+1. A reservation whose pod (by uid) is gone, or has failed (phase ``Failed``: it holds no GPU,
+   though the API keeps it, as a Job keeps its failed pods), is released; if the pod is still a
+   member of its gang's record, the member is forgotten first (which releases it: ``Forget``).
+   A pod that ended (``Failed``, ``Succeeded``) is no pod of rule 4: never adopted, never
+   sharing a GPU. (A ``Succeeded`` pod's reservation is kept, by rule 2, as pod intake keeps
+   it: forgetting a member that completed would open a repair for it.)
 2. A reservation on the node its pod is bound to backs a running pod: it is kept, whatever
    the gang record says.
 3. A reservation of a pod that is not bound there is kept only while its attempt is in
@@ -129,7 +133,7 @@ def audit(r: Reading) -> list[Finding]:
             if finding is not None:
                 out.append(finding)
     for pod in r.pods:
-        if pod.node_name and pod.node_name not in r.unreadable_nodes:
+        if pod.node_name and not pod.terminal and pod.node_name not in r.unreadable_nodes:
             finding = _bound_pod(r, pod)
             if finding is not None:
                 out.append(finding)
@@ -153,8 +157,10 @@ def _reservation(r: Reading, node: str, alloc: Allocation, by_uid: dict[str, Pod
     if _unreadable_gang(r, gang):
         return None
     pod = by_uid.get(ref.uid)
-    if pod is None or (pod.namespace, pod.name) != (ref.namespace, ref.name):
-        detail = f"{ref} (uid {ref.uid}) holds a reservation on {node} (gang {gang} attempt {alloc.attempt}) but is gone"
+    same = pod is not None and (pod.namespace, pod.name) == (ref.namespace, ref.name)
+    if pod is None or not same or pod.phase == "Failed":
+        gone = "has failed" if same else "is gone"
+        detail = f"{ref} (uid {ref.uid}) holds a reservation on {node} (gang {gang} attempt {alloc.attempt}) but {gone}"
         if _member_of(state, ref):
             return Finding("reservation_without_pod", detail, Forget(gang, ref))
         return Finding("reservation_without_pod", detail, Release(gang, alloc.attempt, ref, node))
@@ -206,7 +212,8 @@ def _double_booked(r: Reading, pod: Pod, a: Assignment, held: dict[str, Allocati
     by_uid = {p.uid: p for p in r.pods if p.uid}
     holders = [by_uid.get(v.assignment.pod.uid) for v in held.values()
                if gpu_conflicts([v.assignment, a])]
-    running = [h for h in holders if h is not None and h.node_name == pod.node_name and not h.deleting]
+    running = [h for h in holders if h is not None and h.node_name == pod.node_name and not h.deleting
+               and not h.terminal]
     if not running:
         return Report(pod.ref, message)
     later = max([pod, *running], key=lambda p: (bound_at(p), p.namespace, p.name))
@@ -259,7 +266,7 @@ def _mig(r: Reading, by_uid: dict[str, Pod]) -> list[Finding]:
         held = any(a.assignment.mig_profile and rec.gpu in a.assignment.gpus and a.assignment.mig_start == rec.start
                    for a in (ledger.allocations.values() if ledger is not None else ()))
         pod = by_uid.get(rec.pod.uid) if rec.pod.uid else None
-        if not held and pod is not None and pod.node_name == rec.node:
+        if not held and pod is not None and pod.node_name == rec.node and not pod.terminal:
             out.append(Finding("mig_without_reservation", f"MIG instance {rec.uuid or '-'} on {rec.node} GPU {rec.gpu} "
                                                           f"slot {rec.start} has no reservation while {rec.pod} runs on it"))
     return out

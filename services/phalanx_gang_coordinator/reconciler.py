@@ -96,7 +96,7 @@ class Reconciler:
         pods = await self.cluster.list_pods()
         by_node = {r.value.node: r.value for r in ledgers}
         recent = {}
-        for node in sorted({p.node_name for p in pods if p.node_name and (
+        for node in sorted({p.node_name for p in pods if p.node_name and not p.terminal and (
                 p.node_name not in by_node or alloc_key(p.ref) not in by_node[p.node_name].allocations)}):
             again = await read_one(ledger_kv, S.token(node))
             if isinstance(again, Record):

@@ -22,12 +22,13 @@ A2 = Assignment(pod=P2, node="n1", gpus=(1,))
 replace = msgspec.structs.replace
 
 
-def pod(ref: PodRef, node: str = "", annotation: Assignment | None = None, bound_at: str = "") -> Pod:
+def pod(ref: PodRef, node: str = "", annotation: Assignment | None = None, bound_at: str = "",
+        phase: str = "Running") -> Pod:
     ann = {ASSIGNMENT_ANNOTATION: encoder.encode(annotation).decode()} if annotation else {}
     raw = {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": bound_at}]}} \
         if bound_at else {}
     return Pod(namespace=ref.namespace, name=ref.name, uid=ref.uid, scheduler_name="phalanx", node_name=node,
-               annotations=ann, raw=raw)
+               annotations=ann, raw=raw, phase=phase if node else "Pending")
 
 
 def ledger(*allocs: tuple[Assignment, int], gang: str = G) -> dict[str, NodeLedger]:
@@ -107,6 +108,28 @@ CASES = [
               "GPUs are booked by another pod: GPU 0 is booked by default/w-0, default/w-1",
               Report(P1, "bound to n1 on GPU(s) 0 without a Phalanx reservation, and those GPUs are booked by another "
                          "pod: GPU 0 is booked by default/w-0, default/w-1"))]),
+    # A pod that ended (Failed, Succeeded) holds no GPU, though the API keeps it (a Job keeps its
+    # failed pods) with its node and assignment annotation: found by the JobSet restart e2e.
+    ("a failed pod's GPUs taken by its replacement: neither is rolled back, nothing is adopted",
+     reading(ledger((replace(A2, gpus=(0,)), 2)), gang("scheduled", members=(P2,)),
+             [pod(P1, "n1", A1, "2026-12-04T10:00:00Z", phase="Failed"),
+              pod(P2, "n1", replace(A2, gpus=(0,)), "2026-12-04T10:05:00Z")]), []),
+    ("a failed pod whose GPUs are free gets no reservation recorded",
+     reading({}, gang("scheduled", members=(P2,)), [pod(P1, "n1", A1, phase="Failed")]), []),
+    ("a succeeded pod whose GPUs are free gets no reservation recorded",
+     reading({}, gang("scheduled", members=(P2,)), [pod(P1, "n1", A1, phase="Succeeded")]), []),
+    ("a reservation of a pod that failed on its node is released",
+     reading(ledger((A1, 2), (A2, 2)), gang("scheduled", members=(P2,)),
+             [pod(P1, "n1", A1, phase="Failed"), pod(P2, "n1", A2)]),
+     [Finding("reservation_without_pod", "default/w-0 (uid u0) holds a reservation on n1 (gang default/train "
+              "attempt 2) but has failed", Release(G, 2, P1, "n1"))]),
+    ("a reservation of a member that failed makes the member forgotten",
+     reading(ledger((A1, 2), (A2, 2)), gang("scheduled"), [pod(P1, "n1", A1, phase="Failed"), pod(P2, "n1", A2)]),
+     [Finding("reservation_without_pod", "default/w-0 (uid u0) holds a reservation on n1 (gang default/train "
+              "attempt 2) but has failed", Forget(G, P1))]),
+    ("a member that succeeded keeps its reservation (forgetting it would open a repair for it)",
+     reading(ledger((A1, 2), (A2, 2)), gang("scheduled"), [pod(P1, "n1", A1, phase="Succeeded"), pod(P2, "n1", A2)]),
+     []),
     ("a bound pod without a readable assignment is reported",
      reading({}, {}, [pod(STRAY, "n1")]),
      [Finding("pod_without_reservation", "default/stray is bound to n1 without a reservation and without a readable "
@@ -144,3 +167,10 @@ def test_a_ready_mig_instance_without_a_reservation_under_a_running_pod_is_a_fin
         Finding("mig_without_reservation", "MIG instance MIG-1 on n1 GPU 3 slot 4 has no reservation while "
                                            "default/w-0 runs on it"),
     ]
+
+
+def test_a_ready_mig_instance_under_a_pod_that_ended_is_no_finding_and_the_pod_is_not_adopted():
+    m = Assignment(pod=P1, node="n1", gpus=(3,), mig_profile="3g.20gb", mig_start=4, mig_instance_uuid="MIG-1")
+    record = MigRecord(node="n1", gpu=3, start=4, profile="3g.20gb", gang_id=G, attempt=2, pod=P1, state="ready",
+                       uuid="MIG-1")
+    assert audit(reading({}, gang("scheduled"), [pod(P1, "n1", m, phase="Failed")], mig=[record])) == []
