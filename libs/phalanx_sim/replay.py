@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from phalanx_engine.decide import Cluster, decide, default_profile
 from phalanx_engine.preempt import Plan, plan_preemption
 from phalanx_engine.recorded import Memory
-from phalanx_engine.snapshot import Decision
+from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, RecordedNode
 from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import shown
@@ -115,7 +115,14 @@ class ReplicaReplay:
             self.queue_checks += 1
             found += _queue_differs(item)
         if item.engine:
-            result = decide(self._cluster, item.members, _profile(item.node_state_required), avoid=item.avoid)
+            profile = _profile(item.node_state_required)
+            if item.within:  # confined to a repair's domain, or trying a restarted gang's first
+                outside = frozenset(self._cluster.nodes) - frozenset(item.within)
+                result = decide(self._cluster, item.members, profile, avoid=frozenset(item.avoid) | outside)
+                if isinstance(result, NoFit) and not item.within_required:
+                    result = decide(self._cluster, item.members, profile, avoid=item.avoid)
+            else:
+                result = decide(self._cluster, item.members, profile, avoid=item.avoid)
             now = (result.assignments, "") if isinstance(result, Decision) else ((), result.summary)
             if now != (item.placed, item.no_fit):
                 found.append((_words(item.placed, item.no_fit), _words(*now)))
@@ -139,7 +146,8 @@ class ReplicaReplay:
         who = Preemptor(gang_id=item.gang_id, members=item.members, priority=p.priority, queue=p.queue,
                         preemption_policy=p.policy or PREEMPT_LOWER_PRIORITY)
         got = plan_preemption(self._cluster, who, running, QueueTree.of(p.specs), held_by=p.held_by,
-                              profile=_profile(item.node_state_required), avoid=item.avoid, now=p.now)
+                              profile=_profile(item.node_state_required), avoid=item.avoid, now=p.now,
+                              within=frozenset(item.within) if item.within_required else None)
         recorded = _plan_words(p.victims, p.placed, p.no_plan)
         replayed = (_plan_words(tuple(v.gang_id for v in got.victims), got.placement.assignments, "")
                     if isinstance(got, Plan) else _plan_words((), (), got.reason))

@@ -802,6 +802,10 @@ class RecordedDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     members: Annotated[tuple[MemberSpec, ...], msgspec.Meta(max_length=MAX_BATCH_PODS)] = ()
     node_state_required: bool = False
     avoid: tuple[str, ...] = ()
+    within: tuple[str, ...] = ()
+    """The nodes the decision was confined to (a repair's domain, ``within_required``) or tried
+    first (the domain a restarted gang ran in); empty: the whole cluster."""
+    within_required: bool = False
     placed: tuple[Assignment, ...] = ()
     no_fit: str = ""
     engine: bool = True

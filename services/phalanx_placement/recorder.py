@@ -112,10 +112,12 @@ class Recorder:
 
     def decided(self, gang_id: str, attempt: int, members: tuple[MemberSpec, ...], *, node_state_required: bool,
                 avoid: frozenset[str] | tuple[str, ...], result: Decision | NoFit | None,
-                queue: RecordedQueueGate | None = None) -> None:
+                queue: RecordedQueueGate | None = None, within: frozenset[str] = frozenset(),
+                within_required: bool = False) -> None:
         """One decision on ``cluster`` as it is now: the changes since the last one, then it — the
-        engine's answer (None: the queue refused it before the engine was asked) and what the
-        queue rules read and said (``queue``)."""
+        engine's answer (None: the queue refused it before the engine was asked), what the
+        queue rules read and said (``queue``), and the nodes it was confined to or tried first
+        (``within``, ``within_required``: a repair's domain, a restarted gang's)."""
         if not self.enabled:
             self.cluster.journal.clear()
             return
@@ -129,7 +131,8 @@ class Recorder:
         placed = result.assignments if isinstance(result, Decision) else ()
         self._items.append(RecordedDecision(
             gang_id=gang_id, attempt=attempt, members=members, node_state_required=node_state_required,
-            avoid=tuple(sorted(avoid)), placed=placed, no_fit=result.summary if isinstance(result, NoFit) else "",
+            avoid=tuple(sorted(avoid)), within=tuple(sorted(within)), within_required=within_required and bool(within),
+            placed=placed, no_fit=result.summary if isinstance(result, NoFit) else "",
             engine=result is not None, queue=queue))
 
     def planned(self, preemption: RecordedPreemption | None) -> None:

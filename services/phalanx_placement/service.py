@@ -51,7 +51,7 @@ from phalanx_placement import checks, preempting, spare
 from phalanx_placement.cache import ClusterCache
 from phalanx_placement.commits import Commits
 from phalanx_placement.config import Config
-from phalanx_placement.confine import confinement
+from phalanx_placement.confine import Scope, confinement
 from phalanx_placement.cycle_queue import RequestQueue, Waiting
 from phalanx_placement.gauges import Gauges
 from phalanx_placement.history import UsageHistory
@@ -268,17 +268,19 @@ class Placement:
             started = time.perf_counter()
             with self.cache.excluding(ev.gang_id, running):
                 result = decide(self.cache.cluster, members, self.profile, avoid=scope.avoid(avoid) if scope else avoid)
-                if scope is not None and isinstance(result, NoFit):
-                    if scope.required:
-                        result = dataclasses.replace(result, detail=scope.no_room(result.detail, len(members)))
-                    else:  # a preference (the nodes a restarted gang ran on): anywhere else then
-                        result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
+                if scope is not None and not scope.required and isinstance(result, NoFit):
+                    # a preference (the nodes a restarted gang ran on): anywhere else then
+                    result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
+                elapsed = time.perf_counter() - started
+                # The engine's answer as it gave it (a replay decides it again on the same nodes),
+                # then what the reason adds: the repair's domain, the reserves kept.
+                self._record(ev, members, avoid, result, self.queues.recorded(
+                    ev.gang_id, members, running, refusal="", borrowing=borrows), scope=scope)
+                if scope is not None and scope.required and isinstance(result, NoFit):
+                    result = dataclasses.replace(result, detail=scope.no_room(result.detail, len(members)))
                 if kept and isinstance(result, NoFit):
                     detail = spare.kept_detail(kept, self.queues.tree())
                     result = dataclasses.replace(result, detail=f"{result.detail}; {detail}" if result.detail else detail)
-                elapsed = time.perf_counter() - started
-                self._record(ev, members, avoid, result, self.queues.recorded(
-                    ev.gang_id, members, running, refusal="", borrowing=borrows))
                 preempted = None
                 if isinstance(result, NoFit):
                     preempted, logged = self.preemptions.plan(ev, record, members, queue, avoid=avoid)
@@ -317,11 +319,14 @@ class Placement:
         return Decided(self.cache.assume(writes), result)
 
     def _record(self, ev: PlaceRequested, members: tuple[MemberSpec, ...], avoid, result: Decision | NoFit | None,
-                gate) -> None:
+                gate, scope: Scope | None = None) -> None:
         """Log the decision (``recorder``): the engine's answer, or none when the queue refused
-        first, and what the queue rules read and said."""
+        first, what the queue rules read and said, and the nodes it was confined to or tried
+        first (``scope``), so that a replay decides it on the same nodes."""
         self.recorder.decided(ev.gang_id, ev.attempt, members, node_state_required=self._node_state_required,
-                              avoid=avoid, result=result, queue=gate)
+                              avoid=avoid, result=result, queue=gate,
+                              within=scope.inside if scope is not None else frozenset(),
+                              within_required=scope is not None and scope.required)
 
     def _whatif(self, gang_id: str, members: tuple[MemberSpec, ...], record: GangState, refusal: str,
                 running: frozenset[str], owed: tuple[str, ...] = (), preempt: Relaxed | None = None) -> WhatIf | None:
