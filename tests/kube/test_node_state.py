@@ -18,7 +18,7 @@ from phalanx_bus.bus import BusAuth
 from phalanx_kube.kube import KubeCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION
-from phalanx_proto.scheduling import HostPort, NodeKubeState, Taint
+from phalanx_proto.scheduling import HostPort, NodeKubeState, RunningPod, Taint
 from phalanx_topology_discovery.kubestate import NodeStateReporter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -76,9 +76,11 @@ async def test_the_agent_reports_its_node_and_the_pods_phalanx_did_not_place_as_
             kube_api.create_pod(bound_pod("web", kube_ns, name, cpu="1500m", port=8080))
             ours = kube_api.create_pod(bound_pod("ours", kube_ns, name, cpu="7", phalanx=True))
             # Phalanx's own pod is not in what others request (the ledger accounts for it), but it
-            # is listed as running there (placement never frees a reservation under it).
+            # is listed as running there (placement never frees a reservation under it). The other
+            # pod is in ``running`` for pod (anti-)affinity: its namespace and (no) labels.
             busy = msgspec.structs.replace(idle, requested={"cpu": 1500}, pods=1, host_ports=(HostPort(port=8080),),
-                                           phalanx_pods=(f"{kube_ns}/ours/{ours['metadata']['uid']}",))
+                                           phalanx_pods=(f"{kube_ns}/ours/{ours['metadata']['uid']}",),
+                                           running=(RunningPod(namespace=kube_ns),))
             await state_becomes(busy)
 
             kube_api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True, "taints": [
