@@ -52,9 +52,10 @@ def candidate(profile: Profile, member: Member, st: NodeState, gate: bool) -> Ca
     kept = st.memo.get(member.shape) if keeps else None
     if kept is not None and kept[0] is profile:
         got = kept[1]
-        if got is None or got[1].pod == member.spec.pod:
+        if got is None or (got[1].pod == member.spec.pod and got[1].labels == member.spec.labels):
             return got
-        return got[0], replace(got[1], pod=member.spec.pod)
+        # the shape leaves the labels out: the assignment is this member's, with its own
+        return got[0], replace(got[1], pod=member.spec.pod, labels=member.spec.labels)
     if gate and not resources_fit(member, st):
         return _keep(profile, member, st, None, keeps)
     a = profile.evaluate(member, st)

@@ -10,6 +10,7 @@ placement replicas logged replays to the same answer (``phalanx sim --replay``).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -215,6 +216,9 @@ async def test_chaos_kills_and_nats_restarts_never_double_book_or_lose_a_gang(tm
                   f"{log.get('differ')} differ; " + "; ".join(
                       f"{r['replica']}: {r['records']} records, {r['bases']} bases, {r['gaps']} gaps, "
                       f"{r['not_replayable']} not replayable" for r in log.get("replicas", ())))
+            for r in log.get("replicas", ()):
+                for d in r.get("differences", ()):
+                    print(f"  differs: {json.dumps(d)}")
             tg.cancel_scope.cancel()
         assert counts["kills"] >= MIN_KILLS and counts["nats_restarts"] >= 2 and counts["polls"] > 100
         assert counts["finished"] >= 10, counts

@@ -199,3 +199,18 @@ def test_a_pod_the_agent_could_not_read_keeps_anti_affinity_pods_away_and_satisf
     assert verdicts(pod("p").pod_anti_affinity(WEB), (unread, *others)) == each(ANTI, ANTI, None, None)
     assert verdicts(pod("p").pod_affinity(DB), (unread, *others)) == each(AFF, AFF, AFF, AFF)
     assert verdicts(pod("p").labels(app="web"), (unread, *others)) == each()  # its own terms are unknown: none
+
+
+def test_a_member_whose_answer_comes_from_the_memo_of_an_equal_shape_carries_its_own_labels():
+    """Members without terms of their own share a node's answer per shape; the assignment must
+    still be theirs: another pod's labels in it would let anti-affinity terms selecting this
+    pod miss it (and the decision log would not replay)."""
+    views = snapshot(node("n0").gpus(8))
+    cluster = Cluster.from_snapshot(views)
+    first = decide(cluster, (pod("a").gpus(1).labels(app="a").spec(),))
+    assert isinstance(first, Decision)
+    second = decide(cluster, (pod("b").gpus(1).labels(app="b").spec(),))
+    assert isinstance(second, Decision)
+    assert second.assignments == (Assignment(pod=PodRef(namespace="default", name="b"), node="n0",
+                                             gpus=second.assignments[0].gpus, gpu_uuids=("",),
+                                             labels={"app": "b"}),)
