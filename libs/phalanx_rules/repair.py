@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterable, Mapping
 import msgspec
 
 from phalanx_proto.events import PodRef
+from phalanx_proto.kubeapi import REPAIR_POLICY_KEY
 from phalanx_proto.scheduling import NodeKubeState, Taint, Toleration
 from phalanx_proto.state import (
     REPAIR_POLICIES,
@@ -40,8 +41,6 @@ from phalanx_proto.topology import NetworkTiers
 
 TIERS = ("node", "hypernode", "leaf", "netpod")
 """The network tiers, tightest first (the engine's ``phalanx_engine.topology.TIERS``)."""
-POLICY_KEY = "phalanx.io/repair-policy"
-"""Pod label or annotation naming a gang's repair policy (``REPAIR_POLICIES``)."""
 DEFAULT_POLICY: RepairPolicy = "wait-then-restart"
 NOT_READY_GRACE_S = 30.0
 """How long a node may be seen NotReady before its members count as failed (kube's node
@@ -72,7 +71,7 @@ def gang_domains(nodes: Iterable[str], tiers: Mapping[str, NetworkTiers]) -> tup
 
 
 def policy_of(values: Iterable[str], queue_default: str = "") -> tuple[RepairPolicy, str]:
-    """The gang's policy from its pods' ``POLICY_KEY`` values ("" for a pod without one), else
+    """The gang's policy from its pods' ``REPAIR_POLICY_KEY`` values ("" for a pod without one), else
     its queue's default, else ``DEFAULT_POLICY``; and a problem to tell ("" when none): pods
     that disagree (the first in ``REPAIR_POLICIES`` order wins) or a value that is no policy."""
     said = {v for v in values if v}
@@ -80,7 +79,7 @@ def policy_of(values: Iterable[str], queue_default: str = "") -> tuple[RepairPol
     good = [p for p in REPAIR_POLICIES if p in said]
     problem = ""
     if bad:
-        problem = f"{POLICY_KEY}={bad[0]!r} is not one of {', '.join(REPAIR_POLICIES)}"
+        problem = f"{REPAIR_POLICY_KEY}={bad[0]!r} is not one of {', '.join(REPAIR_POLICIES)}"
     elif len(good) > 1:
         problem = f"the gang's pods name different repair policies ({', '.join(good)}); using {good[0]}"
     if good:

@@ -135,6 +135,12 @@ NEVER: Final = "Never"
 ``spec.preemption.withinQueue``/``reclaim`` value that turns a rule off."""
 PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, NEVER)
 
+# --- the repair policy a gang's pods say ------------------------------------------------------------
+REPAIR_POLICY_KEY: Final = "phalanx.io/repair-policy"
+"""Label or annotation on a gang's pods: what a running gang that lost members does when its
+domain has no room (``wait-then-restart``, ``wait``, ``widen``, ``restart``; docs/repair.md).
+The Queue's ``spec.repairPolicy`` is the default."""
+
 # --- what Phalanx writes ------------------------------------------------------------------------------
 ASSIGNMENT_ANNOTATION = "phalanx.io/assignment"
 """The pod annotation holding its ``Assignment`` as JSON, written by binder with the Binding."""

@@ -28,6 +28,7 @@ from phalanx_gang_coordinator.store import GangStore
 from phalanx_kube.port import ClusterPort, NotOurs, Pod
 from phalanx_proto import subjects as S
 from phalanx_proto.events import NodeTopologyReported, PodRef
+from phalanx_proto.kubeapi import REPAIR_POLICY_KEY
 from phalanx_proto.scheduling import NodeKubeState
 from phalanx_proto.state import FailedMember, GangState
 from phalanx_proto.topology import NetworkTiers
@@ -181,7 +182,7 @@ class RepairWatch:
         for m in s.members:
             pod = self.pods.get((m.pod.namespace, m.pod.name))
             if pod is not None:
-                out.append(pod.labels.get(rules.POLICY_KEY) or pod.annotations.get(rules.POLICY_KEY) or "")
+                out.append(pod.labels.get(REPAIR_POLICY_KEY) or pod.annotations.get(REPAIR_POLICY_KEY) or "")
         return out
 
     async def _evict(self, ref: PodRef, why: str) -> None:

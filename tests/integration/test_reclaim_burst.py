@@ -117,7 +117,7 @@ async def test_the_decision_log_of_the_bursts_replays_to_the_same_queue_answers_
     decision — its queue rules (limit, borrowing), its engine answer and its preemption plan —
     decides again to what was logged (``phalanx sim --replay``)."""
     code, log, err = await anyio.to_thread.run_sync(lambda: replay_log(stack, "--require", "20"))
-    assert code == 0, (err, json.dumps(log.get("differences"))[:6000])
+    assert code == 0, (err, json.dumps([r.get("differences") for r in log.get("replicas", ())])[:6000])
     replicas = log["replicas"]
     assert sum(r["queue_checks"] for r in replicas) >= 20 and sum(r["plans"] for r in replicas) >= 4, replicas
 
