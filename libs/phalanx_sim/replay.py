@@ -70,6 +70,9 @@ class ReplicaReplay:
     differences: list[Difference] = field(default_factory=list)
     _cluster: Cluster | None = None
     _memory: Memory = field(default_factory=Memory)
+    _held: dict[str, tuple[Assignment, ...]] = field(default_factory=dict)
+    """Each recorded node's reservations, usable or not: the planner's running gangs hold GPUs
+    on nodes the engine leaves out (a report invalid or stale) too."""
 
     def feed(self, record: DecisionsRecorded, *, since: float = 0.0) -> None:
         """Apply one record; decisions of cycles before unix time ``since`` are applied but not compared."""
@@ -83,6 +86,7 @@ class ReplicaReplay:
             self.bases += 1
             self._cluster = Cluster(nodes={}, total=0)
             self._memory.clear()
+            self._held.clear()
         for item in record.items:
             if isinstance(item, RecordedNode):
                 self._apply(item)
@@ -97,6 +101,7 @@ class ReplicaReplay:
         if item.removed:
             self._cluster.remove(item.name)
             self._memory.forget(item.name)
+            self._held.pop(item.name, None)
             return
         try:
             view = self._memory.view(item)
@@ -104,6 +109,7 @@ class ReplicaReplay:
             self._cluster = None
             return
         self._cluster.upsert(view)
+        self._held[item.name] = view.allocations
 
     def _decide(self, record: DecisionsRecorded, item: RecordedDecision) -> None:
         self.decisions += 1
@@ -137,9 +143,10 @@ class ReplicaReplay:
 
     def _plan_differs(self, item: RecordedDecision) -> list[tuple[str, str]]:
         """The preemption planner asked again on what it read: the running gangs' assignments are
-        the replayed cluster's."""
+        the replayed nodes' reservations, on every node recorded (placement reads them from the
+        ledgers, whether the engine can use the node or not)."""
         p = item.preemption
-        held = {a.pod: a for st in self._cluster.nodes.values() for a in st.view.allocations}
+        held = {a.pod: a for allocations in self._held.values() for a in allocations}
         running = tuple(RunningGang(gang_id=g.gang_id, assignments=tuple(held[pod] for pod in g.pods if pod in held),
                                     priority=g.priority, queues=g.queues, started_at=g.started_at)
                         for g in p.running)

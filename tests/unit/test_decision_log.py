@@ -6,6 +6,7 @@ publish starts again from a base."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import replace
 
@@ -231,9 +232,10 @@ def test_the_sender_writes_exactly_the_wire_contract():
     assert encoder.encode(sent) == encoder.encode(wire) and sent.key() == wire.key()
 
 
-def _logged_decision_with_queue_and_preemption():
+def _logged_decision_with_queue_and_preemption(*, invalid: str = "", gpus: int = 4, count: int = 1):
     """A base of two full V100 nodes (three running gangs of two queues) and one decision whose
-    queue rules and preemption plan are logged as placement logs them."""
+    queue rules and preemption plan are logged as placement logs them (``invalid``: node n0's
+    report is, so the engine leaves n0 out while its gang still holds GPUs there)."""
     from phalanx_engine.decide import Cluster
     from phalanx_engine.preempt import Plan, plan_preemption
     from phalanx_engine.recorded import Memory
@@ -256,18 +258,20 @@ def _logged_decision_with_queue_and_preemption():
         for a in g.assignments:
             built[a.node].reserved(a)
     nodes = [b.view() for b in built.values()]
+    if invalid:
+        nodes[0] = dataclasses.replace(nodes[0], invalid=invalid)
     cluster = Cluster.from_snapshot(Snapshot(nodes=tuple(nodes)))
     tree = QueueTree.of((QueueSpec(name="team-a", quota=4 * GPU_UNITS, limit=12 * GPU_UNITS),
                          QueueSpec(name="team-b", quota=8 * GPU_UNITS)))
-    members = (pod("hi-0").gpus(4).spec(),)
-    members = (msgspec.structs.replace(members[0], queue="team-b"),)
+    members = tuple(msgspec.structs.replace(pod(f"hi-{i}").gpus(gpus).spec(), queue="team-b") for i in range(count))
     held = {"team-a": 12 * GPU_UNITS, "team-b": 4 * GPU_UNITS}
     gate = RecordedQueueGate(specs=tuple(tree.specs.values()), limited_held={}, held={"team-b": held["team-b"]},
                              refusal=queueorder.refusal(tree, members, {}), borrowing=queueorder.borrowing(
                                  tree, members, held))
     who = Preemptor(gang_id="ns/hi", members=members, priority=5, queue="team-b")
     plan = plan_preemption(cluster, who, gangs, tree, held_by=held, now=20.0)
-    assert isinstance(plan, Plan) and [v.gang_id for v in plan.victims] == ["ns/b0"]  # its own queue's lowest
+    if not invalid:
+        assert isinstance(plan, Plan) and [v.gang_id for v in plan.victims] == ["ns/b0"]  # its own queue's lowest
     logged = preempting.recorded(who, gangs, tree, held, 20.0, plan)
     memory = Memory()
     base = DecisionsRecorded(replica="p1", seq=1, base=True, items=(
@@ -281,6 +285,17 @@ def test_the_queue_rules_and_the_preemption_plan_a_decision_read_replay_to_what_
     r = replayed([decisions_decoder.decode(encoder.encode(base))])
     assert (r.differences, r.replicas["p1"].agree, r.replicas["p1"].decisions) == ([], 1, 1)
     assert [v.gang_id for v in plan.victims] == list(base.items[-1].preemption.victims)
+
+
+def test_a_plan_over_gangs_holding_gpus_on_a_node_the_engine_left_out_replays_to_what_was_logged():
+    """Placement's planner reads the running gangs from the ledgers, a node with an invalid
+    report included; the replay must count the same gangs (it once counted only the usable
+    nodes' and answered 'evicting all 1 gang(s)' where 3 were logged)."""
+    base, plan = _logged_decision_with_queue_and_preemption(invalid="topology: gpus[0].index: out of range",
+                                                            gpus=8, count=2)
+    assert not hasattr(plan, "victims") and "3 gang(s)" in plan.reason, plan
+    r = replayed([decisions_decoder.decode(encoder.encode(base))])
+    assert (r.differences, r.replicas["p1"].agree, r.replicas["p1"].decisions) == ([], 1, 1)
 
 
 @pytest.mark.parametrize(("what", "change", "words"), [
