@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from phalanx_engine import podaffinity
 from phalanx_engine.framework import Member, Profile
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.status import Code, MemberFailure, NoFit, Status, refuse, statuses_of
@@ -54,8 +55,9 @@ def _gpus(spec: MemberSpec) -> str:
 
 def _shapes(members: Sequence[Member]) -> list[list[Member]]:
     groups: dict[tuple, list[Member]] = {}
-    for m in members:  # labels too: another pod's anti-affinity may tell members apart by them
-        groups.setdefault((m.shape, m.spec.pod.namespace, tuple(sorted(m.spec.labels.items()))), []).append(m)
+    for m in members:  # labels too where pod (anti-)affinity may tell members apart by them
+        labels = tuple(sorted(m.spec.labels.items())) if podaffinity.relevant(m.spec) else ()
+        groups.setdefault((m.shape, m.spec.pod.namespace, labels), []).append(m)
     return list(groups.values())
 
 

@@ -114,5 +114,9 @@ async def cluster_of(kind: str, request, plane=None):
 
     async def create(obj):
         return await anyio.to_thread.run_sync(api.create_pod, obj)
-    async with await KubeCluster.open(str(plane.kubeconfig)) as cluster:
-        yield cluster, create, namespace
+    try:
+        async with await KubeCluster.open(str(plane.kubeconfig)) as cluster:
+            yield cluster, create, namespace
+    finally:  # the session's API server is shared: a Phalanx stack on it must not meet these pods
+        await anyio.to_thread.run_sync(lambda: api.request(
+            "DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0}, ok=(404,)))

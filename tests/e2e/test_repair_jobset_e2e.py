@@ -45,8 +45,13 @@ def _workloads_deleted_after_each_test(kube_api, kube_ns):
     delete_workloads(kube_api, kube_ns)
 
 
-def dump(stack: Stack) -> str:
-    return "\n".join(stack.tail(n, 40) for n in ("gang-coordinator", "placement", "binder"))
+def dump(stack: Stack, ns: str = "") -> str:
+    """The services' last log lines, those naming ``ns`` where given (the shared stack logs the
+    other modules' and the reconciler's lines too)."""
+    if not ns:
+        return "\n".join(stack.tail(n, 40) for n in ("gang-coordinator", "placement", "binder"))
+    return "\n".join(line for n in ("gang-coordinator", "placement", "binder")
+                     for line in stack.tail(n, 4000).splitlines() if ns in line)[-12000:]
 
 
 def jobset(name: str, ns: str, pods: int, gpus: int) -> dict:
@@ -102,7 +107,7 @@ def bound(api: KubeApi, ns: str, selector: str, n: int, stack: Stack, timeout_s:
     try:
         return wait_for(all_bound, timeout_s, f"{n} pods of {selector} to be bound", interval_s=0.1)
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{dump(stack)}") from None
+        raise AssertionError(f"{e}\n{dump(stack, ns)}") from None
 
 
 def fail_pod(api: KubeApi, pod: dict) -> None:

@@ -1,6 +1,6 @@
 """Fair share that remembers, on the real stack (nats-server with auth and TLS, every service
 its own process, 2 × 8 V100 simulated), placement keeping each queue's recent usage on the bus
-with a half-life of 20 s (docs/queues.md, "Fair share that remembers").
+with a half-life of 10 s (docs/queues.md, "Fair share that remembers").
 
 Two queues with no quota and weight 1. Team a holds 7 GPUs and team b 9; each has a one-GPU
 pod waiting; then one of team a's pods ends, and one GPU comes free. Who gets it is the order
@@ -28,7 +28,7 @@ from stackutil import gang_states, gpu_pod, ref, replay_log, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-HALF_LIFE_S = 20.0
+HALF_LIFE_S = 10.0
 COORD = ["--queue-sync-s", "0.3", "--resync-s", "0.5", "--backoff-base-s", "6", "--backoff-max-s", "30",
          "--reconcile-s", "1"]
 PLACEMENT = ["--usage-half-life-s", str(HALF_LIFE_S), "--usage-every-s", "0.25"]

@@ -1,9 +1,9 @@
 """Unit-test plumbing: the Hypothesis profiles of the fuzz tests, and the count of inputs each
-fuzz target got, printed at the end of the run (``fuzz: validate 10000 inputs, ...``).
+fuzz target got, printed at the end of the run (``fuzz: validate 4000 inputs, ...``).
 
 Profiles (chosen with ``PHALANX_FUZZ_PROFILE``):
 
-* ``phalanx`` (default, ``make test``): ``PHALANX_FUZZ_EXAMPLES`` inputs per target (10000),
+* ``phalanx`` (default, ``make test``): ``PHALANX_FUZZ_EXAMPLES`` inputs per target (4000),
   derandomized: every run tries the same inputs, so the suite does not flake on a new one; a
   failure is shrunk and printed with the ``@reproduce_failure`` blob that replays it;
 * ``fuzz`` (``make fuzz``): 200000 inputs per target (or ``PHALANX_FUZZ_EXAMPLES``) from a fresh
@@ -24,7 +24,7 @@ _COUNTS: dict[str, int] = {}
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 _examples = os.environ.get("PHALANX_FUZZ_EXAMPLES")
 
-settings.register_profile("phalanx", max_examples=int(_examples or 10000), derandomize=True, deadline=None,
+settings.register_profile("phalanx", max_examples=int(_examples or 4000), derandomize=True, deadline=None,
                           print_blob=True, suppress_health_check=_SLOW_IS_FINE)
 settings.register_profile("fuzz", max_examples=int(_examples or 200000), deadline=None, print_blob=True,
                           database=DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis" / "examples"),

@@ -8,8 +8,8 @@ through Hypothesis (``DrawnRandom``), so Hypothesis records the choices of every
 failure is shrunk to a small input, printed with the blob that replays it, and (profile
 ``fuzz``) saved in the example database (``.hypothesis/examples``), which replays it first on the next
 run. The choices are read from pools of bytes Hypothesis draws, a few draws an input instead
-of hundreds, so 10^4 inputs per target fit in ``make test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
-test``: ``PHALANX_FUZZ_EXAMPLES`` inputs per target, default 10000, derandomized so every run
+of hundreds, so thousands of inputs per target fit in ``make test``. The profiles are registered in ``tests/unit/conftest.py``: ``phalanx`` (``make
+test``: ``PHALANX_FUZZ_EXAMPLES`` inputs per target, default 4000, derandomized so every run
 tries the same inputs) and ``fuzz`` (``make fuzz``: 200000 inputs per target from a fresh seed,
 with the database). The counts are printed at the end of the run.
 """

@@ -214,3 +214,12 @@ def test_a_member_whose_answer_comes_from_the_memo_of_an_equal_shape_carries_its
     assert second.assignments == (Assignment(pod=PodRef(namespace="default", name="b"), node="n0",
                                              gpus=second.assignments[0].gpus, gpu_uuids=("",),
                                              labels={"app": "b"}),)
+
+
+def test_members_that_differ_only_in_labels_no_term_reads_share_one_reason():
+    """A JobSet's pods differ in their index labels; where no pod (anti-)affinity term can tell
+    them apart, the reason names them together, as before labels were read."""
+    views = snapshot(node("n0").gpus(2))
+    members = tuple(pod(f"w-{i}").gpus(2).labels(index=str(i)).spec() for i in range(2))
+    got = decide(Cluster.from_snapshot(views), members)
+    assert isinstance(got, NoFit) and [f.what for f in got.failures] == ["w-0 and 1 more (2 GPUs)"], got
