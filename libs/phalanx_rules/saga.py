@@ -105,13 +105,14 @@ MAX_HOME_NODES = 1000
 
 
 def drop_member(s: GangState | None, pod: PodRef, node: str = "") -> GangState | None:
-    """A member pod is gone (deleted, or recreated with a new uid). ``node``: where it was
-    bound; a bound member's node is kept in ``home`` (where the gang ran), so a gang whose
-    pods are all recreated (a JobSet restart, a repair's restart) is placed back there first."""
+    """A member pod is gone (deleted, or recreated with a new uid). ``node``: where its
+    reservation put it; that node is kept in ``home`` (where the gang ran), so a gang whose
+    pods are all recreated (a JobSet restart, a repair's restart) is placed back there first —
+    also when they go while the attempt that bound them is not yet recorded as bound."""
     if s is None or not any(m.pod == pod for m in s.members):
         return None
     home = s.home
-    if node and pod in repairs.held_members(s) and node not in home and len(home) < MAX_HOME_NODES:
+    if node and node not in home and len(home) < MAX_HOME_NODES:
         home += (node,)
     after = replace(s, home=home, members=tuple(m for m in s.members if m.pod != pod),
                     bound=tuple(b for b in s.bound if b != pod),

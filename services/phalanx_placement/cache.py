@@ -386,8 +386,10 @@ class ClusterCache:
         if old is not None and old != name:
             self.cluster.remove(old)
             self.empty.remove(old)
-        if invalid:
-            view = NodeView(name=name, topology=NodeTopology(node=name), enabled=False, fresh=False, invalid=invalid)
+        if invalid:  # takes nothing, but what its ledger holds is still held (the planner reads it)
+            ledger = self.ledger_of(key)
+            view = NodeView(name=name, topology=NodeTopology(node=name), enabled=False, fresh=False, invalid=invalid,
+                            allocations=tuple(a.assignment for a in ledger.allocations.values()) if ledger else ())
         else:
             view = self._view(key, report.value, now)
         self._names[key] = name

@@ -277,3 +277,13 @@ def test_phalanx_explain_line_names_the_failed_members_the_domain_and_the_time_l
 def test_running_members_from_earlier_attempts_count_as_held():
     s = replace(running(2), bound=(PODS[1],), running=(Running(pod=PODS[0], attempt=1),))
     assert repair.held_members(s) == {PODS[0], PODS[1]}
+
+
+def test_a_member_deleted_while_its_attempt_is_placing_leaves_its_node_where_the_gang_ran():
+    """A JobSet pod that fails the moment it is bound, before gang-coordinator has read the binds
+    (phase ``placing``): the JobSet controller deletes every pod and makes new ones, and the
+    attempt is rolled back; the nodes the reservations put the members on are still where the
+    gang ran, so the new pods are placed there first (they went to the other network-pod)."""
+    s = replace(running(2), phase="placing", attempt=2, bound=())
+    s = saga.drop_member(saga.drop_member(s, PODS[0], "n1"), PODS[1], "n2")
+    assert saga.tombstone(s).home == ("n1", "n2")
