@@ -19,8 +19,15 @@ demo: install
 
 ## Every test tier: unit, integration (real nats-server), e2e (real kube-apiserver + etcd + kwok,
 ## built from Go modules into ~/.cache/phalanx-kube on first use), architecture and lint checks.
+## The unit tier (pure CPU, about two minutes) runs beside the others, which mostly wait on real
+## servers; its report follows theirs and both must pass (docs/tests.md, "How long").
+TIERS_BESIDE_UNIT := tests/packaging tests/kube tests/contract tests/deviceplugin tests/e2e tests/hostile \
+                     tests/integration tests/traces tests/chaos
 test: install kube
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	@$(BIN)/pytest -q -p no:cacheprovider tests/unit > $(VENV)/unit-tier.log 2>&1 & unit=$$!; \
+	$(BIN)/pytest -q -p no:cacheprovider $(TIERS_BESIDE_UNIT); rest=$$?; \
+	wait $$unit; unit_rc=$$?; echo "== the unit tier, run beside the others (exit $$unit_rc):"; \
+	cat $(VENV)/unit-tier.log; test $$rest -eq 0 && test $$unit_rc -eq 0
 
 ## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with
 ## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver,

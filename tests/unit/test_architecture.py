@@ -55,3 +55,13 @@ def test_the_simulator_and_the_services_define_none_of_the_rulebooks_rules():
               for f in (ROOT / where).rglob("*.py")
               for n in ast.parse(f.read_text()).body if isinstance(n, ast.FunctionDef) and n.name in rules]
     assert copies == []
+
+
+def test_make_test_runs_every_tier_directory():
+    """``make test`` names its tiers (the unit tier beside the others): a new directory of tests
+    that is not named there would never run."""
+    text = (ROOT / "Makefile").read_text()
+    start = text.index("TIERS_BESIDE_UNIT :=")
+    named = set(text[start:text.index("\ntest:", start)].replace("\\", " ").split()[2:]) | {"tests/unit"}
+    tiers = {f"tests/{d.name}" for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))}
+    assert tiers == named, (sorted(tiers - named), sorted(named - tiers))
