@@ -21,8 +21,10 @@ demo: install
 ## built from Go modules into ~/.cache/phalanx-kube on first use), architecture and lint checks.
 ## The unit tier (pure CPU, about two minutes) runs beside the others, which mostly wait on real
 ## servers; its report follows theirs and both must pass (docs/tests.md, "How long").
-TIERS_BESIDE_UNIT := tests/packaging tests/kube tests/contract tests/deviceplugin tests/e2e tests/hostile \
-                     tests/integration tests/traces tests/chaos
+## Their order is the directories' but chaos last, away from the unit tier's CPU: the e2e modules
+## share one API server with the tests of tests/kube, which leave pods there, so e2e goes first.
+TIERS_BESIDE_UNIT := tests/contract tests/deviceplugin tests/e2e tests/hostile tests/integration tests/kube \
+                     tests/packaging tests/traces tests/chaos
 test: install kube
 	@$(BIN)/pytest -q -p no:cacheprovider tests/unit > $(VENV)/unit-tier.log 2>&1 & unit=$$!; \
 	$(BIN)/pytest -q -p no:cacheprovider $(TIERS_BESIDE_UNIT); rest=$$?; \
