@@ -19,17 +19,18 @@ demo: install
 
 ## Every test tier: unit, integration (real nats-server), e2e (real kube-apiserver + etcd + kwok,
 ## built from Go modules into ~/.cache/phalanx-kube on first use), architecture and lint checks.
-## The unit tier (pure CPU, about two minutes) runs beside the others, which mostly wait on real
-## servers; its report follows theirs and both must pass (docs/tests.md, "How long").
-## Their order is the directories' but chaos last, away from the unit tier's CPU: the e2e modules
-## share one API server with the tests of tests/kube, which leave pods there, so e2e goes first.
-TIERS_BESIDE_UNIT := tests/contract tests/deviceplugin tests/e2e tests/hostile tests/integration tests/kube \
-                     tests/packaging tests/traces tests/chaos
+## Two lanes at once: the unit tier (pure CPU, about two minutes), then the Kubernetes-adapter
+## and packaging tiers on a control plane of their own, beside the tiers that mostly wait on real
+## servers (chaos last, away from the first lane's CPU); the first lane's report follows, and
+## both must pass (docs/tests.md, "How long").
+LANE_BESIDE := tests/unit tests/kube tests/packaging
+LANE_WAITING := tests/contract tests/deviceplugin tests/e2e tests/hostile tests/integration \
+                     tests/traces tests/chaos
 test: install kube
-	@$(BIN)/pytest -q -p no:cacheprovider tests/unit > $(VENV)/unit-tier.log 2>&1 & unit=$$!; \
-	$(BIN)/pytest -q -p no:cacheprovider $(TIERS_BESIDE_UNIT); rest=$$?; \
-	wait $$unit; unit_rc=$$?; echo "== the unit tier, run beside the others (exit $$unit_rc):"; \
-	cat $(VENV)/unit-tier.log; test $$rest -eq 0 && test $$unit_rc -eq 0
+	@$(BIN)/pytest -q -p no:cacheprovider $(LANE_BESIDE) > $(VENV)/lane-beside.log 2>&1 & lane=$$!; \
+	$(BIN)/pytest -q -p no:cacheprovider $(LANE_WAITING); rest=$$?; \
+	wait $$lane; lane_rc=$$?; echo "== $(LANE_BESIDE), run beside the others (exit $$lane_rc):"; \
+	cat $(VENV)/lane-beside.log; test $$rest -eq 0 && test $$lane_rc -eq 0
 
 ## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with
 ## kube-controller-manager), the JobSet controller and MPI Operator, the Jaeger trace receiver,
