@@ -147,6 +147,21 @@ def decide(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile =
     return dataclasses.replace(result, node_errors=tuple(dict.fromkeys(errors))) if errors else result
 
 
+def decide_within(cluster: Cluster, members: tuple[MemberSpec, ...], profile: Profile = DEFAULT_PROFILE, *,
+                  inside: Collection[str] | None, required: bool, avoid: Collection[str] = frozenset()) -> Decision | NoFit:
+    """``decide`` on the nodes ``inside`` only (a repair's domain, or the nodes a restarted gang
+    ran on); when that does not fit and the scope is not ``required``, on the whole cluster.
+    ``inside`` None: the whole cluster. Placement decides so, and ``phalanx sim --replay``
+    decides a logged decision so again."""
+    if inside is None:
+        return decide(cluster, members, profile, avoid=avoid)
+    outside = frozenset(cluster.nodes) - frozenset(inside)
+    result = decide(cluster, members, profile, avoid=frozenset(avoid) | outside)
+    if isinstance(result, NoFit) and not required:
+        result = decide(cluster, members, profile, avoid=avoid)
+    return result
+
+
 @contextlib.contextmanager
 def _claims_trial(cluster: Cluster, members: tuple[MemberSpec, ...]) -> Iterator[None]:
     """The decision's DRA state (``claims.Trial``) when any member has ResourceClaims."""

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phalanx_engine.decide import Cluster, decide, default_profile
+from phalanx_engine.decide import Cluster, decide_within, default_profile
 from phalanx_engine.preempt import Plan, plan_preemption
 from phalanx_engine.recorded import Memory
-from phalanx_engine.snapshot import Decision, NoFit
+from phalanx_engine.snapshot import Decision
 from phalanx_proto.events import Assignment, DecisionsRecorded, RecordedDecision, RecordedNode
 from phalanx_proto.kubeapi import PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import shown
@@ -121,14 +121,9 @@ class ReplicaReplay:
             self.queue_checks += 1
             found += _queue_differs(item)
         if item.engine:
-            profile = _profile(item.node_state_required)
-            if item.within:  # confined to a repair's domain, or trying a restarted gang's first
-                outside = frozenset(self._cluster.nodes) - frozenset(item.within)
-                result = decide(self._cluster, item.members, profile, avoid=frozenset(item.avoid) | outside)
-                if isinstance(result, NoFit) and not item.within_required:
-                    result = decide(self._cluster, item.members, profile, avoid=item.avoid)
-            else:
-                result = decide(self._cluster, item.members, profile, avoid=item.avoid)
+            # confined to a repair's domain, or trying the nodes a restarted gang ran on first
+            result = decide_within(self._cluster, item.members, _profile(item.node_state_required), avoid=item.avoid,
+                                   inside=item.within or None, required=item.within_required)
             now = (result.assignments, "") if isinstance(result, Decision) else ((), result.summary)
             if now != (item.placed, item.no_fit):
                 found.append((_words(item.placed, item.no_fit), _words(*now)))

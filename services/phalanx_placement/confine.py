@@ -27,15 +27,11 @@ class Scope:
     tier: str
     domain: str
     inside: frozenset[str]
-    outside: frozenset[str]
     required: bool
 
     @property
     def where(self) -> str:
         return f"{self.tier} {self.domain}"
-
-    def avoid(self, avoid: Collection[str]) -> frozenset[str]:
-        return frozenset(avoid) | self.outside
 
     def no_room(self, detail: str, members: int) -> str:
         what = f"repair: no room for {members} replacement(s) inside the gang's {TIER_NAMES[self.tier]} {self.domain}"
@@ -72,5 +68,4 @@ def _scope(cluster: Cluster, tier: str, domain: str, *, required: bool) -> Scope
         inside = frozenset({domain} & cluster.nodes.keys())
     else:
         inside = frozenset(cluster.topology.domains(tier).get(domain, ()))
-    return Scope(tier=tier, domain=domain, inside=inside, outside=frozenset(cluster.nodes.keys() - inside),
-                 required=required)
+    return Scope(tier=tier, domain=domain, inside=inside, required=required)

@@ -45,7 +45,7 @@ from phalanx_bus import (
     enable_atomic,
     sender_id,
 )
-from phalanx_engine.decide import decide, default_profile
+from phalanx_engine.decide import decide, decide_within, default_profile
 from phalanx_engine.snapshot import Decision, NoFit
 from phalanx_placement import checks, preempting, spare
 from phalanx_placement.cache import ClusterCache
@@ -267,10 +267,8 @@ class Placement:
                 "phalanx.members": len(members), "phalanx.scope": scope.where if scope else ""}) as span:
             started = time.perf_counter()
             with self.cache.excluding(ev.gang_id, running):
-                result = decide(self.cache.cluster, members, self.profile, avoid=scope.avoid(avoid) if scope else avoid)
-                if scope is not None and not scope.required and isinstance(result, NoFit):
-                    # a preference (the nodes a restarted gang ran on): anywhere else then
-                    result = decide(self.cache.cluster, members, self.profile, avoid=avoid)
+                result = decide_within(self.cache.cluster, members, self.profile, avoid=avoid,
+                                       inside=scope.inside if scope else None, required=bool(scope and scope.required))
                 elapsed = time.perf_counter() - started
                 # The engine's answer as it gave it (a replay decides it again on the same nodes),
                 # then what the reason adds: the repair's domain, the reserves kept.
