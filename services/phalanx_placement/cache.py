@@ -389,7 +389,7 @@ class ClusterCache:
         if invalid:  # takes nothing, but what its ledger holds is still held (the planner reads it)
             ledger = self.ledger_of(key)
             view = NodeView(name=name, topology=NodeTopology(node=name), enabled=False, fresh=False, invalid=invalid,
-                            allocations=tuple(a.assignment for a in ledger.allocations.values()) if ledger else ())
+                            allocations=reserved(ledger) if ledger else ())
         else:
             view = self._view(key, report.value, now)
         self._names[key] = name
@@ -404,11 +404,15 @@ class ClusterCache:
         ledger = self.ledger_of(key)
         entry = self.ledger.get(key)
         return reported(rep, fresh=beat is not None and now - beat.value.at <= self.stale_s,
-                        allocations=(tuple(a.assignment for a in ledger.allocations.values())
-                                     + nominated(ledger, now)) if ledger else (),
+                        allocations=reserved(ledger) + nominated(ledger, now) if ledger else (),
                         revision=entry.revision if entry is not None else 0,
                         kube=self.node_states.of(rep.node) if self.node_states is not None else None,
                         dra=self.pools.of(rep.node))
+
+
+def reserved(ledger: NodeLedger) -> tuple:
+    """The assignments of the ledger's reservations."""
+    return tuple(a.assignment for a in ledger.allocations.values())
 
 
 def nominated(ledger: NodeLedger, now: float, but: str = "") -> tuple:
