@@ -132,19 +132,37 @@ class Kv:
         """Current values, then ``None`` once they are all delivered, then every change
         (deletions as entries with ``deleted=True``). Ends when the watcher is stopped."""
         watcher = await self._kv.watch(keys)
+        listing, received = True, 0
         try:
             async for e in watcher:
                 if e is None:
-                    yield None
+                    if listing and not (received == 0 and await _listing_under_way(watcher)):
+                        listing = False
+                        yield None
                     continue
+                received += 1
                 deleted = getattr(e, "operation", None) in ("DEL", "PURGE")
                 yield KvEntry(e.key, e.value or b"", e.revision, deleted)
+                if listing and e.delta == 0:  # nothing was pending after it: every initial value is in
+                    listing = False
+                    yield None
         finally:
             with anyio.move_on_after(2, shield=True):  # a cancelled reader still unsubscribes
                 try:
                     await watcher.stop()
                 except Exception:  # noqa: BLE001 - the connection may already be gone
                     pass
+
+
+async def _listing_under_way(watcher) -> bool:
+    """Whether nats-py's "initial values delivered" marker came before values that are on their
+    way. nats-py sends it first when the consumer's info says nothing is pending and its
+    subscription has received nothing; but the server may already have sent the values (so none
+    is pending) while the client has not read them yet. The consumer's own count of what it
+    delivered tells the two apart: values delivered, none received yet — the listing is still
+    coming, and it ends with the value that had nothing pending after it (``delta`` 0)."""
+    info = await watcher._sub.consumer_info()
+    return bool(info.delivered.consumer_seq or info.num_pending)
 
 
 async def kv_atomic_write(bus: Connection, bucket: str, writes: list[tuple[str, bytes, int]], *,

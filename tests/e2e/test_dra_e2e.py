@@ -216,6 +216,11 @@ class Watch:
         """The resourceVersion of the first event of ``name`` for which ``pred(obj)`` holds."""
         return next((rv for _, rv, o in list(self.events) if o["metadata"]["name"] == name and pred(o)), None)
 
+    def seen(self, name: str, pred, timeout_s: float = 15.0) -> int:
+        """``first``, for an event the API server has already written: the watch stream may not
+        have delivered it yet when a GET shows it, so wait (bounded) until it has."""
+        return wait_for(lambda: self.first(name, pred), timeout_s, f"the watch delivers {name}'s event", interval_s=0.05)
+
 
 @contextlib.contextmanager
 def watching(api: KubeApi, *paths: str) -> Iterator[list[Watch]]:
@@ -326,8 +331,10 @@ def test_a_jobset_gangs_template_claims_are_nvlink_quads_allocated_and_reserved_
     with watching(api, f"/api/v1/namespaces/{ns}/pods", f"{RESOURCE}/namespaces/{ns}/resourceclaims") as (pw, cw):
         api.post(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", js)
         got = bound(dra, ns, selector=f"{JOBSET}=train", count=4)
+        first_binding = min(pw.seen(n, lambda o: o["spec"].get("nodeName")) for n in got)
+        written = {n: cw.seen(cname, lambda o, n=n: results(o) and n in reserved_for(o))
+                   for n, p in got.items() for cname in pod_claim_names(p).values()}
     assert len(got) == 4
-    first_binding = min(pw.first(n, lambda o: o["spec"].get("nodeName")) or 0 for n in got)
     for name, p in got.items():
         node = p["spec"]["nodeName"]
         (cname,) = pod_claim_names(p).values()
@@ -335,8 +342,7 @@ def test_a_jobset_gangs_template_claims_are_nvlink_quads_allocated_and_reserved_
         assert quad(gpus(c, node)), (name, node, results(c))
         assert reserved_for(c) == [name]
         assert c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
-        written = cw.first(cname, lambda o, n=name: results(o) and n in reserved_for(o))
-        assert written is not None and written < first_binding, (cname, written, first_binding)
+        assert written[name] < first_binding, (cname, written[name], first_binding)
     used = [(p["spec"]["nodeName"], g) for p in got.values() for g in gpus(claim(api, ns, next(iter(
         pod_claim_names(p).values()))), p["spec"]["nodeName"])]
     assert len(used) == len(set(used)) == 16
@@ -448,7 +454,7 @@ def test_a_gang_whose_claim_cannot_be_written_binds_nobody_and_its_rollback_clea
             except AssertionError as e:
                 raise AssertionError(f"{e}\n{dra.dump()}") from None
             # Phalanx had written a's claim before b's was refused (so there was something to undo)
-            assert cw.first("a-writable", lambda o: results(o) and "a-member" in reserved_for(o)), why
+            assert cw.seen("a-writable", lambda o: results(o) and "a-member" in reserved_for(o)), why
             assert cw.first("b-unwritable", results) is None
         assert "not writable" in why["b-member"], why
         assert not [p["metadata"]["name"] for p in pods(api, ns) if p["spec"].get("nodeName")]
