@@ -173,10 +173,12 @@ class Cluster:
         return other
 
     def affinity_pods(self) -> podaffinity.Pods:
-        """The pods of the usable nodes for pod (anti-)affinity (``podaffinity.Pods``): the
-        full list is read only for a member with terms of its own."""
-        return podaffinity.Pods(_everyone(list(self.nodes.values())),
-                                tuple(p for ps in self._anti.values() for p in ps))
+        """The pods of the usable nodes for pod (anti-)affinity and topology spread, and those
+        nodes as spread's domains (``podaffinity.Pods``): the full lists are read only for a
+        member with terms or constraints of its own."""
+        states = list(self.nodes.values())
+        return podaffinity.Pods(_everyone(states), tuple(p for ps in self._anti.values() for p in ps),
+                                ((st.name, st.view.kube) for st in states if st.view.kube is not None))
 
     def has_pod_anti_affinity(self) -> bool:
         """Does any pod on a usable node carry required anti-affinity terms?"""
@@ -241,7 +243,8 @@ def _placed(st: NodeState, only_anti: bool = False) -> Iterator[podaffinity.Plac
     labels = kube.labels if kube is not None else {}
     for r in st.running:
         if r.anti_affinity or not only_anti:
-            yield podaffinity.Placed(labels, r.namespace, r.labels, r.anti_affinity, unread=bool(r.unread))
+            yield podaffinity.Placed(labels, r.namespace, r.labels, r.anti_affinity, unread=bool(r.unread),
+                                     node=st.name, terminating=r.terminating)
 
 
 def _everyone(states: list[NodeState]) -> Iterator[podaffinity.Placed]:

@@ -49,14 +49,15 @@ class Member:
     """Whole free GPUs the member needs (0 for shares, MIG and no-GPU members)."""
     shape: bytes
     """The request without the pod's identity: members with equal shapes are interchangeable.
-    A member's labels are part of it only when it carries pod (anti-)affinity terms of its own;
+    A member's labels are part of it only when it carries pod (anti-)affinity terms or spread
+    constraints of its own;
     where other pods' anti-affinity may select it by its labels, ``podaffinity.relevant`` says
     so and no shortcut reuses another member's answer."""
 
     @classmethod
     def of(cls, spec: MemberSpec) -> Member:
         kind = spec.kind
-        own = spec.pod_affinity or spec.pod_anti_affinity
+        own = spec.pod_affinity or spec.pod_anti_affinity or spec.spread
         return cls(spec=spec, kind=kind, units=spec.gpus if kind is RequestKind.WHOLE else 0,
                    shape=_encode(msgspec.structs.replace(spec, pod=_NO_POD) if own else
                                  msgspec.structs.replace(spec, pod=_NO_POD, labels={})))

@@ -1,7 +1,8 @@
 """The filters kube-scheduler runs that are not about GPUs, with its plugin names, reason texts
 and resolvability (kube-scheduler v1.36): NodeUnschedulable, NodeName, TaintToleration,
-NodeAffinity, NodePorts, NodeResourcesFit, InterPodAffinity (required terms, ``podaffinity``);
-topology spread (and pod affinity selecting namespaces by label) is refused explicitly;
+NodeAffinity, NodePorts, NodeResourcesFit, PodTopologySpread (``DoNotSchedule`` constraints,
+``spread``), InterPodAffinity (required terms, ``podaffinity``); pod affinity selecting
+namespaces by label is refused explicitly;
 NodeStateReported says when a node's Kubernetes state is missing.
 
 They read ``NodeView.kube`` (``phalanx_proto.scheduling.NodeKubeState``). A node without it
@@ -12,7 +13,7 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 
 from __future__ import annotations
 
-from phalanx_engine import podaffinity
+from phalanx_engine import podaffinity, spread
 from phalanx_engine.framework import Filter, Member
 from phalanx_engine.matching import (
     node_selector_matches,
@@ -197,6 +198,30 @@ _POD_AFFINITY = {podaffinity.AFFINITY: (Code.POD_AFFINITY, podaffinity.R_AFFINIT
                  podaffinity.EXISTING: (Code.EXISTING_POD_ANTI_AFFINITY, podaffinity.R_EXISTING_ANTI_AFFINITY, True)}
 
 
+class PodTopologySpread:
+    """Hard topology spread (``spread``): over the pods and nodes of the decision under way
+    (``podaffinity.current``). A node without a constraint's topology label is refused
+    unresolvably; a skew too large can be resolved by preemption (kube-scheduler's statuses)."""
+
+    name = "PodTopologySpread"
+
+    def applies(self, member: Member) -> bool:
+        return bool(member.spec.spread)
+
+    def filter(self, member: Member, node: NodeState) -> Status | None:
+        spec = member.spec
+        if not spec.spread:
+            return None
+        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
+        kube = node.view.kube
+        why = spread.verdict(spec, spread.counts_in(pods, spec), kube.labels if kube is not None else {})
+        if not why:
+            return None
+        if why == spread.MISSING_LABEL:
+            return refuse(self.name, Code.TOPOLOGY_SPREAD_LABEL, spread.R_SPREAD_LABEL, resolvable=False)
+        return refuse(self.name, Code.TOPOLOGY_SPREAD, spread.R_SPREAD, resolvable=True)
+
+
 class InterPodAffinity:
     """Required pod affinity and anti-affinity, the member's own and the existing pods'
     (``podaffinity``): over the pods of the decision under way (``podaffinity.current``: the
@@ -225,9 +250,9 @@ class InterPodAffinity:
 
 
 class PodAffinityRefused:
-    """Terms Phalanx does not evaluate (hard topology spread; pod (anti-)affinity terms that
-    select namespaces by their labels): a pod with them is refused with that reason, never
-    placed as if they were not there."""
+    """Terms Phalanx does not evaluate (pod (anti-)affinity terms that select namespaces by
+    their labels): a pod with them is refused with that reason, never placed as if they were
+    not there."""
 
     name = "InterPodAffinity"
 
@@ -238,8 +263,8 @@ class PodAffinityRefused:
         terms = member.spec.unsupported
         if not terms:
             return None
-        code = Code.TOPOLOGY_SPREAD_REFUSED if terms == ("topologySpreadConstraints",) else Code.POD_AFFINITY_REFUSED
-        return refuse(self.name, code, f"Phalanx does not evaluate {', '.join(terms)}", resolvable=False)
+        return refuse(self.name, Code.POD_AFFINITY_REFUSED, f"Phalanx does not evaluate {', '.join(terms)}",
+                      resolvable=False)
 
 
 def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:
@@ -247,4 +272,5 @@ def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:
     node's status, so the order decides the reason a node shows). Typed as ``Filter``s, so the
     type checker holds each to the protocol here."""
     return (NodeStateReported(require_node_state), NodeUnschedulable(), NodeName(), TaintToleration(),
-            NodeAffinity(), NodePorts(), NodeResourcesFit(), InterPodAffinity(), PodAffinityRefused())
+            NodeAffinity(), NodePorts(), NodeResourcesFit(), PodTopologySpread(), InterPodAffinity(),
+            PodAffinityRefused())

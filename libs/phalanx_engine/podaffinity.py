@@ -18,18 +18,22 @@ no anti-affinity term may count at the node's value; no pair of the node's label
 in ``existing``. A node without the topology label belongs to no domain.
 
 Pure: the decision's pods come in through ``Pods`` (``decide`` sets one per decision,
-``trial``); nothing here reads the clock or the bus.
+``trial``); nothing here reads the clock or the bus. ``Pods`` also carries what topology
+spread (``spread``) counts over: the same pods, and the nodes that may be its domains.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from phalanx_proto.events import Assignment, MemberSpec
-from phalanx_proto.scheduling import LabelSelectorRequirement, PodAffinityTerm
+from phalanx_proto.scheduling import LabelSelectorRequirement, NodeKubeState, PodAffinityTerm
+
+T = TypeVar("T")
 
 R_AFFINITY = "node(s) didn't match pod affinity rules"
 R_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
@@ -83,6 +87,9 @@ class Placed:
     unread: bool = False
     """Its labels and terms are not known (``RunningPod.unread``): it matches every
     anti-affinity term of an incoming pod and no affinity term, the side that keeps pods apart."""
+    node: str = ""
+    """The node it is on (topology spread counts only pods on the nodes that are its domains)."""
+    terminating: bool = False
 
 
 Pair = tuple[str, str]
@@ -149,53 +156,75 @@ def verdict(spec: MemberSpec, counts: Counts, node_labels: Mapping[str, str]) ->
     return ""
 
 
+Node = tuple[str, NodeKubeState]
+"""A node the decision may use, by name, with its Kubernetes state (topology spread's domains)."""
+
+
 class Pods:
-    """Every pod one decision must respect: ``base`` (a callable listing the cluster's pods,
-    read at most once, only for a member with terms of its own), ``with_anti`` (the pods with
-    required anti-affinity terms: every member is checked against them) and ``decided`` (this
-    decision's members placed so far, in order)."""
+    """Every pod one decision must respect: ``base`` (the cluster's pods, read at most once,
+    only for a member with terms or spread constraints of its own), ``with_anti`` (the pods
+    with required anti-affinity terms: every member is checked against them) and ``decided``
+    (this decision's members placed so far, in order); and ``nodes`` (the nodes the decision
+    may use, read at most once, for topology spread's domains)."""
 
-    __slots__ = ("_base", "_all", "with_anti", "decided", "_counts", "_changes")
+    __slots__ = ("_base", "_all", "with_anti", "decided", "_kept", "_changes", "_nodes", "_node_list")
 
-    def __init__(self, base: Iterable[Placed] | None, with_anti: tuple[Placed, ...]) -> None:
+    def __init__(self, base: Iterable[Placed] | None, with_anti: tuple[Placed, ...],
+                 nodes: Iterable[Node] | None = None) -> None:
         self._base = base
         self._all: tuple[Placed, ...] | None = None
         self.with_anti = with_anti
         self.decided: list[Placed] = []
+        self._nodes = nodes
+        self._node_list: tuple[Node, ...] | None = None
         self._changes = 0
         """Bumped whenever ``decided`` changes (booked or forgotten): what counts were kept for."""
-        self._counts: dict[int, tuple[MemberSpec, int, Counts]] = {}
+        self._kept: dict[tuple[str, int], tuple[MemberSpec, int, object]] = {}
 
     def everyone(self) -> tuple[Placed, ...]:
         if self._all is None:
             self._all = tuple(self._base or ())
         return self._all
 
+    def nodes(self) -> tuple[Node, ...]:
+        if self._node_list is None:
+            self._node_list = tuple(self._nodes or ())
+        return self._node_list
+
+    def kept(self, what: str, spec: MemberSpec, compute: Callable[[], T]) -> T:
+        """``compute()``'s answer for ``spec``, kept per member and rule until the decision's
+        pods change (a rule's pre-filter state, computed once per member, as kube-scheduler's
+        PreFilter)."""
+        key = (what, id(spec))
+        got = self._kept.get(key)
+        if got is not None and got[0] is spec and got[1] == self._changes:
+            return got[2]  # type: ignore[return-value]
+        value = compute()
+        if len(self._kept) > 4096:
+            self._kept.clear()
+        self._kept[key] = (spec, self._changes, value)
+        return value
+
     def counts(self, spec: MemberSpec) -> Counts:
-        """The member's counts over the cluster's pods and the decision's so far (kept per
-        member until the decision's pods change)."""
-        kept = self._counts.get(id(spec))
-        if kept is not None and kept[0] is spec and kept[1] == self._changes:
-            return kept[2]
-        if spec.pod_affinity or spec.pod_anti_affinity:
-            got = count(spec, (*self.everyone(), *self.decided))
-        else:  # only the existing pods' own anti-affinity can refuse it
-            got = count(spec, (*self.with_anti, *(p for p in self.decided if p.anti)))
-        if len(self._counts) > 4096:
-            self._counts.clear()
-        self._counts[id(spec)] = (spec, self._changes, got)
-        return got
+        """The member's counts over the cluster's pods and the decision's so far."""
+        def compute() -> Counts:
+            if spec.pod_affinity or spec.pod_anti_affinity:
+                return count(spec, (*self.everyone(), *self.decided))
+            # only the existing pods' own anti-affinity can refuse it
+            return count(spec, (*self.with_anti, *(p for p in self.decided if p.anti)))
+        return self.kept(AFFINITY, spec, compute)
 
     def relevant(self, spec: MemberSpec) -> bool:
-        """Can the rule refuse any node for ``spec``? (False: the filter passes every node, so
-        what a node said for the member's shape may be remembered.)"""
-        if spec.pod_affinity or spec.pod_anti_affinity:
+        """Can the rules over other pods (pod (anti-)affinity, topology spread) refuse any node
+        for ``spec``? (False: they pass every node, so what a node said for the member's shape
+        may be remembered.)"""
+        if spec.pod_affinity or spec.pod_anti_affinity or spec.spread:
             return True
         return bool(self.counts(spec).existing)
 
     def book(self, a: Assignment, node_labels: Mapping[str, str]) -> None:
         """The decision keeps ``a``: later members see its pod on its node."""
-        self.decided.append(Placed(node_labels, a.pod.namespace, a.labels, a.anti_affinity))
+        self.decided.append(Placed(node_labels, a.pod.namespace, a.labels, a.anti_affinity, node=a.node))
         self._changes += 1
 
     def forget(self, since: int) -> None:
@@ -243,9 +272,9 @@ def forget(since: int) -> None:
 
 
 def relevant(spec: MemberSpec) -> bool:
-    """Whether the decision's pods can make the rule refuse nodes for ``spec`` (no decision
-    under way: only its own terms can)."""
+    """Whether the decision's pods can make the rules over other pods refuse nodes for
+    ``spec`` (no decision under way: only its own terms and constraints can)."""
     p = _PODS.get()
     if p is None:
-        return bool(spec.pod_affinity or spec.pod_anti_affinity)
+        return bool(spec.pod_affinity or spec.pod_anti_affinity or spec.spread)
     return p.relevant(spec)

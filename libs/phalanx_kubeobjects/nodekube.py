@@ -106,7 +106,8 @@ def _running(pod: Mapping[str, Any]) -> K.RunningPod:
         why = str(Violation(f"pod {shown(meta.get('namespace'))}/{shown(meta.get('name'))}: {v[0].field}", v[0].value,
                             v[0].rule))
         return K.RunningPod(namespace=namespace, unread=why[:512])
-    return K.RunningPod(namespace=namespace, labels=labels, anti_affinity=anti)
+    return K.RunningPod(namespace=namespace, labels=labels, anti_affinity=anti,
+                        terminating=meta.get("deletionTimestamp") is not None)
 
 
 def _allocatable(status: Mapping[str, Any]) -> dict[str, int] | Violation:

@@ -1,8 +1,8 @@
 """Which nodes a pod may go to, read from its spec the way kube-scheduler reads it: tolerations,
 ``nodeSelector``, required node affinity, ``nodeName``, required pod affinity and anti-affinity
-(``pod_terms``), and the terms Phalanx refuses (hard topology spread, pod (anti-)affinity terms
-that select namespaces by their labels: ``unsupported``) or ignores with a warning (the preferred
-forms, preferred node affinity). Part of ``podspec.parse_constraints``; every
+(``pod_terms``), hard topology spread (``spread``), and the terms Phalanx refuses (pod
+(anti-)affinity terms that select namespaces by their labels: ``unsupported``) or ignores with a
+warning (the preferred forms, preferred node affinity, ``ScheduleAnyway`` spread). Part of ``podspec.parse_constraints``; every
 invalid value is a ``Violation`` naming field, value and rule, never an exception.
 """
 
@@ -19,6 +19,7 @@ from phalanx_proto.scheduling import (
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
+    SpreadConstraint,
     Toleration,
 )
 
@@ -28,12 +29,13 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 _AFFINITY = "spec.affinity"
 _TERMS = f"{_AFFINITY}.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
-WHY_SPREAD = ("it needs the count of matching pods per domain, which Phalanx does not evaluate; "
-              "the pod would wait with that reason")
 WHY_NAMESPACE_SELECTOR = ("a term's namespaceSelector selects namespaces by their labels, which Phalanx's cluster "
                           "state does not carry (namespaceSelector {} for every namespace, and namespaces, are "
                           "evaluated); the pod would wait with that reason")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+_SPREAD = "spec.topologySpreadConstraints"
+_POLICIES = ("Honor", "Ignore")
+_INT32 = 2**31 - 1
 
 
 def tolerations(raw: Any, v: list[Violation]) -> tuple[Toleration, ...]:
@@ -316,7 +318,7 @@ def _selector(raw: Any, where: str, v: list[Violation]) -> list[LabelSelectorReq
 def unsupported(spec: Mapping[str, Any], warnings: list[str], selects_namespaces: tuple[str, ...] = ()
                 ) -> tuple[str, ...]:
     """The terms refused: ``selects_namespaces`` (the pod (anti-)affinity kinds with a term
-    whose ``namespaceSelector`` selects by labels, from ``pod_terms``) and hard topology spread."""
+    whose ``namespaceSelector`` selects by labels, from ``pod_terms``)."""
     refused = []
     affinity = as_map(spec.get("affinity"))
     for kind in ("podAffinity", "podAntiAffinity"):
@@ -328,12 +330,77 @@ def unsupported(spec: Mapping[str, Any], warnings: list[str], selects_namespaces
         if terms.get(PREFERRED):
             warnings.append(f"{_AFFINITY}.{kind}.{PREFERRED} is ignored: Phalanx evaluates only required pod "
                             "(anti-)affinity")
-    spread = [as_map(c) for c in as_list(spec.get("topologySpreadConstraints"))]
-    if any(c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule" for c in spread):
-        refused.append("topologySpreadConstraints")
-        warnings.append("spec.topologySpreadConstraints with whenUnsatisfiable DoNotSchedule: Phalanx refuses hard "
-                        f"topology spread ({WHY_SPREAD})")
-    elif spread:
-        warnings.append("spec.topologySpreadConstraints with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx "
-                        "does not evaluate topology spread")
     return tuple(refused)
+
+
+def spread(spec: Mapping[str, Any], labels: Mapping[str, str], v: list[Violation],
+           warnings: list[str]) -> tuple[SpreadConstraint, ...]:
+    """The pod's ``topologySpreadConstraints`` with ``whenUnsatisfiable: DoNotSchedule``, as
+    kube-scheduler's PodTopologySpread filter reads them (``matchLabelKeys`` whose key the pod
+    carries merged into the selector as ``In``; defaults: minDomains 1, nodeAffinityPolicy
+    Honor, nodeTaintsPolicy Ignore). ``ScheduleAnyway`` ones are checked, then ignored with a
+    warning (they only score nodes)."""
+    items = as_list(spec.get("topologySpreadConstraints"), _SPREAD, v)
+    if len(items) > K.MAX_TERMS:
+        v.append(Violation(_SPREAD, f"{len(items)} constraints", f"Phalanx reads at most {K.MAX_TERMS}"))
+        return ()
+    out: list[SpreadConstraint] = []
+    soft = 0
+    for i, raw in enumerate(items):
+        got = _spread_constraint(as_map(raw), labels, f"{_SPREAD}[{i}]", v)
+        if got is None:
+            soft += 1
+        elif got is not False:
+            out.append(got)
+    if soft:
+        warnings.append(f"{_SPREAD} with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx evaluates only "
+                        "DoNotSchedule spread (the filter), not the scores")
+    return tuple(out)
+
+
+def _spread_constraint(c: Mapping[str, Any], labels: Mapping[str, str], where: str,
+                       v: list[Violation]) -> SpreadConstraint | None | bool:
+    """One constraint: the ``SpreadConstraint`` for DoNotSchedule, ``None`` for a valid
+    ScheduleAnyway, ``False`` when it breaks a rule (appended to ``v``)."""
+    before = len(v)
+    when = c.get("whenUnsatisfiable")
+    if when not in ("DoNotSchedule", "ScheduleAnyway"):
+        v.append(Violation(f"{where}.whenUnsatisfiable", shown(when), "required: DoNotSchedule or ScheduleAnyway"))
+    key = c.get("topologyKey")
+    if not isinstance(key, str) or not names.qualified_name(key):
+        v.append(Violation(f"{where}.topologyKey", shown(key), f"required: a node label key {names.QUALIFIED_RULE}"))
+    skew = c.get("maxSkew")
+    if isinstance(skew, bool) or not isinstance(skew, int) or not 1 <= skew <= _INT32:
+        v.append(Violation(f"{where}.maxSkew", shown(skew), "required: an integer of at least 1"))
+    least = c.get("minDomains")
+    if least is not None:
+        if isinstance(least, bool) or not isinstance(least, int) or not 1 <= least <= _INT32:
+            v.append(Violation(f"{where}.minDomains", shown(least), "an integer of at least 1"))
+        elif when == "ScheduleAnyway":
+            v.append(Violation(f"{where}.minDomains", shown(least), "minDomains only with whenUnsatisfiable DoNotSchedule"))
+    policies = {}
+    for name in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
+        got = c.get(name)
+        if got is not None and got not in _POLICIES:
+            v.append(Violation(f"{where}.{name}", shown(got), "Honor or Ignore"))
+        policies[name] = got
+    reqs: list[LabelSelectorRequirement] = []
+    raw_sel = c.get("labelSelector")
+    if raw_sel is not None:
+        reqs = _selector(raw_sel, f"{where}.labelSelector", v)
+        keys = as_list(c.get("matchLabelKeys"), f"{where}.matchLabelKeys", v)
+        bad = next((j for j, k in enumerate(keys) if not (isinstance(k, str) and names.qualified_name(k))), None)
+        if len(keys) > K.MAX_REQUIREMENTS:
+            v.append(Violation(f"{where}.matchLabelKeys", f"{len(keys)} keys", f"at most {K.MAX_REQUIREMENTS} label keys"))
+        elif bad is not None:
+            v.append(Violation(f"{where}.matchLabelKeys[{bad}]", shown(keys[bad]), f"a label key {names.QUALIFIED_RULE}"))
+        else:
+            reqs.extend(LabelSelectorRequirement(key=k, operator="In", values=(labels[k],))  # type: ignore[arg-type]
+                        for k in keys if k in labels)
+    if len(v) > before:
+        return False
+    if when == "ScheduleAnyway":
+        return None
+    return SpreadConstraint(topology_key=key, max_skew=skew, selector=tuple(reqs), match_none=raw_sel is None,
+                            min_domains=least or 1, honor_node_affinity=policies["nodeAffinityPolicy"] != "Ignore",
+                            honor_taints=policies["nodeTaintsPolicy"] == "Honor")

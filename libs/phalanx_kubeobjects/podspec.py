@@ -20,9 +20,11 @@ raises on a malformed pod.
   ``nodeName``.
 * **Pod (anti-)affinity** (``nodeterms.pod_terms``): the required terms, with the pod's labels
   (``matchLabelKeys``/``mismatchLabelKeys`` are merged into the selector from them).
-* **Refused**: ``DoNotSchedule`` topology spread, and pod (anti-)affinity whose terms select
-  namespaces by their labels (``MemberSpec.unsupported``: the pod waits with that reason);
-  **ignored with a warning**: the preferred forms, preferred node affinity.
+* **Topology spread** (``nodeterms.spread``): the ``DoNotSchedule`` constraints, with the pod's
+  ``matchLabelKeys`` merged in.
+* **Refused**: pod (anti-)affinity whose terms select namespaces by their labels
+  (``MemberSpec.unsupported``: the pod waits with that reason); **ignored with a warning**: the
+  preferred forms, preferred node affinity, ``ScheduleAnyway`` spread.
 * **Bounds** (``phalanx_proto.scheduling.MAX_*``): tighter than the API server's, each a
   violation that says so; they keep a gang's request within one message.
 """
@@ -45,6 +47,7 @@ from phalanx_proto.scheduling import (
     HostPort,
     NodeSelectorTerm,
     PodAffinityTerm,
+    SpreadConstraint,
     Toleration,
 )
 
@@ -67,6 +70,7 @@ class PodConstraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     labels: dict[str, str] = {}
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
 
 
 def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v: list[Violation],
@@ -84,7 +88,7 @@ def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v
         node_selector=nodeterms.node_selector(spec.get("nodeSelector"), v),
         node_affinity=nodeterms.node_affinity(spec, v, warnings), node_name=nodeterms.node_name(spec.get("nodeName"), v),
         host_ports=_host_ports(spec, host_network, v), host_network=host_network,
-        unsupported=nodeterms.unsupported(spec, warnings, selects))
+        unsupported=nodeterms.unsupported(spec, warnings, selects), spread=nodeterms.spread(spec, own, v, warnings))
 
 
 # --- requests -------------------------------------------------------------------------------

@@ -312,6 +312,10 @@ def _constraints_text(c: PodConstraints) -> str:
         parts.append(f"nodeName {c.node_name}")
     if c.tolerations:
         parts.append(f"{len(c.tolerations)} toleration{'s' if len(c.tolerations) != 1 else ''}")
+    for what, terms in (("pod affinity", c.pod_affinity), ("pod anti-affinity", c.pod_anti_affinity)):
+        if terms:
+            parts.append(f"required {what} on {', '.join(sorted({t.topology_key for t in terms}))}")
+    parts += [f"spread over {s.topology_key} (maxSkew {s.max_skew})" for s in c.spread]
     return ", ".join(parts)
 
 

@@ -300,8 +300,9 @@ class Simulation:
         last = self._refused_at.get(key)
         if last is None or last[1] != avoid:
             return False
-        if self.cluster.has_pod_anti_affinity() or any(m.pod_affinity or m.pod_anti_affinity for m in s.members):
-            return False  # pod (anti-)affinity: a release elsewhere in a domain may change any node's answer
+        if self.cluster.has_pod_anti_affinity() or any(m.pod_affinity or m.pod_anti_affinity or m.spread
+                                                       for m in s.members):
+            return False  # pod (anti-)affinity, spread: a release elsewhere in a domain may change any node's answer
         if last[0] == self.epoch:
             return True
         if len(s.members) != 1 or self.epoch - last[0] > RELEASES_CHECKED:

@@ -38,6 +38,7 @@ from phalanx_proto.scheduling import (
     NodeSelectorTerm,
     PodAffinityTerm,
     QualifiedName,
+    SpreadConstraint,
     Toleration,
 )
 from phalanx_proto.topology import MAX_GPUS, NetworkTiers, NodeTopology
@@ -135,10 +136,9 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Host ports the pod binds (with ``host_network``, every container port)."""
     host_network: bool = False
     unsupported: Annotated[tuple[str, ...], msgspec.Meta(max_length=8)] = ()
-    """Scheduling terms the pod has that Phalanx does not evaluate (``topologySpreadConstraints``
-    with ``DoNotSchedule``; ``podAffinity``/``podAntiAffinity`` whose terms select namespaces by
-    their labels): such a member fits no node, with that reason, rather than having them
-    ignored."""
+    """Scheduling terms the pod has that Phalanx does not evaluate (``podAffinity``/
+    ``podAntiAffinity`` whose terms select namespaces by their labels): such a member fits no
+    node, with that reason, rather than having them ignored."""
     labels: Annotated[dict[QualifiedName, str], msgspec.Meta(max_length=MAX_POD_LABELS)] = {}
     """The pod's labels, for pod (anti-)affinity: the terms of other pods (and of the gang's
     other members) select it by them."""
@@ -147,6 +147,9 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pod_anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
     """Required pod anti-affinity terms: none may select a pod in the node's domain; they also
     keep later pods they select out of it (the reservation carries them)."""
+    spread: Annotated[tuple[SpreadConstraint, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """The pod's ``topologySpreadConstraints`` with ``whenUnsatisfiable: DoNotSchedule``
+    (PodTopologySpread's filter); the ``ScheduleAnyway`` ones are not evaluated."""
     queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
     """The queue the pod is in (its label, else its namespace's, else ``default``:
     docs/queues.md); "" before queues, read as ``default``."""

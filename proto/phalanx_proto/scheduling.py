@@ -129,6 +129,29 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     all_namespaces: bool = False
 
 
+class SpreadConstraint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One ``topologySpreadConstraints`` entry with ``whenUnsatisfiable: DoNotSchedule``, as
+    kube-scheduler's PodTopologySpread filter reads it: placing the pod must not make the pods
+    the selector matches (in the pod's namespace) in the node's ``topology_key`` domain exceed
+    the least-loaded eligible domain's count by more than ``max_skew``.
+
+    ``selector`` as in ``PodAffinityTerm`` (``matchLabelKeys`` merged in as ``In``);
+    ``match_none`` when the constraint has no ``labelSelector``. ``min_domains``: with fewer
+    eligible domains than this, the least count is taken as 0. Which nodes are domains:
+    ``honor_node_affinity`` (``nodeAffinityPolicy: Honor``, the default) only nodes the pod's
+    nodeSelector and required node affinity match; ``honor_taints`` (``nodeTaintsPolicy:
+    Honor``; default Ignore) only nodes whose NoSchedule/NoExecute taints the pod tolerates.
+    """
+
+    topology_key: QualifiedName
+    max_skew: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    selector: Annotated[tuple[LabelSelectorRequirement, ...], msgspec.Meta(max_length=2 * MAX_REQUIREMENTS)] = ()
+    match_none: bool = False
+    min_domains: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 1
+    honor_node_affinity: bool = True
+    honor_taints: bool = False
+
+
 class RunningPod(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A pod bound to a node, as pod (anti-)affinity sees it: its namespace, its labels and its
     own required anti-affinity terms (which keep other pods out of its domain)."""
@@ -140,7 +163,10 @@ class RunningPod(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why the agent could not report this pod's labels or terms (too many, a malformed term):
     such a pod is counted as matching every anti-affinity term of an incoming pod and no
     affinity term (it keeps more pods apart, never fewer); its own terms are not known. One
-    such pod never takes the whole node's state away."""
+    such pod never takes the whole node's state away. Topology spread counts it nowhere."""
+    terminating: bool = False
+    """Its deletion has begun (``metadata.deletionTimestamp``): topology spread does not count
+    it, as kube-scheduler does not; pod (anti-)affinity still does."""
 
 
 class NodeKubeState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

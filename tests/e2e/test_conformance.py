@@ -50,7 +50,8 @@ GPU = {"nvidia.com/gpu": "1"}
 NODES = {
     # name: (allocatable besides GPUs, labels, spec, kwok-managed, why it is there)
     "plain": ({"cpu": "8", "memory": "32Gi", "pods": "110", "example.com/widget": "2"},
-              {"zone": "z1", "tier": "gold"}, {}, True, "8 CPUs, 32 GiB, 2 example.com/widget, zone z1, tier gold"),
+              {"zone": "z1", "tier": "gold"}, {}, True,
+              "8 CPUs, 32 GiB, 2 example.com/widget, zone z1, tier gold; two app=conf-web pods of another scheduler"),
     "small": ({"cpu": "2", "memory": "4Gi", "pods": "110"}, {"zone": "z2"}, {}, True,
               "2 CPUs (1 taken by a pod of another scheduler), 4 GiB, zone z2"),
     "tainted": ({"cpu": "8", "memory": "32Gi", "pods": "110"}, {}, {"taints": [
@@ -95,6 +96,17 @@ class Case:
     """Declared difference in the refusal messages, and why (feasibility must still agree)."""
     texts: dict = field(default_factory=dict)
     """kube-scheduler reason text → Phalanx's, where ``differs`` says they differ."""
+    labels: dict = field(default_factory=dict)
+    """The pod's labels (none of the cases' pods match a spread selector: the pods of one phase
+    are created together, and one bound first must not change another's count)."""
+
+
+SPREAD = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+          "labelSelector": {"matchLabels": {"app": "conf-web"}}}
+
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+WEB_TERM = {"labelSelector": {"matchLabels": {"app": "conf-web"}}, "topologyKey": "zone"}
 
 
 def exprs(*e: tuple) -> dict:
@@ -131,6 +143,18 @@ CASES = (
          ports=({"containerPort": 80, "hostPort": 8080, "protocol": "UDP"},)),
     Case("host-network", "hostNetwork with containerPort 8080", spec={"hostNetwork": True},
          ports=({"containerPort": 8080},)),
+    Case("spread-honor", "DoNotSchedule spread over zone, maxSkew 1, of the app=conf-web pods (two on plain); "
+         "nodeAffinityPolicy Honor, so the pinned node is the only domain",
+         labels={"app": "conf-case"}, spec={"topologySpreadConstraints": [dict(SPREAD)]}),
+    Case("spread-ignore", "the same with nodeAffinityPolicy Ignore: zones z1 (two) and z2 (none) are both domains",
+         labels={"app": "conf-case"}, spec={"topologySpreadConstraints": [{**SPREAD, "nodeAffinityPolicy": "Ignore"}]}),
+    Case("spread-min-domains", "the same with Honor and minDomains 2: one domain, so the least count is taken as 0",
+         labels={"app": "conf-case"}, spec={"topologySpreadConstraints": [{**SPREAD, "minDomains": 2}]}),
+    Case("pod-affinity", "required pod affinity to the app=conf-web pods, topologyKey zone",
+         labels={"app": "conf-case"}, spec={"affinity": {"podAffinity": {REQUIRED: [WEB_TERM]}}}),
+    Case("pod-anti-affinity", "required pod anti-affinity to the app=conf-web pods, topologyKey zone "
+         "(a node without the zone label is in no zone)",
+         labels={"app": "conf-case"}, spec={"affinity": {"podAntiAffinity": {REQUIRED: [WEB_TERM]}}}),
     Case("gpus-too-many", "9 GPUs (nodes have 8)", limits={"nvidia.com/gpu": "9"},
          differs="GPU shortfalls are Phalanx's GPU plugins' own reason, not NodeResourcesFit's",
          texts={"Insufficient nvidia.com/gpu": "insufficient free GPUs"}),
@@ -148,9 +172,11 @@ def pod(case: Case, scheduler: str, node: str) -> dict:
         t.setdefault("matchExpressions", []).append(pin)
     spec = {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0, "containers": [container],
             **copy.deepcopy(case.spec),
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}
+            "affinity": {**copy.deepcopy(case.spec.get("affinity", {})),
+                         "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": terms}}}}
     short = "k" if scheduler == "default-scheduler" else "p"
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{case.name}-{short}-{node}", "namespace": NS},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{case.name}-{short}-{node}", "namespace": NS,
+                                                           **({"labels": dict(case.labels)} if case.labels else {})},
             "spec": spec}
 
 
@@ -202,9 +228,9 @@ def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90) -
     return got
 
 
-STANDING = {"small": 1, "ports": 1}
+STANDING = {"small": 1, "ports": 1, "plain": 2}
 """Pods of another scheduler that stay bound for the whole run, per node."""
-STANDING_PODS = ("cpu-user", "port-user")
+STANDING_PODS = ("cpu-user", "port-user", "web-1", "web-2")
 
 
 DEBOUNCE_S = 0.1
@@ -306,8 +332,11 @@ def cluster(tmp_path_factory):
                                                            "resources": {"requests": {"cpu": "1"}}}]}),
                     ("port-user", "ports", {"containers": [{"name": "c", "image": "x",
                                                             "ports": [{"containerPort": 80, "hostPort": 8080}]}]})]
+        web = {"containers": [{"name": "c", "image": "x"}]}
+        standing += [("web-1", "plain", web), ("web-2", "plain", web)]  # what the spread cases count
         for name, short, spec in standing:
-            api.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            labels = {"app": "conf-web"} if name.startswith("web-") else {}
+            api.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
                             "spec": {"nodeName": node_name(short), "terminationGracePeriodSeconds": 0, **spec}})
         cluster_file = work / "cluster.yaml"
         cluster_file.write_text(yaml.safe_dump({"nodes": [

@@ -19,6 +19,7 @@ from phalanx_proto.scheduling import (
     NodeSelectorTerm,
     PodAffinityTerm,
     RunningPod,
+    SpreadConstraint,
     Taint,
     Toleration,
 )
@@ -138,12 +139,13 @@ class NodeBuilder:
         return self
 
     def pod_here(self, namespace: str = "default", anti: tuple[PodAffinityTerm, ...] = (),
-                 **labels: str) -> NodeBuilder:
+                 terminating: bool = False, **labels: str) -> NodeBuilder:
         """A pod Phalanx did not place runs here with ``labels`` (and its own required
-        anti-affinity terms); counted among the node's pods."""
+        anti-affinity terms; ``terminating``: its deletion has begun); counted among the node's pods."""
         k = self._k()
         k.update(pods=k.get("pods", 0) + 1,
-                 running=(*k.get("running", ()), RunningPod(namespace=namespace, labels=labels, anti_affinity=anti)))
+                 running=(*k.get("running", ()), RunningPod(namespace=namespace, labels=labels, anti_affinity=anti,
+                                                            terminating=terminating)))
         return self
 
     def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
@@ -255,6 +257,10 @@ class PodBuilder:
         self._fields["pod_anti_affinity"] = (*self._fields.get("pod_anti_affinity", ()), *terms)
         return self
 
+    def spread(self, *constraints: SpreadConstraint) -> PodBuilder:
+        self._fields["spread"] = (*self._fields.get("spread", ()), *constraints)
+        return self
+
     def unsupported(self, *terms: str) -> PodBuilder:
         self._fields["unsupported"] = terms
         return self
@@ -277,6 +283,13 @@ def term(topology_key: str, *reqs: tuple, namespaces: tuple[str, ...] = (), all_
                            all_namespaces=all_namespaces,
                            selector=tuple(LabelSelectorRequirement(key=k, operator=op, values=tuple(v))
                                           for k, op, *v in reqs))
+
+
+def spread(topology_key: str, *reqs: tuple, max_skew: int = 1, match_none: bool = False, **kw) -> SpreadConstraint:
+    """A DoNotSchedule topology spread constraint: each requirement ``(key, operator, *values)``."""
+    return SpreadConstraint(topology_key=topology_key, max_skew=max_skew, match_none=match_none,
+                            selector=tuple(LabelSelectorRequirement(key=k, operator=op, values=tuple(v))
+                                           for k, op, *v in reqs), **kw)
 
 
 def port(number: int, protocol: str = "TCP", host_ip: str = "") -> HostPort:

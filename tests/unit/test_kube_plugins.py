@@ -177,13 +177,11 @@ def test_node_state_not_reported_is_refused_only_when_required():
     assert check(kp.NodeStateReported(required=True), pod("p"), node("a")) is None
 
 
-@pytest.mark.parametrize(("terms", "code"), [
-    (("podAntiAffinity",), Code.POD_AFFINITY_REFUSED),
-    (("topologySpreadConstraints",), Code.TOPOLOGY_SPREAD_REFUSED),
-])
-def test_pod_affinity_and_topology_spread_are_refused_not_ignored(terms, code):
+@pytest.mark.parametrize("terms", [("podAntiAffinity",), ("podAffinity", "podAntiAffinity")])
+def test_pod_affinity_selecting_namespaces_by_label_is_refused_not_ignored(terms):
     got = check(kp.PodAffinityRefused(), pod("p").unsupported(*terms), node("a"))
-    assert got == refused("InterPodAffinity", code, f"Phalanx does not evaluate {terms[0]}", resolvable=False)
+    assert got == refused("InterPodAffinity", Code.POD_AFFINITY_REFUSED, f"Phalanx does not evaluate {', '.join(terms)}",
+                          resolvable=False)
 
 
 @pytest.mark.parametrize("plugin", [kp.NodeUnschedulable(), kp.TaintToleration(), kp.NodeAffinity(),

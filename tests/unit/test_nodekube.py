@@ -107,6 +107,15 @@ def test_the_pods_namespaces_labels_and_anti_affinity_are_reported_sorted():
         RunningPod(namespace="b", labels={"app": "db"}))
 
 
+def test_a_pod_whose_deletion_has_begun_is_reported_terminating():
+    leaving = labelled("a", "x", {"app": "web"})
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+    got = node_kube_state(node(), [leaving, labelled("a", "y", {"app": "web"})])
+    assert isinstance(got, NodeKubeState)
+    assert got.running == (RunningPod(namespace="a", labels={"app": "web"}, terminating=True),
+                           RunningPod(namespace="a", labels={"app": "web"}))  # the sort is stable: as listed
+
+
 @pytest.mark.parametrize(("pods", "unread"), [
     pytest.param([labelled("a", "p", {"bad key!": "v"})],
                  [str(Violation("pod a/p: metadata.labels[bad key!]", "bad key!", "a label key " + names.QUALIFIED_RULE))],

@@ -15,6 +15,7 @@ from phalanx_proto.scheduling import (
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
+    SpreadConstraint,
     Toleration,
 )
 
@@ -173,8 +174,8 @@ def test_invalid_ports(spec, field):
                  ("podAntiAffinity",), 1, id="a term selecting namespaces by label is refused and warned about"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [],
                  (), 1, id="preferred pod affinity is ignored with a warning"),
-    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone"}], ("topologySpreadConstraints",), 1,
-                 id="topology spread defaults to DoNotSchedule: refused"),
+    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}], (), 0,
+                 id="hard topology spread is evaluated"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], (), 1,
                  id="soft topology spread is ignored with a warning"),
     pytest.param({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [], (), 1,
@@ -301,3 +302,53 @@ def test_a_pod_with_more_labels_than_phalanx_reads_is_refused_naming_the_field()
     parse_constraints({"containers": [c("a")]}, RESOURCES, v, [], {f"k{i}": "v" for i in range(257)})
     assert v == [Violation("metadata.labels", "257 labels",
                            "Phalanx reads at most 256 labels per pod (pod affinity matches pods by them)")]
+
+
+def In(key: str, *values: str) -> LabelSelectorRequirement:
+    return LabelSelectorRequirement(key=key, operator="In", values=values)
+
+
+HARD = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+
+
+@pytest.mark.parametrize(("constraints", "want"), [
+    pytest.param([HARD], (SpreadConstraint(topology_key="zone", max_skew=1, match_none=True),),
+                 id="without a labelSelector it selects no pod"),
+    pytest.param([{**HARD, "labelSelector": {"matchLabels": {"app": "web"}}, "matchLabelKeys": ["rev", "absent"]}],
+                 (SpreadConstraint(topology_key="zone", max_skew=1, selector=(In("app", "web"), In("rev", "7"))),),
+                 id="matchLabelKeys the pod carries are merged in as In, the others dropped"),
+    pytest.param([{**HARD, "maxSkew": 2, "labelSelector": {}, "minDomains": 3, "nodeAffinityPolicy": "Ignore",
+                   "nodeTaintsPolicy": "Honor"}],
+                 (SpreadConstraint(topology_key="zone", max_skew=2, min_domains=3, honor_node_affinity=False,
+                                   honor_taints=True),),
+                 id="minDomains and both node inclusion policies are read"),
+    pytest.param([{**HARD, "whenUnsatisfiable": "ScheduleAnyway"}, {**HARD, "topologyKey": "rack"}],
+                 (SpreadConstraint(topology_key="rack", max_skew=1, match_none=True),),
+                 id="only the DoNotSchedule constraints are filters"),
+])
+def test_hard_topology_spread_is_read_as_kube_scheduler_reads_it(constraints, want):
+    v: list[Violation] = []
+    w: list[str] = []
+    got = parse_constraints({"containers": [c("a")], "topologySpreadConstraints": constraints}, RESOURCES, v, w,
+                            {"app": "web", "rev": "7"})
+    assert (got.spread, v) == (want, [])
+
+
+@pytest.mark.parametrize(("constraint", "field", "value"), [
+    pytest.param({"maxSkew": 1, "topologyKey": "zone"}, "whenUnsatisfiable", "null",
+                 id="whenUnsatisfiable is required"),
+    pytest.param({**HARD, "maxSkew": 0}, "maxSkew", "0", id="a maxSkew below 1"),
+    pytest.param({**HARD, "maxSkew": "1"}, "maxSkew", "1", id="a maxSkew that is no integer"),
+    pytest.param({**HARD, "topologyKey": "bad key"}, "topologyKey", "bad key", id="a topologyKey that is no label key"),
+    pytest.param({**HARD, "minDomains": 0}, "minDomains", "0", id="a minDomains below 1"),
+    pytest.param({**HARD, "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 2}, "minDomains", "2",
+                 id="minDomains with ScheduleAnyway"),
+    pytest.param({**HARD, "nodeTaintsPolicy": "Sometimes"}, "nodeTaintsPolicy", "Sometimes",
+                 id="a node inclusion policy that is neither Honor nor Ignore"),
+    pytest.param({**HARD, "labelSelector": {}, "matchLabelKeys": ["bad key"]}, "matchLabelKeys[0]", "bad key",
+                 id="a matchLabelKeys entry that is no label key"),
+])
+def test_an_invalid_spread_constraint_names_its_field_and_adds_no_constraint(constraint, field, value):
+    got, v, _ = parse({"containers": [c("a")], "topologySpreadConstraints": [constraint]})
+    assert got.spread == ()
+    assert [(x.field, x.value) for x in v] == [(f"spec.topologySpreadConstraints[0].{field}", value)]

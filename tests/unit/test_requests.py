@@ -556,7 +556,7 @@ def test_validate_multi_document_file_reports_the_invalid_pod_and_exits_1(
 def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_invalid_constraints(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "pods.yaml"
-    spread = [{"maxSkew": 1, "topologyKey": "zone", "labelSelector": {}}]
+    spread = [{"maxSkew": 1, "topologyKey": "zone", "labelSelector": {}, "whenUnsatisfiable": "DoNotSchedule"}]
     anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}
     f.write_text(yaml.safe_dump_all([
@@ -567,14 +567,12 @@ def test_validate_warns_about_the_scheduling_terms_phalanx_refuses_and_names_inv
     assert main(["validate", str(f)]) == 1
     out = capsys.readouterr()
     assert out.out.splitlines() == [
-        f"{f}#1: OK Pod/spread: 1 whole GPU (nvidia.com/gpu)",
+        f"{f}#1: OK Pod/spread: 1 whole GPU (nvidia.com/gpu); required pod anti-affinity on zone, spread over zone "
+        "(maxSkew 1)",
         "  warning: spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses "
         "this required pod anti-affinity (a term's namespaceSelector selects namespaces by their labels, which "
         "Phalanx's cluster state does not carry (namespaceSelector {} for every namespace, and namespaces, are "
-        "evaluated); the pod would wait with that reason)",
-        "  warning: spec.topologySpreadConstraints with whenUnsatisfiable DoNotSchedule: Phalanx refuses hard "
-        "topology spread (it needs the count of matching pods per domain, which Phalanx does not evaluate; the pod "
-        "would wait with that reason)"]
+        "evaluated); the pod would wait with that reason)"]
     err = out.err.splitlines()
     assert err[0] == f"{f}#2: INVALID Pod/bad:" and len(err) == 3
     assert err[1].startswith("  - spec.containers[app].resources.requests[cpu] = 'lots': a Kubernetes quantity is")
