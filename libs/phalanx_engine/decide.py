@@ -42,7 +42,7 @@ from phalanx_engine.framework import (
     Score,
     collecting_node_errors,
 )
-from phalanx_engine.kube_plugins import kube_filters
+from phalanx_engine.kube_plugins import kube_filters, kube_scores
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.packing import ShapeMix, StrandingScore
 from phalanx_engine.snapshot import Decision, Snapshot
@@ -52,6 +52,9 @@ from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
+PREFERRING_CANDIDATES = 100
+"""... for a member with preferred pod (anti-)affinity terms, whose best node may be far down
+the packing order (kube-scheduler scores at least 100 feasible nodes too)."""
 SHARE_CANDIDATES = 64
 """Feasible nodes at the tightest free-core level compared for one TDM share."""
 
@@ -59,7 +62,7 @@ SHARE_CANDIDATES = 64
 def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
     """The placement policy: kube-scheduler's filters in its order (the GPU filters where its
     NodeResourcesFit checks device resources), the allocator per request kind, and the scores
-    GPU-set quality, TDM tightness, best fit — in that order; members' ResourceClaims allocated
+    GPU-set quality, preferred pod (anti-)affinity, TDM tightness, best fit — in that order; members' ResourceClaims allocated
     by the claims step (docs/dra.md). ``require_node_state=False``
     lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
     (``Decision.unchecked`` names them). ``mix``: the workload FGD's fragmentation in the
@@ -71,8 +74,8 @@ def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = N
     filters: tuple[Filter, ...] = (*kube, gpu.GpuPresent(), gpu.GpuVendor(), gpu.RdmaNic(), whole, tdm, migs, refused)
     allocators: dict[RequestKind, Allocate] = {RequestKind.WHOLE: whole, RequestKind.TDM: tdm, RequestKind.MIG: migs,
                                                RequestKind.NONE: gpu.NoGpu()}
-    scores: tuple[Score, ...] = (gpu.GpuTopology(), gpu.TdmTightness(), StrandingScore(mix, kinds=ALL_KINDS),
-                                 gpu.FewestFreeGpus())
+    scores: tuple[Score, ...] = (gpu.GpuTopology(), *kube_scores(), gpu.TdmTightness(),
+                                 StrandingScore(mix, kinds=ALL_KINDS), gpu.FewestFreeGpus())
     domain_filters: tuple[DomainFilter, ...] = (gpu.GangGpuCapacity(), ComputeDomainClique())
     claims: ClaimsStep = Claims()
     return Profile(filters=filters, allocators=allocators, scores=scores, domain_filters=domain_filters,
@@ -88,6 +91,8 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
     best = None
     seen = 0
     gate = checks_resources(profile, member)
+    enough = PREFERRING_CANDIDATES if member.spec.preferred_affinity or member.spec.preferred_anti_affinity \
+        else CANDIDATES
     for name in order:
         if name in avoid:
             continue
@@ -97,7 +102,7 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
         if best is None or cand[0] > best[0]:
             best = cand
         seen += 1
-        if seen >= CANDIDATES:
+        if seen >= enough:
             break
     return None if best is None else best[1]
 

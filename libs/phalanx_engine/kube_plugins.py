@@ -14,7 +14,7 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 from __future__ import annotations
 
 from phalanx_engine import podaffinity, spread
-from phalanx_engine.framework import Filter, Member
+from phalanx_engine.framework import Filter, Member, Score
 from phalanx_engine.matching import (
     node_selector_matches,
     ports_conflict,
@@ -24,6 +24,7 @@ from phalanx_engine.matching import (
 )
 from phalanx_engine.nodestate import NodeState, port_key
 from phalanx_engine.status import Code, Reason, Status, refuse
+from phalanx_proto.events import Assignment
 from phalanx_proto.kubeapi import UNSCHEDULABLE_TAINT as UNSCHEDULABLE
 from phalanx_proto.scheduling import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, Taint
 
@@ -249,6 +250,23 @@ class InterPodAffinity:
         return refuse(self.name, code, text, resolvable=resolvable)
 
 
+class PodAffinityPreference:
+    """The score of the member's preferred pod (anti-)affinity terms on a node
+    (``podaffinity.preference``), over the pods of the decision under way; 0 for a member
+    without them. kube-scheduler normalises its InterPodAffinity scores to 0–100 over the
+    feasible nodes; Phalanx compares scores per plugin, so the raw sum orders nodes alike."""
+
+    name = "InterPodAffinity"
+
+    def score(self, member: Member, node: NodeState, assignment: Assignment) -> int:
+        spec = member.spec
+        if not (spec.preferred_affinity or spec.preferred_anti_affinity):
+            return 0
+        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
+        kube = node.view.kube
+        return podaffinity.preferred_score(pods.preference(spec), kube.labels if kube is not None else {})
+
+
 class PodAffinityRefused:
     """Terms Phalanx does not evaluate (pod (anti-)affinity terms that select namespaces by
     their labels): a pod with them is refused with that reason, never placed as if they were
@@ -265,6 +283,11 @@ class PodAffinityRefused:
             return None
         return refuse(self.name, Code.POD_AFFINITY_REFUSED, f"Phalanx does not evaluate {', '.join(terms)}",
                       resolvable=False)
+
+
+def kube_scores() -> tuple[Score, ...]:
+    """The Kubernetes scores Phalanx ranks by (after the GPU set's quality: ``decide``)."""
+    return (PodAffinityPreference(),)
 
 
 def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:

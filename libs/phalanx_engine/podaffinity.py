@@ -132,6 +132,31 @@ def count(spec: MemberSpec, pods: Iterable[Placed]) -> Counts:
     return c
 
 
+def preference(spec: MemberSpec, pods: Iterable[Placed]) -> dict[Pair, int]:
+    """kube-scheduler's InterPodAffinity topology score from the member's own preferred terms:
+    per topology pair, the weight of each preferred affinity term for every pod it selects in
+    that domain, less the weight of each preferred anti-affinity term for every pod it selects.
+    A pod whose labels the agent could not read counts for neither."""
+    score: dict[Pair, int] = {}
+    ns = spec.pod.namespace
+    weighted = [(w, 1) for w in spec.preferred_affinity] + [(w, -1) for w in spec.preferred_anti_affinity]
+    for p in pods:
+        if p.unread:
+            continue
+        for w, sign in weighted:
+            t = w.term
+            if term_matches(t, ns, p.namespace, p.labels):
+                value = p.node_labels.get(t.topology_key)
+                if value is not None:
+                    score[(t.topology_key, value)] = score.get((t.topology_key, value), 0) + sign * w.weight
+    return score
+
+
+def preferred_score(score: Mapping[Pair, int], node_labels: Mapping[str, str]) -> int:
+    """A node's score: the sum over the pairs its labels carry."""
+    return sum(n for (k, v), n in score.items() if node_labels.get(k) == v)
+
+
 def verdict(spec: MemberSpec, counts: Counts, node_labels: Mapping[str, str]) -> str:
     """"" when the node passes, else which rule it breaks (``AFFINITY``, ``ANTI``,
     ``EXISTING``), checked in kube-scheduler's order."""
@@ -214,11 +239,15 @@ class Pods:
             return count(spec, (*self.with_anti, *(p for p in self.decided if p.anti)))
         return self.kept(AFFINITY, spec, compute)
 
+    def preference(self, spec: MemberSpec) -> dict[Pair, int]:
+        """The member's preferred-terms score per topology pair (``preference``)."""
+        return self.kept("preferred", spec, lambda: preference(spec, (*self.everyone(), *self.decided)))
+
     def relevant(self, spec: MemberSpec) -> bool:
-        """Can the rules over other pods (pod (anti-)affinity, topology spread) refuse any node
-        for ``spec``? (False: they pass every node, so what a node said for the member's shape
-        may be remembered.)"""
-        if spec.pod_affinity or spec.pod_anti_affinity or spec.spread:
+        """Can the rules over other pods (pod (anti-)affinity, topology spread, preferred terms)
+        refuse or rank any node differently for ``spec``? (False: they pass every node alike, so
+        what a node said for the member's shape may be remembered.)"""
+        if own_terms(spec):
             return True
         return bool(self.counts(spec).existing)
 
@@ -271,10 +300,16 @@ def forget(since: int) -> None:
         p.forget(since)
 
 
+def own_terms(spec: MemberSpec) -> bool:
+    """Does the member carry terms or constraints over other pods of its own?"""
+    return bool(spec.pod_affinity or spec.pod_anti_affinity or spec.spread or spec.preferred_affinity
+                or spec.preferred_anti_affinity)
+
+
 def relevant(spec: MemberSpec) -> bool:
-    """Whether the decision's pods can make the rules over other pods refuse nodes for
-    ``spec`` (no decision under way: only its own terms and constraints can)."""
+    """Whether the decision's pods can make the rules over other pods refuse or rank nodes
+    for ``spec`` (no decision under way: only its own terms and constraints can)."""
     p = _PODS.get()
     if p is None:
-        return bool(spec.pod_affinity or spec.pod_anti_affinity or spec.spread)
+        return own_terms(spec)
     return p.relevant(spec)

@@ -2,7 +2,8 @@
 ``nodeSelector``, required node affinity, ``nodeName``, required pod affinity and anti-affinity
 (``pod_terms``), hard topology spread (``spread``), and the terms Phalanx refuses (pod
 (anti-)affinity terms that select namespaces by their labels: ``unsupported``) or ignores with a
-warning (the preferred forms, preferred node affinity, ``ScheduleAnyway`` spread). Part of ``podspec.parse_constraints``; every
+warning (preferred node affinity, ``ScheduleAnyway`` spread); the preferred pod (anti-)affinity
+terms (``preferred_terms``). Part of ``podspec.parse_constraints``; every
 invalid value is a ``Violation`` naming field, value and rule, never an exception.
 """
 
@@ -21,6 +22,7 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedPodAffinityTerm,
 )
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
@@ -228,6 +230,34 @@ def pod_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str, v: 
     return tuple(out), by_labels
 
 
+def preferred_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str, v: list[Violation],
+                    warnings: list[str]) -> tuple[WeightedPodAffinityTerm, ...]:
+    """The preferred terms of ``kind`` (``podAffinity`` or ``podAntiAffinity``), each with its
+    weight (1–100). A term whose ``namespaceSelector`` selects namespaces by labels is left out
+    with a warning: a preference Phalanx cannot evaluate is dropped, the pod is not refused."""
+    field = f"{_AFFINITY}.{kind}.{PREFERRED}"
+    items = as_list(as_map(as_map(spec.get("affinity")).get(kind)).get(PREFERRED), field, v)
+    if len(items) > K.MAX_TERMS:
+        v.append(Violation(field, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} terms"))
+        return ()
+    out = []
+    for i, raw in enumerate(items):
+        raw = as_map(raw)
+        weight = raw.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            v.append(Violation(f"{field}[{i}].weight", shown(weight), "required: an integer from 1 to 100"))
+            continue
+        got = _pod_term(as_map(raw.get("podAffinityTerm")), labels, f"{field}[{i}].podAffinityTerm", v, False)
+        if got is None:
+            continue
+        term, by_labels = got
+        if by_labels:
+            warnings.append(f"{field}[{i}] is ignored: {WHY_NAMESPACE_SELECTOR.split('; ')[0]}")
+            continue
+        out.append(WeightedPodAffinityTerm(weight=weight, term=term))
+    return tuple(out)
+
+
 def _pod_term(t: Mapping[str, Any], labels: Mapping[str, str], where: str, v: list[Violation],
               namespace_selectors: bool) -> tuple[PodAffinityTerm, bool] | None:
     before = len(v)
@@ -320,16 +350,11 @@ def unsupported(spec: Mapping[str, Any], warnings: list[str], selects_namespaces
     """The terms refused: ``selects_namespaces`` (the pod (anti-)affinity kinds with a term
     whose ``namespaceSelector`` selects by labels, from ``pod_terms``)."""
     refused = []
-    affinity = as_map(spec.get("affinity"))
     for kind in ("podAffinity", "podAntiAffinity"):
-        terms = as_map(affinity.get(kind))
         if kind in selects_namespaces:
             refused.append(kind)
             warnings.append(f"{_AFFINITY}.{kind}.{REQUIRED}: Phalanx refuses this required pod "
                             f"{'anti-' if kind == 'podAntiAffinity' else ''}affinity ({WHY_NAMESPACE_SELECTOR})")
-        if terms.get(PREFERRED):
-            warnings.append(f"{_AFFINITY}.{kind}.{PREFERRED} is ignored: Phalanx evaluates only required pod "
-                            "(anti-)affinity")
     return tuple(refused)
 
 

@@ -18,13 +18,14 @@ raises on a malformed pod.
   ``containerPort`` is a host port (API server defaulting).
 * **Which nodes** (``nodeterms``): tolerations, ``nodeSelector``, required node affinity,
   ``nodeName``.
-* **Pod (anti-)affinity** (``nodeterms.pod_terms``): the required terms, with the pod's labels
-  (``matchLabelKeys``/``mismatchLabelKeys`` are merged into the selector from them).
+* **Pod (anti-)affinity** (``nodeterms.pod_terms``, ``nodeterms.preferred_terms``): the required
+  and the preferred terms, with the pod's labels (``matchLabelKeys``/``mismatchLabelKeys`` are
+  merged into the selector from them).
 * **Topology spread** (``nodeterms.spread``): the ``DoNotSchedule`` constraints, with the pod's
   ``matchLabelKeys`` merged in.
 * **Refused**: pod (anti-)affinity whose terms select namespaces by their labels
-  (``MemberSpec.unsupported``: the pod waits with that reason); **ignored with a warning**: the
-  preferred forms, preferred node affinity, ``ScheduleAnyway`` spread.
+  (``MemberSpec.unsupported``: the pod waits with that reason); **ignored with a warning**:
+  preferred node affinity, ``ScheduleAnyway`` spread.
 * **Bounds** (``phalanx_proto.scheduling.MAX_*``): tighter than the API server's, each a
   violation that says so; they keep a gang's request within one message.
 """
@@ -49,6 +50,7 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedPodAffinityTerm,
 )
 
 STORAGE_MOST = Bound(2**60, "no node has an EiB of local storage (2^60 bytes)")
@@ -71,6 +73,8 @@ class PodConstraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
     spread: tuple[SpreadConstraint, ...] = ()
+    preferred_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
+    preferred_anti_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
 
 
 def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v: list[Violation],
@@ -88,7 +92,9 @@ def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v
         node_selector=nodeterms.node_selector(spec.get("nodeSelector"), v),
         node_affinity=nodeterms.node_affinity(spec, v, warnings), node_name=nodeterms.node_name(spec.get("nodeName"), v),
         host_ports=_host_ports(spec, host_network, v), host_network=host_network,
-        unsupported=nodeterms.unsupported(spec, warnings, selects), spread=nodeterms.spread(spec, own, v, warnings))
+        unsupported=nodeterms.unsupported(spec, warnings, selects), spread=nodeterms.spread(spec, own, v, warnings),
+        preferred_affinity=nodeterms.preferred_terms(spec, own, "podAffinity", v, warnings),
+        preferred_anti_affinity=nodeterms.preferred_terms(spec, own, "podAntiAffinity", v, warnings))
 
 
 # --- requests -------------------------------------------------------------------------------

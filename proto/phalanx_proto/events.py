@@ -40,6 +40,7 @@ from phalanx_proto.scheduling import (
     QualifiedName,
     SpreadConstraint,
     Toleration,
+    WeightedPodAffinityTerm,
 )
 from phalanx_proto.topology import MAX_GPUS, NetworkTiers, NodeTopology
 
@@ -147,6 +148,11 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pod_anti_affinity: Annotated[tuple[PodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
     """Required pod anti-affinity terms: none may select a pod in the node's domain; they also
     keep later pods they select out of it (the reservation carries them)."""
+    preferred_affinity: Annotated[tuple[WeightedPodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """Preferred pod affinity terms: among the nodes that fit, one whose domain holds pods they
+    select ranks higher (after the GPU set's quality, before packing: docs/placement.md)."""
+    preferred_anti_affinity: Annotated[tuple[WeightedPodAffinityTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """Preferred pod anti-affinity terms: the same, ranking such a node lower."""
     spread: Annotated[tuple[SpreadConstraint, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
     """The pod's ``topologySpreadConstraints`` with ``whenUnsatisfiable: DoNotSchedule``
     (PodTopologySpread's filter); the ``ScheduleAnyway`` ones are not evaluated."""

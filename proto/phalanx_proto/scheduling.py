@@ -129,6 +129,15 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     all_namespaces: bool = False
 
 
+class WeightedPodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One preferred pod (anti-)affinity term (``preferredDuringSchedulingIgnoredDuringExecution``):
+    a node whose domain holds pods the term selects scores ``weight`` per such pod (affinity)
+    or loses it (anti-affinity), as kube-scheduler's InterPodAffinity score counts."""
+
+    weight: Annotated[int, msgspec.Meta(ge=1, le=100)]
+    term: PodAffinityTerm
+
+
 class SpreadConstraint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One ``topologySpreadConstraints`` entry with ``whenUnsatisfiable: DoNotSchedule``, as
     kube-scheduler's PodTopologySpread filter reads it: placing the pod must not make the pods

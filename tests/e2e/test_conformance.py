@@ -406,3 +406,57 @@ def test_phalanx_and_kube_scheduler_place_and_refuse_the_same_pods_for_the_same_
     assert not disagree, "\n".join(f"{n}: {p}" for n, p in disagree) + "\n" + "\n".join(
         stack.tail(n, 20) for n in ("placement", "gang-coordinator"))
     assert json.dumps(rows[0][3]) and rows[0][3]["plain"] == "bound"  # the table is about something
+
+
+# -- preferred terms: they rank nodes, so there is no per-node agreement to compare ------------
+def preferring(name: str, labels: dict, affinity: dict) -> dict:
+    """A 1-GPU Phalanx pod allowed on ``plain`` and ``ports`` only (every other case's filters
+    are out of the way: both take it), with ``affinity`` besides."""
+    allowed = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name("plain"), node_name("ports")]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"schedulerName": "phalanx", "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "registry.example/app:1",
+                                     "resources": {"limits": dict(GPU)}}],
+                     "affinity": {**affinity, "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+                         {"matchExpressions": [allowed]}]}}}}}
+
+
+def bound_to(api: KubeApi, name: str, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = api.get_pod(NS, name).get("spec", {}).get("nodeName")
+        if got:
+            return got.removeprefix("conf-")
+        time.sleep(0.2)
+    raise AssertionError(f"{name} not bound after {timeout_s}s: {api.get_pod(NS, name).get('status')}")
+
+
+def test_preferred_pod_anti_affinity_and_affinity_decide_between_nodes_that_both_fit(cluster):
+    """Packing puts a pod on ``plain`` (the tie between two empty nodes goes to the smaller name)
+    and a second one beside it; preferring to keep away from the app=conf-web pods, or from its
+    own replicas, moves a pod to ``ports``; preferring them keeps it on ``plain``."""
+    plane, stack = cluster
+    api = plane.api
+    settle(stack, api)
+    away_from_web = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": WEB_TERM}]}}
+    replicas_apart = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "conf-rep"}},
+                                            "topologyKey": "kubernetes.io/hostname"}}]}}
+    near_web = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": WEB_TERM}]}}
+    got: dict[str, str] = {}
+    try:
+        for name, labels, affinity in (("pref-plain", {"app": "conf-pref"}, {}),
+                                       ("pref-away", {"app": "conf-pref"}, away_from_web),
+                                       ("pref-near", {"app": "conf-pref"}, near_web),
+                                       ("rep-0", {"app": "conf-rep"}, replicas_apart),
+                                       ("rep-1", {"app": "conf-rep"}, replicas_apart)):
+            api.create_pod(preferring(name, labels, affinity))
+            got[name] = bound_to(api, name)
+    finally:
+        for name in ("pref-plain", "pref-away", "pref-near", "rep-0", "rep-1"):
+            api.delete(f"/api/v1/namespaces/{NS}/pods/{name}")
+    assert {k: got[k] for k in ("pref-plain", "pref-away", "pref-near")} == \
+        {"pref-plain": "plain", "pref-away": "ports", "pref-near": "plain"}
+    assert got["rep-0"] != got["rep-1"], got

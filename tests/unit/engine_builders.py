@@ -22,6 +22,7 @@ from phalanx_proto.scheduling import (
     SpreadConstraint,
     Taint,
     Toleration,
+    WeightedPodAffinityTerm,
 )
 from phalanx_proto.topology import NetworkTiers, NodeTopology
 from phalanx_topology import load_file
@@ -255,6 +256,14 @@ class PodBuilder:
 
     def pod_anti_affinity(self, *terms: PodAffinityTerm) -> PodBuilder:
         self._fields["pod_anti_affinity"] = (*self._fields.get("pod_anti_affinity", ()), *terms)
+        return self
+
+    def pod_affinity_preferred(self, *terms: WeightedPodAffinityTerm) -> PodBuilder:
+        self._fields["preferred_affinity"] = (*self._fields.get("preferred_affinity", ()), *terms)
+        return self
+
+    def pod_anti_affinity_preferred(self, *terms: WeightedPodAffinityTerm) -> PodBuilder:
+        self._fields["preferred_anti_affinity"] = (*self._fields.get("preferred_anti_affinity", ()), *terms)
         return self
 
     def spread(self, *constraints: SpreadConstraint) -> PodBuilder:

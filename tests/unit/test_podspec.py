@@ -17,6 +17,7 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedPodAffinityTerm,
 )
 
 GIB = 1 << 30
@@ -172,8 +173,11 @@ def test_invalid_ports(spec, field):
     pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "zone", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}, [],
                  ("podAntiAffinity",), 1, id="a term selecting namespaces by label is refused and warned about"),
-    pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [],
-                 (), 1, id="preferred pod affinity is ignored with a warning"),
+    pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone"}}]}}, [], (), 0, id="preferred pod affinity is evaluated"),
+    pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"t": "a"}}}}]}},
+                 [], (), 1, id="a preferred term selecting namespaces by label is dropped with a warning"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}], (), 0,
                  id="hard topology spread is evaluated"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], (), 1,
@@ -352,3 +356,34 @@ def test_an_invalid_spread_constraint_names_its_field_and_adds_no_constraint(con
     got, v, _ = parse({"containers": [c("a")], "topologySpreadConstraints": [constraint]})
     assert got.spread == ()
     assert [(x.field, x.value) for x in v] == [(f"spec.topologySpreadConstraints[0].{field}", value)]
+
+
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def test_preferred_terms_are_read_with_their_weights():
+    affinity = {"podAffinity": {PREFERRED: [{"weight": 30, "podAffinityTerm": {
+                    "topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}}}]},
+                "podAntiAffinity": {PREFERRED: [{"weight": 100, "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname", "labelSelector": {}, "matchLabelKeys": ["app"],
+                    "namespaces": ["a"]}}]}}
+    v: list[Violation] = []
+    w: list[str] = []
+    got = parse_constraints({"containers": [c("a")], "affinity": affinity}, RESOURCES, v, w, {"app": "web"})
+    assert (got.preferred_affinity, got.preferred_anti_affinity, v, w) == (
+        (WeightedPodAffinityTerm(weight=30, term=PodAffinityTerm(topology_key="zone", selector=(In("app", "db"),))),),
+        (WeightedPodAffinityTerm(weight=100, term=PodAffinityTerm(topology_key="kubernetes.io/hostname",
+                                                                  selector=(In("app", "web"),), namespaces=("a",))),),
+        [], [])
+
+
+@pytest.mark.parametrize(("entry", "field", "value"), [
+    pytest.param({"weight": 0, "podAffinityTerm": {"topologyKey": "zone"}}, "[0].weight", "0", id="a weight below 1"),
+    pytest.param({"weight": 101, "podAffinityTerm": {"topologyKey": "zone"}}, "[0].weight", "101",
+                 id="a weight above 100"),
+    pytest.param({"weight": 5}, "[0].podAffinityTerm.topologyKey", "null", id="a term without a topologyKey"),
+])
+def test_an_invalid_preferred_term_names_its_field(entry, field, value):
+    got, v, _ = parse({"containers": [c("a")], "affinity": {"podAntiAffinity": {PREFERRED: [entry]}}})
+    assert got.preferred_anti_affinity == ()
+    assert [(x.field, x.value) for x in v] == [(f"spec.affinity.podAntiAffinity.{PREFERRED}{field}", value)]
