@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from phalanx_proto.events import Assignment, MemberSpec
-from phalanx_proto.scheduling import LabelSelectorRequirement, NodeKubeState, PodAffinityTerm
+from phalanx_proto.scheduling import NodeKubeState, PodAffinityTerm, selector_matches
 
 T = TypeVar("T")
 
@@ -42,30 +42,10 @@ R_EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity r
 AFFINITY, ANTI, EXISTING = "affinity", "anti-affinity", "existing anti-affinity"
 
 
-def selector_matches(selector: Iterable[LabelSelectorRequirement], labels: Mapping[str, str]) -> bool:
-    """``labels.Selector.Matches``: every requirement holds (an empty selector matches all)."""
-    for r in selector:
-        has = r.key in labels
-        match r.operator:
-            case "In":
-                ok = has and labels[r.key] in r.values
-            case "NotIn":
-                ok = not has or labels[r.key] not in r.values
-            case "Exists":
-                ok = has
-            case "DoesNotExist":
-                ok = not has
-            case _:
-                ok = False
-        if not ok:
-            return False
-    return True
-
-
 def term_matches(term: PodAffinityTerm, owner_namespace: str, namespace: str, labels: Mapping[str, str]) -> bool:
     """Does ``term`` (carried by a pod in ``owner_namespace``) select a pod in ``namespace``
     with ``labels``? (``AffinityTerm.Matches``.)"""
-    if term.match_none:
+    if term.match_none or term.namespace_selector:  # a namespaceSelector not resolved: Phalanx cannot tell
         return False
     if not term.all_namespaces:
         if term.namespaces:

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from phalanx_engine.matching import node_selector_matches, untolerated
-from phalanx_engine.podaffinity import Node, Pair, Placed, Pods, selector_matches
+from phalanx_engine.podaffinity import Node, Pair, Placed, Pods
 from phalanx_proto.events import MemberSpec
-from phalanx_proto.scheduling import NodeKubeState, SpreadConstraint
+from phalanx_proto.scheduling import NodeKubeState, SpreadConstraint, selector_matches
 
 R_SPREAD = "node(s) didn't match pod topology spread constraints"
 R_SPREAD_LABEL = "node(s) didn't match pod topology spread constraints (missing required label)"

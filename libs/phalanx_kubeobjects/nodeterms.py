@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from phalanx_kubeobjects import names
 from phalanx_kubeobjects.violations import Violation, as_list, as_map, as_str, shown
 from phalanx_proto import scheduling as K
+from phalanx_proto.events import MemberSpec
 from phalanx_proto.scheduling import (
     LabelSelectorRequirement,
     NodeSelectorRequirement,
@@ -23,6 +26,7 @@ from phalanx_proto.scheduling import (
     SpreadConstraint,
     Toleration,
     WeightedPodAffinityTerm,
+    selector_matches,
 )
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
@@ -31,9 +35,6 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 _AFFINITY = "spec.affinity"
 _TERMS = f"{_AFFINITY}.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
-WHY_NAMESPACE_SELECTOR = ("a term's namespaceSelector selects namespaces by their labels, which Phalanx's cluster "
-                          "state does not carry (namespaceSelector {} for every namespace, and namespaces, are "
-                          "evaluated); the pod would wait with that reason")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _SPREAD = "spec.topologySpreadConstraints"
 _POLICIES = ("Honor", "Ignore")
@@ -230,11 +231,11 @@ def pod_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str, v: 
     return tuple(out), by_labels
 
 
-def preferred_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str, v: list[Violation],
-                    warnings: list[str]) -> tuple[WeightedPodAffinityTerm, ...]:
+def preferred_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: str,
+                    v: list[Violation]) -> tuple[WeightedPodAffinityTerm, ...]:
     """The preferred terms of ``kind`` (``podAffinity`` or ``podAntiAffinity``), each with its
-    weight (1–100). A term whose ``namespaceSelector`` selects namespaces by labels is left out
-    with a warning: a preference Phalanx cannot evaluate is dropped, the pod is not refused."""
+    weight (1–100); a ``namespaceSelector`` by labels is kept to be resolved, as for the required
+    terms (``resolve_namespaces``)."""
     field = f"{_AFFINITY}.{kind}.{PREFERRED}"
     items = as_list(as_map(as_map(spec.get("affinity")).get(kind)).get(PREFERRED), field, v)
     if len(items) > K.MAX_TERMS:
@@ -250,11 +251,7 @@ def preferred_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: st
         got = _pod_term(as_map(raw.get("podAffinityTerm")), labels, f"{field}[{i}].podAffinityTerm", v, False)
         if got is None:
             continue
-        term, by_labels = got
-        if by_labels:
-            warnings.append(f"{field}[{i}] is ignored: {WHY_NAMESPACE_SELECTOR.split('; ')[0]}")
-            continue
-        out.append(WeightedPodAffinityTerm(weight=weight, term=term))
+        out.append(WeightedPodAffinityTerm(weight=weight, term=got[0]))
     return tuple(out)
 
 
@@ -293,11 +290,14 @@ def _pod_term(t: Mapping[str, Any], labels: Mapping[str, str], where: str, v: li
     ns_sel = as_map(raw_ns_sel)
     every = raw_ns_sel is not None and not ns_sel.get("matchLabels") and not ns_sel.get("matchExpressions")
     by_labels = raw_ns_sel is not None and not every
+    to_resolve = by_labels and not namespace_selectors
+    ns_reqs = _selector(ns_sel, f"{where}.namespaceSelector", v) if to_resolve else []
     if len(v) > before:
         return None
     term = PodAffinityTerm(topology_key=key, selector=tuple(reqs), match_none=raw_sel is None,  # type: ignore[arg-type]
-                           namespaces=tuple(sorted(set(nss))), all_namespaces=every or (by_labels and namespace_selectors))
-    return term, by_labels and not namespace_selectors
+                           namespaces=tuple(sorted(set(nss))), all_namespaces=every or (by_labels and namespace_selectors),
+                           namespace_selector=tuple(ns_reqs))
+    return term, to_resolve
 
 
 def _selector(raw: Any, where: str, v: list[Violation]) -> list[LabelSelectorRequirement]:
@@ -345,17 +345,55 @@ def _selector(raw: Any, where: str, v: list[Violation]) -> list[LabelSelectorReq
     return out
 
 
-def unsupported(spec: Mapping[str, Any], warnings: list[str], selects_namespaces: tuple[str, ...] = ()
-                ) -> tuple[str, ...]:
-    """The terms refused: ``selects_namespaces`` (the pod (anti-)affinity kinds with a term
-    whose ``namespaceSelector`` selects by labels, from ``pod_terms``)."""
-    refused = []
-    for kind in ("podAffinity", "podAntiAffinity"):
-        if kind in selects_namespaces:
-            refused.append(kind)
-            warnings.append(f"{_AFFINITY}.{kind}.{REQUIRED}: Phalanx refuses this required pod "
-                            f"{'anti-' if kind == 'podAntiAffinity' else ''}affinity ({WHY_NAMESPACE_SELECTOR})")
-    return tuple(refused)
+def selects_namespaces(spec: MemberSpec) -> bool:
+    """Has any pod (anti-)affinity term of ``spec`` a ``namespaceSelector`` still to resolve?"""
+    terms = (*spec.pod_affinity, *spec.pod_anti_affinity,
+             *(w.term for w in (*spec.preferred_affinity, *spec.preferred_anti_affinity)))
+    return any(t.namespace_selector for t in terms)
+
+
+def resolve_namespaces(spec: MemberSpec, namespaces: Mapping[str, Mapping[str, str]]) -> MemberSpec | Violation:
+    """``spec`` with every pod (anti-)affinity term's ``namespaceSelector`` by labels replaced
+    by the namespaces it selects among ``namespaces`` (name → labels: every namespace the
+    caller knows), added to the term's own ``namespaces``, as kube-scheduler matches a term
+    (its namespaces, or a namespace its selector selects). A term that then names no namespace
+    selects no pod. ``unsupported`` is cleared. More namespaces than a term carries is a
+    violation naming the term."""
+    def one(t: PodAffinityTerm, where: str) -> PodAffinityTerm | Violation:
+        if not t.namespace_selector:
+            return t
+        chosen = sorted({*t.namespaces, *(ns for ns, labels in namespaces.items()
+                                          if selector_matches(t.namespace_selector, labels))})
+        if len(chosen) > K.MAX_TERM_NAMESPACES:
+            return Violation(f"{where}.namespaceSelector", f"{len(chosen)} namespaces",
+                             f"Phalanx resolves a term to at most {K.MAX_TERM_NAMESPACES} namespaces")
+        return msgspec.structs.replace(t, namespaces=tuple(chosen), namespace_selector=(), match_none=t.match_none or not chosen)
+
+    out: dict[str, Any] = {}
+    for attr, kind, section in (("pod_affinity", "podAffinity", REQUIRED), ("pod_anti_affinity", "podAntiAffinity", REQUIRED)):
+        terms = []
+        for i, t in enumerate(getattr(spec, attr)):
+            got = one(t, f"{_AFFINITY}.{kind}.{section}[{i}]")
+            if isinstance(got, Violation):
+                return got
+            terms.append(got)
+        out[attr] = tuple(terms)
+    for attr, kind in (("preferred_affinity", "podAffinity"), ("preferred_anti_affinity", "podAntiAffinity")):
+        weighted = []
+        for i, w in enumerate(getattr(spec, attr)):
+            got = one(w.term, f"{_AFFINITY}.{kind}.{PREFERRED}[{i}].podAffinityTerm")
+            if isinstance(got, Violation):
+                return got
+            weighted.append(msgspec.structs.replace(w, term=got))
+        out[attr] = tuple(weighted)
+    return msgspec.structs.replace(spec, unsupported=(), **out)
+
+
+def unsupported(selects_namespaces: tuple[str, ...]) -> tuple[str, ...]:
+    """The required term kinds placement may not evaluate until gang-coordinator resolves their
+    ``namespaceSelector`` (``resolve_namespaces``): a pod decided without that (``phalanx
+    place`` on a file) fits no node, with that reason."""
+    return tuple(k for k in ("podAffinity", "podAntiAffinity") if k in selects_namespaces)
 
 
 def spread(spec: Mapping[str, Any], labels: Mapping[str, str], v: list[Violation],

@@ -23,9 +23,10 @@ raises on a malformed pod.
   merged into the selector from them).
 * **Topology spread** (``nodeterms.spread``): the ``DoNotSchedule`` constraints, with the pod's
   ``matchLabelKeys`` merged in.
-* **Refused**: pod (anti-)affinity whose terms select namespaces by their labels
-  (``MemberSpec.unsupported``: the pod waits with that reason); **ignored with a warning**:
-  preferred node affinity, ``ScheduleAnyway`` spread.
+* **To be resolved**: a term's ``namespaceSelector`` by labels (``PodAffinityTerm.namespace_selector``;
+  the required kinds named in ``MemberSpec.unsupported`` until gang-coordinator resolves them:
+  ``nodeterms.resolve_namespaces``); **ignored with a warning**: preferred node affinity,
+  ``ScheduleAnyway`` spread.
 * **Bounds** (``phalanx_proto.scheduling.MAX_*``): tighter than the API server's, each a
   violation that says so; they keep a gang's request within one message.
 """
@@ -92,9 +93,9 @@ def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v
         node_selector=nodeterms.node_selector(spec.get("nodeSelector"), v),
         node_affinity=nodeterms.node_affinity(spec, v, warnings), node_name=nodeterms.node_name(spec.get("nodeName"), v),
         host_ports=_host_ports(spec, host_network, v), host_network=host_network,
-        unsupported=nodeterms.unsupported(spec, warnings, selects), spread=nodeterms.spread(spec, own, v, warnings),
-        preferred_affinity=nodeterms.preferred_terms(spec, own, "podAffinity", v, warnings),
-        preferred_anti_affinity=nodeterms.preferred_terms(spec, own, "podAntiAffinity", v, warnings))
+        unsupported=nodeterms.unsupported(selects), spread=nodeterms.spread(spec, own, v, warnings),
+        preferred_affinity=nodeterms.preferred_terms(spec, own, "podAffinity", v),
+        preferred_anti_affinity=nodeterms.preferred_terms(spec, own, "podAntiAffinity", v))
 
 
 # --- requests -------------------------------------------------------------------------------

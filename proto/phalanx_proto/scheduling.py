@@ -10,6 +10,7 @@ Amounts are integers in the unit kube-scheduler compares: ``cpu`` in millicores,
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
 import msgspec
@@ -110,6 +111,27 @@ class LabelSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_d
     values: Annotated[tuple[LabelValue, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
 
 
+def selector_matches(selector: Iterable[LabelSelectorRequirement], labels: Mapping[str, str]) -> bool:
+    """``labels.Selector.Matches``: every requirement holds (an empty selector matches all).
+    For pods (pod affinity, spread) and namespaces (a term's ``namespaceSelector``) alike."""
+    for r in selector:
+        has = r.key in labels
+        match r.operator:
+            case "In":
+                ok = has and labels[r.key] in r.values
+            case "NotIn":
+                ok = not has or labels[r.key] not in r.values
+            case "Exists":
+                ok = has
+            case "DoesNotExist":
+                ok = not has
+            case _:
+                ok = False
+        if not ok:
+            return False
+    return True
+
+
 class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One required pod (anti-)affinity term (``requiredDuringSchedulingIgnoredDuringExecution``
     of ``podAffinity``/``podAntiAffinity``) as kube-scheduler's InterPodAffinity reads it: the
@@ -127,6 +149,10 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     match_none: bool = False
     namespaces: Annotated[tuple[Namespace, ...], msgspec.Meta(max_length=MAX_TERM_NAMESPACES)] = ()
     all_namespaces: bool = False
+    namespace_selector: Annotated[tuple[LabelSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
+    """A ``namespaceSelector`` by labels, not resolved yet: gang-coordinator, which follows the
+    namespaces, replaces it by the namespaces it selects (``namespaces``) when it admits the
+    pod; placement never evaluates a term that still has one (docs/placement.md)."""
 
 
 class WeightedPodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

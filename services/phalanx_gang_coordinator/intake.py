@@ -24,6 +24,7 @@ from phalanx_gang_coordinator.notify import Notifier
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
+from phalanx_kubeobjects import nodeterms
 from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.events import PodRef
 from phalanx_proto.state import FailedMember, GangState
@@ -84,6 +85,13 @@ class PodIntake:
                     self.notifier.once(pod, "FailedScheduling", problem)
                     continue
                 spec = msgspec.structs.replace(spec, queue=queue)
+                if nodeterms.selects_namespaces(spec):  # namespaceSelector by labels: the namespaces it selects now
+                    resolved = nodeterms.resolve_namespaces(spec, self.queues.namespaces)
+                    if isinstance(resolved, Violation):
+                        warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(resolved))
+                        self.notifier.once(pod, "FailedScheduling", f"invalid request: {resolved}")
+                        continue
+                    spec = resolved
             if self.dra is not None and self.dra.concerns(pod):
                 claims = await self.dra.resolve(pod)
                 if isinstance(claims, Waiting):

@@ -155,6 +155,14 @@ CASES = (
     Case("pod-anti-affinity", "required pod anti-affinity to the app=conf-web pods, topologyKey zone "
          "(a node without the zone label is in no zone)",
          labels={"app": "conf-case"}, spec={"affinity": {"podAntiAffinity": {REQUIRED: [WEB_TERM]}}}),
+    Case("pod-anti-affinity-ns-selector", "the same anti-affinity, its namespaces chosen by a namespaceSelector "
+         "on the namespace's labels (it selects the pods' namespace)", labels={"app": "conf-case"},
+         spec={"affinity": {"podAntiAffinity": {REQUIRED: [
+             {**WEB_TERM, "namespaceSelector": {"matchLabels": {"conformance-role": "standing"}}}]}}}),
+    Case("pod-affinity-ns-selector-none", "required pod affinity whose namespaceSelector selects no namespace "
+         "(so no pod, not even the pod itself)", labels={"app": "conf-case"},
+         spec={"affinity": {"podAffinity": {REQUIRED: [
+             {**WEB_TERM, "namespaceSelector": {"matchLabels": {"conformance-role": "nobody"}}}]}}}),
     Case("gpus-too-many", "9 GPUs (nodes have 8)", limits={"nvidia.com/gpu": "9"},
          differs="GPU shortfalls are Phalanx's GPU plugins' own reason, not NodeResourcesFit's",
          texts={"Insufficient nvidia.com/gpu": "insufficient free GPUs"}),
@@ -325,7 +333,8 @@ def cluster(tmp_path_factory):
     stack = None
     try:
         api = plane.api
-        api.create_namespace(NS)
+        api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": NS, "labels": {"conformance-role": "standing"}}})  # what the namespaceSelector rows select
         for short in NODES:  # with their status: kwok keeps an allocatable it finds (a later patch could race it)
             api.create_node(node_object(short))
         standing = [("cpu-user", "small", {"containers": [{"name": "c", "image": "x",

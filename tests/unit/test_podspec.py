@@ -172,12 +172,12 @@ def test_invalid_ports(spec, field):
                  (), 0, id="required anti-affinity is evaluated"),
     pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "zone", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}, [],
-                 ("podAntiAffinity",), 1, id="a term selecting namespaces by label is refused and warned about"),
+                 ("podAntiAffinity",), 0, id="a term selecting namespaces by label waits to be resolved"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "podAffinityTerm": {"topologyKey": "zone"}}]}}, [], (), 0, id="preferred pod affinity is evaluated"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"t": "a"}}}}]}},
-                 [], (), 1, id="a preferred term selecting namespaces by label is dropped with a warning"),
+                 [], (), 0, id="a preferred term selecting namespaces by label is kept to be resolved"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}], (), 0,
                  id="hard topology spread is evaluated"),
     pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], (), 1,
@@ -220,15 +220,12 @@ def test_hostile_constraints_are_violations_never_errors(spec, field, value):
     assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
 
 
-def test_warnings_name_the_field_and_the_rule():
-    _, v, w = parse({"containers": [c("a")], "affinity": {"podAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone", "labelSelector": {},
-                                                            "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}})
+def test_a_warning_names_the_field_and_the_rule():
+    _, v, w = parse({"containers": [c("a")], "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]})
     assert v == [] and w == [
-        "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution: Phalanx refuses this required pod "
-        "affinity (a term's namespaceSelector selects namespaces by their labels, which Phalanx's cluster state does "
-        "not carry (namespaceSelector {} for every namespace, and namespaces, are evaluated); the pod would wait with "
-        "that reason)"]
+        "spec.topologySpreadConstraints with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx evaluates only "
+        "DoNotSchedule spread (the filter), not the scores"]
 
 
 JOB_KEY = "jobset.sigs.k8s.io/job-key"
