@@ -39,6 +39,7 @@ test: install kube
 kube:
 	bash tools/kube/build.sh >/dev/null
 	bash tools/controllers/build.sh >/dev/null
+	bash tools/lws/build.sh >/dev/null
 	bash tools/traces/build.sh >/dev/null
 	bash tools/devicemanager/build.sh >/dev/null
 	bash tools/helm/build.sh >/dev/null

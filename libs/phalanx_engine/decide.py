@@ -9,8 +9,9 @@ Overview (docs/placement.md has the full objective):
    the cluster is built, with its status.
 2. **Single member**: candidate nodes are visited from the tightest (fewest free whole GPUs
    that still suffice) upwards; the profile's filters and the member kind's allocator run on
-   each; the first ``CANDIDATES`` that fit are compared by the profile's scores (GPU set
-   quality, TDM tightness, best fit), then by name.
+   each; the first ``CANDIDATES`` that fit (``PREFERRING_CANDIDATES`` for a member with
+   preferences over other pods) are compared by the profile's scores (GPU set quality,
+   preferred pod (anti-)affinity, soft spread, TDM tightness, best fit), then by name.
 3. **Gang**: domains of the network tiers, smallest first (node, HyperNode, leaf switch,
    network-pod; the wider ones from the cluster's topology index); at each, the domain
    filters prune (free whole GPUs against the need), the rest are tried tightest first,
@@ -53,8 +54,9 @@ from phalanx_proto.events import Assignment, MemberSpec, RequestKind
 CANDIDATES = 8
 """Feasible nodes compared in detail for one member (bounds the decision time)."""
 PREFERRING_CANDIDATES = 100
-"""... for a member with preferred pod (anti-)affinity terms, whose best node may be far down
-the packing order (kube-scheduler scores at least 100 feasible nodes too)."""
+"""... for a member with preferences over other pods (preferred pod (anti-)affinity,
+``ScheduleAnyway`` spread), whose best node may be far down the packing order (kube-scheduler
+scores at least 100 feasible nodes too)."""
 SHARE_CANDIDATES = 64
 """Feasible nodes at the tightest free-core level compared for one TDM share."""
 
@@ -62,7 +64,8 @@ SHARE_CANDIDATES = 64
 def default_profile(*, require_node_state: bool = True, mix: ShapeMix | None = None) -> Profile:
     """The placement policy: kube-scheduler's filters in its order (the GPU filters where its
     NodeResourcesFit checks device resources), the allocator per request kind, and the scores
-    GPU-set quality, preferred pod (anti-)affinity, TDM tightness, best fit — in that order; members' ResourceClaims allocated
+    GPU-set quality, preferred pod (anti-)affinity, soft spread, TDM tightness, best fit — in
+    that order; members' ResourceClaims allocated
     by the claims step (docs/dra.md). ``require_node_state=False``
     lets nodes without a reported ``NodeKubeState`` through the Kubernetes filters unchecked
     (``Decision.unchecked`` names them). ``mix``: the workload FGD's fragmentation in the
@@ -91,8 +94,7 @@ def _place_one(profile: Profile, states: dict[str, NodeState], member: Member,
     best = None
     seen = 0
     gate = checks_resources(profile, member)
-    enough = PREFERRING_CANDIDATES if member.spec.preferred_affinity or member.spec.preferred_anti_affinity \
-        else CANDIDATES
+    enough = PREFERRING_CANDIDATES if podaffinity.ranks_by_pods(member.spec) else CANDIDATES
     for name in order:
         if name in avoid:
             continue

@@ -18,6 +18,7 @@ from phalanx_engine.framework import Filter, Member, Score
 from phalanx_engine.matching import (
     node_selector_matches,
     ports_conflict,
+    preference_matches,
     readiness_taints,
     tolerates,
     untolerated,
@@ -250,6 +251,35 @@ class InterPodAffinity:
         return refuse(self.name, code, text, resolvable=resolvable)
 
 
+class TaintPreference:
+    """kube-scheduler's TaintToleration score: a node with fewer ``PreferNoSchedule`` taints the
+    member does not tolerate ranks higher (negated count: larger is better)."""
+
+    name = "TaintToleration"
+
+    def score(self, member: Member, node: NodeState, assignment: Assignment) -> int:
+        kube = node.view.kube
+        if kube is None:
+            return 0
+        tolerations = member.spec.tolerations
+        return -sum(1 for t in kube.taints if t.effect == "PreferNoSchedule"
+                    and not any(tolerates(x, t) for x in tolerations if x.effect in ("", "PreferNoSchedule")))
+
+
+class NodeAffinityPreference:
+    """kube-scheduler's NodeAffinity score: the sum of the weights of the member's preferred
+    node affinity terms the node matches (an empty term matches every node)."""
+
+    name = "NodeAffinity"
+
+    def score(self, member: Member, node: NodeState, assignment: Assignment) -> int:
+        terms = member.spec.preferred_node_affinity
+        kube = node.view.kube
+        if not terms or kube is None:
+            return 0
+        return sum(w.weight for w in terms if preference_matches(w.term, kube.labels, node.name))
+
+
 class PodAffinityPreference:
     """The score of the member's preferred pod (anti-)affinity terms on a node
     (``podaffinity.preference``), over the pods of the decision under way; 0 for a member
@@ -265,6 +295,22 @@ class PodAffinityPreference:
         pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
         kube = node.view.kube
         return podaffinity.preferred_score(pods.preference(spec), kube.labels if kube is not None else {})
+
+
+class SpreadPreference:
+    """The score of the member's ``ScheduleAnyway`` spread constraints on a node
+    (``spread.soft_score``: fewer matching pods in its domains ranks higher); 0 for a member
+    without them."""
+
+    name = "PodTopologySpread"
+
+    def score(self, member: Member, node: NodeState, assignment: Assignment) -> float:
+        spec = member.spec
+        if not spec.soft_spread:
+            return 0
+        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
+        kube = node.view.kube
+        return spread.soft_score(spec, spread.soft_counts_in(pods, spec), kube.labels if kube is not None else {})
 
 
 class PodAffinityRefused:
@@ -286,8 +332,11 @@ class PodAffinityRefused:
 
 
 def kube_scores() -> tuple[Score, ...]:
-    """The Kubernetes scores Phalanx ranks by (after the GPU set's quality: ``decide``)."""
-    return (PodAffinityPreference(),)
+    """The Kubernetes scores Phalanx ranks by, in this order (after the GPU set's quality:
+    ``decide``): untolerated ``PreferNoSchedule`` taints (kube-scheduler weighs this one
+    highest), preferred node affinity, preferred pod (anti-)affinity, ``ScheduleAnyway``
+    spread."""
+    return (TaintPreference(), NodeAffinityPreference(), PodAffinityPreference(), SpreadPreference())
 
 
 def kube_filters(require_node_state: bool) -> tuple[Filter, ...]:

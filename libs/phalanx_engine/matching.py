@@ -93,6 +93,12 @@ def term_matches(term: NodeSelectorTerm, labels: Mapping[str, str], node_name: s
             and all(field_matches(r, fields) for r in term.match_fields))
 
 
+def preference_matches(term: NodeSelectorTerm, labels: Mapping[str, str], node_name: str) -> bool:
+    """A preferred node affinity term: as a required one, except that an empty term matches
+    every node (kube-scheduler drops empty terms only from the required ones)."""
+    return (not term.match_expressions and not term.match_fields) or term_matches(term, labels, node_name)
+
+
 def node_selector_matches(selector: Mapping[str, str], terms: tuple[NodeSelectorTerm, ...] | None,
                           labels: Mapping[str, str], node_name: str) -> bool:
     """``spec.nodeSelector`` (every label equal) and required node affinity (any term)."""

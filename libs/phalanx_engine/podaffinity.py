@@ -282,8 +282,13 @@ def forget(since: int) -> None:
 
 def own_terms(spec: MemberSpec) -> bool:
     """Does the member carry terms or constraints over other pods of its own?"""
-    return bool(spec.pod_affinity or spec.pod_anti_affinity or spec.spread or spec.preferred_affinity
-                or spec.preferred_anti_affinity)
+    return bool(spec.pod_affinity or spec.pod_anti_affinity or spec.spread or ranks_by_pods(spec))
+
+
+def ranks_by_pods(spec: MemberSpec) -> bool:
+    """Does the member carry preferences over other pods (preferred pod (anti-)affinity,
+    ``ScheduleAnyway`` spread), which rank the nodes that fit?"""
+    return bool(spec.preferred_affinity or spec.preferred_anti_affinity or spec.soft_spread)
 
 
 def relevant(spec: MemberSpec) -> bool:

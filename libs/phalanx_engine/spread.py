@@ -1,5 +1,5 @@
-"""Hard topology spread (``topologySpreadConstraints`` with ``whenUnsatisfiable:
-DoNotSchedule``), as kube-scheduler v1.36's PodTopologySpread filter evaluates it
+"""Topology spread (``topologySpreadConstraints``): the ``DoNotSchedule`` constraints as
+kube-scheduler v1.36's PodTopologySpread filter evaluates them
 (``pkg/scheduler/framework/plugins/podtopologyspread/filtering.go``), over the pods and nodes
 the decision knows (``podaffinity.Pods``: the pods Phalanx did not place, its reservations, and
 the members of the decision under way placed before this one).
@@ -19,6 +19,11 @@ Then per node (``verdict``): a node without a constraint's key is refused, unres
 ``count at the node's value + (1 if the member matches its own selector) - least`` may not
 exceed ``max_skew``, where ``least`` is 0 while there are fewer domains than ``min_domains``.
 
+The ``ScheduleAnyway`` constraints rank the nodes that fit (``soft_count``, ``soft_score``):
+per constraint the pods counted in the node's domain, times log(domains + 2), plus maxSkew − 1,
+summed; fewer ranks higher. kube-scheduler takes the domains from the nodes that passed every
+filter for the pod; Phalanx ranks each node on its own, so from the nodes that carry every key.
+
 Phalanx's domains are the nodes its decision may use (its node agents report them), not every
 node of the cluster: a node Phalanx does not manage is no domain and its pods are not counted
 (docs/placement.md, "Topology spread").
@@ -26,6 +31,7 @@ node of the cluster: a node Phalanx does not manage is no domain and its pods ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -116,3 +122,55 @@ def counts_in(pods: Pods, spec: MemberSpec) -> Counts:
     """The member's counts over the decision's pods and nodes (``podaffinity.Pods``), kept until
     the decision's pods change."""
     return pods.kept("spread", spec, lambda: count(spec, pods.nodes(), (*pods.everyone(), *pods.decided)))
+
+
+# -- ScheduleAnyway: the score -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SoftCounts:
+    """kube-scheduler's preScoreState for one member's ``ScheduleAnyway`` constraints."""
+
+    pairs: dict[Pair, int] = field(default_factory=dict)
+    """(topology key, value) of every domain → matching pods there."""
+    weights: tuple[float, ...] = ()
+    """Per constraint, log(domains + 2): a key with more domains weighs more per pod."""
+
+
+def soft_count(spec: MemberSpec, nodes: Iterable[Node], pods: Iterable[Placed]) -> SoftCounts:
+    """The member's ``ScheduleAnyway`` counts: the domains of the nodes that carry every
+    constraint's key, and per domain the pods the constraint counts there (as ``count``, each
+    constraint with its node inclusion policies)."""
+    constraints = spec.soft_spread
+    on: dict[str, list[Placed]] = {}
+    for p in pods:
+        on.setdefault(p.node, []).append(p)
+    pairs: dict[Pair, int] = {}
+    domains: list[set[str]] = [set() for _ in constraints]
+    for name, kube in nodes:
+        labels = kube.labels
+        if not all(c.topology_key in labels for c in constraints):
+            continue
+        for i, c in enumerate(constraints):
+            pair = (c.topology_key, labels[c.topology_key])
+            domains[i].add(pair[1])
+            pairs.setdefault(pair, 0)
+            if _included(c, spec, name, kube):
+                pairs[pair] += sum(1 for p in on.get(name, ()) if _counts_pod(c, spec.pod.namespace, p))
+    return SoftCounts(pairs, tuple(math.log(len(d) + 2) for d in domains))
+
+
+def soft_score(spec: MemberSpec, counts: SoftCounts, node_labels: Mapping[str, str]) -> float:
+    """How crowded the node's domains are for the member (``count × weight + maxSkew − 1``
+    summed over the constraints, kube-scheduler's ``scoreForCount``), negated so that larger is
+    better; a node without every key ranks below all that have them."""
+    if not all(c.topology_key in node_labels for c in spec.soft_spread):
+        return -math.inf
+    total = 0.0
+    for c, weight in zip(spec.soft_spread, counts.weights, strict=True):
+        total += counts.pairs.get((c.topology_key, node_labels[c.topology_key]), 0) * weight + c.max_skew - 1
+    return -round(total)
+
+
+def soft_counts_in(pods: Pods, spec: MemberSpec) -> SoftCounts:
+    """The member's ``ScheduleAnyway`` counts over the decision's pods and nodes, kept until the
+    decision's pods change."""
+    return pods.kept("soft spread", spec, lambda: soft_count(spec, pods.nodes(), (*pods.everyone(), *pods.decided)))

@@ -12,9 +12,12 @@ pod names have neither, so a group id never equals a pod's, nor its ``phx-gangs`
 2. annotation ``scheduling.k8s.io/group-name`` → ``PodGroup:<name>`` (Volcano, arena ``--gang``);
 3. label ``jobset.sigs.k8s.io/jobset-name`` → ``JobSet:<name>``: the whole JobSet, every
    replicated job and every replica, is one gang;
-4. label ``training.kubeflow.org/job-name`` → ``MPIJob:<name>`` (Kubeflow MPIJob workers);
-5. label ``batch.kubernetes.io/job-name`` → ``Job:<name>`` (a plain ``batch/v1`` Job);
-6. otherwise the pod alone, a gang of one.
+4. labels ``leaderworkerset.sigs.k8s.io/name`` and ``…/group-index`` →
+   ``LeaderWorkerSet:<name>-<group-index>``: each group (replica) of a LeaderWorkerSet, leader
+   and workers, is one gang;
+5. label ``training.kubeflow.org/job-name`` → ``MPIJob:<name>`` (Kubeflow MPIJob workers);
+6. label ``batch.kubernetes.io/job-name`` → ``Job:<name>`` (a plain ``batch/v1`` Job);
+7. otherwise the pod alone, a gang of one.
 
 min-member, the number of pods of the gang:
 
@@ -26,6 +29,8 @@ min-member, the number of pods of the gang:
   the sum over replicated jobs of replicas × min-member — exactly what ``validate`` computes
   from the JobSet spec. Until a pod of every Job has been seen, each unseen Job counts one
   pod, so the gang waits;
+* a LeaderWorkerSet group: the ``leaderworkerset.sigs.k8s.io/size`` annotation its controller
+  puts on every pod of the group (leader included);
 * any other group: ``aliyun.com/min-member``, ``scheduling.x-k8s.io/min-member`` or
   ``pod-group.scheduling.sigs.k8s.io/min-available``;
 * none of these: the gang is the pods present once none arrived for the settle time (stated
@@ -60,12 +65,15 @@ from phalanx_proto.kubeapi import (
     JOBSET_NAME,
     JOBSET_REPLICAS,
     JOBSET_REPLICATED_JOB,
+    LWS_GROUP_INDEX,
+    LWS_NAME,
+    LWS_SIZE,
     MPIJOB_NAME,
     PREEMPTION_POLICIES,
 )
 from phalanx_proto.state import GangPart
 
-KINDS = ("PodGroup", "JobSet", "MPIJob", "Job", "Pod")
+KINDS = ("PodGroup", "JobSet", "LeaderWorkerSet", "MPIJob", "Job", "Pod")
 NO_GPU_RULE = ("Phalanx schedules GPU pods only: ask for nvidia.com/gpu, aliyun.com/gpu, gpu-core/gpu-memory or "
                "gpu-slice, or give a pod without GPUs (an MPIJob launcher) schedulerName default-scheduler; it is "
                "not a gang member")
@@ -110,6 +118,8 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
     else:
         if isinstance(annotations.get(GROUP_ANNOTATION), str) and annotations[GROUP_ANNOTATION]:
             kind, group = "PodGroup", annotations[GROUP_ANNOTATION]
+        elif _text(labels.get(LWS_NAME)) and _text(labels.get(LWS_GROUP_INDEX)):
+            kind, group = "LeaderWorkerSet", f"{labels[LWS_NAME]}-{labels[LWS_GROUP_INDEX]}"
         else:
             for key, k in ((JOBSET_NAME, "JobSet"), (MPIJOB_NAME, "MPIJob"), (JOB_NAME, "Job")):
                 if isinstance(labels.get(key), str) and labels[key]:
@@ -118,6 +128,9 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
     v: list[Violation] = []
     explicit, declared, _ = min_member_said(labels, annotations, v)
     part, jobs = None, 0
+    if kind == "LeaderWorkerSet" and explicit is None:
+        size = annotations.get(LWS_SIZE)
+        declared = _count(size if isinstance(size, str) else None, LWS_SIZE, v, "metadata.annotations")
     if kind == "JobSet":
         replicas = _count(said(JOBSET_REPLICAS), JOBSET_REPLICAS, v)
         jobs = _count(said(JOBSET_JOBS), JOBSET_JOBS, v) or 0
@@ -143,10 +156,14 @@ def preemption_policy(spec: Mapping[str, Any] | None) -> str:
     return policy if policy in PREEMPTION_POLICIES else ""
 
 
-def _count(raw: str | None, key: str, v: list[Violation]) -> int | None:
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _count(raw: str | None, key: str, v: list[Violation], where: str = "metadata.labels") -> int | None:
     if raw is None:
         return None
-    n = decimal(raw, f"metadata.labels[{key}]", most=MAX_GANG)
+    n = decimal(raw, f"{where}[{key}]", most=MAX_GANG)
     if isinstance(n, Violation):
         v.append(Violation(n.field, n.value, f"min-member is the number of pods in the gang: {n.rule}"))
         return None

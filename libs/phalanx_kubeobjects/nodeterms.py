@@ -1,9 +1,9 @@
 """Which nodes a pod may go to, read from its spec the way kube-scheduler reads it: tolerations,
 ``nodeSelector``, required node affinity, ``nodeName``, required pod affinity and anti-affinity
-(``pod_terms``), hard topology spread (``spread``), and the terms Phalanx refuses (pod
-(anti-)affinity terms that select namespaces by their labels: ``unsupported``) or ignores with a
-warning (preferred node affinity, ``ScheduleAnyway`` spread); the preferred pod (anti-)affinity
-terms (``preferred_terms``). Part of ``podspec.parse_constraints``; every
+(``pod_terms``), topology spread (``spread``), the terms placement may not evaluate until
+gang-coordinator resolves their namespaces (``unsupported``, ``resolve_namespaces``); and what
+ranks the nodes that fit: preferred node affinity, preferred pod (anti-)affinity
+(``preferred_terms``) and ``ScheduleAnyway`` spread. Part of ``podspec.parse_constraints``; every
 invalid value is a ``Violation`` naming field, value and rule, never an exception.
 """
 
@@ -25,6 +25,7 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedNodeSelectorTerm,
     WeightedPodAffinityTerm,
     selector_matches,
 )
@@ -140,12 +141,8 @@ def _requirement_rule(op: str, values: list[str]) -> str:
     return ""
 
 
-def node_affinity(spec: Mapping[str, Any], v: list[Violation], warnings: list[str]
-                   ) -> tuple[NodeSelectorTerm, ...] | None:
+def node_affinity(spec: Mapping[str, Any], v: list[Violation]) -> tuple[NodeSelectorTerm, ...] | None:
     na = as_map(as_map(spec.get("affinity")).get("nodeAffinity"))
-    if na.get(PREFERRED):
-        warnings.append(f"{_AFFINITY}.nodeAffinity.{PREFERRED} is ignored: Phalanx ranks nodes by GPU topology and "
-                        "packing, not by preferred node affinity")
     required = na.get(REQUIRED)
     if required is None:
         return None
@@ -157,6 +154,25 @@ def node_affinity(spec: Mapping[str, Any], v: list[Violation], warnings: list[st
         v.append(Violation(_TERMS, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} node selector terms"))
         return ()
     return tuple(selector_term(t, f"{_TERMS}[{i}]", v) for i, t in enumerate(items))
+
+
+def preferred_node_affinity(spec: Mapping[str, Any], v: list[Violation]) -> tuple[WeightedNodeSelectorTerm, ...]:
+    """The preferred node affinity terms, each with its weight (1–100)."""
+    field = f"{_AFFINITY}.nodeAffinity.{PREFERRED}"
+    items = as_list(as_map(as_map(spec.get("affinity")).get("nodeAffinity")).get(PREFERRED), field, v)
+    if len(items) > K.MAX_TERMS:
+        v.append(Violation(field, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} terms"))
+        return ()
+    out = []
+    for i, raw in enumerate(items):
+        raw = as_map(raw)
+        weight = raw.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            v.append(Violation(f"{field}[{i}].weight", shown(weight), "required: an integer from 1 to 100"))
+            continue
+        out.append(WeightedNodeSelectorTerm(weight=weight, term=selector_term(raw.get("preference"),
+                                                                              f"{field}[{i}].preference", v)))
+    return tuple(out)
 
 
 def selector_term(raw: Any, where: str, v: list[Violation]) -> NodeSelectorTerm:
@@ -396,35 +412,29 @@ def unsupported(selects_namespaces: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in ("podAffinity", "podAntiAffinity") if k in selects_namespaces)
 
 
-def spread(spec: Mapping[str, Any], labels: Mapping[str, str], v: list[Violation],
-           warnings: list[str]) -> tuple[SpreadConstraint, ...]:
-    """The pod's ``topologySpreadConstraints`` with ``whenUnsatisfiable: DoNotSchedule``, as
-    kube-scheduler's PodTopologySpread filter reads them (``matchLabelKeys`` whose key the pod
-    carries merged into the selector as ``In``; defaults: minDomains 1, nodeAffinityPolicy
-    Honor, nodeTaintsPolicy Ignore). ``ScheduleAnyway`` ones are checked, then ignored with a
-    warning (they only score nodes)."""
+def spread(spec: Mapping[str, Any], labels: Mapping[str, str],
+           v: list[Violation]) -> tuple[tuple[SpreadConstraint, ...], tuple[SpreadConstraint, ...]]:
+    """The pod's ``topologySpreadConstraints`` as kube-scheduler's PodTopologySpread reads them
+    (``matchLabelKeys`` whose key the pod carries merged into the selector as ``In``; defaults:
+    minDomains 1, nodeAffinityPolicy Honor, nodeTaintsPolicy Ignore): (the ``DoNotSchedule``
+    ones, its filter; the ``ScheduleAnyway`` ones, its score)."""
     items = as_list(spec.get("topologySpreadConstraints"), _SPREAD, v)
     if len(items) > K.MAX_TERMS:
         v.append(Violation(_SPREAD, f"{len(items)} constraints", f"Phalanx reads at most {K.MAX_TERMS}"))
-        return ()
-    out: list[SpreadConstraint] = []
-    soft = 0
+        return (), ()
+    hard: list[SpreadConstraint] = []
+    soft: list[SpreadConstraint] = []
     for i, raw in enumerate(items):
         got = _spread_constraint(as_map(raw), labels, f"{_SPREAD}[{i}]", v)
-        if got is None:
-            soft += 1
-        elif got is not False:
-            out.append(got)
-    if soft:
-        warnings.append(f"{_SPREAD} with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx evaluates only "
-                        "DoNotSchedule spread (the filter), not the scores")
-    return tuple(out)
+        if got is not None:
+            (hard if got[1] else soft).append(got[0])
+    return tuple(hard), tuple(soft)
 
 
 def _spread_constraint(c: Mapping[str, Any], labels: Mapping[str, str], where: str,
-                       v: list[Violation]) -> SpreadConstraint | None | bool:
-    """One constraint: the ``SpreadConstraint`` for DoNotSchedule, ``None`` for a valid
-    ScheduleAnyway, ``False`` when it breaks a rule (appended to ``v``)."""
+                       v: list[Violation]) -> tuple[SpreadConstraint, bool] | None:
+    """One constraint and whether it is DoNotSchedule; None when it breaks a rule (appended to
+    ``v``)."""
     before = len(v)
     when = c.get("whenUnsatisfiable")
     if when not in ("DoNotSchedule", "ScheduleAnyway"):
@@ -461,9 +471,7 @@ def _spread_constraint(c: Mapping[str, Any], labels: Mapping[str, str], where: s
             reqs.extend(LabelSelectorRequirement(key=k, operator="In", values=(labels[k],))  # type: ignore[arg-type]
                         for k in keys if k in labels)
     if len(v) > before:
-        return False
-    if when == "ScheduleAnyway":
         return None
     return SpreadConstraint(topology_key=key, max_skew=skew, selector=tuple(reqs), match_none=raw_sel is None,
                             min_domains=least or 1, honor_node_affinity=policies["nodeAffinityPolicy"] != "Ignore",
-                            honor_taints=policies["nodeTaintsPolicy"] == "Honor")
+                            honor_taints=policies["nodeTaintsPolicy"] == "Honor"), when == "DoNotSchedule"

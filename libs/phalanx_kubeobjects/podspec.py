@@ -21,12 +21,13 @@ raises on a malformed pod.
 * **Pod (anti-)affinity** (``nodeterms.pod_terms``, ``nodeterms.preferred_terms``): the required
   and the preferred terms, with the pod's labels (``matchLabelKeys``/``mismatchLabelKeys`` are
   merged into the selector from them).
-* **Topology spread** (``nodeterms.spread``): the ``DoNotSchedule`` constraints, with the pod's
-  ``matchLabelKeys`` merged in.
+* **Topology spread** (``nodeterms.spread``): the ``DoNotSchedule`` constraints (a filter) and the
+  ``ScheduleAnyway`` ones (a score), with the pod's ``matchLabelKeys`` merged in.
 * **To be resolved**: a term's ``namespaceSelector`` by labels (``PodAffinityTerm.namespace_selector``;
   the required kinds named in ``MemberSpec.unsupported`` until gang-coordinator resolves them:
-  ``nodeterms.resolve_namespaces``); **ignored with a warning**: preferred node affinity,
-  ``ScheduleAnyway`` spread.
+  ``nodeterms.resolve_namespaces``).
+* **Preferences** (rank the nodes that fit): preferred node affinity, preferred pod
+  (anti-)affinity, ``ScheduleAnyway`` spread.
 * **Bounds** (``phalanx_proto.scheduling.MAX_*``): tighter than the API server's, each a
   violation that says so; they keep a gang's request within one message.
 """
@@ -51,6 +52,7 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedNodeSelectorTerm,
     WeightedPodAffinityTerm,
 )
 
@@ -66,6 +68,7 @@ class PodConstraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     tolerations: tuple[Toleration, ...] = ()
     node_selector: dict[str, str] = {}
     node_affinity: tuple[NodeSelectorTerm, ...] | None = None
+    preferred_node_affinity: tuple[WeightedNodeSelectorTerm, ...] = ()
     node_name: str = ""
     host_ports: tuple[HostPort, ...] = ()
     host_network: bool = False
@@ -74,26 +77,28 @@ class PodConstraints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
     spread: tuple[SpreadConstraint, ...] = ()
+    soft_spread: tuple[SpreadConstraint, ...] = ()
     preferred_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
     preferred_anti_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
 
 
 def parse_constraints(spec: Mapping[str, Any], gpu_resources: tuple[str, ...], v: list[Violation],
-                      warnings: list[str], labels: Any = None) -> PodConstraints:
+                      labels: Any = None) -> PodConstraints:
     """The constraints of a pod ``spec`` (its ``metadata.labels`` as ``labels``); every broken
-    rule is appended to ``v``, every constraint Phalanx refuses or ignores to ``warnings``.
-    ``gpu_resources`` are left to the GPU request."""
+    rule is appended to ``v``. ``gpu_resources`` are left to the GPU request."""
     host_network = spec.get("hostNetwork") is True
     own = nodeterms.pod_labels(labels, v, each=False)  # keys and values: names.check_metadata
     affinity, aff_ns = nodeterms.pod_terms(spec, own, "podAffinity", v)
     anti, anti_ns = nodeterms.pod_terms(spec, own, "podAntiAffinity", v)
     selects = tuple(k for k, by in (("podAffinity", aff_ns), ("podAntiAffinity", anti_ns)) if by)
+    hard, soft = nodeterms.spread(spec, own, v)
     return PodConstraints(labels=own, pod_affinity=affinity, pod_anti_affinity=anti,
         requests=_requests(spec, gpu_resources, v), tolerations=nodeterms.tolerations(spec.get("tolerations"), v),
         node_selector=nodeterms.node_selector(spec.get("nodeSelector"), v),
-        node_affinity=nodeterms.node_affinity(spec, v, warnings), node_name=nodeterms.node_name(spec.get("nodeName"), v),
+        node_affinity=nodeterms.node_affinity(spec, v), preferred_node_affinity=nodeterms.preferred_node_affinity(spec, v),
+        node_name=nodeterms.node_name(spec.get("nodeName"), v),
         host_ports=_host_ports(spec, host_network, v), host_network=host_network,
-        unsupported=nodeterms.unsupported(selects), spread=nodeterms.spread(spec, own, v, warnings),
+        unsupported=nodeterms.unsupported(selects), spread=hard, soft_spread=soft,
         preferred_affinity=nodeterms.preferred_terms(spec, own, "podAffinity", v),
         preferred_anti_affinity=nodeterms.preferred_terms(spec, own, "podAntiAffinity", v))
 

@@ -181,7 +181,7 @@ def parse_pod(pod: Mapping[str, Any], *, require_scheduler: bool = True) -> GpuR
     vendor = _vendor(as_map(meta.get("annotations")), whole, share, v)
     gang_timeout(as_map(meta.get("annotations")), v)
     rdma = _rdma(per, whole, spec, bool(min_member), v, warnings)
-    constraints = parse_constraints(spec, RESOURCES, v, warnings, meta.get("labels"))
+    constraints = parse_constraints(spec, RESOURCES, v, meta.get("labels"))
     if v:
         raise RequestError(v, pod_name)
 
@@ -316,6 +316,14 @@ def _constraints_text(c: PodConstraints) -> str:
         if terms:
             parts.append(f"required {what} on {', '.join(sorted({t.topology_key for t in terms}))}")
     parts += [f"spread over {s.topology_key} (maxSkew {s.max_skew})" for s in c.spread]
+    prefers = [f"node affinity ({len(c.preferred_node_affinity)} term{'s' if len(c.preferred_node_affinity) != 1 else ''})"
+               ] if c.preferred_node_affinity else []
+    for what, weighted in (("pod affinity", c.preferred_affinity), ("pod anti-affinity", c.preferred_anti_affinity)):
+        if weighted:
+            prefers.append(f"{what} on {', '.join(sorted({w.term.topology_key for w in weighted}))}")
+    prefers += [f"spread over {s.topology_key}" for s in c.soft_spread]
+    if prefers:
+        parts.append(f"prefers {', '.join(prefers)}")
     return ", ".join(parts)
 
 

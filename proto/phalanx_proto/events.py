@@ -40,6 +40,7 @@ from phalanx_proto.scheduling import (
     QualifiedName,
     SpreadConstraint,
     Toleration,
+    WeightedNodeSelectorTerm,
     WeightedPodAffinityTerm,
 )
 from phalanx_proto.topology import MAX_GPUS, NetworkTiers, NodeTopology
@@ -131,6 +132,9 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     node_affinity: Annotated[tuple[NodeSelectorTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] | None = None
     """Required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``): the node
     must match one of the terms. ``None``: the pod has none."""
+    preferred_node_affinity: Annotated[tuple[WeightedNodeSelectorTerm, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """Preferred node affinity: among the nodes that fit, one matching more weight ranks higher
+    (docs/placement.md)."""
     node_name: str = ""
     """``spec.nodeName`` asked by the pod: only that node will do."""
     host_ports: Annotated[tuple[HostPort, ...], msgspec.Meta(max_length=MAX_HOST_PORTS)] = ()
@@ -155,7 +159,10 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Preferred pod anti-affinity terms: the same, ranking such a node lower."""
     spread: Annotated[tuple[SpreadConstraint, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
     """The pod's ``topologySpreadConstraints`` with ``whenUnsatisfiable: DoNotSchedule``
-    (PodTopologySpread's filter); the ``ScheduleAnyway`` ones are not evaluated."""
+    (PodTopologySpread's filter)."""
+    soft_spread: Annotated[tuple[SpreadConstraint, ...], msgspec.Meta(max_length=MAX_TERMS)] = ()
+    """The ``ScheduleAnyway`` ones (PodTopologySpread's score): among the nodes that fit, one
+    whose domains hold fewer pods they select ranks higher (docs/placement.md)."""
     queue: Annotated[str, msgspec.Meta(max_length=253)] = ""
     """The queue the pod is in (its label, else its namespace's, else ``default``:
     docs/queues.md); "" before queues, read as ``default``."""

@@ -94,6 +94,14 @@ class NodeSelectorTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     match_fields: Annotated[tuple[NodeSelectorRequirement, ...], msgspec.Meta(max_length=MAX_REQUIREMENTS)] = ()
 
 
+class WeightedNodeSelectorTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One preferred node affinity term (``preferredDuringSchedulingIgnoredDuringExecution``): a
+    node it matches scores ``weight``. Unlike a required term, an empty one matches every node."""
+
+    weight: Annotated[int, msgspec.Meta(ge=1, le=100)]
+    term: NodeSelectorTerm
+
+
 class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A port on the node's network a pod binds (``hostPort``; with ``hostNetwork`` every
     ``containerPort``). An empty ``host_ip`` means every address (``0.0.0.0``)."""

@@ -426,8 +426,8 @@ def preferring(name: str, labels: dict, affinity: dict) -> dict:
             "spec": {"schedulerName": "phalanx", "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "c", "image": "registry.example/app:1",
                                      "resources": {"limits": dict(GPU)}}],
-                     "affinity": {**affinity, "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
-                         {"matchExpressions": [allowed]}]}}}}}
+                     "affinity": {**affinity, "nodeAffinity": {**affinity.get("nodeAffinity", {}), REQUIRED: {
+                         "nodeSelectorTerms": [{"matchExpressions": [allowed]}]}}}}}
 
 
 def bound_to(api: KubeApi, name: str, timeout_s: float = 60) -> str:
@@ -440,10 +440,12 @@ def bound_to(api: KubeApi, name: str, timeout_s: float = 60) -> str:
     raise AssertionError(f"{name} not bound after {timeout_s}s: {api.get_pod(NS, name).get('status')}")
 
 
-def test_preferred_pod_anti_affinity_and_affinity_decide_between_nodes_that_both_fit(cluster):
+def test_preferences_decide_between_nodes_that_both_fit(cluster):
     """Packing puts a pod on ``plain`` (the tie between two empty nodes goes to the smaller name)
-    and a second one beside it; preferring to keep away from the app=conf-web pods, or from its
-    own replicas, moves a pod to ``ports``; preferring them keeps it on ``plain``."""
+    and the next ones beside it; preferring to keep away from the app=conf-web pods, or from its
+    own replicas (preferred pod anti-affinity, or ScheduleAnyway spread over hosts), or
+    preferring ``ports`` by node affinity, moves a pod to ``ports``; preferring the app=conf-web
+    pods keeps it on ``plain``."""
     plane, stack = cluster
     api = plane.api
     settle(stack, api)
@@ -454,18 +456,27 @@ def test_preferred_pod_anti_affinity_and_affinity_decide_between_nodes_that_both
                                             "topologyKey": "kubernetes.io/hostname"}}]}}
     near_web = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 50, "podAffinityTerm": WEB_TERM}]}}
+    on_ports = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name("ports")]}]}}]}}
+    soft = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": {"app": "conf-soft"}}}]
+    pods = (("pref-plain", {"app": "conf-pref"}, {}, None), ("pref-away", {"app": "conf-pref"}, away_from_web, None),
+            ("pref-near", {"app": "conf-pref"}, near_web, None), ("rep-0", {"app": "conf-rep"}, replicas_apart, None),
+            ("rep-1", {"app": "conf-rep"}, replicas_apart, None), ("node-pref", {"app": "conf-pref"}, on_ports, None),
+            ("soft-0", {"app": "conf-soft"}, {}, soft), ("soft-1", {"app": "conf-soft"}, {}, soft))
     got: dict[str, str] = {}
     try:
-        for name, labels, affinity in (("pref-plain", {"app": "conf-pref"}, {}),
-                                       ("pref-away", {"app": "conf-pref"}, away_from_web),
-                                       ("pref-near", {"app": "conf-pref"}, near_web),
-                                       ("rep-0", {"app": "conf-rep"}, replicas_apart),
-                                       ("rep-1", {"app": "conf-rep"}, replicas_apart)):
-            api.create_pod(preferring(name, labels, affinity))
+        for name, labels, affinity, spread in pods:
+            obj = preferring(name, labels, affinity)
+            if spread:
+                obj["spec"]["topologySpreadConstraints"] = spread
+            api.create_pod(obj)
             got[name] = bound_to(api, name)
     finally:
-        for name in ("pref-plain", "pref-away", "pref-near", "rep-0", "rep-1"):
+        for name, *_ in pods:
             api.delete(f"/api/v1/namespaces/{NS}/pods/{name}")
-    assert {k: got[k] for k in ("pref-plain", "pref-away", "pref-near")} == \
-        {"pref-plain": "plain", "pref-away": "ports", "pref-near": "plain"}
+    assert {k: got[k] for k in ("pref-plain", "pref-away", "pref-near", "node-pref")} == \
+        {"pref-plain": "plain", "pref-away": "ports", "pref-near": "plain", "node-pref": "ports"}, got
     assert got["rep-0"] != got["rep-1"], got
+    assert got["soft-0"] != got["soft-1"], got

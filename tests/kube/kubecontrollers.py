@@ -1,6 +1,7 @@
 """Real workload controllers on the test control plane: kube-controller-manager (Job controller,
 garbage collector, resourceclaim controller, ...), the JobSet controller (with its admission
-webhooks) and the Kubeflow MPI Operator, each with the CRDs it serves.
+webhooks), the LeaderWorkerSet controller (with its webhooks; built by ``tools/lws/build.sh``)
+and the Kubeflow MPI Operator, each with the CRDs it serves.
 
 The binaries and manifests come from ``tools/kube/build.sh`` (kube-controller-manager) and
 ``tools/controllers/build.sh`` (jobset-controller, mpi-operator, and the CRD/webhook YAML copied
@@ -114,11 +115,11 @@ def _wait_until(plane: ControlPlane, name: str, probe, timeout_s: float, what: s
 
 
 def delete_workloads(api: KubeApi, ns: str, timeout_s: float = 90) -> None:
-    """Delete every JobSet, MPIJob and Job of ``ns`` (their pods go by the garbage collector)
+    """Delete every JobSet, MPIJob, LeaderWorkerSet and Job of ``ns`` (their pods go by the garbage collector)
     and then any pod left, and wait until none is there: what a test made must not be left
     pending for the next test's scheduler."""
     for plural in ("apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", "apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
-                   "apis/batch/v1/namespaces/{ns}/jobs"):
+                   "apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets", "apis/batch/v1/namespaces/{ns}/jobs"):
         path = "/" + plural.format(ns=ns)
         try:
             items = api.get(path)["items"]
@@ -141,17 +142,18 @@ def delete_workloads(api: KubeApi, ns: str, timeout_s: float = 90) -> None:
 
 # -- CRDs ------------------------------------------------------------------------------------------
 def install_crds(plane: ControlPlane) -> None:
-    """Apply the JobSet and MPIJob CRDs and wait until both are Established."""
+    """Apply the JobSet, MPIJob and LeaderWorkerSet CRDs and wait until all are Established."""
     d = controllers_dir() / "manifests"
-    apply_crds(plane, [doc for rel in (JOBSET_CRD, MPIJOB_CRD) for doc in _load_yaml(d / rel)])
+    apply_crds(plane, [doc for rel in (JOBSET_CRD, MPIJOB_CRD) for doc in _load_yaml(d / rel)]
+               + _load_yaml(lws_dir() / "manifests" / LWS_CRD))
 
 
 # -- kube-controller-manager -----------------------------------------------------------------------
 def ensure_controller_manager(plane: ControlPlane) -> None:
     """kube-controller-manager with ``KCM_CONTROLLERS``, ready once a probe Job got its pod and the
     garbage collector removed that pod after the Job was deleted. The CRDs go in first so that the
-    garbage collector watches JobSets and MPIJobs from its start (it rediscovers resources only
-    every 30 s)."""
+    garbage collector watches JobSets, MPIJobs and LeaderWorkerSets from its start (it
+    rediscovers resources only every 30 s)."""
     with _lock:
         if _running(plane, "kube-controller-manager"):
             return
@@ -244,16 +246,23 @@ def ensure_jobset_controller(plane: ControlPlane) -> None:
 def _register_jobset_webhooks(plane: ControlPlane, d: Path, port: int, ca: bytes) -> None:
     """The webhook configurations of the JobSet release (manifests.yaml with its kustomize patches,
     which limit the pod webhooks to JobSet pods), pointed at the loopback server by URL."""
-    docs = _load_yaml(d / "manifests" / "jobset" / "manifests.yaml")
-    patches = {"MutatingWebhookConfiguration": "mutating-patch.yaml",
-               "ValidatingWebhookConfiguration": "validating-patch.yaml"}
+    _register_webhooks(plane, d / "manifests" / "jobset", {"MutatingWebhookConfiguration": "mutating-patch.yaml",
+                                                           "ValidatingWebhookConfiguration": "validating-patch.yaml"},
+                       JOBSET_WEBHOOK_NAMES, port, ca)
+
+
+def _register_webhooks(plane: ControlPlane, manifests: Path, patches: dict[str, str], names: dict[str, str],
+                       port: int, ca: bytes) -> None:
+    """A release's webhook configurations (``manifests.yaml`` with its kustomize ``replace``
+    patches, which limit the pod webhooks to the controller's pods), named ``names`` and pointed
+    at the loopback server by URL."""
     ca_b64 = base64.b64encode(ca).decode()
-    for doc in docs:
-        for op in _load_yaml(d / "manifests" / "jobset" / patches[doc["kind"]])[0]:
+    for doc in _load_yaml(manifests / "manifests.yaml"):
+        for op in _load_yaml(manifests / patches[doc["kind"]])[0]:
             if op["op"] != "replace" or not op["path"].startswith("/webhooks/"):
-                raise HarnessError(f"unexpected patch op in the JobSet webhook manifests: {op}")
+                raise HarnessError(f"unexpected patch op in the webhook manifests of {manifests}: {op}")
             doc["webhooks"][int(op["path"].rsplit("/", 1)[1])] = op["value"]
-        doc["metadata"]["name"] = JOBSET_WEBHOOK_NAMES[doc["kind"]]
+        doc["metadata"]["name"] = names[doc["kind"]]
         for hook in doc["webhooks"]:
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_b64}
@@ -282,6 +291,94 @@ def stop_jobset_controller(plane: ControlPlane) -> None:
         if "jobset-controller" in plane.procs:
             unregister_jobset_webhooks(plane.api)
             plane._terminate("jobset-controller")
+
+
+# -- LeaderWorkerSet controller --------------------------------------------------------------------
+LWS_BUILD_SH = REPO / "tools" / "lws" / "build.sh"
+LWS_CRD = "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+LWS_WEBHOOK_NAMES = {"MutatingWebhookConfiguration": "lws-mutating-webhook-configuration",
+                     "ValidatingWebhookConfiguration": "lws-validating-webhook-configuration"}
+LWS_API = "/apis/leaderworkerset.x-k8s.io/v1"
+
+
+def lws_dir() -> Path:
+    """The directory with lws-controller and manifests/; ``HarnessError`` (with the fix) when
+    incomplete."""
+    how = "build it with `bash tools/lws/build.sh` (cached under ~/.cache/phalanx-lws; see tools/lws/README.md)"
+    if os.environ.get("CI"):
+        how = "the CI job must run `make kube` (tools/lws/build.sh) before the Kubernetes tiers"
+    try:
+        out = subprocess.run(["bash", str(LWS_BUILD_SH), "--print-bin-dir"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        raise HarnessError(f"cannot ask {LWS_BUILD_SH} for the bin dir ({e}); {how}") from e
+    d = Path(out[-1]) if out else Path()
+    missing = [] if os.access(d / "lws-controller", os.X_OK) else ["lws-controller"]
+    missing += [m for m in (LWS_CRD, "manifests.yaml", "SOURCES") if not (d / "manifests" / m).is_file()]
+    if missing:
+        raise HarnessError(f"LeaderWorkerSet controller missing in {d}: {', '.join(missing)}; {how}")
+    return d
+
+
+def ensure_lws_controller(plane: ControlPlane) -> None:
+    """The LeaderWorkerSet controller manager (its StatefulSets need kube-controller-manager)
+    with its webhooks served on loopback (self-signed cert) and registered with the API server,
+    ready once a server-side dry-run LeaderWorkerSet comes back defaulted."""
+    ensure_controller_manager(plane)
+    with _lock:
+        if _running(plane, "lws-controller"):
+            return
+        d = lws_dir()  # its CRD is in since kube-controller-manager started (install_crds)
+        work = plane.workdir / "lws"
+        cert_dir = work / "certs"
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=lws-webhook.phalanx-test", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(cert_dir / "tls.key"), "-out", str(cert_dir / "tls.crt")],
+                       check=True, capture_output=True, timeout=30)
+        for attempt in range(3):
+            webhook_port, probe_port = free_port(), free_port()
+            config = {"apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
+                      "leaderElection": {"leaderElect": False},
+                      "internalCertManagement": {"enable": False},
+                      "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+                      "metrics": {"bindAddress": "0"},
+                      "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+                      "clientConnection": {"qps": 100, "burst": 200}}
+            (work / "config.yaml").write_text(json.dumps(config, indent=1))
+            plane._run("lws-controller", [
+                d / "lws-controller", f"--kubeconfig={plane.kubeconfig}", f"--config={work / 'config.yaml'}",
+                "--zap-devel=false", "--zap-log-level=info"])
+            try:
+                plane._wait("lws-controller", lambda p=probe_port: plane._http_ok(f"http://127.0.0.1:{p}/readyz"), 60)
+                break
+            except HarnessError:
+                plane._terminate("lws-controller")
+                if attempt == 2:
+                    raise
+        _register_webhooks(plane, d / "manifests", {"MutatingWebhookConfiguration": "mutating-patch.yaml",
+                                                    "ValidatingWebhookConfiguration": "validating-patch.yaml"},
+                           LWS_WEBHOOK_NAMES, webhook_port, (cert_dir / "tls.crt").read_bytes())
+        _wait_until(plane, "lws-controller", lambda: _dry_run_lws_defaulted(plane.api), 60,
+                    "a dry-run LeaderWorkerSet defaulted by the mutating webhook")
+
+
+def _dry_run_lws_defaulted(api: KubeApi) -> bool:
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": "harness-probe", "namespace": "default"},
+           "spec": {"leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {
+               "containers": [{"name": "c", "image": "registry.example/probe:1"}]}}}}}
+    out = api.post(f"{LWS_API}/namespaces/default/leaderworkersets", lws, query={"dryRun": "All"})
+    return bool(out["spec"].get("startupPolicy"))
+
+
+def stop_lws_controller(plane: ControlPlane) -> None:
+    """Unregister the webhooks first (they fail closed), then stop the process."""
+    with _lock:
+        if "lws-controller" in plane.procs:
+            for kind, name in LWS_WEBHOOK_NAMES.items():
+                plane.api.delete(f"/apis/admissionregistration.k8s.io/v1/{kind.lower()}s/{name}")
+            plane._terminate("lws-controller")
 
 
 # -- MPI Operator ----------------------------------------------------------------------------------
@@ -325,6 +422,11 @@ if pytest is not None:
         """The control plane with kube-controller-manager (Job controller, garbage collector) and
         the JobSet and MPIJob CRDs installed."""
         return _ensure(kube, ensure_controller_manager, "kube-controller-manager")
+
+    @pytest.fixture(scope="session")
+    def lws_controller(kube_controller_manager: ControlPlane) -> ControlPlane:
+        """The control plane with the LeaderWorkerSet controller and its webhooks."""
+        return _ensure(kube_controller_manager, ensure_lws_controller, "lws-controller")
 
     @pytest.fixture(scope="session")
     def jobset_controller(kube_controller_manager: ControlPlane) -> ControlPlane:

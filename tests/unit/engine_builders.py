@@ -22,6 +22,7 @@ from phalanx_proto.scheduling import (
     SpreadConstraint,
     Taint,
     Toleration,
+    WeightedNodeSelectorTerm,
     WeightedPodAffinityTerm,
 )
 from phalanx_proto.topology import NetworkTiers, NodeTopology
@@ -264,6 +265,14 @@ class PodBuilder:
 
     def pod_anti_affinity_preferred(self, *terms: WeightedPodAffinityTerm) -> PodBuilder:
         self._fields["preferred_anti_affinity"] = (*self._fields.get("preferred_anti_affinity", ()), *terms)
+        return self
+
+    def prefer_nodes(self, *terms: WeightedNodeSelectorTerm) -> PodBuilder:
+        self._fields["preferred_node_affinity"] = (*self._fields.get("preferred_node_affinity", ()), *terms)
+        return self
+
+    def soft_spread(self, *constraints: SpreadConstraint) -> PodBuilder:
+        self._fields["soft_spread"] = (*self._fields.get("soft_spread", ()), *constraints)
         return self
 
     def spread(self, *constraints: SpreadConstraint) -> PodBuilder:

@@ -27,7 +27,7 @@ def In(key: str, *values: str) -> LabelSelectorRequirement:
 
 def spec_of(affinity: dict) -> MemberSpec:
     v: list[Violation] = []
-    got = parse_constraints({"containers": [{"name": "c"}], "affinity": affinity}, RESOURCES, v, [], {"app": "web"})
+    got = parse_constraints({"containers": [{"name": "c"}], "affinity": affinity}, RESOURCES, v, {"app": "web"})
     assert v == []
     return MemberSpec(pod=PodRef(namespace="own", name="p"), **msgspec.structs.asdict(got))
 

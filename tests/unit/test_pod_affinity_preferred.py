@@ -1,6 +1,7 @@
 """Preferred pod affinity and anti-affinity (``podaffinity.preference``, the
 ``PodAffinityPreference`` score): kube-scheduler's InterPodAffinity score from the pod's own
-preferred terms, ranked after the GPU set's quality and before packing."""
+preferred terms, ranked after the GPU set's quality and before packing; and the node's own
+preferences (PreferNoSchedule taints, preferred node affinity), ranked before it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from phalanx_engine import podaffinity
 from phalanx_engine.cluster import Cluster
 from phalanx_engine.decide import decide
 from phalanx_engine.snapshot import Decision
-from phalanx_proto.scheduling import WeightedPodAffinityTerm
+from phalanx_proto.scheduling import (
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    WeightedNodeSelectorTerm,
+    WeightedPodAffinityTerm,
+)
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -77,3 +83,23 @@ def test_a_preference_beyond_the_first_eight_feasible_nodes_is_still_found():
                             node("z-db").gpus(8).pod_here(app="db")))
     p = pod("p").gpus(1).pod_affinity_preferred(weighted(1, HOST, ("app", "In", "db"))).spec()
     assert placed_on(Cluster.from_snapshot(views), p) == "z-db"
+
+
+# -- the node's own preferences: PreferNoSchedule taints and preferred node affinity ------------
+def test_a_node_with_an_untolerated_prefer_no_schedule_taint_ranks_below_one_without():
+    views = snapshot(node("fuller").gpus(8).busy(0, 1, 2, 3).taint("spot", "yes", "PreferNoSchedule"), node("other").gpus(8))
+    assert placed_on(Cluster.from_snapshot(views), pod("p").gpus(1).spec()) == "other"
+    tolerant = pod("p").gpus(1).tolerate("spot", "yes", effect="PreferNoSchedule").spec()
+    assert placed_on(Cluster.from_snapshot(views), tolerant) == "fuller"  # tolerated: packing decides again
+
+
+def test_preferred_node_affinity_ranks_the_heavier_match_first_and_an_empty_term_matches_every_node():
+    views = snapshot(node("a").gpus(8).busy(0, 1, 2, 3).label("tier", "silver"), node("b").gpus(8).label("tier", "gold"))
+    gold = WeightedNodeSelectorTerm(weight=10, term=NodeSelectorTerm(match_expressions=(
+        NodeSelectorRequirement(key="tier", operator="In", values=("gold",)),)))
+    silver = WeightedNodeSelectorTerm(weight=3, term=NodeSelectorTerm(match_expressions=(
+        NodeSelectorRequirement(key="tier", operator="In", values=("silver",)),)))
+    anything = WeightedNodeSelectorTerm(weight=50, term=NodeSelectorTerm())
+    assert placed_on(Cluster.from_snapshot(views), pod("p").gpus(1).spec()) == "a"  # packing
+    assert placed_on(Cluster.from_snapshot(views), pod("p").gpus(1).prefer_nodes(gold, silver).spec()) == "b"
+    assert placed_on(Cluster.from_snapshot(views), pod("p").gpus(1).prefer_nodes(silver, anything).spec()) == "a"

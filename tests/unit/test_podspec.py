@@ -17,17 +17,17 @@ from phalanx_proto.scheduling import (
     PodAffinityTerm,
     SpreadConstraint,
     Toleration,
+    WeightedNodeSelectorTerm,
     WeightedPodAffinityTerm,
 )
 
 GIB = 1 << 30
 
 
-def parse(spec: dict) -> tuple[PodConstraints, list[Violation], list[str]]:
+def parse(spec: dict) -> tuple[PodConstraints, list[Violation]]:
     v: list[Violation] = []
-    w: list[str] = []
-    got = parse_constraints(spec, RESOURCES, v, w)
-    return got, v, w
+    got = parse_constraints(spec, RESOURCES, v)
+    return got, v
 
 
 def c(name: str, requests=None, limits=None, ports=None, **extra) -> dict:
@@ -59,8 +59,8 @@ def c(name: str, requests=None, limits=None, ports=None, **extra) -> dict:
     pytest.param({"containers": [c("a", {"cpu": "0"})]}, {}, id="a zero request is no request"),
 ])
 def test_requests(spec, expected):
-    got, v, w = parse(spec)
-    assert (got.requests, v, w) == (expected, [], [])
+    got, v = parse(spec)
+    assert (got.requests, v) == (expected, [])
 
 
 @pytest.mark.parametrize(("spec", "violation"), [
@@ -78,13 +78,13 @@ def test_requests(spec, expected):
                            "or an extended resource named <domain>/<name>"), id="a resource name Kubernetes lacks"),
 ])
 def test_invalid_requests_name_field_value_and_rule(spec, violation):
-    _, v, _ = parse(spec)
+    _, v = parse(spec)
     assert len(v) == 1 and (v[0].field, v[0].value) == (violation.field, violation.value)
     assert v[0].rule and (not violation.rule or v[0].rule == violation.rule)
 
 
 def test_tolerations_selector_and_required_node_affinity_are_carried_whole():
-    got, v, w = parse({"containers": [c("a")], "nodeName": "n7", "nodeSelector": {"gpu": "a100"},
+    got, v = parse({"containers": [c("a")], "nodeName": "n7", "nodeSelector": {"gpu": "a100"},
                        "tolerations": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
                                        {"operator": "Exists"}],
                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -92,7 +92,7 @@ def test_tolerations_selector_and_required_node_affinity_are_carried_whole():
                                                                         "values": ["32"]}],
                                                   "matchFields": [{"key": "metadata.name", "operator": "In",
                                                                    "values": ["n7"]}]}]}}}})
-    assert (v, w) == ([], [])
+    assert v == []
     assert got == PodConstraints(
         tolerations=(Toleration(key="dedicated", value="infra", effect="NoSchedule"), Toleration(operator="Exists")),
         node_selector={"gpu": "a100"}, node_name="n7",
@@ -129,7 +129,7 @@ def test_tolerations_selector_and_required_node_affinity_are_carried_whole():
         id="required node affinity without terms"),
 ])
 def test_invalid_constraints_name_field_and_value(spec, field, value):
-    _, v, _ = parse({"containers": [c("a")], **spec})
+    _, v = parse({"containers": [c("a")], **spec})
     assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
 
 
@@ -147,7 +147,7 @@ def test_invalid_constraints_name_field_and_value(spec, field, value):
                  (HostPort(port=7000),), id="a sidecar's host ports count, a run-once init container's do not"),
 ])
 def test_host_ports(spec, ports):
-    got, v, _ = parse(spec)
+    got, v = parse(spec)
     assert (got.host_ports, v) == (ports, [])
 
 
@@ -163,31 +163,36 @@ def test_host_ports(spec, ports):
                  "spec.containers[b].ports[0].hostPort", id="the same host port twice"),
 ])
 def test_invalid_ports(spec, field):
-    _, v, _ = parse(spec)
+    _, v = parse(spec)
     assert [x.field for x in v] == [field]
 
 
-@pytest.mark.parametrize(("affinity", "spread", "unsupported", "warned"), [
+READ = ("pod_affinity", "pod_anti_affinity", "preferred_affinity", "preferred_anti_affinity", "spread", "soft_spread",
+        "preferred_node_affinity")
+
+
+@pytest.mark.parametrize(("affinity", "spread", "fields", "unsupported"), [
     pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}, [],
-                 (), 0, id="required anti-affinity is evaluated"),
+                 {"pod_anti_affinity"}, (), id="required anti-affinity is evaluated"),
     pytest.param({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "zone", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}, [],
-                 ("podAntiAffinity",), 0, id="a term selecting namespaces by label waits to be resolved"),
+                 {"pod_anti_affinity"}, ("podAntiAffinity",), id="a term selecting namespaces by label waits to be resolved"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone"}}]}}, [], (), 0, id="preferred pod affinity is evaluated"),
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone"}}]}}, [], {"preferred_affinity"}, (),
+                 id="preferred pod affinity is evaluated"),
     pytest.param({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"t": "a"}}}}]}},
-                 [], (), 0, id="a preferred term selecting namespaces by label is kept to be resolved"),
-    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}], (), 0,
-                 id="hard topology spread is evaluated"),
-    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], (), 1,
-                 id="soft topology spread is ignored with a warning"),
-    pytest.param({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}, [], (), 1,
-                 id="preferred node affinity is ignored with a warning"),
+                 [], {"preferred_affinity"}, (), id="a preferred term selecting namespaces by label is kept to be resolved"),
+    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}], {"spread"}, (),
+                 id="hard topology spread is a filter"),
+    pytest.param({}, [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}], {"soft_spread"}, (),
+                 id="soft topology spread is a score"),
+    pytest.param({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {}}]}},
+                 [], {"preferred_node_affinity"}, (), id="preferred node affinity is a score"),
 ])
-def test_what_phalanx_refuses_or_ignores_is_said(affinity, spread, unsupported, warned):
-    got, v, w = parse({"containers": [c("a")], "affinity": affinity, "topologySpreadConstraints": spread})
-    assert (got.unsupported, v, len(w)) == (unsupported, [], warned)
+def test_each_term_is_read_into_its_field(affinity, spread, fields, unsupported):
+    got, v = parse({"containers": [c("a")], "affinity": affinity, "topologySpreadConstraints": spread})
+    assert ({f for f in READ if getattr(got, f)}, got.unsupported, v) == (fields, unsupported, [])
 
 
 @pytest.mark.parametrize(("spec", "field", "value"), [
@@ -216,16 +221,8 @@ def test_what_phalanx_refuses_or_ignores_is_said(affinity, spread, unsupported, 
                  "spec.containers[*].ports", "65 host ports", id="more host ports than Phalanx reads"),
 ])
 def test_hostile_constraints_are_violations_never_errors(spec, field, value):
-    _, v, _ = parse({"containers": [c("a")], **spec})
+    _, v = parse({"containers": [c("a")], **spec})
     assert [(x.field, x.value) for x in v] == [(field, value)] and v[0].rule
-
-
-def test_a_warning_names_the_field_and_the_rule():
-    _, v, w = parse({"containers": [c("a")], "topologySpreadConstraints": [
-        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]})
-    assert v == [] and w == [
-        "spec.topologySpreadConstraints with whenUnsatisfiable ScheduleAnyway is ignored: Phalanx evaluates only "
-        "DoNotSchedule spread (the filter), not the scores"]
 
 
 JOB_KEY = "jobset.sigs.k8s.io/job-key"
@@ -245,13 +242,12 @@ def test_jobset_exclusive_placement_terms_are_read_whole():
             {"key": JOB_KEY, "operator": "Exists"}, {"key": JOB_KEY, "operator": "NotIn", "values": ["j1"]}]},
             "topologyKey": "leaf", "namespaceSelector": {}}]}}}
     v: list[Violation] = []
-    w: list[str] = []
-    got = parse_constraints(spec, RESOURCES, v, w, {JOB_KEY: "j1"})
-    assert (got.labels, got.pod_affinity, got.pod_anti_affinity, got.unsupported, v, w) == (
+    got = parse_constraints(spec, RESOURCES, v, {JOB_KEY: "j1"})
+    assert (got.labels, got.pod_affinity, got.pod_anti_affinity, got.unsupported, v) == (
         {JOB_KEY: "j1"},
         (PodAffinityTerm(topology_key="leaf", selector=(req(JOB_KEY, "In", "j1"),), all_namespaces=True),),
         (PodAffinityTerm(topology_key="leaf", selector=(req(JOB_KEY, "Exists"), req(JOB_KEY, "NotIn", "j1")),
-                         all_namespaces=True),), (), [], [])
+                         all_namespaces=True),), (), [])
 
 
 @pytest.mark.parametrize(("term", "labels", "expected"), [
@@ -267,7 +263,7 @@ def test_jobset_exclusive_placement_terms_are_read_whole():
 ])
 def test_pod_affinity_terms(term, labels, expected):
     v: list[Violation] = []
-    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v, [],
+    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v,
                             labels)
     assert (got.pod_affinity, v) == ((expected,), [])
 
@@ -294,13 +290,13 @@ F = f"spec.affinity.podAffinity.{REQ}[0]"
 ])
 def test_pod_affinity_term_violations_name_the_field(term, expected):
     v: list[Violation] = []
-    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v, [])
+    got = parse_constraints({"containers": [c("a")], "affinity": {"podAffinity": {REQ: [term]}}}, RESOURCES, v)
     assert (got.pod_affinity, v) == ((), [expected])
 
 
 def test_a_pod_with_more_labels_than_phalanx_reads_is_refused_naming_the_field():
     v: list[Violation] = []
-    parse_constraints({"containers": [c("a")]}, RESOURCES, v, [], {f"k{i}": "v" for i in range(257)})
+    parse_constraints({"containers": [c("a")]}, RESOURCES, v, {f"k{i}": "v" for i in range(257)})
     assert v == [Violation("metadata.labels", "257 labels",
                            "Phalanx reads at most 256 labels per pod (pod affinity matches pods by them)")]
 
@@ -329,10 +325,19 @@ HARD = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule
 ])
 def test_hard_topology_spread_is_read_as_kube_scheduler_reads_it(constraints, want):
     v: list[Violation] = []
-    w: list[str] = []
-    got = parse_constraints({"containers": [c("a")], "topologySpreadConstraints": constraints}, RESOURCES, v, w,
+    got = parse_constraints({"containers": [c("a")], "topologySpreadConstraints": constraints}, RESOURCES, v,
                             {"app": "web", "rev": "7"})
     assert (got.spread, v) == (want, [])
+
+
+def test_schedule_anyway_constraints_are_read_apart_as_the_score():
+    v: list[Violation] = []
+    got = parse_constraints({"containers": [c("a")], "topologySpreadConstraints": [
+        {**HARD, "whenUnsatisfiable": "ScheduleAnyway", "maxSkew": 3, "labelSelector": {}, "matchLabelKeys": ["app"]},
+        HARD]}, RESOURCES, v, {"app": "web"})
+    assert (got.soft_spread, got.spread, v) == (
+        (SpreadConstraint(topology_key="zone", max_skew=3, selector=(In("app", "web"),)),),
+        (SpreadConstraint(topology_key="zone", max_skew=1, match_none=True),), [])
 
 
 @pytest.mark.parametrize(("constraint", "field", "value"), [
@@ -350,7 +355,7 @@ def test_hard_topology_spread_is_read_as_kube_scheduler_reads_it(constraints, wa
                  id="a matchLabelKeys entry that is no label key"),
 ])
 def test_an_invalid_spread_constraint_names_its_field_and_adds_no_constraint(constraint, field, value):
-    got, v, _ = parse({"containers": [c("a")], "topologySpreadConstraints": [constraint]})
+    got, v = parse({"containers": [c("a")], "topologySpreadConstraints": [constraint]})
     assert got.spread == ()
     assert [(x.field, x.value) for x in v] == [(f"spec.topologySpreadConstraints[0].{field}", value)]
 
@@ -365,13 +370,12 @@ def test_preferred_terms_are_read_with_their_weights():
                     "topologyKey": "kubernetes.io/hostname", "labelSelector": {}, "matchLabelKeys": ["app"],
                     "namespaces": ["a"]}}]}}
     v: list[Violation] = []
-    w: list[str] = []
-    got = parse_constraints({"containers": [c("a")], "affinity": affinity}, RESOURCES, v, w, {"app": "web"})
-    assert (got.preferred_affinity, got.preferred_anti_affinity, v, w) == (
+    got = parse_constraints({"containers": [c("a")], "affinity": affinity}, RESOURCES, v, {"app": "web"})
+    assert (got.preferred_affinity, got.preferred_anti_affinity, v) == (
         (WeightedPodAffinityTerm(weight=30, term=PodAffinityTerm(topology_key="zone", selector=(In("app", "db"),))),),
         (WeightedPodAffinityTerm(weight=100, term=PodAffinityTerm(topology_key="kubernetes.io/hostname",
                                                                   selector=(In("app", "web"),), namespaces=("a",))),),
-        [], [])
+        [])
 
 
 @pytest.mark.parametrize(("entry", "field", "value"), [
@@ -381,6 +385,21 @@ def test_preferred_terms_are_read_with_their_weights():
     pytest.param({"weight": 5}, "[0].podAffinityTerm.topologyKey", "null", id="a term without a topologyKey"),
 ])
 def test_an_invalid_preferred_term_names_its_field(entry, field, value):
-    got, v, _ = parse({"containers": [c("a")], "affinity": {"podAntiAffinity": {PREFERRED: [entry]}}})
+    got, v = parse({"containers": [c("a")], "affinity": {"podAntiAffinity": {PREFERRED: [entry]}}})
     assert got.preferred_anti_affinity == ()
     assert [(x.field, x.value) for x in v] == [(f"spec.affinity.podAntiAffinity.{PREFERRED}{field}", value)]
+
+
+def test_preferred_node_affinity_is_read_with_weights_and_checked_as_a_required_term_is():
+    na = {"nodeAffinity": {PREFERRED: [
+        {"weight": 20, "preference": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold"]}]}},
+        {"weight": 0, "preference": {}},
+        {"weight": 5, "preference": {"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["x", "y"]}]}}]}}
+    got, v = parse({"containers": [c("a")], "affinity": na})
+    assert got.preferred_node_affinity == (
+        WeightedNodeSelectorTerm(weight=20, term=NodeSelectorTerm(match_expressions=(
+            NodeSelectorRequirement(key="tier", operator="In", values=("gold",)),))),
+        WeightedNodeSelectorTerm(weight=5, term=NodeSelectorTerm()))
+    assert [(x.field, x.value) for x in v] == [
+        (f"spec.affinity.nodeAffinity.{PREFERRED}[1].weight", "0"),
+        (f"spec.affinity.nodeAffinity.{PREFERRED}[2].preference.matchExpressions[0].values", "x, y")]

@@ -40,6 +40,9 @@ RJ = "jobset.sigs.k8s.io/replicatedjob-name"
 RJ_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOBS = "jobset.sigs.k8s.io/global-replicas"
 MIN = "aliyun.com/min-member"
+LWS, LWS_GROUP, LWS_WORKER = ("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index",
+                              "leaderworkerset.sigs.k8s.io/worker-index")
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 
 
 def jobset_pod(name="p", *, rj="workers", replicas="2", jobs="3", min_member="2", **extra):
@@ -61,6 +64,12 @@ IDS = [
      ("ml/JobSet:train", "JobSet", 9, GangPart(name="workers", jobs=2, members=2), 3)),
     ("an MPIJob's pods are one gang", pod(labels={"training.kubeflow.org/job-name": "mpi", MIN: "2"}),
      ("ml/MPIJob:mpi", "MPIJob", 2, None, 0)),
+    ("each group of a LeaderWorkerSet, leader and workers, is one gang of the size its controller says",
+     pod(labels={LWS: "serve", LWS_GROUP: "1", LWS_WORKER: "2"}, annotations={LWS_SIZE: "4"}),
+     ("ml/LeaderWorkerSet:serve-1", "LeaderWorkerSet", 4, None, 0)),
+    ("phalanx.io/gang-min-member wins over a LeaderWorkerSet group's size",
+     pod(labels={LWS: "serve", LWS_GROUP: "0", "phalanx.io/gang-min-member": "2"}, annotations={LWS_SIZE: "4"}),
+     ("ml/LeaderWorkerSet:serve-0", "LeaderWorkerSet", 2, None, 0)),
     ("a plain Job's pods are one gang", pod(labels={"batch.kubernetes.io/job-name": "train", MIN: "3"}),
      ("ml/Job:train", "Job", 3, None, 0)),
     ("a plain Job that says no min-member is an undeclared gang", pod(labels={"batch.kubernetes.io/job-name": "j"}),
@@ -266,3 +275,9 @@ async def test_the_mig_demo_asking_for_five_slices_is_told_the_allowed_values_an
     message = event[4]
     assert condition[4] == message and message.startswith("invalid request: ")
     assert "aliyun.com/gpu-slice" in message and "1, 2, 3, 4" in message
+
+
+def test_a_leaderworkerset_size_that_is_no_count_names_the_annotation():
+    with pytest.raises(InvalidMember) as e:
+        identity(pod(labels={LWS: "serve", LWS_GROUP: "0"}, annotations={LWS_SIZE: "four"}))
+    assert [v.field for v in e.value.violations] == [f"metadata.annotations[{LWS_SIZE}]"]

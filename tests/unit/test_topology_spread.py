@@ -5,6 +5,8 @@ decision."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from engine_builders import node, pod, snapshot, spread
 
@@ -137,3 +139,47 @@ def test_a_single_pod_goes_to_the_zone_with_fewest_and_waits_with_the_reason_whe
     assert isinstance(refused, NoFit), refused
     assert dict(refused.reasons) == {sp.R_SPREAD: 3}
     assert refused.resolvable
+
+
+# -- ScheduleAnyway --------------------------------------------------------------------------
+def soft_scores(p, builders) -> dict[str, float]:
+    cluster = Cluster.from_snapshot(snapshot(*builders))
+    with podaffinity.trial(cluster.affinity_pods()) as pods:
+        counts = sp.soft_counts_in(pods, p.spec())
+        return {name: sp.soft_score(p.spec(), counts, st.view.kube.labels) for name, st in sorted(cluster.nodes.items())}
+
+
+def test_the_soft_score_counts_matching_pods_per_domain_weighted_by_the_domains():
+    # zone: z1 (a, b) has two web pods, z2 (c) none; d has no zone. Two domains: weight log(4).
+    got = soft_scores(pod("p").labels(app="web").soft_spread(spread(ZONE, ("app", "In", "web"), max_skew=2)),
+                      nodes(a=WEB_ON_A * 2))
+    w = math.log(4)
+    assert got == {"a": -round(2 * w + 1), "b": -round(2 * w + 1), "c": -round(0 * w + 1), "d": -math.inf}
+
+
+def test_a_replica_spreading_softly_over_hosts_goes_to_the_host_with_fewest():
+    c = spread(HOST, ("app", "In", "web"))
+    views = snapshot(*(node(f"n{i}").gpus(8).label(HOST, f"n{i}") for i in range(3)))
+    cluster = Cluster.from_snapshot(views)
+    used = []
+    for i in range(3):
+        got = decide(cluster, (pod(f"w{i}").gpus(1).labels(app="web").soft_spread(c).spec(),))
+        assert isinstance(got, Decision), got
+        cluster.assume(got.assignments)
+        used.append(got.assignments[0].node)
+    assert sorted(used) == ["n0", "n1", "n2"]
+    # without it, packing stacks them
+    packed = Cluster.from_snapshot(views)
+    nodes_ = []
+    for i in range(3):
+        got = decide(packed, (pod(f"w{i}").gpus(1).labels(app="web").spec(),))
+        packed.assume(got.assignments)
+        nodes_.append(got.assignments[0].node)
+    assert len(set(nodes_)) == 1
+
+
+def test_soft_spread_never_refuses_a_node():
+    views = snapshot(node("a").gpus(8).label(ZONE, "z1").pod_here(app="web").pod_here(app="web"))
+    got = decide(Cluster.from_snapshot(views), (pod("p").gpus(1).labels(app="web")
+                                                 .soft_spread(spread(ZONE, ("app", "In", "web"))).spec(),))
+    assert isinstance(got, Decision) and got.assignments[0].node == "a"

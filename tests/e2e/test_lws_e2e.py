@@ -1,0 +1,103 @@
+"""LeaderWorkerSet groups on the real LeaderWorkerSet controller (v0.8.0, with its webhooks,
+built by tools/lws/build.sh): each group — leader and workers, made by the controller's two
+StatefulSets — is one gang of the size the controller writes on its pods, placed whole in its
+tightest domain; a group the controller recreates after a pod fails
+(``RecreateGroupOnPodRestart``) is placed again as a whole.
+
+On the shared four-node stack (``stack4``: four kwok nodes of 4 GPUs, each its own leaf); each
+group is 4 pods of 1 GPU, one node's worth.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from kubecontrollers import LWS_API, delete_workloads, wait_for
+from test_controllers_e2e import bound, gpus_used, live
+
+from phalanx_bus import Bus
+from phalanx_bus.records import read_all
+from phalanx_localstack.stack import Stack
+from phalanx_proto import subjects as S
+
+pytestmark = pytest.mark.e2e
+
+NAME = "leaderworkerset.sigs.k8s.io/name"
+GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+@pytest.fixture(autouse=True)
+def _workloads_deleted_after_each_test(kube_api, kube_ns):
+    yield
+    delete_workloads(kube_api, kube_ns)
+
+
+def lws(name: str, ns: str, *, replicas: int, size: int, gpus: int) -> dict:
+    """A LeaderWorkerSet whose leader and workers share one template of ``gpus`` GPUs."""
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"replicas": replicas, "leaderWorkerTemplate": {
+                "size": size, "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": {"spec": {
+                    "schedulerName": "phalanx", "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.example/serve:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}}}}
+
+
+async def gangs_of(stack: Stack) -> dict:
+    """Gang id → its state, as gang-coordinator recorded it."""
+    bus = await Bus.connect(stack.url, service="test")
+    try:
+        good, _ = await read_all(await bus.kv(S.KV_GANGS))
+        return {r.value.gang_id: r.value for r in good if r.value.members}
+    finally:
+        await bus.close()
+
+
+def groups(pods: list[dict]) -> dict[str, set[str]]:
+    """Group index → the nodes its pods are bound to."""
+    out: dict[str, set[str]] = {}
+    for p in pods:
+        out.setdefault(p["metadata"]["labels"][GROUP], set()).add(p["spec"]["nodeName"])
+    return out
+
+
+def test_each_leaderworkerset_group_is_one_gang_placed_whole_on_its_tightest_domain(stack4, lws_controller, kube_api,
+                                                                                   kube_ns):
+    kube_api.post(f"{LWS_API}/namespaces/{kube_ns}/leaderworkersets", lws("serve", kube_ns, replicas=2, size=4, gpus=1))
+    placed = bound(kube_api, kube_ns, f"{NAME}=serve", 8, stack4)
+    where = groups(placed)
+    assert sorted(where) == ["0", "1"] and all(len(nodes) == 1 for nodes in where.values()), where
+    assert where["0"] != where["1"], where
+    used = gpus_used(placed)
+    assert len(used) == len(set(used)) == 8
+    leaders = [p for p in placed if p["metadata"]["labels"].get(WORKER) == "0"]
+    assert len(leaders) == 2  # the leader is a member like its workers
+    # one gang per group, of the group's pods (packing alone could also put a group's pods on one node)
+    members = {gid: sorted(m.pod.name for m in st.members) for gid, st in anyio.run(gangs_of, stack4).items()}
+    by_group = {f"{kube_ns}/LeaderWorkerSet:serve-{g}": sorted(p["metadata"]["name"] for p in placed
+                                                               if p["metadata"]["labels"][GROUP] == g) for g in "01"}
+    assert {gid: m for gid, m in members.items() if gid.startswith(kube_ns)} == by_group
+
+
+def test_a_group_the_controller_recreates_after_a_pod_fails_is_placed_again_whole(stack4, lws_controller, kube_api,
+                                                                                  kube_ns):
+    kube_api.post(f"{LWS_API}/namespaces/{kube_ns}/leaderworkersets", lws("redo", kube_ns, replicas=1, size=4, gpus=1))
+    first = bound(kube_api, kube_ns, f"{NAME}=redo", 4, stack4)
+    before = {p["metadata"]["uid"] for p in first}
+    worker = next(p for p in first if p["metadata"]["labels"][WORKER] == "2")
+    kube_api.request("DELETE", f"/api/v1/namespaces/{kube_ns}/pods/{worker['metadata']['name']}",
+                     {"gracePeriodSeconds": 0})
+
+    def recreated() -> list[dict]:
+        pods = live(kube_api, kube_ns, f"{NAME}=redo")
+        return pods if len(pods) == 4 and not before & {p["metadata"]["uid"] for p in pods} \
+            and all(p["spec"].get("nodeName") for p in pods) else []
+    try:
+        again = wait_for(recreated, 150, "the whole group recreated by the controller and bound again")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n" + "\n".join(stack4.tail(n, 30) for n in ("gang-coordinator", "placement"))) from None
+    assert len(groups(again)["0"]) == 1, groups(again)
+    used = gpus_used(again)
+    assert len(used) == len(set(used)) == 4
