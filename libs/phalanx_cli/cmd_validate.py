@@ -1,8 +1,9 @@
 """``phalanx validate FILE...``: check pod specs before they reach the cluster.
 
 Reads YAML files (multi-document; ``-`` is stdin) holding Pods, Jobs, JobSets
-(``spec.replicatedJobs[*].template.spec.template``), Kubeflow MPIJobs, Deployment-like
-objects or bare ``spec:`` snippets, and checks every pod template with
+(``spec.replicatedJobs[*].template.spec.template``), Kubeflow MPIJobs, LeaderWorkerSets
+(leader and worker templates; each group is a gang), Deployment-like objects or bare
+``spec:`` snippets, and checks every pod template with
 ``phalanx_kubeobjects.requests`` - the same code gang-coordinator runs. Queue objects
 (``scheduling.phalanx.io/v1alpha1``) are checked against the CRD's rules and, together, as a
 tree (a parent among the files, no cycle, children's quotas within the parent's). ``--gpu-model`` adds the
@@ -35,7 +36,7 @@ from phalanx_rules.queues import tree_problems
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("validate", help="check pod specs, JobSets and MPIJobs for Phalanx",
+    p = subparsers.add_parser("validate", help="check pod specs, JobSets, MPIJobs and LeaderWorkerSets for Phalanx",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE", help="YAML file(s); '-' reads stdin")
     p.add_argument("--gpu-model", default="", help="also check against this GPU model, e.g. 'NVIDIA A100-SXM4-40GB'")

@@ -28,9 +28,13 @@ min-member, the number of pods of the gang:
   name and replica count and the JobSet's total Job count (``global-replicas``). The gang is
   the sum over replicated jobs of replicas × min-member — exactly what ``validate`` computes
   from the JobSet spec. Until a pod of every Job has been seen, each unseen Job counts one
-  pod, so the gang waits;
+  pod, so the gang waits. With exclusive placement through JobSet's pod webhook
+  (``leaders_first``) a Job counts one pod, its leader: the followers do not exist until it is
+  scheduled, and join as late members;
 * a LeaderWorkerSet group: the ``leaderworkerset.sigs.k8s.io/size`` annotation its controller
-  puts on every pod of the group (leader included);
+  puts on every pod of the group (leader included); with ``exclusive-topology``, 1: the
+  controller creates the workers only once the leader is scheduled, and they join as late
+  members on its domain;
 * any other group: ``aliyun.com/min-member``, ``scheduling.x-k8s.io/min-member`` or
   ``pod-group.scheduling.sigs.k8s.io/min-available``;
 * none of these: the gang is the pods present once none arrived for the settle time (stated
@@ -61,10 +65,13 @@ from phalanx_proto.kubeapi import (
     GROUP_ANNOTATION,
     GROUP_LABELS,
     JOB_NAME,
+    JOBSET_EXCLUSIVE,
     JOBSET_JOBS,
     JOBSET_NAME,
+    JOBSET_NODE_SELECTOR_STRATEGY,
     JOBSET_REPLICAS,
     JOBSET_REPLICATED_JOB,
+    LWS_EXCLUSIVE,
     LWS_GROUP_INDEX,
     LWS_NAME,
     LWS_SIZE,
@@ -131,10 +138,13 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
     if kind == "LeaderWorkerSet" and explicit is None:
         size = annotations.get(LWS_SIZE)
         declared = _count(size if isinstance(size, str) else None, LWS_SIZE, v, "metadata.annotations")
+        if declared and isinstance(annotations.get(LWS_EXCLUSIVE), str):
+            declared = 1  # leaders first: the workers exist only once the leader is scheduled
     if kind == "JobSet":
         replicas = _count(said(JOBSET_REPLICAS), JOBSET_REPLICAS, v)
         jobs = _count(said(JOBSET_JOBS), JOBSET_JOBS, v) or 0
-        part = GangPart(name=str(said(JOBSET_REPLICATED_JOB) or ""), jobs=replicas or 1, members=declared or 0)
+        members = 1 if leaders_first(annotations) else declared or 0
+        part = GangPart(name=str(said(JOBSET_REPLICATED_JOB) or ""), jobs=replicas or 1, members=members)
         declared = None
     timeout_s = gang_timeout(annotations, v)
     if v:
@@ -142,6 +152,14 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
     if kind == "Pod":
         return GangIdentity(gang_id(namespace, kind, group), kind, 1, timeout_s=timeout_s)
     return GangIdentity(gang_id(namespace, kind, group), kind, explicit or declared, part, jobs, timeout_s=timeout_s)
+
+
+def leaders_first(annotations: Mapping[str, Any]) -> bool:
+    """Does a JobSet pod's exclusive placement go through JobSet's pod webhook, which creates a
+    Job's followers only once its leader is scheduled? Then the gang is the Jobs' leaders, all
+    at once; the followers join as late members, each on its leader's domain (the webhook's
+    ``nodeSelector``)."""
+    return isinstance(annotations.get(JOBSET_EXCLUSIVE), str) and JOBSET_NODE_SELECTOR_STRATEGY not in annotations
 
 
 def pod_priority(spec: Mapping[str, Any] | None) -> int:

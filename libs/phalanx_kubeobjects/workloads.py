@@ -1,5 +1,5 @@
 """Where the pods of a workload object are, and the verdict on each: ``phalanx validate``'s
-reading of a Pod, Job, JobSet, Kubeflow MPIJob, Deployment-like object or ``List``.
+reading of a Pod, Job, JobSet, Kubeflow MPIJob, LeaderWorkerSet, Deployment-like object or ``List``.
 
 ``pod_templates`` finds the pod templates (a part of the object with the wrong shape is a
 template holding the violation); ``check_object`` parses each with ``requests.parse_pod``, the
@@ -37,7 +37,9 @@ class PodTemplate(msgspec.Struct, frozen=True, kw_only=True):
     role: str = ""
     """The replicated job (JobSet) or replica role (MPIJob) the template is for."""
     replicas: int = 1
-    """How many Jobs (JobSet) or pods (MPIJob) the template makes."""
+    """How many Jobs (JobSet), pods (MPIJob) or groups (LeaderWorkerSet) the template makes."""
+    size: int = 0
+    """LeaderWorkerSet: the pods of one group, leader included (``leaderWorkerTemplate.size``)."""
 
 
 class ObjectCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,9 +100,29 @@ def pod_templates(obj: Mapping[str, Any]) -> tuple[PodTemplate, ...] | None:
                                  template=as_map(as_map(rs).get("template")), role=str(role).lower(),
                                  replicas=_replicas(as_map(rs).get("replicas")))
                      for role, rs in replicas.items())
+    if kind == "LeaderWorkerSet":
+        return _lws_templates(label, spec)
     if kind in _TEMPLATE_KINDS:
         return (PodTemplate(where=label, template=as_map(spec.get("template"))),)
     return None
+
+
+def _lws_templates(label: str, spec: Mapping[str, Any]) -> tuple[PodTemplate, ...]:
+    """A LeaderWorkerSet's leader and worker templates (the leader's is the workers' unless
+    ``leaderTemplate`` says otherwise), each for ``replicas`` groups of ``size`` pods."""
+    lwt = as_map(spec.get("leaderWorkerTemplate"))
+    replicas = integer(spec.get("replicas", 1), "spec.replicas", most=MAX_GANG)
+    size = integer(lwt.get("size", 1), "spec.leaderWorkerTemplate.size", least=1, most=MAX_GANG)
+    bad = tuple(x for x in (replicas, size) if isinstance(x, Violation))
+    groups, per = (replicas if isinstance(replicas, int) else 1), (size if isinstance(size, int) else 1)
+    worker = as_map(lwt.get("workerTemplate"))
+    leader = as_map(lwt.get("leaderTemplate")) or worker
+    out = [PodTemplate(where=f"{label} spec.leaderWorkerTemplate.{'leaderTemplate' if lwt.get('leaderTemplate') else 'workerTemplate'} (leader)",
+                       template=leader, role="leader", replicas=groups, size=per, violations=bad)]
+    if per > 1:
+        out.append(PodTemplate(where=f"{label} spec.leaderWorkerTemplate.workerTemplate", template=worker,
+                               role="worker", replicas=groups, size=per, violations=bad))
+    return tuple(out)
 
 
 def _list_items(obj: Mapping[str, Any], label: str) -> list[PodTemplate]:
@@ -201,7 +223,7 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     kind = obj.get("kind")
     if kind == "Pod":
         return _pod_gang(obj)
-    templates = pod_templates(obj) if kind in ("Job", "JobSet", "MPIJob") else None
+    templates = pod_templates(obj) if kind in ("Job", "JobSet", "MPIJob", "LeaderWorkerSet") else None
     if not templates or any(t.violations for t in templates):
         return None
     meta = as_map(obj.get("metadata"))
@@ -222,7 +244,8 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         labels = dict(as_map(tmeta.get("labels")))
         labels.update(_controller_labels(kind, name, t, jobs))
         try:
-            ident = gangs.identify(ns, name, labels, as_map(tmeta.get("annotations")))
+            ident = gangs.identify(ns, name, labels, {**as_map(tmeta.get("annotations")),
+                                                      **_controller_annotations(kind, t)})
         except RequestError:
             return None  # check_object names the bad value
         if ident.part is not None:
@@ -232,7 +255,11 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
     if ident is None:
         return GangCheck(gang_id=f"{ns}/{kind}:{name}", members=0, how="no pod scheduled by Phalanx",
                          violations=tuple(v))
-    if declared:
+    if kind == "LeaderWorkerSet" and declared:
+        groups = templates[0].replicas
+        size, how = max(declared), (f"each of {groups} group{'s' if groups != 1 else ''} (leader and workers) is a "
+                                    f"gang; this is group 0")
+    elif declared:
         size, how = max(declared), (f"{kubeapi.GANG_MIN_MEMBER} of the pods" if kind == "JobSet"
                                     else "min-member said by the pods")
     elif parts:
@@ -282,8 +309,16 @@ def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[
                     kubeapi.JOBSET_REPLICAS: str(t.replicas), kubeapi.JOBSET_JOBS: str(jobs)}
         case "MPIJob":
             return {kubeapi.MPIJOB_NAME: name, kubeapi.MPIJOB_ROLE: t.role}
+        case "LeaderWorkerSet":
+            return {kubeapi.LWS_NAME: name, kubeapi.LWS_GROUP_INDEX: "0",
+                    kubeapi.LWS_WORKER_INDEX: "0" if t.role == "leader" else "1"}
         case _:
             return {kubeapi.JOB_NAME: name}
+
+
+def _controller_annotations(kind: Any, t: PodTemplate) -> dict[str, str]:
+    """The annotations the controller puts on the pods of template ``t`` that say the gang."""
+    return {kubeapi.LWS_SIZE: str(t.size)} if kind == "LeaderWorkerSet" else {}
 
 
 def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -306,6 +341,8 @@ def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod["metadata"] = {**meta, "namespace": ns, "name": name}
         return [pod] if _phalanx(pod) else []
     jobs = sum(t.replicas for t in templates) if kind == "JobSet" else 0
+    if kind == "LeaderWorkerSet":
+        return _lws_pods(templates, name, ns)
     out = []
     for t in templates:
         if t.violations or not _phalanx(t.template):
@@ -321,6 +358,25 @@ def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
                     f"{name}{role}-{j}" if kind == "MPIJob" else f"{name}-{i}")
                 out.append({**t.template, "apiVersion": "v1", "kind": "Pod",
                             "metadata": {**tmeta, "name": pod_name, "namespace": ns, "labels": dict(labels)}})
+    return out
+
+
+def _lws_pods(templates: tuple[PodTemplate, ...], name: str, ns: str) -> list[dict[str, Any]]:
+    """A LeaderWorkerSet's pods as its controller names and labels them: per group ``g`` the
+    leader ``<name>-<g>`` and the workers ``<name>-<g>-<w>``."""
+    out = []
+    for t in templates:
+        if t.violations or not _phalanx(t.template):
+            continue
+        tmeta = as_map(t.template.get("metadata"))
+        for g in range(t.replicas):
+            for w in ((0,) if t.role == "leader" else range(1, t.size)):
+                labels = {**as_map(tmeta.get("labels")), kubeapi.LWS_NAME: name, kubeapi.LWS_GROUP_INDEX: str(g),
+                          kubeapi.LWS_WORKER_INDEX: str(w)}
+                annotations = {**as_map(tmeta.get("annotations")), kubeapi.LWS_SIZE: str(t.size)}
+                out.append({**t.template, "apiVersion": "v1", "kind": "Pod", "metadata": {
+                    **tmeta, "name": f"{name}-{g}" if w == 0 else f"{name}-{g}-{w}", "namespace": ns,
+                    "labels": labels, "annotations": annotations}})
     return out
 
 

@@ -73,6 +73,11 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOBSET_JOBS = "jobset.sigs.k8s.io/global-replicas"
+JOBSET_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+"""JobSet annotation (copied onto its pods): one Job per domain of this node label. JobSet's pod
+webhook then creates a Job's followers only once its leader (completion index 0) is scheduled."""
+JOBSET_NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
+"""JobSet annotation: exclusive placement by pre-labelled nodes instead (no leader-first order)."""
 MPIJOB_NAME = "training.kubeflow.org/job-name"
 MPIJOB_ROLE = "training.kubeflow.org/job-role"
 JOB_NAME = "batch.kubernetes.io/job-name"
@@ -84,6 +89,9 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 """LeaderWorkerSet: 0 for the leader, 1… for the workers."""
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 """LeaderWorkerSet annotation: the group's pods, leader included."""
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+"""LeaderWorkerSet annotation (copied onto its pods): one group per domain of this node label.
+The controller then creates a group's workers only once its leader is scheduled."""
 
 # --- what node admins and node tools write on nodes -----------------------------------------------
 ENABLE_LABEL = "lj_runtimekit_enable"

@@ -160,6 +160,30 @@ def test_a_jobset_started_in_order_has_its_workers_join_the_running_driver_as_la
                 if e.get("reason") == "GangRollback"]
 
 
+def test_an_exclusive_jobset_through_jobsets_webhook_gets_one_leaf_per_job_leaders_first(stack4, kube_api, kube_ns):
+    """``alpha.jobset.sigs.k8s.io/exclusive-topology`` through JobSet's real pod webhook: each
+    Job's leader (completion index 0) carries the injected pod affinity and anti-affinity, and
+    the webhook refuses its followers until the leader is scheduled, then gives them a
+    ``nodeSelector`` on the leader's leaf. Phalanx places the two leaders together, each on a
+    leaf of its own; the followers join as late members on their leader's leaf."""
+    leaf = "phalanx.io/leaf-switch"
+    js = jobset("excl", kube_ns, [("w", 2, 3)])
+    js["metadata"]["annotations"] = {"alpha.jobset.sigs.k8s.io/exclusive-topology": leaf}
+    kube_api.post(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{kube_ns}/jobsets", js)
+    placed = bound(kube_api, kube_ns, f"{JOBSET}=excl", 6, stack4, timeout_s=150)
+    by_job: dict[str, set[str]] = {}
+    for p in placed:
+        by_job.setdefault(p["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"], set()).add(p["spec"]["nodeName"])
+    assert sorted(by_job) == ["0", "1"] and all(len(n) == 1 for n in by_job.values()), by_job
+    assert by_job["0"] != by_job["1"], by_job  # each leaf is one node here: one Job per leaf
+    leaders = [p for p in placed if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "0"]
+    followers = [p for p in placed if p not in leaders]
+    assert len(leaders) == 2 and all(p["spec"]["affinity"]["podAntiAffinity"] for p in leaders)
+    assert all(leaf in (p["spec"].get("nodeSelector") or {}) for p in followers)
+    used = gpus_used(placed)
+    assert len(used) == len(set(used)) == 6
+
+
 def test_every_service_process_is_still_running(stack4):
     dead = {n: sp.proc.returncode for n, sp in stack4.procs.items() if sp.proc.poll() is not None}
     assert dead == {}, dump(stack4)

@@ -1,8 +1,10 @@
 """LeaderWorkerSet groups on the real LeaderWorkerSet controller (v0.8.0, with its webhooks,
 built by tools/lws/build.sh): each group — leader and workers, made by the controller's two
 StatefulSets — is one gang of the size the controller writes on its pods, placed whole in its
-tightest domain; a group the controller recreates after a pod fails
-(``RecreateGroupOnPodRestart``) is placed again as a whole.
+tightest domain; a group the controller recreates whole (its leader deleted) is placed again
+as a whole; with ``exclusive-topology`` the leader first, then its workers on its leaf. (A
+deleted worker is replaced alone or with its group, depending on which the controller sees first:
+a repair inside the group's domain either way.)
 
 On the shared four-node stack (``stack4``: four kwok nodes of 4 GPUs, each its own leaf); each
 group is 4 pods of 1 GPU, one node's worth.
@@ -81,13 +83,16 @@ def test_each_leaderworkerset_group_is_one_gang_placed_whole_on_its_tightest_dom
     assert {gid: m for gid, m in members.items() if gid.startswith(kube_ns)} == by_group
 
 
-def test_a_group_the_controller_recreates_after_a_pod_fails_is_placed_again_whole(stack4, lws_controller, kube_api,
-                                                                                  kube_ns):
+def test_a_group_recreated_whole_after_its_leader_is_deleted_is_placed_again_whole(stack4, lws_controller, kube_api,
+                                                                                   kube_ns):
+    """The leader's StatefulSet recreates the leader; the workers' StatefulSet, owned by the old
+    leader, goes with it (garbage collector) and the controller makes a new one: every pod of
+    the group is new, and the new group is one gang again, placed whole."""
     kube_api.post(f"{LWS_API}/namespaces/{kube_ns}/leaderworkersets", lws("redo", kube_ns, replicas=1, size=4, gpus=1))
     first = bound(kube_api, kube_ns, f"{NAME}=redo", 4, stack4)
     before = {p["metadata"]["uid"] for p in first}
-    worker = next(p for p in first if p["metadata"]["labels"][WORKER] == "2")
-    kube_api.request("DELETE", f"/api/v1/namespaces/{kube_ns}/pods/{worker['metadata']['name']}",
+    leader = next(p for p in first if p["metadata"]["labels"][WORKER] == "0")
+    kube_api.request("DELETE", f"/api/v1/namespaces/{kube_ns}/pods/{leader['metadata']['name']}",
                      {"gracePeriodSeconds": 0})
 
     def recreated() -> list[dict]:
@@ -101,3 +106,20 @@ def test_a_group_the_controller_recreates_after_a_pod_fails_is_placed_again_whol
     assert len(groups(again)["0"]) == 1, groups(again)
     used = gpus_used(again)
     assert len(used) == len(set(used)) == 4
+
+
+def test_an_exclusive_group_has_its_leader_placed_first_and_its_workers_follow_on_its_leaf(stack4, lws_controller,
+                                                                                          kube_api, kube_ns):
+    """``exclusive-topology``: the controller's webhook gives every pod of a group affinity to
+    its group and anti-affinity to the others, and the controller creates a group's workers
+    only once the leader is scheduled (with a nodeSelector on its leaf). Each group ends whole
+    on a leaf of its own."""
+    obj = lws("excl", kube_ns, replicas=2, size=3, gpus=1)
+    obj["metadata"]["annotations"] = {"leaderworkerset.sigs.k8s.io/exclusive-topology": "phalanx.io/leaf-switch"}
+    kube_api.post(f"{LWS_API}/namespaces/{kube_ns}/leaderworkersets", obj)
+    placed = bound(kube_api, kube_ns, f"{NAME}=excl", 6, stack4, timeout_s=150)
+    where = groups(placed)
+    assert sorted(where) == ["0", "1"] and all(len(nodes) == 1 for nodes in where.values()), where
+    assert where["0"] != where["1"], where
+    used = gpus_used(placed)
+    assert len(used) == len(set(used)) == 6

@@ -118,9 +118,11 @@ def test_a_deleted_bound_job_pod_is_recreated_with_a_new_uid_and_counted_as_fail
     new = [p for p in now if p["metadata"]["uid"] != first[1]["metadata"]["uid"]]
     assert len(new) == 1 and not new[0]["spec"].get("nodeName")
     assert new[0]["metadata"]["name"] != victim["name"]  # a NonIndexed Job names pods at random
+    # The deleted running pod counts against backoffLimit like a crash would. The controller
+    # writes the failure and the replacement's activity in separate status updates: wait for both.
     status = wait_for(lambda: (s := kube_api.get(f"/apis/batch/v1/namespaces/{kube_ns}/jobs/rollback")["status"])
-                      .get("failed") and s, 30, "the Job status to count the deleted pod")
-    # The deleted running pod counts against backoffLimit like a crash would.
+                      .get("failed") and s.get("active") == 2 and s, 30,
+                      "the Job status to count the deleted pod and both active ones")
     assert (status["failed"], status.get("active")) == (1, 2)
 
 

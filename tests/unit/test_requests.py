@@ -21,7 +21,14 @@ from phalanx_kubeobjects.requests import (
     Violation,
     parse_pod,
 )
-from phalanx_kubeobjects.workloads import GangCheck, ObjectCheck, check_object, gang_check, pod_templates
+from phalanx_kubeobjects.workloads import (
+    GangCheck,
+    ObjectCheck,
+    check_object,
+    expand_pods,
+    gang_check,
+    pod_templates,
+)
 from phalanx_proto.events import MemberSpec, PodRef
 
 
@@ -623,6 +630,17 @@ def _rj(name: str, replicas: int, parallelism: int, gpu: bool = True, scheduler:
                                                               "resources": {"limits": limits}}]}}}}}
 
 
+def _lws(*, replicas: int, size: int, leader: bool = True) -> dict:
+    def template(gpus: str) -> dict:
+        return {"spec": {"schedulerName": "phalanx", "containers": [
+            {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
+    lwt: dict = {"size": size, "workerTemplate": template("2")}
+    if leader:
+        lwt["leaderTemplate"] = template("1")
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "vllm", "namespace": "serve"}, "spec": {"replicas": replicas, "leaderWorkerTemplate": lwt}}
+
+
 def _mpijob(worker_labels: dict, launcher_scheduler: str = "default-scheduler") -> dict:
     def replica(n: int, limits: dict, scheduler: str, labels: dict) -> dict:
         return {"replicas": n, "template": {"metadata": {"labels": labels}, "spec": {
@@ -657,9 +675,35 @@ def _mpijob(worker_labels: dict, launcher_scheduler: str = "default-scheduler") 
          "no GPU and is not a gang member"),))),
     ("a plain Job is one gang", {"kind": "Job", "metadata": {"name": "j"}, "spec": _rj("j", 1, 3)["template"]["spec"]},
      GangCheck(gang_id="default/Job:j", members=3, how="min-member said by the pods")),
+    ("each LeaderWorkerSet group is a gang of its size", _lws(replicas=3, size=4),
+     GangCheck(gang_id="serve/LeaderWorkerSet:vllm-0", members=4,
+               how="each of 3 groups (leader and workers) is a gang; this is group 0")),
 ))
 def test_validate_names_the_gang_the_runtime_forms(case: str, obj: dict, expected: GangCheck) -> None:
     assert gang_check(obj) == expected
+
+
+def test_a_leaderworkerset_has_its_leader_and_worker_templates_and_expands_to_the_controllers_pods() -> None:
+    checks = check_object(_lws(replicas=2, size=3))
+    assert checks is not None
+    assert [(c.where, c.request.gpus if c.request else None) for c in checks] == [
+        ("LeaderWorkerSet/vllm spec.leaderWorkerTemplate.leaderTemplate (leader)", 1),
+        ("LeaderWorkerSet/vllm spec.leaderWorkerTemplate.workerTemplate", 2)]
+    pods = expand_pods(_lws(replicas=2, size=3))
+    assert [(p["metadata"]["name"], p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"],
+             p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"],
+             p["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/size"]) for p in pods] == [
+        ("vllm-0", "0", "0", "3"), ("vllm-1", "1", "0", "3"),
+        ("vllm-0-1", "0", "1", "3"), ("vllm-0-2", "0", "2", "3"), ("vllm-1-1", "1", "1", "3"), ("vllm-1-2", "1", "2", "3")]
+    without_leader_template = check_object(_lws(replicas=1, size=2, leader=False))
+    assert without_leader_template is not None and [c.request.gpus for c in without_leader_template if c.request] == [2, 2]
+
+
+def test_a_leaderworkerset_size_that_is_no_positive_integer_is_a_violation() -> None:
+    obj = _lws(replicas=1, size=0)
+    checks = check_object(obj)
+    assert checks is not None
+    assert [v.field for c in checks for v in c.violations] == ["spec.leaderWorkerTemplate.size"]
 
 
 def test_validate_refuses_a_gpu_less_launcher_with_phalanx_s_scheduler_as_the_runtime_does() -> None:
