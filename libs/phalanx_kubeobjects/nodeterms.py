@@ -9,7 +9,7 @@ invalid value is a ``Violation`` naming field, value and rule, never an exceptio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -159,20 +159,25 @@ def node_affinity(spec: Mapping[str, Any], v: list[Violation]) -> tuple[NodeSele
 def preferred_node_affinity(spec: Mapping[str, Any], v: list[Violation]) -> tuple[WeightedNodeSelectorTerm, ...]:
     """The preferred node affinity terms, each with its weight (1–100)."""
     field = f"{_AFFINITY}.nodeAffinity.{PREFERRED}"
-    items = as_list(as_map(as_map(spec.get("affinity")).get("nodeAffinity")).get(PREFERRED), field, v)
+    return tuple(WeightedNodeSelectorTerm(weight=weight, term=selector_term(raw.get("preference"), f"{where}.preference", v))
+                 for weight, raw, where in _weighted(spec, "nodeAffinity", field, v))
+
+
+def _weighted(spec: Mapping[str, Any], kind: str, field: str, v: list[Violation]
+              ) -> Iterator[tuple[int, Mapping[str, Any], str]]:
+    """The entries of ``spec.affinity.<kind>.preferred…`` (at most ``MAX_TERMS``), each as
+    (weight 1–100, the entry, where it is); an entry without a valid weight is a violation."""
+    items = as_list(as_map(as_map(spec.get("affinity")).get(kind)).get(PREFERRED), field, v)
     if len(items) > K.MAX_TERMS:
         v.append(Violation(field, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} terms"))
-        return ()
-    out = []
+        return
     for i, raw in enumerate(items):
-        raw = as_map(raw)
-        weight = raw.get("weight")
+        entry = as_map(raw)
+        weight = entry.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
             v.append(Violation(f"{field}[{i}].weight", shown(weight), "required: an integer from 1 to 100"))
             continue
-        out.append(WeightedNodeSelectorTerm(weight=weight, term=selector_term(raw.get("preference"),
-                                                                              f"{field}[{i}].preference", v)))
-    return tuple(out)
+        yield weight, entry, f"{field}[{i}]"
 
 
 def selector_term(raw: Any, where: str, v: list[Violation]) -> NodeSelectorTerm:
@@ -252,22 +257,11 @@ def preferred_terms(spec: Mapping[str, Any], labels: Mapping[str, str], kind: st
     """The preferred terms of ``kind`` (``podAffinity`` or ``podAntiAffinity``), each with its
     weight (1–100); a ``namespaceSelector`` by labels is kept to be resolved, as for the required
     terms (``resolve_namespaces``)."""
-    field = f"{_AFFINITY}.{kind}.{PREFERRED}"
-    items = as_list(as_map(as_map(spec.get("affinity")).get(kind)).get(PREFERRED), field, v)
-    if len(items) > K.MAX_TERMS:
-        v.append(Violation(field, f"{len(items)} terms", f"Phalanx reads at most {K.MAX_TERMS} terms"))
-        return ()
     out = []
-    for i, raw in enumerate(items):
-        raw = as_map(raw)
-        weight = raw.get("weight")
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
-            v.append(Violation(f"{field}[{i}].weight", shown(weight), "required: an integer from 1 to 100"))
-            continue
-        got = _pod_term(as_map(raw.get("podAffinityTerm")), labels, f"{field}[{i}].podAffinityTerm", v, False)
-        if got is None:
-            continue
-        out.append(WeightedPodAffinityTerm(weight=weight, term=got[0]))
+    for weight, raw, where in _weighted(spec, kind, f"{_AFFINITY}.{kind}.{PREFERRED}", v):
+        got = _pod_term(as_map(raw.get("podAffinityTerm")), labels, f"{where}.podAffinityTerm", v, False)
+        if got is not None:
+            out.append(WeightedPodAffinityTerm(weight=weight, term=got[0]))
     return tuple(out)
 
 

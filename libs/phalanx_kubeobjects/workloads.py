@@ -245,7 +245,7 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         labels.update(_controller_labels(kind, name, t, jobs))
         try:
             ident = gangs.identify(ns, name, labels, {**as_map(tmeta.get("annotations")),
-                                                      **_controller_annotations(kind, t)})
+                                                      **_controller_annotations(kind, t, meta)})
         except RequestError:
             return None  # check_object names the bad value
         if ident.part is not None:
@@ -259,6 +259,8 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         groups = templates[0].replicas
         size, how = max(declared), (f"each of {groups} group{'s' if groups != 1 else ''} (leader and workers) is a "
                                     f"gang; this is group 0")
+        if isinstance(as_map(meta.get("annotations")).get(kubeapi.LWS_EXCLUSIVE), str):
+            how += "; exclusive: its leader first, the workers join once it is scheduled"
     elif declared:
         size, how = max(declared), (f"{kubeapi.GANG_MIN_MEMBER} of the pods" if kind == "JobSet"
                                     else "min-member said by the pods")
@@ -266,6 +268,8 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         size_ = gangs.jobset_size(parts, jobs)
         size = size_.members if size_.declared and not v else 0
         how = " + ".join(f"{p.name} {p.jobs} x {p.members or '?'}" for p in parts)
+        if gangs.leaders_first(_controller_annotations(kind, templates[0], meta)):
+            how += "; exclusive through JobSet's webhook: each Job's leader, the followers join once it is scheduled"
     else:
         size, how = 0, "no pod says min-member"
     workers = next((t.replicas for t in templates if t.role == "worker"), 0)
@@ -316,9 +320,14 @@ def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[
             return {kubeapi.JOB_NAME: name}
 
 
-def _controller_annotations(kind: Any, t: PodTemplate) -> dict[str, str]:
-    """The annotations the controller puts on the pods of template ``t`` that say the gang."""
-    return {kubeapi.LWS_SIZE: str(t.size)} if kind == "LeaderWorkerSet" else {}
+def _controller_annotations(kind: Any, t: PodTemplate, meta: Mapping[str, Any]) -> dict[str, str]:
+    """The annotations the controller puts on the pods of template ``t`` that say the gang: an
+    LWS group's size, and the object's exclusive placement (both controllers copy it from the
+    object's own annotations onto every pod)."""
+    own = as_map(meta.get("annotations"))
+    copied = {k: own[k] for k in (kubeapi.JOBSET_EXCLUSIVE, kubeapi.JOBSET_NODE_SELECTOR_STRATEGY, kubeapi.LWS_EXCLUSIVE)
+              if isinstance(own.get(k), str)}
+    return {**copied, kubeapi.LWS_SIZE: str(t.size)} if kind == "LeaderWorkerSet" else copied
 
 
 def expand_pods(obj: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -56,20 +56,27 @@ _lock = threading.Lock()
 def controllers_dir() -> Path:
     """The directory with jobset-controller, mpi-operator and manifests/; ``HarnessError`` (with
     the fix) when incomplete."""
-    how = ("build them with `bash tools/controllers/build.sh` (cached under ~/.cache/phalanx-controllers; "
-           "see tools/controllers/README.md)")
+    return _built(BUILD_SH, "workload controllers", ("jobset-controller", "mpi-operator"),
+                  (JOBSET_CRD, MPIJOB_CRD, "SOURCES"), "tools/controllers", "phalanx-controllers")
+
+
+def _built(build_sh: Path, what: str, binaries: tuple[str, ...], manifests: tuple[str, ...], tool: str,
+           cache: str) -> Path:
+    """The bin dir ``build_sh --print-bin-dir`` names, when it holds ``binaries`` and
+    ``manifests/<manifests>``; else ``HarnessError`` naming what is missing and the fix."""
+    how = f"build them with `bash {tool}/build.sh` (cached under ~/.cache/{cache}; see {tool}/README.md)"
     if os.environ.get("CI"):
-        how = "the CI job must run `make kube` (tools/controllers/build.sh) before the Kubernetes tiers"
+        how = f"the CI job must run `make kube` ({tool}/build.sh) before the Kubernetes tiers"
     try:
-        out = subprocess.run(["bash", str(BUILD_SH), "--print-bin-dir"], capture_output=True, text=True,
+        out = subprocess.run(["bash", str(build_sh), "--print-bin-dir"], capture_output=True, text=True,
                              timeout=30, check=True).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError) as e:
-        raise HarnessError(f"cannot ask {BUILD_SH} for the bin dir ({e}); {how}") from e
+        raise HarnessError(f"cannot ask {build_sh} for the bin dir ({e}); {how}") from e
     d = Path(out[-1]) if out else Path()
-    missing = [b for b in ("jobset-controller", "mpi-operator") if not os.access(d / b, os.X_OK)]
-    missing += [m for m in (JOBSET_CRD, MPIJOB_CRD, "SOURCES") if not (d / "manifests" / m).is_file()]
+    missing = [b for b in binaries if not os.access(d / b, os.X_OK)]
+    missing += [m for m in manifests if not (d / "manifests" / m).is_file()]
     if missing:
-        raise HarnessError(f"workload controllers missing in {d}: {', '.join(missing)}; {how}")
+        raise HarnessError(f"{what} missing in {d}: {', '.join(missing)}; {how}")
     return d
 
 
@@ -201,6 +208,41 @@ def _probe_job_and_gc(plane: ControlPlane) -> None:
                 "the probe Job's pod to be garbage-collected (garbage-collector-controller)")
 
 
+# -- controller managers with webhooks (JobSet's, LeaderWorkerSet's) -------------------------------
+def _start_webhook_manager(plane: ControlPlane, name: str, binary: Path, config_api: str) -> tuple[int, bytes]:
+    """Start a controller-runtime manager ``name`` of the plane: a self-signed certificate for
+    its webhook server on 127.0.0.1, its ``Configuration`` (``config_api``) with leader election,
+    internal certificate management and metrics off, ready once ``/readyz`` answers (three tries
+    on fresh ports). Returns the webhook port and the certificate (the webhooks' CA bundle)."""
+    work = plane.workdir / name
+    cert_dir = work / "certs"
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", f"/CN={name}-webhook.phalanx-test", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(cert_dir / "tls.key"), "-out", str(cert_dir / "tls.crt")],
+                   check=True, capture_output=True, timeout=30)
+    for attempt in range(3):
+        webhook_port, probe_port = free_port(), free_port()
+        config = {"apiVersion": config_api, "kind": "Configuration",
+                  "leaderElection": {"leaderElect": False},
+                  "internalCertManagement": {"enable": False},
+                  "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+                  "metrics": {"bindAddress": "0"},
+                  "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+                  "clientConnection": {"qps": 100, "burst": 200}}
+        (work / "config.yaml").write_text(json.dumps(config, indent=1))
+        plane._run(name, [binary, f"--kubeconfig={plane.kubeconfig}", f"--config={work / 'config.yaml'}",
+                          "--zap-devel=false", "--zap-log-level=info"])
+        try:
+            plane._wait(name, lambda p=probe_port: plane._http_ok(f"http://127.0.0.1:{p}/readyz"), 60)
+            return webhook_port, (cert_dir / "tls.crt").read_bytes()
+        except HarnessError:
+            plane._terminate(name)
+            if attempt == 2:
+                raise
+    raise HarnessError(f"{name} did not start")  # unreachable: the last attempt raised
+
+
 # -- JobSet controller -----------------------------------------------------------------------------
 def ensure_jobset_controller(plane: ControlPlane) -> None:
     """The JobSet controller manager with its webhooks served on loopback (self-signed cert) and
@@ -210,35 +252,9 @@ def ensure_jobset_controller(plane: ControlPlane) -> None:
         if _running(plane, "jobset-controller"):
             return
         d = controllers_dir()
-        work = plane.workdir / "jobset"
-        cert_dir = work / "certs"
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=jobset-webhook.phalanx-test", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(cert_dir / "tls.key"), "-out", str(cert_dir / "tls.crt")],
-                       check=True, capture_output=True, timeout=30)
-        for attempt in range(3):
-            webhook_port, probe_port = free_port(), free_port()
-            config = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
-                      "leaderElection": {"leaderElect": False},
-                      "internalCertManagement": {"enable": False},
-                      "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
-                      "metrics": {"bindAddress": "0"},
-                      "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
-                      "clientConnection": {"qps": 100, "burst": 200}}
-            (work / "config.yaml").write_text(json.dumps(config, indent=1))
-            plane._run("jobset-controller", [
-                d / "jobset-controller", f"--kubeconfig={plane.kubeconfig}", f"--config={work / 'config.yaml'}",
-                "--zap-devel=false", "--zap-log-level=info"])
-            try:
-                plane._wait("jobset-controller", lambda p=probe_port: plane._http_ok(
-                    f"http://127.0.0.1:{p}/readyz"), 60)
-                break
-            except HarnessError:
-                plane._terminate("jobset-controller")
-                if attempt == 2:
-                    raise
-        _register_jobset_webhooks(plane, d, webhook_port, (cert_dir / "tls.crt").read_bytes())
+        webhook_port, cert = _start_webhook_manager(plane, "jobset-controller", d / "jobset-controller",
+                                                    "config.jobset.x-k8s.io/v1alpha1")
+        _register_jobset_webhooks(plane, d, webhook_port, cert)
         _wait_until(plane, "jobset-controller", lambda: _dry_run_jobset_defaulted(plane.api), 60,
                     "a dry-run JobSet defaulted by the mutating webhook")
 
@@ -304,20 +320,8 @@ LWS_API = "/apis/leaderworkerset.x-k8s.io/v1"
 def lws_dir() -> Path:
     """The directory with lws-controller and manifests/; ``HarnessError`` (with the fix) when
     incomplete."""
-    how = "build it with `bash tools/lws/build.sh` (cached under ~/.cache/phalanx-lws; see tools/lws/README.md)"
-    if os.environ.get("CI"):
-        how = "the CI job must run `make kube` (tools/lws/build.sh) before the Kubernetes tiers"
-    try:
-        out = subprocess.run(["bash", str(LWS_BUILD_SH), "--print-bin-dir"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError) as e:
-        raise HarnessError(f"cannot ask {LWS_BUILD_SH} for the bin dir ({e}); {how}") from e
-    d = Path(out[-1]) if out else Path()
-    missing = [] if os.access(d / "lws-controller", os.X_OK) else ["lws-controller"]
-    missing += [m for m in (LWS_CRD, "manifests.yaml", "SOURCES") if not (d / "manifests" / m).is_file()]
-    if missing:
-        raise HarnessError(f"LeaderWorkerSet controller missing in {d}: {', '.join(missing)}; {how}")
-    return d
+    return _built(LWS_BUILD_SH, "LeaderWorkerSet controller", ("lws-controller",),
+                  (LWS_CRD, "manifests.yaml", "SOURCES"), "tools/lws", "phalanx-lws")
 
 
 def ensure_lws_controller(plane: ControlPlane) -> None:
@@ -329,36 +333,11 @@ def ensure_lws_controller(plane: ControlPlane) -> None:
         if _running(plane, "lws-controller"):
             return
         d = lws_dir()  # its CRD is in since kube-controller-manager started (install_crds)
-        work = plane.workdir / "lws"
-        cert_dir = work / "certs"
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=lws-webhook.phalanx-test", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(cert_dir / "tls.key"), "-out", str(cert_dir / "tls.crt")],
-                       check=True, capture_output=True, timeout=30)
-        for attempt in range(3):
-            webhook_port, probe_port = free_port(), free_port()
-            config = {"apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
-                      "leaderElection": {"leaderElect": False},
-                      "internalCertManagement": {"enable": False},
-                      "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
-                      "metrics": {"bindAddress": "0"},
-                      "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
-                      "clientConnection": {"qps": 100, "burst": 200}}
-            (work / "config.yaml").write_text(json.dumps(config, indent=1))
-            plane._run("lws-controller", [
-                d / "lws-controller", f"--kubeconfig={plane.kubeconfig}", f"--config={work / 'config.yaml'}",
-                "--zap-devel=false", "--zap-log-level=info"])
-            try:
-                plane._wait("lws-controller", lambda p=probe_port: plane._http_ok(f"http://127.0.0.1:{p}/readyz"), 60)
-                break
-            except HarnessError:
-                plane._terminate("lws-controller")
-                if attempt == 2:
-                    raise
+        webhook_port, cert = _start_webhook_manager(plane, "lws-controller", d / "lws-controller",
+                                                    "config.lws.x-k8s.io/v1alpha1")
         _register_webhooks(plane, d / "manifests", {"MutatingWebhookConfiguration": "mutating-patch.yaml",
                                                     "ValidatingWebhookConfiguration": "validating-patch.yaml"},
-                           LWS_WEBHOOK_NAMES, webhook_port, (cert_dir / "tls.crt").read_bytes())
+                           LWS_WEBHOOK_NAMES, webhook_port, cert)
         _wait_until(plane, "lws-controller", lambda: _dry_run_lws_defaulted(plane.api), 60,
                     "a dry-run LeaderWorkerSet defaulted by the mutating webhook")
 

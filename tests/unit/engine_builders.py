@@ -7,9 +7,12 @@ from pathlib import Path
 
 import msgspec
 
-from phalanx_engine.framework import Member
+from phalanx_engine import podaffinity
+from phalanx_engine.cluster import Cluster
+from phalanx_engine.framework import Filter, Member
 from phalanx_engine.nodestate import NodeState
 from phalanx_engine.snapshot import NodeView, Snapshot
+from phalanx_engine.status import Status
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.scheduling import (
     HostPort,
@@ -177,6 +180,14 @@ class NodeBuilder:
 
 def node(name: str) -> NodeBuilder:
     return NodeBuilder(name)
+
+
+def each_node(plugin: Filter, p: PodBuilder, builders) -> dict[str, Status | None]:
+    """What ``plugin`` says of ``p`` on every node, inside a decision over those nodes (the
+    pod-affinity and spread rules see every node's pods)."""
+    cluster = Cluster.from_snapshot(snapshot(*builders))
+    with podaffinity.trial(cluster.affinity_pods()):
+        return {name: plugin.filter(p.member(), st) for name, st in sorted(cluster.nodes.items())}
 
 
 def snapshot(*nodes: NodeBuilder) -> Snapshot:

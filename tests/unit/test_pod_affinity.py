@@ -5,7 +5,7 @@ gangs whose members see each other within one decision (JobSet's exclusive place
 from __future__ import annotations
 
 import pytest
-from engine_builders import node, pod, snapshot, term
+from engine_builders import each_node, node, pod, snapshot, term
 
 from phalanx_engine import kube_plugins as kp
 from phalanx_engine import podaffinity
@@ -46,9 +46,7 @@ def nodes(a=(), c=(), d=(), a_reserved=()):
 
 
 def verdicts(p, builders) -> dict[str, Status | None]:
-    cluster = Cluster.from_snapshot(snapshot(*builders))
-    with podaffinity.trial(cluster.affinity_pods()):
-        return {name: kp.InterPodAffinity().filter(p.member(), st) for name, st in sorted(cluster.nodes.items())}
+    return each_node(kp.InterPodAffinity(), p, builders)
 
 
 def each(a=None, b=None, c=None, d=None) -> dict[str, Status | None]:

@@ -678,6 +678,18 @@ def _mpijob(worker_labels: dict, launcher_scheduler: str = "default-scheduler") 
     ("each LeaderWorkerSet group is a gang of its size", _lws(replicas=3, size=4),
      GangCheck(gang_id="serve/LeaderWorkerSet:vllm-0", members=4,
                how="each of 3 groups (leader and workers) is a gang; this is group 0")),
+    ("an exclusive LeaderWorkerSet group waits for its leader only",
+     {**_lws(replicas=2, size=4), "metadata": {"name": "vllm", "namespace": "serve", "annotations": {
+         "leaderworkerset.sigs.k8s.io/exclusive-topology": "rack"}}},
+     GangCheck(gang_id="serve/LeaderWorkerSet:vllm-0", members=1,
+               how="each of 2 groups (leader and workers) is a gang; this is group 0; exclusive: its leader first, "
+                   "the workers join once it is scheduled")),
+    ("an exclusive JobSet through JobSet's webhook waits for its Jobs' leaders",
+     {"kind": "JobSet", "metadata": {"name": "x", "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "rack"}},
+      "spec": {"replicatedJobs": [_rj("w", 2, 4)]}},
+     GangCheck(gang_id="default/JobSet:x", members=2,
+               how="w 2 x 1; exclusive through JobSet's webhook: each Job's leader, the followers join once it is "
+                   "scheduled")),
 ))
 def test_validate_names_the_gang_the_runtime_forms(case: str, obj: dict, expected: GangCheck) -> None:
     assert gang_check(obj) == expected

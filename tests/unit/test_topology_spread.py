@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from engine_builders import node, pod, snapshot, spread
+from engine_builders import each_node, node, pod, snapshot, spread
 
 from phalanx_engine import kube_plugins as kp
 from phalanx_engine import podaffinity
@@ -45,9 +45,7 @@ def nodes(a=(), c=(), *, taint_c=False, a_reserved=()):
 
 
 def verdicts(p, builders) -> dict[str, Status | None]:
-    cluster = Cluster.from_snapshot(snapshot(*builders))
-    with podaffinity.trial(cluster.affinity_pods()):
-        return {name: kp.PodTopologySpread().filter(p.member(), st) for name, st in sorted(cluster.nodes.items())}
+    return each_node(kp.PodTopologySpread(), p, builders)
 
 
 def each(a=None, b=None, c=None, d=LABEL) -> dict[str, Status | None]:
