@@ -91,7 +91,8 @@ async def test_preemptors_arriving_together_reclaim_up_to_their_quota_and_never_
 
         async def settled() -> tuple | None:
             """(team-a's GPUs, team-b's, team-b's waiting gangs' sizes) once no nomination is in
-            force, the cluster is full and every team-b pod is bound or its gang backs off."""
+            force, the cluster is full and every team-b pod is bound or a member of a gang that
+            backs off (a pod not admitted yet is neither)."""
             if any(led.nominations for led in (await ledger(bus)).values()):
                 return None
             pods = await sim.list_pods()
@@ -100,6 +101,10 @@ async def test_preemptors_arriving_together_reclaim_up_to_their_quota_and_never_
             waiting = [s for g, s in states.items() if "/b-" in g or g.endswith(":b-gang")]
             if held["a"] + held["b"] != 16 or any(s.phase not in ("scheduled", "backoff") for s in waiting):
                 return None
+            known = {m.pod.name for s in waiting for m in s.members}
+            if any(p.name.startswith("b-") and not p.node_name and p.name not in known for p in pods):
+                return None  # a team-b pod gang-coordinator has not admitted yet: not settled
+
             return held["a"], held["b"], sorted(len(s.members) for s in waiting if s.phase == "backoff")
 
         first = await wait_until(settled, 90, what="every team-b preemptor done or waiting")
