@@ -50,18 +50,41 @@ def mig_pod(name: str) -> dict:
 
 
 async def last(bus: Bus, stream: str, subject: str, decoder, kind: str = ""):
-    """The last event on ``subject`` (of type ``kind`` if given), waiting for it (it is
-    published just after the state write the test waited for)."""
+    """The latest event on ``subject`` (of type ``kind`` if given), waiting for it (it is
+    published just after the state write the test waited for). Read back from the stream's
+    newest messages, not only its last one: the gang may already have gone on (a retry after
+    its backoff publishes on the same subject)."""
     async def get():
         try:
-            ev = decoder.decode((await bus.js.get_last_msg(stream, subject)).data)
+            info = await bus.js.stream_info(stream)
         except Exception:  # noqa: BLE001 - not there yet
             return None
-        if isinstance(ev, GangBatch):
-            ev = ev.events[-1].event
-        return ev if not kind or type(ev).__name__ == kind else None
+        top, bottom = info.state.last_seq, max(info.state.first_seq, info.state.last_seq - 200)
+        for seq in range(top, bottom - 1, -1):
+            try:
+                msg = await bus.js.get_msg(stream, seq)
+            except Exception:  # noqa: BLE001 - a message removed meanwhile
+                continue
+            if not _matches(subject, msg.subject):
+                continue
+            ev = decoder.decode(msg.data)
+            for e in reversed([x.event for x in ev.events] if isinstance(ev, GangBatch) else [ev]):
+                if not kind or type(e).__name__ == kind:
+                    return e
+        return None
 
     return await wait_until(get, 10)
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` the rest."""
+    p, t = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(t) > i
+        if i >= len(t) or (tok != "*" and tok != t[i]):
+            return False
+    return len(p) == len(t)
 
 
 async def mig_ready(bus: Bus, attempt: int, pod, gpu: int, uuid: str, msg_id: str | None = None) -> None:
