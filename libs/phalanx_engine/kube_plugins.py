@@ -13,6 +13,8 @@ pass it unchecked and the decision names it in ``Decision.unchecked`` (docs/plac
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from phalanx_engine import podaffinity, spread
 from phalanx_engine.framework import Filter, Member, Score
 from phalanx_engine.matching import (
@@ -214,9 +216,8 @@ class PodTopologySpread:
         spec = member.spec
         if not spec.spread:
             return None
-        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
-        kube = node.view.kube
-        why = spread.verdict(spec, spread.counts_in(pods, spec), kube.labels if kube is not None else {})
+        pods = _decision_pods()
+        why = spread.verdict(spec, spread.counts_in(pods, spec), _labels(node))
         if not why:
             return None
         if why == spread.MISSING_LABEL:
@@ -243,8 +244,7 @@ class InterPodAffinity:
             pods = podaffinity.Pods((), ())  # outside a decision: no other pod is known
         if not pods.relevant(spec):
             return None
-        kube = node.view.kube
-        why = podaffinity.verdict(spec, pods.counts(spec), kube.labels if kube is not None else {})
+        why = podaffinity.verdict(spec, pods.counts(spec), _labels(node))
         if not why:
             return None
         code, text, resolvable = _POD_AFFINITY[why]
@@ -292,9 +292,8 @@ class PodAffinityPreference:
         spec = member.spec
         if not (spec.preferred_affinity or spec.preferred_anti_affinity):
             return 0
-        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
-        kube = node.view.kube
-        return podaffinity.preferred_score(pods.preference(spec), kube.labels if kube is not None else {})
+        pods = _decision_pods()
+        return podaffinity.preferred_score(pods.preference(spec), _labels(node))
 
 
 class SpreadPreference:
@@ -308,9 +307,8 @@ class SpreadPreference:
         spec = member.spec
         if not spec.soft_spread:
             return 0
-        pods = podaffinity.current() or podaffinity.Pods((), ())  # outside a decision: no other pod is known
-        kube = node.view.kube
-        return spread.soft_score(spec, spread.soft_counts_in(pods, spec), kube.labels if kube is not None else {})
+        pods = _decision_pods()
+        return spread.soft_score(spec, spread.soft_counts_in(pods, spec), _labels(node))
 
 
 class PodAffinityRefused:
@@ -329,6 +327,17 @@ class PodAffinityRefused:
             return None
         return refuse(self.name, Code.POD_AFFINITY_REFUSED, f"Phalanx does not evaluate {', '.join(terms)}",
                       resolvable=False)
+
+
+def _decision_pods() -> podaffinity.Pods:
+    """The pods of the decision under way; outside a decision no other pod is known."""
+    return podaffinity.current() or podaffinity.Pods((), ())
+
+
+def _labels(node: NodeState) -> Mapping[str, str]:
+    """The node's labels as its agent reported them ({} before it has)."""
+    kube = node.view.kube
+    return kube.labels if kube is not None else {}
 
 
 def kube_scores() -> tuple[Score, ...]:

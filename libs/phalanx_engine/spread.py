@@ -32,7 +32,7 @@ node of the cluster: a node Phalanx does not manage is no domain and its pods ar
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from phalanx_engine.matching import node_selector_matches, untolerated
@@ -67,6 +67,23 @@ def _counts_pod(c: SpreadConstraint, namespace: str, p: Placed) -> bool:
     return selector_matches(c.selector, p.labels)
 
 
+def _domain_nodes(constraints: tuple[SpreadConstraint, ...], nodes: Iterable[Node], pods: Iterable[Placed]
+                  ) -> Iterator[tuple[str, NodeKubeState, list[Placed]]]:
+    """The nodes that carry every constraint's key (the others are in no domain), each with
+    the pods on it."""
+    on: dict[str, list[Placed]] = {}
+    for p in pods:
+        on.setdefault(p.node, []).append(p)
+    for name, kube in nodes:
+        if all(c.topology_key in kube.labels for c in constraints):
+            yield name, kube, on.get(name, [])
+
+
+def _matching(c: SpreadConstraint, spec: MemberSpec, pods: list[Placed]) -> int:
+    """How many of ``pods`` the constraint counts for the member."""
+    return sum(1 for p in pods if _counts_pod(c, spec.pod.namespace, p))
+
+
 def _included(c: SpreadConstraint, spec: MemberSpec, name: str, kube: NodeKubeState) -> bool:
     """The constraint's node inclusion policies."""
     if c.honor_node_affinity and not node_selector_matches(spec.node_selector, spec.node_affinity, kube.labels, name):
@@ -77,21 +94,15 @@ def _included(c: SpreadConstraint, spec: MemberSpec, name: str, kube: NodeKubeSt
 def count(spec: MemberSpec, nodes: Iterable[Node], pods: Iterable[Placed]) -> Counts:
     """The member's spread counts over ``nodes`` and the ``pods`` on them."""
     constraints = spec.spread
-    on: dict[str, list[Placed]] = {}
-    for p in pods:
-        on.setdefault(p.node, []).append(p)
     pairs: dict[Pair, int] = {}
-    for name, kube in nodes:
+    for name, kube, here_pods in _domain_nodes(constraints, nodes, pods):
         labels = kube.labels
-        if not all(c.topology_key in labels for c in constraints):
-            continue
         here: dict[Pair, int] = {}
         for c in constraints:
             if not _included(c, spec, name, kube):
                 continue
             # a later constraint on the same key replaces the node's count, as kube-scheduler's map does
-            here[(c.topology_key, labels[c.topology_key])] = sum(
-                1 for p in on.get(name, ()) if _counts_pod(c, spec.pod.namespace, p))
+            here[(c.topology_key, labels[c.topology_key])] = _matching(c, spec, here_pods)
         for pair, n in here.items():
             pairs[pair] = pairs.get(pair, 0) + n
     domains: dict[str, int] = {}
@@ -140,21 +151,16 @@ def soft_count(spec: MemberSpec, nodes: Iterable[Node], pods: Iterable[Placed]) 
     constraint's key, and per domain the pods the constraint counts there (as ``count``, each
     constraint with its node inclusion policies)."""
     constraints = spec.soft_spread
-    on: dict[str, list[Placed]] = {}
-    for p in pods:
-        on.setdefault(p.node, []).append(p)
     pairs: dict[Pair, int] = {}
     domains: list[set[str]] = [set() for _ in constraints]
-    for name, kube in nodes:
+    for name, kube, here_pods in _domain_nodes(constraints, nodes, pods):
         labels = kube.labels
-        if not all(c.topology_key in labels for c in constraints):
-            continue
         for i, c in enumerate(constraints):
             pair = (c.topology_key, labels[c.topology_key])
             domains[i].add(pair[1])
             pairs.setdefault(pair, 0)
             if _included(c, spec, name, kube):
-                pairs[pair] += sum(1 for p in on.get(name, ()) if _counts_pod(c, spec.pod.namespace, p))
+                pairs[pair] += _matching(c, spec, here_pods)
     return SoftCounts(pairs, tuple(math.log(len(d) + 2) for d in domains))
 
 
