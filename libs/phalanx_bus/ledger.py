@@ -21,7 +21,7 @@ from phalanx_bus.bus import Bus
 from phalanx_bus.mirror import KvMirror, MirrorEntry, Poisoned
 from phalanx_proto import subjects as S
 from phalanx_proto.events import Assignment, PodRef
-from phalanx_proto.state import Allocation, NodeLedger, Nomination, alloc_key
+from phalanx_proto.state import Allocation, NodeLedger, Nomination, alloc_key, victim_of
 
 
 class LedgerBook:
@@ -51,13 +51,15 @@ class LedgerBook:
                     out[k] = alloc.assignment
         return out
 
-    def gang_pods(self, gang_id: str) -> list[PodRef]:
-        """Every pod the ledger holds a reservation of ``gang_id`` for (any attempt), by pod key."""
+    def gang_pods(self, victim: str) -> list[PodRef]:
+        """Every pod the ledger holds a reservation of the gang ``victim`` for (any attempt), by
+        pod key; of an elastic gang's extra member (``state.victim_of``), that pod alone."""
+        gang_id, pod = victim_of(victim)
         out = {}
         for key in self._by_gang.get(gang_id, ()):
             entry = self.mirror.get(key)
             for k, alloc in (entry.value.allocations.items() if entry is not None else ()):
-                if alloc.gang_id == gang_id:
+                if alloc.gang_id == gang_id and (not pod or alloc.assignment.pod.name == pod):
                     out[k] = alloc.assignment.pod
         return [out[k] for k in sorted(out)]
 

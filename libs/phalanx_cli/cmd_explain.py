@@ -6,7 +6,7 @@ member), the pod's Events, and the trace id of the gang's attempt. The output is
 lines, or one JSON document with ``--json``:
 
     {"pod": {"namespace", "name", "uid", "scheduler_name", "node"}, "status": "bound" | "pending",
-     "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "members", "bound", "queue"} | null,
+     "managed": bool, "gang": {"id", "phase", "attempt", "failures", "min_member", "max_member", "members", "bound", "queue"} | null,
      "reason": str, "assignment": {...} | null, "condition": {...} | null, "trace_id": str | null,
      "trace_url": str | null, "events": [{"type", "reason", "message", "count", "at"}],
      "unreadable_records": [str], "whatif": {"answers": [{"probe", "text", "starts", ...}], "cut": [str]} | null,
@@ -190,7 +190,8 @@ async def gather(args: argparse.Namespace, namespace: str, name: str,
         "managed": managed,
         "gang": None if state is None else {
             "id": state.gang_id, "phase": state.phase, "attempt": state.attempt, "failures": state.failures,
-            "min_member": state.min_member, "members": [str(m.pod) for m in state.members],
+            "min_member": state.min_member, "max_member": state.max_member or None,
+            "members": [str(m.pod) for m in state.members],
             "bound": [str(b) for b in state.bound],
             "queue": next((m.queue for m in state.members if m.queue), "default")},
         "reason": reason,
@@ -312,7 +313,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append("Gang:        -")
     else:
         lines.append(f"Gang:        {g['id']}  phase {g['phase']}, attempt {g['attempt']} ({g['failures']} failed), "
-                     f"{len(g['members'])} member(s) (min {g['min_member']}), {len(g['bound'])} bound, "
+                     f"{len(g['members'])} member(s) (min {g['min_member']}"
+                     f"{', elastic up to ' + str(g['max_member']) if g.get('max_member') else ''}), {len(g['bound'])} bound, "
                      f"queue {g['queue']}")
     lines.append(f"Reason:      {r['reason'] or '-'}")
     if r.get("repair"):

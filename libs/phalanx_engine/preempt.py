@@ -28,7 +28,7 @@ from phalanx_engine.snapshot import Decision
 from phalanx_engine.status import NoFit
 from phalanx_proto.events import PodRef, pod_key
 from phalanx_proto.queues import DEFAULT_QUEUE, GPU_UNITS, shown
-from phalanx_proto.state import NodeLedger
+from phalanx_proto.state import NodeLedger, victim_of
 from phalanx_rules.preemption import (
     PRIORITY,
     RECLAIM,
@@ -46,7 +46,9 @@ DEFAULT_BOUNDS = SearchBounds()
 
 @dataclass(frozen=True, slots=True)
 class Victim:
-    """A gang to evict, whole: every pod of it, the rule that allows it, what it holds."""
+    """A gang to evict, whole (every pod of it), or one extra member of an elastic gang
+    (``gang_id`` is then ``state.victim_unit``: the gang keeps running its minimum); the rule
+    that allows it, what it holds."""
 
     gang_id: str
     queue: str
@@ -153,6 +155,8 @@ def _search(rules: Rules, trials: Trials, cluster: Cluster, gangs: Mapping[str, 
     if found is None:
         return _why_not(rules, trials, gangs, rule, stats)
     victims, placement = found
+    # An elastic gang's extra taken beside its whole gang is taken with it.
+    victims = frozenset(v for v in victims if (g := victim_of(v)[0]) == v or g not in victims)
     chosen = tuple(_victim(gangs[g], rule[g]) for g in sorted(victims))
     return Plan(victims=chosen, placement=placement, units=sum(v.units for v in chosen),
                 gpu_seconds=search.gpu_seconds(victims), search=stats)

@@ -81,37 +81,47 @@ def _per(free: int, k: int) -> int:
 
 
 class Occupancy:
-    """Who holds the whole-capable GPUs of each usable node (gang ids; ``pod <key>`` for a
-    reservation of no running gang, never a victim), read from a node's view the first time
-    it is asked; and what a set of gangs frees."""
+    """Who holds the whole-capable GPUs of each usable node, read from a node's view the first
+    time it is asked; and what a set of victims frees. A victim is a running gang or one extra
+    member of an elastic gang (``state.victim_unit``), so one pod may belong to two victims (its
+    gang, and itself as an extra): a GPU is freed when every pod on it belongs to a victim of
+    the set. A reservation of no running gang is never freed."""
 
     def __init__(self, cluster: Cluster, gangs: Mapping[str, RunningGang]) -> None:
         self.cluster = cluster
-        self.owner = {pod_key(a.pod): g.gang_id for g in gangs.values() for a in g.assignments}
+        owners: dict[str, set[str]] = defaultdict(set)
+        for g in gangs.values():
+            for a in g.assignments:
+                owners[pod_key(a.pod)].add(g.gang_id)
+        self.owner = {k: frozenset(v) for k, v in owners.items()}
+        """Pod key → the victims it belongs to."""
         self.free = {name: len(st.free_whole()) for name, st in cluster.nodes.items()}
         self.on: dict[str, dict[str, int]] = defaultdict(dict)
-        """Gang id → usable node → GPUs it holds there."""
+        """Victim id → usable node → GPUs it holds there."""
         for g in gangs.values():
             for a in g.assignments:
                 if a.node in self.free:
                     self.on[g.gang_id][a.node] = self.on[g.gang_id].get(a.node, 0) + len(a.gpus)
-        self._held: dict[str, tuple[frozenset[str], ...]] = {}
+        self._held: dict[str, tuple[tuple[frozenset[str], ...], ...]] = {}
 
-    def holders_of(self, node: str) -> tuple[frozenset[str], ...]:
+    def holders_of(self, node: str) -> tuple[tuple[frozenset[str], ...], ...]:
+        """Per whole-capable GPU of ``node`` that something holds: for each pod on it, the
+        victims it belongs to (none: never freed)."""
         if node not in self._held:
             st = self.cluster.nodes[node]
-            by_gpu: dict[int, set[str]] = {}
+            by_gpu: dict[int, list[frozenset[str]]] = {}
             for a in st.view.allocations:
-                key = pod_key(a.pod)
+                owners = self.owner.get(pod_key(a.pod), frozenset())
                 for g in a.gpus:
-                    by_gpu.setdefault(g, set()).add(self.owner.get(key) or "pod " + key)
-            self._held[node] = tuple(frozenset(h) for g, h in by_gpu.items()
+                    by_gpu.setdefault(g, []).append(owners)
+            self._held[node] = tuple(tuple(h) for g, h in by_gpu.items()
                                      if g in st.gpus and not st.gpus[g].mig_enabled)
         return self._held[node]
 
     def free_after(self, node: str, victims: Set[str]) -> int:
         """Whole GPUs free on ``node`` once ``victims`` are gone."""
-        return self.free[node] + sum(1 for holders in self.holders_of(node) if holders <= victims)
+        return self.free[node] + sum(1 for pods in self.holders_of(node)
+                                     if all(not owners.isdisjoint(victims) for owners in pods))
 
 
 @dataclass

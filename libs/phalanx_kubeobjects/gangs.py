@@ -40,6 +40,12 @@ min-member, the number of pods of the gang:
 * none of these: the gang is the pods present once none arrived for the settle time (stated
   on the pods, never silent); a pod alone is a gang of one whatever it says.
 
+An elastic gang says its largest size too, ``phalanx.io/gang-max-member`` (label or
+annotation), beside a min-member said by one of the keys above (a JobSet: by
+``phalanx.io/gang-min-member``): it starts with min-member pods placed together and grows one
+whole member at a time up to the maximum (docs/workloads.md, "Elastic gangs"). A maximum without
+a minimum, or below it, is refused naming the key.
+
 Members are GPU pods: a pod that asks for no GPU (an MPIJob launcher) is refused with the
 advice to give it the default scheduler, so min-member counts GPU pods (MPI workers) only.
 """
@@ -50,6 +56,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx_kubeobjects.names import dns_subdomain
 from phalanx_kubeobjects.quantity import decimal
 from phalanx_kubeobjects.requests import (
     MAX_GANG,
@@ -62,6 +69,8 @@ from phalanx_kubeobjects.requests import (
 )
 from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.kubeapi import (
+    GANG_MAX_MEMBER,
+    GANG_MIN_MEMBER,
     GROUP_ANNOTATION,
     GROUP_LABELS,
     JOB_NAME,
@@ -101,6 +110,8 @@ class GangIdentity:
     """The ``phalanx.io/gang-timeout-seconds`` annotation; 0 when absent."""
     priority: int = 0
     """The pod's ``spec.priority`` (``pod_priority``; a template has none: 0)."""
+    max_member: int = 0
+    """An elastic gang's largest size (``phalanx.io/gang-max-member``); 0: not elastic."""
 
 
 def gang_id(namespace: str, kind: str, name: str) -> str:
@@ -125,6 +136,10 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
     else:
         if isinstance(annotations.get(GROUP_ANNOTATION), str) and annotations[GROUP_ANNOTATION]:
             kind, group = "PodGroup", annotations[GROUP_ANNOTATION]
+            if not dns_subdomain(group):
+                raise RequestError([Violation(f"metadata.annotations[{GROUP_ANNOTATION}]", group,
+                                              "names a PodGroup object: must be a DNS-1123 subdomain")],
+                                   f"{namespace}/{name}")
         elif _text(labels.get(LWS_NAME)) and _text(labels.get(LWS_GROUP_INDEX)):
             kind, group = "LeaderWorkerSet", f"{labels[LWS_NAME]}-{labels[LWS_GROUP_INDEX]}"
         else:
@@ -147,11 +162,33 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
         part = GangPart(name=str(said(JOBSET_REPLICATED_JOB) or ""), jobs=replicas or 1, members=members)
         declared = None
     timeout_s = gang_timeout(annotations, v)
+    least = explicit or declared
+    maximum = max_member(labels, annotations, least, v) if kind != "Pod" else 0
     if v:
         raise RequestError(v, f"{namespace}/{name}")
     if kind == "Pod":
         return GangIdentity(gang_id(namespace, kind, group), kind, 1, timeout_s=timeout_s)
-    return GangIdentity(gang_id(namespace, kind, group), kind, explicit or declared, part, jobs, timeout_s=timeout_s)
+    return GangIdentity(gang_id(namespace, kind, group), kind, least, part, jobs, timeout_s=timeout_s,
+                        max_member=maximum)
+
+
+def max_member(labels: Mapping[str, Any], annotations: Mapping[str, Any], least: int | None,
+               v: list[Violation]) -> int:
+    """An elastic gang's maximum (``phalanx.io/gang-max-member``, label or annotation, the label
+    first), beside the min-member ``least`` the pod says (None: none); 0 when it says none. One
+    that is no whole number in bounds, that comes without a minimum or lies below it is a
+    violation naming the key (appended to ``v``; then 0)."""
+    raw = next((w[GANG_MAX_MEMBER] for w in (labels, annotations)
+                if isinstance(w.get(GANG_MAX_MEMBER), str) and w[GANG_MAX_MEMBER]), None)
+    maximum = _count(raw, GANG_MAX_MEMBER, v, what="an elastic gang's maximum is a number of pods")
+    field = f"metadata.labels[{GANG_MAX_MEMBER}]"
+    if maximum is not None and least is None:
+        v.append(Violation(field, str(maximum), f"an elastic gang's maximum needs its minimum: say {GANG_MIN_MEMBER} too"))
+    elif maximum is not None and least is not None and maximum < least:
+        v.append(Violation(field, str(maximum), f"an elastic gang's maximum is at least its min-member ({least})"))
+    else:
+        return maximum or 0
+    return 0
 
 
 def leaders_first(annotations: Mapping[str, Any]) -> bool:
@@ -178,12 +215,13 @@ def _text(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
 
-def _count(raw: str | None, key: str, v: list[Violation], where: str = "metadata.labels") -> int | None:
+def _count(raw: str | None, key: str, v: list[Violation], where: str = "metadata.labels",
+           what: str = "min-member is the number of pods in the gang") -> int | None:
     if raw is None:
         return None
     n = decimal(raw, f"{where}[{key}]", most=MAX_GANG)
     if isinstance(n, Violation):
-        v.append(Violation(n.field, n.value, f"min-member is the number of pods in the gang: {n.rule}"))
+        v.append(Violation(n.field, n.value, f"{what}: {n.rule}"))
         return None
     return n
 

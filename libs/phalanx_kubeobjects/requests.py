@@ -36,10 +36,9 @@ whole GPUs add up over containers, as in Kubernetes.
 Everything else the pod asks of a node (CPU, memory and other requests, tolerations,
 nodeSelector, required node affinity, nodeName, host ports, required pod (anti-)affinity with the
 pod's labels) is read by ``podspec`` into
-``GpuRequest.constraints`` and carried in ``MemberSpec``; the scheduling terms Phalanx refuses
-(hard topology spread, pod affinity selecting namespaces by label) or ignores (their preferred
-forms, preferred node affinity) are warnings naming the field and the rule. Workload objects
-(Job, JobSet, MPIJob, ...) are in ``workloads``.
+``GpuRequest.constraints`` and carried in ``MemberSpec``, required and preferred terms alike
+(the placement engine filters by the first and ranks by the second: docs/placement.md).
+Workload objects (Job, JobSet, MPIJob, ...) are in ``workloads``.
 """
 
 from __future__ import annotations

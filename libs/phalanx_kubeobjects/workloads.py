@@ -192,7 +192,18 @@ def check_object(obj: Mapping[str, Any]) -> tuple[ObjectCheck, ...] | None:
         if t.violations:
             out.append(ObjectCheck(where=t.where, violations=t.violations))
             continue
-        if t.parallelism and req.min_member and req.min_member != t.parallelism:
+        tmeta, bad = as_map(t.template.get("metadata")), []
+        most = gangs.max_member(as_map(tmeta.get("labels")), as_map(tmeta.get("annotations")), req.min_member or None, bad)
+        if bad:
+            out.append(ObjectCheck(where=t.where, violations=tuple(bad)))
+            continue
+        if most and t.parallelism and req.min_member and not req.min_member <= t.parallelism <= most:
+            out.append(ObjectCheck(where=t.where, violations=(Violation(
+                "spec.parallelism", str(t.parallelism),
+                f"an elastic gang's job runs between its min-member ({req.min_member}) and its maximum ({most}) "
+                "pods: parallelism must lie in that range"),)))
+            continue
+        if not most and t.parallelism and req.min_member and req.min_member != t.parallelism:
             out.append(ObjectCheck(where=t.where, violations=(Violation(
                 f"metadata.labels[{_min_member_key(t.template)}]", str(req.min_member),
                 f"must equal the job's parallelism ({t.parallelism}): the gang is all the job's pods "

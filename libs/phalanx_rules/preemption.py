@@ -41,7 +41,7 @@ from typing import Literal
 from phalanx_proto.events import Assignment, MemberSpec, PodRef
 from phalanx_proto.kubeapi import NEVER, PREEMPT_LOWER_PRIORITY
 from phalanx_proto.queues import DEFAULT_QUEUE, QueueSpec, shown, units_of_assignment, units_of_member
-from phalanx_proto.state import NodeLedger
+from phalanx_proto.state import NodeLedger, names_victim
 from phalanx_rules.queues import QueueTree
 
 Rule = Literal["priority", "reclaim"]
@@ -70,7 +70,9 @@ class Preemptor:
 class RunningGang:
     """A gang holding reservations: every member's assignment (from the ledger), its priority,
     the queues its reservations are charged to (``Allocation.queues``: its own queue first,
-    then the ancestors), and when it started (unix seconds; None when unknown)."""
+    then the ancestors), and when it started (unix seconds; None when unknown). Also one extra
+    member of an elastic gang, a victim of its own (``gang_id``: ``state.victim_unit``), which
+    its gang may give up while its minimum keeps running."""
 
     gang_id: str
     assignments: tuple[Assignment, ...]
@@ -266,7 +268,7 @@ def with_nominations(held_by: Mapping[str, int], ledgers: Iterable[NodeLedger], 
     if victims:
         for ledger in ledgers:
             for a in ledger.allocations.values():
-                if a.gang_id in victims:
+                if names_victim(victims, a.gang_id, a.assignment.pod.name):
                     units = units_of_assignment(a.assignment)
                     for q in a.queues:
                         out[q] = out.get(q, 0) - units

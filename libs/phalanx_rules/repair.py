@@ -145,8 +145,12 @@ def member_failed(s: GangState | None, failed: FailedMember, *, domains: tuple[R
     domains, policy and deadline ``now + timeout_s``) or counts one more failed member (several
     nodes failing together are one repair). Only for a member bound and kept (``held_members``)
     of a gang that is ``scheduled``, or whose running attempt is a repair's (a member of its
-    survivors failed meanwhile); a failure recorded already, or any other: no change."""
+    survivors failed meanwhile); a failure recorded already, or any other: no change. An
+    elastic gang that keeps its min-member without the pod lost an extra, not a member it
+    needs: no repair; the pod's replacement joins as the gang grows (docs/workloads.md)."""
     if s is None or failed.pod not in held_members(s):
+        return None
+    if s.repair is None and s.max_member and len(held_members(s) - {failed.pod}) >= s.min_member:
         return None
     if s.phase != "scheduled" and not (s.repair is not None and failed.pod in {r.pod for r in s.running}):
         return None

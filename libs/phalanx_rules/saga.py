@@ -70,13 +70,15 @@ replace = msgspec.structs.replace
 
 def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_member: int | None,
                timeout_s: float, priority: int, now: float, part: GangPart | None = None,
-               jobs: int = 0) -> GangState | None:
+               jobs: int = 0, max_member: int = 0) -> GangState | None:
     """Record a pod as a member (a recreated pod, same name new uid, replaces the old one).
 
     ``min_member`` is what the pod says about the whole gang (None: nothing); a JobSet pod says
     its ``part`` and the JobSet's ``jobs`` instead, and the gang's size is
     ``phalanx_kubeobjects.gangs.jobset_size`` of the parts seen. An entry without members (a
     tombstone of a gang whose pods all went) is taken up again, attempt counter and all.
+    ``max_member``: an elastic gang's largest size, as the pod says it (0: not elastic; the
+    latest pod saying one is believed, never below the gang's min-member).
 
     Not while an attempt runs or rolls back: an attempt's members stay the members it was
     started with, so every command and reply of the attempt is about the same pods. A pod that
@@ -96,7 +98,9 @@ def add_member(s: GangState | None, spec: MemberSpec, *, gang_id: str, min_membe
     else:
         declared = s.min_member_declared or min_member is not None
         target = max(min_member or 0, s.min_member if s.min_member_declared else 0) if declared else len(members)
-    return replace(s, members=members, min_member=min(MAX_GANG_MEMBERS, max(1, target)), min_member_declared=declared,
+    least = min(MAX_GANG_MEMBERS, max(1, target))
+    most = max(least, min(MAX_GANG_MEMBERS, max_member or s.max_member)) if (max_member or s.max_member) else 0
+    return replace(s, members=members, min_member=least, min_member_declared=declared, max_member=most,
                    timeout_s=max(s.timeout_s, timeout_s), priority=max(s.priority, priority), last_member_at=now,
                    parts=parts, jobs=jobs)
 
@@ -128,9 +132,19 @@ def drop_member(s: GangState | None, pod: PodRef, node: str = "") -> GangState |
 
 def late_members(s: GangState) -> bool:
     """A scheduled gang has members no attempt has bound yet (they arrived after it started,
-    or replace a deleted member): they join by an attempt of their own, the others stay."""
+    or replace a deleted member): they join by an attempt of their own, the others stay. An
+    elastic gang holding its ``max_member`` has none: the pods past it wait."""
     done = {r.pod for r in s.running} | set(s.bound)
-    return s.phase == "scheduled" and any(m.pod not in done for m in s.members)
+    if s.phase != "scheduled" or not any(m.pod not in done for m in s.members):
+        return False
+    return not s.max_member or sum(1 for m in s.members if m.pod in done) < s.max_member
+
+
+def waiting_members(s: GangState) -> tuple[PodRef, ...]:
+    """The members no attempt has bound and kept: those a pending reason is for (an elastic
+    gang's next attempt places only some of them; the others wait for the same reason)."""
+    done = {r.pod for r in s.running} | set(s.bound)
+    return tuple(m.pod for m in s.members if m.pod not in done)
 
 
 def tombstone(s: GangState | None) -> GangState | None:

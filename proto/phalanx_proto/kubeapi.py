@@ -53,6 +53,10 @@ MIN_MEMBER_LABEL = "aliyun.com/min-member"
 """R8: the number of pods in the gang (= the JobSet's parallelism)."""
 GANG_MIN_MEMBER = "phalanx.io/gang-min-member"
 """Label or annotation: the gang's size, said explicitly (wins over every other key)."""
+GANG_MAX_MEMBER = "phalanx.io/gang-max-member"
+"""Label or annotation: an elastic gang's largest size. The gang starts once its min-member
+pods are placed together and grows, one whole member at a time, up to this (docs/workloads.md,
+"Elastic gangs")."""
 MIN_MEMBER_KEYS = (MIN_MEMBER_LABEL, "scheduling.x-k8s.io/min-member", "pod-group.scheduling.sigs.k8s.io/min-available")
 """Labels or annotations that say a gang's size, the first present counting: Phalanx's (the
 seed's), then the coscheduling plugin's two generations."""

@@ -102,6 +102,8 @@ def gang_problem(key: str, state: GangState) -> str:
         return f"attempt {state.attempt} / failures {state.failures} must be >= 0"
     if not 1 <= state.min_member <= MAX_GANG_MEMBERS:
         return f"min_member {state.min_member} is outside 1..{MAX_GANG_MEMBERS}"
+    if state.max_member and not state.min_member <= state.max_member <= MAX_GANG_MEMBERS:
+        return f"max_member {state.max_member} is outside min_member ({state.min_member})..{MAX_GANG_MEMBERS}"
     if not 0 <= state.timeout_s <= MAX_GANG_TIMEOUT_S:
         return f"timeout_s {state.timeout_s:g} is outside 0..{MAX_GANG_TIMEOUT_S:g}"
     members = [m.pod for m in state.members]

@@ -8,6 +8,7 @@ like events they accept unknown fields and only grow fields with defaults.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 import msgspec
@@ -68,8 +69,9 @@ class Nomination(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     attempt: int
     assignment: Assignment
     victims: Annotated[dict[str, str], msgspec.Meta(max_length=1000)] = {}
-    """Victim gang → the rule that allows it (``priority`` or ``reclaim``): binder evicts only
-    these gangs' pods for this preemptor."""
+    """Victim → the rule that allows it (``priority`` or ``reclaim``): binder evicts only
+    these victims' pods for this preemptor. A victim is a gang (all its pods) or one extra
+    member of an elastic gang (``victim_unit``)."""
     queue: str = ""
     """The preemptor's queue (for the victims' ``Preempted`` events)."""
     priority: int = 0
@@ -88,6 +90,28 @@ class NodeLedger(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     allocations: dict[str, Allocation] = {}
     nominations: dict[str, Nomination] = {}
     """Preemptors' members nominated onto this node, keyed by ``alloc_key(pod)`` (``Nomination``)."""
+
+
+VICTIM_EXTRA = "#"
+"""Joins an elastic gang's id and one of its extra members' pod name into a victim. Neither a
+gang id (namespaces, pod names, label values and PodGroup names have no ``#``:
+``phalanx_kubeobjects.gangs.identify`` refuses one) nor a pod name contains it."""
+
+
+def victim_unit(gang_id: str, pod_name: str) -> str:
+    """The victim that is one extra member of an elastic gang: ``<gang id>#<pod name>``."""
+    return f"{gang_id}{VICTIM_EXTRA}{pod_name}"
+
+
+def victim_of(victim: str) -> tuple[str, str]:
+    """(gang id, pod name) of a victim: the pod name of an extra member, "" for a whole gang."""
+    gang_id, mark, pod = victim.rpartition(VICTIM_EXTRA)
+    return (gang_id, pod) if mark else (victim, "")
+
+
+def names_victim(victims: Collection[str], gang_id: str, pod_name: str) -> bool:
+    """Does a set of victims take this pod of this gang: its whole gang, or the pod as an extra?"""
+    return gang_id in victims or victim_unit(gang_id, pod_name) in victims
 
 
 def alloc_key(pod: PodRef) -> str:
@@ -207,6 +231,11 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Per-gang attempt deadline (pod annotation ``phalanx.io/gang-timeout-seconds``); 0: default."""
     min_member_declared: bool = True
     """False when no pod said min-member: the gang is the pods seen once the group is quiet."""
+    max_member: int = 0
+    """An elastic gang's largest size (``phalanx.io/gang-max-member``); 0: not elastic. Its
+    first attempt places ``min_member`` members at once, each later one a single member more
+    (``attempt_members``); members past ``min_member`` are its extras, given up first to a
+    preemptor (``elastic_extras``)."""
     parts: tuple[GangPart, ...] = ()
     """A JobSet gang: its replicated jobs seen so far (``phalanx_kubeobjects.gangs.jobset_size``)."""
     jobs: int = 0
@@ -241,9 +270,27 @@ class GangState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 def attempt_members(s: GangState) -> tuple[MemberSpec, ...]:
     """The members the current attempt places: all but those bound by earlier attempts
-    (``running``). What a ``placement.place`` command refers to."""
+    (``running``). What a ``placement.place`` command refers to.
+
+    An elastic gang (``max_member``) places what brings it to ``min_member`` all at once (its
+    first attempt, or a repair of its minimum), otherwise one member more, and never more than
+    ``max_member`` in all; the members after those wait for the next attempt."""
     running = {r.pod for r in s.running}
-    return tuple(m for m in s.members if m.pod not in running)
+    out = tuple(m for m in s.members if m.pod not in running)
+    if s.max_member:
+        held = sum(1 for m in s.members if m.pod in running)
+        out = out[:max(0, min(s.max_member - held, max(1, s.min_member - held)))]
+    return out
+
+
+def elastic_extras(s: GangState, held: Collection[PodRef]) -> tuple[PodRef, ...]:
+    """Of ``held`` (the gang's pods holding reservations), those an elastic gang may give up
+    one by one while its minimum stays whole: every one past the first ``min_member`` in member
+    order, the latest first. Not elastic, or no more than its minimum held: none."""
+    if not s.max_member:
+        return ()
+    order = [m.pod for m in s.members if m.pod in held]
+    return tuple(reversed(order[s.min_member:]))
 
 
 def members_digest(s: GangState) -> str:

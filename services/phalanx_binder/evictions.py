@@ -41,7 +41,7 @@ from phalanx_bus.ledger import LedgerBook
 from phalanx_kube.port import ClusterPort, EvictionBlocked, NotOurs
 from phalanx_proto import subjects as S
 from phalanx_proto.events import EvictionRefused, EvictPods, PodRef
-from phalanx_proto.state import Nomination
+from phalanx_proto.state import Nomination, victim_of
 from phalanx_proto.vocab import RefusalRule as R
 from phalanx_telemetry import log, metrics, refused, warn
 
@@ -131,7 +131,7 @@ class Evictions:
                 await self.cluster.record_event(
                     ref, reason="Preempted", type="Warning",
                     message=f"Preempted by gang {ev.gang_id} (queue {first.queue or 'default'}, priority "
-                            f"{first.priority}) under rule {rule}: victim gang {victim} is evicted whole")
+                            f"{first.priority}) under rule {rule}: {_victim_words(victim)}")
             except Exception as e:  # noqa: BLE001 - an event is information; the eviction is done
                 warn("event not recorded", pod=str(ref), error=repr(e)[:200])
 
@@ -169,3 +169,11 @@ class Evictions:
             await self.cluster.record_event(ref, reason="PreemptionBlocked", message=message, type="Warning")
         except Exception as e:  # noqa: BLE001 - an event is information; the refusal is sent anyway
             warn("event not recorded", pod=str(ref), error=repr(e)[:200])
+
+
+def _victim_words(victim: str) -> str:
+    """What a victim's pods are told: a gang goes whole; an elastic gang's extra goes alone."""
+    gang_id, pod = victim_of(victim)
+    if pod:
+        return f"an extra member of elastic gang {gang_id}, given up while the gang keeps running its minimum"
+    return f"victim gang {victim} is evicted whole"

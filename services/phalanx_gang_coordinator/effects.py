@@ -122,7 +122,7 @@ def pending(s: GangState, now: float) -> tuple[Effect, ...]:
               f"{zlib.crc32(reason.encode())}")
     return (Publish(S.status_subject(s.gang_id), GangPending(gang_id=s.gang_id, attempt=max(1, s.attempt),
                                                              reason=reason), msg_id=msg_id),
-            Notify(tuple(m.pod for m in saga.attempt_members(s)), "FailedScheduling", reason))
+            Notify(saga.waiting_members(s), "FailedScheduling", reason))
 
 
 def announce(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:

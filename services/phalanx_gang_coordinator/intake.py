@@ -114,7 +114,8 @@ class PodIntake:
             changed = None
             for _, ident, spec in arrivals:
                 new = saga.add_member(s, spec, gang_id=gang_id, min_member=ident.min_member, timeout_s=ident.timeout_s,
-                                      priority=ident.priority, now=now, part=ident.part, jobs=ident.jobs)
+                                      priority=ident.priority, now=now, part=ident.part, jobs=ident.jobs,
+                                      max_member=ident.max_member)
                 if new is not None:
                     s = changed = new
             return changed
@@ -133,7 +134,13 @@ class PodIntake:
     async def _tell_membership(self, pod: Pod, declared: int | None, s: GangState) -> None:
         """Tell the pod what its gang is when that is not plain (no silent guesses)."""
         msg = ""
-        if s.phase == "scheduled" and saga.late_members(s):
+        if s.max_member and len(s.members) > s.max_member:
+            msg = (f"gang {s.gang_id}: {len(s.members)} pods present but the elastic gang's maximum is "
+                   f"{s.max_member}; the pods past it wait until a member goes")
+        elif s.max_member and s.phase == "scheduled" and saga.late_members(s):
+            msg = (f"elastic gang {s.gang_id} runs with its minimum: this pod joins it by an attempt of its own when "
+                   "GPUs near its members are free; the running members stay where they are")
+        elif s.phase == "scheduled" and saga.late_members(s):
             msg = (f"gang {s.gang_id} is already scheduled: this pod joins it by an attempt of its own; the running "
                    "members stay where they are")
         elif not s.min_member_declared and s.gang_id != f"{pod.namespace}/{pod.name}":
@@ -141,7 +148,7 @@ class PodIntake:
                    f"pods present once none arrived for {self.settle_s:g}s ({len(s.members)} so far)")
         elif declared is not None and declared != s.min_member:
             msg = f"gang {s.gang_id}: this pod says min-member {declared}, others say {s.min_member}; using {s.min_member}"
-        elif len(s.members) > s.min_member:
+        elif len(s.members) > s.min_member and not s.max_member:
             msg = (f"gang {s.gang_id}: {len(s.members)} pods present but min-member is {s.min_member}; every "
                    "present pod is placed, all or nothing")
         # Fewer members than min-member: the pods are told once the gang has waited --settle-s

@@ -55,7 +55,7 @@ from phalanx_placement.nodestate import GRACE_S, NodeStates
 from phalanx_placement.recorder import JournaledCluster
 from phalanx_proto import subjects as S
 from phalanx_proto.queues import HISTORY_PREFIX, USAGE_PREFIX, QueueUsage, is_usage_key, usage_key
-from phalanx_proto.state import GangState, NodeLedger
+from phalanx_proto.state import GangState, NodeLedger, victim_of
 from phalanx_proto.topology import NodeTopology
 from phalanx_rules.queues import held_by_queue
 
@@ -181,6 +181,13 @@ class ClusterCache:
     def gang_keys(self, gang_id: str) -> frozenset[str]:
         """Ledger keys holding any reservation of the gang (assumed ones included)."""
         return frozenset(self._by_gang.get(gang_id, ()))
+
+    def victim_holds(self, victim: str) -> bool:
+        """A preemption's victim (a gang, or one extra member of an elastic gang,
+        ``state.victim_of``) still holds a reservation somewhere."""
+        gang_id, pod = victim_of(victim)
+        return any(a.gang_id == gang_id and (not pod or a.assignment.pod.name == pod)
+                   for k in self.gang_keys(gang_id) for a in (self.ledger_of(k) or NodeLedger(node="")).allocations.values())
 
     def node_counts(self) -> dict[str, int]:
         """How many nodes the cache holds, fresh, stale and invalid (as of the last ``refresh``)."""

@@ -89,7 +89,7 @@ class Nominations:
             return
         noms = [n for n in preempting.nominations(self._ledgers(record.gang_id), record.gang_id, now)
                 if n.attempt == record.attempt]
-        holding = sorted({v for n in noms for v in n.victims if self._holds(v)})
+        holding = sorted({v for n in noms for v in n.victims if self.cache.victim_holds(v)})
         covered = {alloc_key(m.pod) for m in attempt_members(record)} <= {alloc_key(n.assignment.pod) for n in noms}
         if covered and holding:
             self._doubtful.discard(key)
@@ -157,9 +157,6 @@ class Nominations:
     def _ledgers(self, gang_id: str) -> list[NodeLedger]:
         return [led for key in self.cache.gang_keys(gang_id) if (led := self.cache.ledger_of(key)) is not None]
 
-    def _holds(self, gang_id: str) -> bool:
-        return any(a.gang_id == gang_id for k in self.cache.gang_keys(gang_id)
-                   for a in (self.cache.ledger_of(k) or NodeLedger(node="")).allocations.values())
 
 
 def failed(record: GangState, summary: str) -> PlacementFailed:

@@ -17,6 +17,7 @@ publishes the eviction.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
@@ -25,7 +26,17 @@ from phalanx_engine.preempt import NoPlan, Plan, Preemptor, RunningGang, running
 from phalanx_proto.events import RecordedPreemption, RecordedRunning
 from phalanx_proto.kvrules import gpu_conflicts
 from phalanx_proto.queues import shown
-from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key, attempt_members
+from phalanx_proto.state import (
+    Allocation,
+    GangState,
+    NodeLedger,
+    Nomination,
+    alloc_key,
+    attempt_members,
+    elastic_extras,
+    victim_of,
+    victim_unit,
+)
 from phalanx_rules.queues import QueueTree
 
 
@@ -42,10 +53,10 @@ def candidates(ledgers: list[NodeLedger], records: Callable[[str], GangState | N
     (its GPUs are promised: no two preemptors evict for the same GPUs), nor ``refused``; nor a
     gang whose pods are all gone (its record has no members: its reservations are released as
     the agents see the pods go, and its record's priority, 0, is no longer its pods')."""
-    taken = {v for led in ledgers for n in led.nominations.values()
+    taken = {victim_of(v)[0] for led in ledgers for n in led.nominations.values()
              if n.gang_id != preemptor and n.active(now) for v in n.victims}
-    skip = taken | set(refused) | {preemptor}
-    priority, started = {}, {}
+    skip = taken | {victim_of(v)[0] for v in refused} | {preemptor}
+    priority, started, elastic = {}, {}, {}
     for led in ledgers:
         for a in led.allocations.values():
             record = records(a.gang_id)
@@ -55,7 +66,25 @@ def candidates(ledgers: list[NodeLedger], records: Callable[[str], GangState | N
                 priority[a.gang_id] = record.priority
                 if record.attempt_started_at:
                     started[a.gang_id] = record.attempt_started_at
-    return tuple(g for g in running_gangs(ledgers, priority, started) if g.gang_id not in skip)
+                if record.max_member:
+                    elastic[a.gang_id] = record
+    out = []
+    for g in running_gangs(ledgers, priority, started):
+        if g.gang_id in skip:
+            continue
+        out.append(g)
+        if g.gang_id in elastic:
+            out.extend(extras(g, elastic[g.gang_id]))
+    return tuple(out)
+
+
+def extras(gang: RunningGang, record: GangState) -> tuple[RunningGang, ...]:
+    """An elastic gang's extra members as victims of their own (``state.victim_unit``), each
+    with the gang's priority, queues and start: a preemptor may take one of them and leave the
+    gang running its minimum. The gang itself stays a candidate, taking all its pods."""
+    held = {a.pod: a for a in gang.assignments}
+    return tuple(dataclasses.replace(gang, gang_id=victim_unit(gang.gang_id, pod.name), assignments=(held[pod],))
+                 for pod in elastic_extras(record, held.keys()))
 
 
 def without_nominations(ledger: NodeLedger, gang_id: str, now: float) -> NodeLedger:

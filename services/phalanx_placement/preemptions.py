@@ -56,7 +56,7 @@ class Preemptions:
         now = self.cache.clock()
         ledgers = self.ledgers()
         own = [n for n in preempting.nominations(ledgers, ev.gang_id, now) if n.attempt == ev.attempt]
-        holding = sorted({v for n in own for v in n.victims if self._holds(v)})
+        holding = sorted({v for n in own for v in n.victims if self.cache.victim_holds(v)})
         if own and holding:
             # A request decided again while its nomination's victims still hold GPUs (redelivered
             # after a crash, before or after its Preempting): the attempt waits on, and the
@@ -100,10 +100,6 @@ class Preemptions:
                        evict=EvictPods(gang_id=ev.gang_id, attempt=ev.attempt,
                                        victims=tuple(v.gang_id for v in plan.victims))), logged
 
-    def _holds(self, gang_id: str) -> bool:
-        """The gang still holds a reservation somewhere."""
-        return any(a.gang_id == gang_id for k in self.cache.gang_keys(gang_id)
-                   for a in (self.cache.ledger_of(k) or NodeLedger(node="")).allocations.values())
 
     def _record(self, gang_id: str) -> GangState | None:
         record = self.cache.gang(gang_id)

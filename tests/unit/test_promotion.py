@@ -20,6 +20,7 @@ import pytest
 
 from phalanx_bus import KvConflict, TemporaryError
 from phalanx_placement import nominations
+from phalanx_placement.cache import ClusterCache
 from phalanx_placement.holdings import Holdings
 from phalanx_proto.events import Assignment, MemberSpec, PodRef, Released, ReleaseRequested, Reserved
 from phalanx_proto.state import Allocation, GangState, NodeLedger, Nomination, alloc_key, members_digest
@@ -112,6 +113,8 @@ class Replica:
 
     def usable(self, key: str) -> bool:
         return True
+
+    victim_holds = ClusterCache.victim_holds
 
     async def catch_up(self) -> None:
         self.ledgers, self.seen = dict(self.kv.values), dict(self.kv.revisions)
