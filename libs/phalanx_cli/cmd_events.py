@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -125,7 +126,10 @@ def render(at: float, subject: str, event: Any, *, as_json: bool) -> str:
 
 
 async def _watch_connection(bus: Any, url: str, budget_s: float) -> None:
-    """Raise ``BusUnreachable`` once the connection has been down for ``budget_s`` seconds."""
+    """Exit 2 once the connection has been down for ``budget_s`` seconds, saying so. The process
+    leaves at once (``os._exit``): nats-py's reconnecting tasks swallow cancellation, so the event
+    loop's shutdown could wait on them for ever (seen under load); nothing is left to clean up — the
+    subscription died with the connection, and every printed line is flushed first."""
     down_since: float | None = None
     while True:
         await anyio.sleep(0.25)
@@ -134,7 +138,10 @@ async def _watch_connection(bus: Any, url: str, budget_s: float) -> None:
         elif down_since is None:
             down_since = time.monotonic()
         elif time.monotonic() - down_since > budget_s:
-            raise BusUnreachable(f"lost NATS at {url} for more than {budget_s:g}s")
+            sys.stdout.flush()
+            print(safe(f"phalanx events: {BusUnreachable(f'lost NATS at {url} for more than {budget_s:g}s')}"),
+                  file=sys.stderr, flush=True)
+            os._exit(2)
 
 
 def _clock(at: float) -> str:
