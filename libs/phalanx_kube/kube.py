@@ -57,6 +57,7 @@ from phalanx_kube.kubebudgets import KubeBudgets
 from phalanx_kube.kubedra import KubeDra
 from phalanx_kube.kubeevents import KubeEvents
 from phalanx_kube.kubeleases import KubeLeases
+from phalanx_kube.kubepodgroups import KubePodGroups
 from phalanx_kube.kubequeues import KubeQueues
 from phalanx_kube.podtable import PodTable
 from phalanx_kube.port import (
@@ -105,7 +106,7 @@ def _uid_mismatch(e: KubeApiError) -> bool:
     return e.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
 
 
-class KubeCluster(KubeQueues, KubeEvents, KubeLeases, KubeDra, KubeBudgets):
+class KubeCluster(KubeQueues, KubePodGroups, KubeEvents, KubeLeases, KubeDra, KubeBudgets):
     """``ClusterPort`` on a real API server. Create with ``await KubeCluster.open(...)``;
     ``await close()`` (or ``async with``) releases the HTTP session."""
 

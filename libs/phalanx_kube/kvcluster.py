@@ -105,6 +105,17 @@ class KvCluster(KvQueues, KvDra):
         await self._nodes.put(token(obj["metadata"]["name"]), _json.encode(obj))
         return node_from_dict(obj)
 
+    # -- the Workload API: the simulated cluster has no PodGroups ------------------------
+    async def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def watch_pod_groups(self) -> AsyncIterator[tuple[str, Any]]:
+        yield "listed", []
+        await asyncio.Event().wait()
+
+    async def update_pod_group_status(self, namespace: str, name: str, conditions: list[dict[str, Any]]) -> None:
+        return None
+
     # -- pods ----------------------------------------------------------------------------
     def _ours(self, pod: Pod) -> bool:
         return pod.scheduler_name in self.scheduler_names

@@ -289,6 +289,21 @@ class ClusterPort(Protocol):
         """Set the Queue's ``status`` (a Queue that is gone is no error)."""
         ...
 
+    # -- the upstream Workload API (scheduling.k8s.io PodGroups) -----------------------------
+    async def get_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PodGroup object as stored, read now; None when there is none (or the server
+        serves no PodGroup version: the simulated cluster has none)."""
+        ...
+
+    def watch_pod_groups(self) -> AsyncIterator[tuple[str, Any]]:
+        """Every PodGroup: ``("listed", [objects])`` first (and again after a re-list), then
+        ``("put", object)`` and ``("deleted", object)`` for each change."""
+        ...
+
+    async def update_pod_group_status(self, namespace: str, name: str, conditions: list[dict[str, Any]]) -> None:
+        """Set the PodGroup's ``status.conditions`` (a PodGroup that is gone is no error)."""
+        ...
+
     # -- Dynamic Resource Allocation (resource.k8s.io/v1) ------------------------------------
     async def list_device_classes(self) -> list[dict[str, Any]]:
         """Every DeviceClass, as stored (by name)."""

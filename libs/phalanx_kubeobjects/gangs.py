@@ -7,6 +7,9 @@ Keys, first match wins; the gang id is ``<namespace>/<Kind>:<name>`` for a group
 pod names have neither, so a group id never equals a pod's, nor its ``phx-gangs`` key
 (``subjects.gang_key`` keeps capitals and turns ``:`` into ``_``, which pod names lack too):
 
+0. ``spec.schedulingGroup.podGroupName`` (the upstream Workload API) → ``PodGroup:<name>``,
+   whatever labels the pod's controller adds (a Job's pod that names a PodGroup is in that one
+   gang, not in its Job's too); its size is the PodGroup object's (``pod_group_policy``);
 1. label ``scheduling.x-k8s.io/pod-group``, ``pod-group.scheduling.sigs.k8s.io/name`` or
    ``pod-group.scheduling.sigs.k8s.io`` → ``PodGroup:<name>`` (scheduler-plugins, ACK);
 2. annotation ``scheduling.k8s.io/group-name`` → ``PodGroup:<name>`` (Volcano, arena ``--gang``);
@@ -112,6 +115,9 @@ class GangIdentity:
     """The pod's ``spec.priority`` (``pod_priority``; a template has none: 0)."""
     max_member: int = 0
     """An elastic gang's largest size (``phalanx.io/gang-max-member``); 0: not elastic."""
+    pod_group: str = ""
+    """The PodGroup the pod's ``spec.schedulingGroup`` names (the Workload API); its size is
+    that object's, which the caller reads (``pod_group_policy``); "" for every other pod."""
 
 
 def gang_id(namespace: str, kind: str, name: str) -> str:
@@ -119,9 +125,11 @@ def gang_id(namespace: str, kind: str, name: str) -> str:
     return f"{namespace}/{name}" if kind == "Pod" else f"{namespace}/{kind}:{name}"
 
 
-def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> GangIdentity:
-    """The gang of a pod (or pod template) with these names, labels and annotations. Raises
-    ``RequestError`` naming the field and rule for a count that is not a whole number in bounds."""
+def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any],
+             spec: Mapping[str, Any] | None = None) -> GangIdentity:
+    """The gang of a pod (or pod template) with these names, labels and annotations (and
+    ``spec``, for its ``schedulingGroup``). Raises ``RequestError`` naming the field and rule for
+    a count that is not a whole number in bounds."""
     def said(key: str) -> str | None:
         for where in (labels, annotations):
             if isinstance(where.get(key), str) and where[key]:
@@ -129,6 +137,15 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
         return None
 
     kind, group = "Pod", name
+    v: list[Violation] = []
+    named = scheduling_group(spec, f"{namespace}/{name}")
+    if named:
+        timeout_s = gang_timeout(annotations, v)
+        explicit = min_member_said(labels, annotations, v).explicit
+        if v:
+            raise RequestError(v, f"{namespace}/{name}")
+        return GangIdentity(gang_id(namespace, "PodGroup", named), "PodGroup", explicit, timeout_s=timeout_s,
+                            pod_group=named)
     for key in GROUP_LABELS:
         if isinstance(labels.get(key), str) and labels[key]:
             kind, group = "PodGroup", labels[key]
@@ -147,7 +164,6 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
                 if isinstance(labels.get(key), str) and labels[key]:
                     kind, group = k, labels[key]
                     break
-    v: list[Violation] = []
     explicit, declared, _ = min_member_said(labels, annotations, v)
     part, jobs = None, 0
     if kind == "LeaderWorkerSet" and explicit is None:
@@ -170,6 +186,46 @@ def identify(namespace: str, name: str, labels: Mapping[str, Any], annotations: 
         return GangIdentity(gang_id(namespace, kind, group), kind, 1, timeout_s=timeout_s)
     return GangIdentity(gang_id(namespace, kind, group), kind, least, part, jobs, timeout_s=timeout_s,
                         max_member=maximum)
+
+
+def scheduling_group(spec: Mapping[str, Any] | None, pod: str = "") -> str:
+    """The PodGroup a pod's ``spec.schedulingGroup.podGroupName`` names ("" when none). Raises
+    ``RequestError`` for a name that is no object name."""
+    group = (spec or {}).get("schedulingGroup")
+    named = group.get("podGroupName") if isinstance(group, Mapping) else None
+    if named is None or named == "":
+        return ""
+    if not dns_subdomain(named):
+        raise RequestError([Violation("spec.schedulingGroup.podGroupName", str(named)[:253],
+                                      "names a PodGroup object: must be a DNS-1123 subdomain")], pod)
+    return named
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroupPolicy:
+    """What a ``PodGroup`` object says of its gang: at least ``least`` pods placed together, then
+    one by one up to ``most`` (``gang.minCount``: the rest of the group joins as an elastic gang's
+    members do; ``basic``: each pod on its own, placed near the group's others)."""
+
+    least: int
+    most: int
+
+
+def pod_group_policy(obj: Mapping[str, Any]) -> PodGroupPolicy | Violation:
+    """The gang a ``PodGroup`` (``scheduling.k8s.io`` v1alpha2 or v1beta1, as stored) says, or
+    the violation naming the field and the rule."""
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    policy = spec.get("schedulingPolicy") if isinstance(spec.get("schedulingPolicy"), Mapping) else {}
+    gang = policy.get("gang")
+    if isinstance(gang, Mapping):
+        count = gang.get("minCount")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GANG.most:
+            return Violation("spec.schedulingPolicy.gang.minCount", str(count)[:40],
+                             f"the gang's size is a whole number of pods, 1 to {MAX_GANG.most}")
+        return PodGroupPolicy(count, MAX_GANG.most)
+    if isinstance(policy.get("basic"), Mapping):
+        return PodGroupPolicy(1, MAX_GANG.most)
+    return Violation("spec.schedulingPolicy", "{}", "says neither gang (with minCount) nor basic")
 
 
 def max_member(labels: Mapping[str, Any], annotations: Mapping[str, Any], least: int | None,

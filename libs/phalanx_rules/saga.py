@@ -140,6 +140,11 @@ def late_members(s: GangState) -> bool:
     return not s.max_member or sum(1 for m in s.members if m.pod in done) < s.max_member
 
 
+def held_members(s: GangState) -> set[PodRef]:
+    """The members bound and kept: by earlier attempts (``running``) or the current one."""
+    return repairs.held_members(s)
+
+
 def waiting_members(s: GangState) -> tuple[PodRef, ...]:
     """The members no attempt has bound and kept: those a pending reason is for (an elastic
     gang's next attempt places only some of them; the others wait for the same reason)."""

@@ -63,6 +63,16 @@ seed's), then the coscheduling plugin's two generations."""
 GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name",
                 "pod-group.scheduling.sigs.k8s.io")
 """Labels naming the pod's PodGroup (the coscheduling plugin's generations)."""
+POD_GROUP_GROUP = "scheduling.k8s.io"
+"""The upstream Workload API's group: a pod's ``spec.schedulingGroup.podGroupName`` names a
+``PodGroup`` of its namespace whose ``spec.schedulingPolicy`` says the gang (docs/workloads.md,
+"The upstream Workload API")."""
+POD_GROUP_VERSIONS = ("v1beta1", "v1alpha2")
+"""The versions of ``PodGroup`` Phalanx reads, the first the API server serves: beta in
+Kubernetes 1.37, alpha in 1.36 (gate ``GenericWorkload``, ``--runtime-config``)."""
+POD_GROUP_PLURAL = "podgroups"
+POD_GROUP_SCHEDULED = "PodGroupScheduled"
+"""The ``PodGroup`` status condition a scheduler reports (reason ``Unschedulable`` when False)."""
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 """Annotation naming the pod's PodGroup (Volcano, arena)."""
 TIMEOUT_ANNOTATION = "phalanx.io/gang-timeout-seconds"

@@ -25,6 +25,7 @@ from phalanx_gang_coordinator import effects
 from phalanx_gang_coordinator.compensate import Compensator
 from phalanx_gang_coordinator.holdings import Holdings
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.podgroups import PodGroupBook
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import Change, GangStore, Transition
 from phalanx_kube.port import ClusterPort
@@ -76,6 +77,8 @@ class SagaDriver:
         self.notifier = notifier
         self.config = config
         self.queues = queues
+        self.groups: PodGroupBook | None = None
+        """Where a gang named by a Workload API PodGroup reports its status (set by the service)."""
         self.compensator = Compensator(store, cluster, notifier, self.execute, self.reservations_of,
                                        backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
         self.bound_seen: dict[str, str] = bound_seen if bound_seen is not None else {}
@@ -110,6 +113,9 @@ class SagaDriver:
                                                      target=S.deadline_fired_subject(event.gang_id))
                 case effects.Notify(pods=pods, reason=reason, message=message, condition=condition, normal=normal):
                     self.notifier.tell(pods, reason, message, condition=condition, normal=normal)
+                case effects.ReportGroup(gang_id=gang_id, scheduled=scheduled, message=message):
+                    if self.groups is not None:
+                        await self.groups.report(gang_id, scheduled=scheduled, message=message)
                 case effects.Compensate(gang_id=gang_id, attempt=attempt):
                     await self.roll_back(gang_id, attempt)
 

@@ -78,6 +78,16 @@ class Notify:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportGroup:
+    """The gang's ``PodGroupScheduled`` condition on its Workload API PodGroup
+    (``podgroups.PodGroupBook.report``: nothing for a gang that has none)."""
+
+    gang_id: str
+    scheduled: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Compensate:
     """Run the compensations of the attempt not yet done (``compensate.Compensator``)."""
 
@@ -85,7 +95,7 @@ class Compensate:
     attempt: int
 
 
-Effect = Publish | ScheduleDeadline | Notify | Compensate
+Effect = Publish | ScheduleDeadline | Notify | ReportGroup | Compensate
 Held = tuple[Assignment, ...]
 
 
@@ -122,7 +132,13 @@ def pending(s: GangState, now: float) -> tuple[Effect, ...]:
               f"{zlib.crc32(reason.encode())}")
     return (Publish(S.status_subject(s.gang_id), GangPending(gang_id=s.gang_id, attempt=max(1, s.attempt),
                                                              reason=reason), msg_id=msg_id),
-            Notify(saga.waiting_members(s), "FailedScheduling", reason))
+            Notify(saga.waiting_members(s), "FailedScheduling", reason),
+            *_group(s, scheduled=False, message=reason))
+
+
+def _group(s: GangState, *, scheduled: bool, message: str) -> tuple[Effect, ...]:
+    """A gang named by a PodGroup reports to it (the gang id's kind says; the book knows the object)."""
+    return (ReportGroup(s.gang_id, scheduled, message),) if "/PodGroup:" in s.gang_id else ()
 
 
 def announce(s: GangState, *, timeout_s: float) -> tuple[Effect, ...]:
@@ -154,7 +170,9 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
             return binds(after)
         case "scheduled" if was in (*saga.PLACING, "binding"):
             done = (Publish(S.status_subject(after.gang_id), GangScheduled(
-                gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),)
+                gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),
+                *_group(after, scheduled=True, message=f"{len(saga.held_members(after))} pods of gang "
+                                                         f"{after.gang_id} placed (min-member {after.min_member})"))
             if before is not None and before.repair is not None and after.repair is None:
                 done += (repaired_notice(before, after, held, now),)
             return done

@@ -32,7 +32,7 @@ def identity(pod: Pod) -> GangIdentity:
     """The gang of ``pod``, with its priority. Raises ``InvalidMember`` for a bad min-member or
     timeout value."""
     try:
-        g = rules.identify(pod.namespace, pod.name, pod.labels, pod.annotations)
+        g = rules.identify(pod.namespace, pod.name, pod.labels, pod.annotations, pod.raw.get("spec"))
     except RequestError as e:
         raise InvalidMember(e.violations) from None
     return dataclasses.replace(g, priority=rules.pod_priority(pod.raw.get("spec")))

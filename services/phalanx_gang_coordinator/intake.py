@@ -21,6 +21,8 @@ from phalanx_gang_coordinator.drabook import DraBook, Waiting
 from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.gangs import InvalidMember, identity, member_spec
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.podgroups import PodGroupBook
+from phalanx_gang_coordinator.podgroups import Waiting as GroupWaiting
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.store import GangStore, UnreadableRecord
 from phalanx_kube.port import ClusterPort, Pod
@@ -35,10 +37,12 @@ from phalanx_telemetry import log, metrics, warn
 class PodIntake:
     def __init__(self, cluster: ClusterPort, store: GangStore, driver: SagaDriver, notifier: Notifier,
                  settle_s: float, *, parallelism: int = 1, queues: QueueBook | None = None,
-                 bound_seen: dict[str, str] | None = None, dra: DraBook | None = None) -> None:
+                 bound_seen: dict[str, str] | None = None, dra: DraBook | None = None,
+                 groups: PodGroupBook | None = None) -> None:
         """``bound_seen``: pod uid → the node the watch last showed it bound to, kept here and read
         by the driver (the same map is passed to both); ``dra``: where a pod's ResourceClaims are
-        resolved (None: pods with claims are admitted without them)."""
+        resolved (None: pods with claims are admitted without them); ``groups``: where a pod
+        naming a Workload API PodGroup learns its gang's size (None: such pods wait)."""
         self.cluster = cluster
         self.parallelism = parallelism
         self.bound_seen: dict[str, str] = bound_seen if bound_seen is not None else {}
@@ -52,6 +56,7 @@ class PodIntake:
         self.settle_s = settle_s
         self.queues = queues
         self.dra = dra
+        self.groups = groups
         self.repairs = None
         """The repair watch (``repairs.RepairWatch``), set by the service: a bound member of a
         running gang that is deleted or fails is a failure its gang is repaired for."""
@@ -76,6 +81,18 @@ class PodIntake:
                 warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(e))
                 self.notifier.once(pod, "FailedScheduling", f"invalid request: {e}")
                 continue
+            if ident.pod_group:  # the Workload API: the PodGroup object says the size
+                sized = await self.groups.sized(pod.namespace, ident) if self.groups is not None else \
+                    GroupWaiting("PodGroups are not read by this gang-coordinator")
+                if isinstance(sized, GroupWaiting):
+                    log("pod waits for its PodGroup", pod=f"{pod.namespace}/{pod.name}", reason=str(sized))
+                    self.notifier.once(pod, "FailedScheduling", str(sized))
+                    continue
+                if isinstance(sized, Violation):
+                    warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(sized))
+                    self.notifier.once(pod, "FailedScheduling", f"invalid request: {sized}")
+                    continue
+                ident = sized
             if self.queues is not None:
                 queue, problem = await self.queues.resolve(pod)
                 if problem:
@@ -106,6 +123,13 @@ class PodIntake:
             admitted.append((pod, ident, spec))
         for gang_id in dict.fromkeys(ident.gang_id for _, ident, _ in admitted):
             await self._admit(gang_id, [(p, i, sp) for p, i, sp in admitted if i.gang_id == gang_id])
+
+    async def take_in_group(self, namespace: str, name: str) -> None:
+        """A PodGroup appeared: take in the unbound pods that waited for it."""
+        pods = [p for p in self.watched.values() if p.namespace == namespace and not p.node_name
+                and not p.deleting and _names_group(p, name)]
+        if pods:
+            await self.on_pods(pods)
 
     async def _admit(self, gang_id: str, arrivals: list[tuple[Pod, object, object]]) -> None:
         now = time.time()
@@ -288,3 +312,8 @@ def _gang_of(pod: Pod) -> str:
         return identity(pod).gang_id
     except InvalidMember:
         return f"{pod.namespace}/{pod.name}"
+
+
+def _names_group(pod: Pod, name: str) -> bool:
+    group = (pod.raw.get("spec") or {}).get("schedulingGroup")
+    return isinstance(group, dict) and group.get("podGroupName") == name

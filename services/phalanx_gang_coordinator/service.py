@@ -16,6 +16,7 @@ each its own module:
                 path (at most one pod's calls in flight each, the latest condition wins)
 ``drabook``     DeviceClasses, ResourceSlices and ResourceClaims: the pools to KV ``phx-dra``,
                 each pod's claims resolved (docs/dra.md)
+``podgroups``   the Workload API's PodGroups: a gang's size from its object, its status back
 ``resync``      the periodic safety net and the queue view; which waiting gang may
                 start now is ``phalanx_rules.fairness`` (pure; ``phalanx sim`` runs it too)
 ``reconciler``  ledger vs gang records vs bound pods, repaired (one replica: ``lease``;
@@ -45,6 +46,7 @@ from phalanx_gang_coordinator.driver import SagaDriver
 from phalanx_gang_coordinator.heads import QueueHeads
 from phalanx_gang_coordinator.intake import PodIntake
 from phalanx_gang_coordinator.notify import Notifier
+from phalanx_gang_coordinator.podgroups import PodGroupBook
 from phalanx_gang_coordinator.queuebook import QueueBook
 from phalanx_gang_coordinator.reconciler import Reconciler
 from phalanx_gang_coordinator.repairs import RepairWatch
@@ -132,8 +134,11 @@ class Coordinator:
         driver = SagaDriver(bus, cluster, store, notifier, config, queues, gate=heads.gate, bound_seen=bound_seen,
                             batched=batched)
         dra = DraBook(bus, cluster, changed=changes.signal)
+        groups = PodGroupBook(cluster)
+        driver.groups = groups
         intake = PodIntake(cluster, store, driver, notifier, config.settle_s, parallelism=config.parallelism,
-                           queues=queues, bound_seen=bound_seen, dra=dra)
+                           queues=queues, bound_seen=bound_seen, dra=dra, groups=groups)
+        groups.arrived = intake.take_in_group
         repairs = RepairWatch(store, driver, cluster, notifier, changes, pods=intake.watched,
                               not_ready_grace_s=config.repair_not_ready_grace_s,
                               no_schedule=config.repair_on_no_schedule, queue_default=queues.repair_policy)
@@ -169,6 +174,8 @@ async def run(bus: Bus, cluster: ClusterPort, config: Config, *,
         await tg.start(driver.mig.run)
         await tg.start(coord.queues.run)
         await tg.start(coord.dra.run)
+        if coord.intake.groups is not None:
+            await tg.start(coord.intake.groups.run)
         await tg.start(lambda task_status: consume(
             bus, stream=S.CONSUMER[DURABLE].stream, durable=DURABLE, filter_subject=S.CONSUMER[DURABLE].filter,
             decoder=gang_decoder, handler=driver.on_reply, concurrency=config.parallelism,

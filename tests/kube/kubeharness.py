@@ -503,13 +503,19 @@ def apply_crds(plane: ControlPlane, docs: list[dict], timeout_s: float = 60.0) -
     api.__dict__.pop("_discovery", None)  # new API groups: rediscover
 
 
+WORKLOAD_API_ARGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1alpha2=true")
+"""The upstream Workload API as v1.36 serves it (alpha: ``scheduling.k8s.io/v1alpha2`` PodGroups and
+the pods' ``spec.schedulingGroup``), which gang-coordinator reads (docs/workloads.md)."""
+
+
 def acquire() -> ControlPlane:
-    """The shared control plane, started on first use with Phalanx's own CRDs (deploy/k8s/crds)."""
+    """The shared control plane, started on first use with Phalanx's own CRDs (deploy/k8s/crds)
+    and the Workload API served (``WORKLOAD_API_ARGS``)."""
     import yaml
 
     with _lock:
         if _shared["plane"] is None:
-            plane = start_control_plane()
+            plane = start_control_plane(apiserver_args=WORKLOAD_API_ARGS)
             apply_crds(plane, [d for f in sorted(PHALANX_CRDS.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
                                if d])
             _shared["plane"] = plane

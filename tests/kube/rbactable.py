@@ -9,7 +9,11 @@ ACCESS = {
                          ("create", "events", "", True), ("patch", "events", "", True),
                          ("create", "pods", "binding", False), ("patch", "pods", "", False),
                          ("create", "pods", "", False), ("list", "nodes", "", False),
-                         ("list", "namespaces", "", True), ("delete", "namespaces", "", False),
+                         ("list", "namespaces", "", True), ("watch", "namespaces", "", True),
+                         ("get", "namespaces", "", True), ("delete", "namespaces", "", False),
+                         ("get", "podgroups", "", True), ("list", "podgroups", "", True),
+                         ("watch", "podgroups", "", True), ("patch", "podgroups", "status", True),
+                         ("patch", "podgroups", "", False), ("delete", "podgroups", "", False),
                          ("list", "queues", "", True), ("patch", "queues", "status", True),
                          ("patch", "queues", "", False), ("delete", "queues", "", False),
                          ("get", "deviceclasses", "", True), ("list", "deviceclasses", "", True),
@@ -46,7 +50,7 @@ CLUSTER_SCOPED = {"nodes", "namespaces", "queues", "deviceclasses", "resourcesli
 CLUSTER_SCOPED_SUBRESOURCES = {("resourceclaims", "binding")}
 """Checked at the cluster scope although the resource is namespaced: the API server authorizes
 ``resourceclaims/binding`` with namespace "" (``AuthorizedForBinding``)."""
-GROUPS = {"queues": "scheduling.phalanx.io", "deviceclasses": "resource.k8s.io", "resourceslices": "resource.k8s.io",
+GROUPS = {"queues": "scheduling.phalanx.io", "podgroups": "scheduling.k8s.io", "deviceclasses": "resource.k8s.io", "resourceslices": "resource.k8s.io",
           "resourceclaims": "resource.k8s.io", "poddisruptionbudgets": "policy"}
 """Resources outside the core API group."""
 
