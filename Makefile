@@ -19,17 +19,22 @@ demo: install
 
 ## Every test tier: unit, integration (real nats-server), e2e (real kube-apiserver + etcd + kwok,
 ## built from Go modules into ~/.cache/phalanx-kube on first use), architecture and lint checks.
-## Two lanes at once: the unit tier (pure CPU, about two minutes), then the Kubernetes-adapter,
-## packaging, contract, device-plugin and trace tiers on a control plane of their own and the
-## hostile tier (about five minutes together), beside the e2e, integration and chaos tiers,
-## which mostly wait on real servers (chaos last, away from the first lane's CPU); the first
-## lane's report follows, and both must pass (docs/tests.md, "How long").
-LANE_BESIDE := tests/unit tests/kube tests/packaging tests/contract tests/deviceplugin tests/traces tests/hostile
-LANE_WAITING := tests/e2e tests/integration tests/chaos
+## Two lanes at once (docs/tests.md, "How long"): the first runs the unit tier (pure CPU), the
+## Kubernetes-adapter, packaging, contract, device-plugin and trace tiers on a control plane of their
+## own, the hostile and chaos tiers, then the integration modules named in INTEGRATION_BESIDE; the
+## second runs the e2e tier and the rest of the integration tier, which mostly wait on real servers.
+## The first lane's report follows the second's, and both must pass.
+INTEGRATION_BESIDE := tests/integration/test_saga_gangs.py tests/integration/test_queue_fair_share.py \
+	tests/integration/test_records_and_reconciler.py tests/integration/test_placement_race.py \
+	tests/integration/test_cli_demo.py tests/integration/test_metrics_endpoint.py \
+	tests/integration/test_saga_processes.py
+LANE_BESIDE := tests/unit tests/kube tests/packaging tests/contract tests/deviceplugin tests/traces tests/hostile \
+	tests/chaos
+LANE_WAITING := tests/e2e tests/integration
 test: install kube
-	@$(BIN)/pytest -q -p no:cacheprovider $(LANE_BESIDE) > $(VENV)/lane-beside.log 2>&1 & lane=$$!; \
-	$(BIN)/pytest -q -p no:cacheprovider $(LANE_WAITING); rest=$$?; \
-	wait $$lane; lane_rc=$$?; echo "== $(LANE_BESIDE), run beside the others (exit $$lane_rc):"; \
+	@$(BIN)/pytest -q -p no:cacheprovider $(LANE_BESIDE) $(INTEGRATION_BESIDE) > $(VENV)/lane-beside.log 2>&1 & lane=$$!; \
+	$(BIN)/pytest -q -p no:cacheprovider $(LANE_WAITING) $(addprefix --ignore=,$(INTEGRATION_BESIDE)); rest=$$?; \
+	wait $$lane; lane_rc=$$?; echo "== $(LANE_BESIDE) $(INTEGRATION_BESIDE), run beside the others (exit $$lane_rc):"; \
 	cat $(VENV)/lane-beside.log; test $$rest -eq 0 && test $$lane_rc -eq 0
 
 ## Build (or reuse) the Go-built test tools: the Kubernetes control plane (with

@@ -59,10 +59,16 @@ def test_the_simulator_and_the_services_define_none_of_the_rulebooks_rules():
 
 def test_make_test_runs_every_tier_directory():
     """``make test`` names its tiers in two lanes (``LANE_BESIDE``, ``LANE_WAITING``): a new
-    directory of tests named in neither would never run, one named in both would run twice."""
+    directory of tests named in neither would never run, one named in both would run twice. The
+    integration modules the first lane runs (``INTEGRATION_BESIDE``) exist, lie in a tier of the
+    second, and the second lane's command ignores exactly them."""
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    lanes = {line.split(":=")[0].strip(): line.split(":=")[1].split()
-             for line in text.splitlines() if line.startswith(("LANE_BESIDE :=", "LANE_WAITING :="))}
+    lanes = {line.split(":=")[0].strip(): line.split(":=")[1].split() for line in text.splitlines()
+             if line.startswith(("LANE_BESIDE :=", "LANE_WAITING :=", "INTEGRATION_BESIDE :="))}
     named = lanes["LANE_BESIDE"] + lanes["LANE_WAITING"]
     tiers = {f"tests/{d.name}" for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))}
     assert sorted(named) == sorted(tiers), (sorted(tiers - set(named)), named)
+    moved = lanes["INTEGRATION_BESIDE"]
+    assert moved and all((ROOT / f).is_file() and f.rsplit("/", 1)[0] in lanes["LANE_WAITING"] for f in moved), moved
+    assert "$(LANE_WAITING) $(addprefix --ignore=,$(INTEGRATION_BESIDE))" in text
+    assert "$(LANE_BESIDE) $(INTEGRATION_BESIDE) >" in text
