@@ -30,6 +30,7 @@ class KubePodGroups:
     """Needs ``self._call``, ``self._acquire`` and ``self._client`` (``KubeCluster``)."""
 
     _pod_group_version: str | None = None
+    _pod_groups_told = False
 
     async def _pod_groups_served(self) -> str:
         """The PodGroup version the server serves ("" when none), asked once."""
@@ -44,8 +45,10 @@ class KubePodGroups:
                     self._pod_group_version = version
                     break
             else:
-                warn("the API server serves no PodGroup version: pods naming one in spec.schedulingGroup wait",
-                     versions=",".join(POD_GROUP_VERSIONS))
+                if not self._pod_groups_told:  # once per process: looked for again every RECHECK_S
+                    warn("the API server serves no PodGroup version: pods naming one in spec.schedulingGroup wait",
+                         versions=",".join(POD_GROUP_VERSIONS))
+                    self._pod_groups_told = True
                 self._pod_group_version = ""
         return self._pod_group_version
 

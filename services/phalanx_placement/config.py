@@ -33,10 +33,9 @@ class Config:
                                   "it: at most this late)")
     whatif_share: float = option(0.03, "share of placement's time the counterfactual probes of gangs that do not "
                                  "fit may take, at most (0: no probes; docs/whatif.md)")
-    whatif_burst_s: float = 0.05
-    """Seconds of probing saved up at most (``whatif.ProbeBudget``)."""
-    whatif_gang_s: float = 0.02
-    """Seconds one gang's probes may take at most."""
+    whatif_burst_s: float = option(0.05, "seconds of counterfactual probing saved up at most (docs/whatif.md)")
+    whatif_gang_s: float = option(0.02, "seconds one gang's counterfactual probes may take at most (docs/whatif.md); "
+                                  "on a loaded machine a probe cut short answers nothing")
     nomination_s: float = option(120.0, "seconds a preemptor's nomination keeps the GPUs its victims free for it "
                                  "(docs/preemption.md); then it is dropped and the planner chooses again")
     record_decisions: bool = option(True, "do not record each engine decision's inputs and outcome on the bounded "

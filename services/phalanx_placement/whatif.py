@@ -168,10 +168,14 @@ class Holders(Mapping[PodRef, Running]):
 
 
 class Probes:
-    """The probes of one placement replica: its budget, the answers it keeps, its counters."""
+    """The probes of one placement replica: its budget, the answers it keeps, its counters.
+
+    A probe's time is placement's own CPU time (``clock``: the thread's, where the probes run),
+    not the wall clock: on a loaded machine a probe descheduled for a while is not cut short for
+    time it did not use, and the budget bounds what the probes take of placement's work."""
 
     def __init__(self, cache: ClusterCache, queues: PlacementQueues, budget: ProbeBudget,
-                 clock: Callable[[], float] = time.perf_counter, now: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.thread_time, now: Callable[[], float] = time.time) -> None:
         self.cache, self.queues, self.budget, self.clock, self.now = cache, queues, budget, clock, now
         self._kept: dict[str, tuple[tuple, WhatIf]] = {}
         self._holders: tuple[int, Holders] | None = None

@@ -111,6 +111,40 @@ async def test_gang_coordinator_watches_and_reports_with_its_own_account_and_may
 
 
 @pytest.mark.anyio
+async def test_gang_coordinator_reads_the_workload_apis_podgroups_and_writes_their_status_with_its_own_account(
+        rbac, kube_api, kube_ns):
+    groups = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{kube_ns}/podgroups"
+
+    def group(name: str) -> dict:
+        return {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": kube_ns},
+                "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}}
+
+    kube_api.post(groups, group("first"))
+    condition = {"type": "PodGroupScheduled", "status": "True", "reason": "Scheduled", "message": "2 pods placed",
+                 "lastTransitionTime": "2026-12-07T00:00:00Z"}
+    cluster = await sa_cluster(rbac, "gang-coordinator")
+    try:
+        got = await cluster.get_pod_group(kube_ns, "first")
+        assert got is not None and got["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert await cluster.get_pod_group(kube_ns, "missing") is None
+        changes = cluster.watch_pod_groups()
+        try:
+            kind, items = await changes.__anext__()
+            assert kind == "listed" and (kube_ns, "first") in {
+                (o["metadata"]["namespace"], o["metadata"]["name"]) for o in items}
+            kube_api.post(groups, group("second"))
+            kind, obj = await changes.__anext__()
+            assert (kind, obj["metadata"]["name"]) == ("put", "second")
+        finally:
+            await changes.aclose()
+        await cluster.update_pod_group_status(kube_ns, "first", [condition])
+    finally:
+        await cluster.close()
+    assert kube_api.get(f"{groups}/first")["status"]["conditions"] == [condition]
+
+
+@pytest.mark.anyio
 async def test_topology_discovery_advertises_resources_with_its_own_account_and_may_not_bind(rbac, kube_api, kube_ns):
     name = unique("rbac-node")
     kube_api.create_node(fake_gpu_node(name, kwok=False))
