@@ -84,13 +84,7 @@ class PodIntake:
             if ident.pod_group:  # the Workload API: the PodGroup object says the size
                 sized = await self.groups.sized(pod.namespace, ident) if self.groups is not None else \
                     GroupWaiting("PodGroups are not read by this gang-coordinator")
-                if isinstance(sized, GroupWaiting):
-                    log("pod waits for its PodGroup", pod=f"{pod.namespace}/{pod.name}", reason=str(sized))
-                    self.notifier.once(pod, "FailedScheduling", str(sized))
-                    continue
-                if isinstance(sized, Violation):
-                    warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(sized))
-                    self.notifier.once(pod, "FailedScheduling", f"invalid request: {sized}")
+                if self._stopped(pod, sized, GroupWaiting, "its PodGroup"):
                     continue
                 ident = sized
             if self.queues is not None:
@@ -111,18 +105,25 @@ class PodIntake:
                     spec = resolved
             if self.dra is not None and self.dra.concerns(pod):
                 claims = await self.dra.resolve(pod)
-                if isinstance(claims, Waiting):
-                    log("pod waits for its claims", pod=f"{pod.namespace}/{pod.name}", reason=str(claims))
-                    self.notifier.once(pod, "FailedScheduling", str(claims))
-                    continue
-                if isinstance(claims, Violation):
-                    warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(claims))
-                    self.notifier.once(pod, "FailedScheduling", f"invalid request: {claims}")
+                if self._stopped(pod, claims, Waiting, "its claims"):
                     continue
                 spec = msgspec.structs.replace(spec, claims=claims)
             admitted.append((pod, ident, spec))
         for gang_id in dict.fromkeys(ident.gang_id for _, ident, _ in admitted):
             await self._admit(gang_id, [(p, i, sp) for p, i, sp in admitted if i.gang_id == gang_id])
+
+    def _stopped(self, pod: Pod, outcome: object, waiting: type, what: str) -> bool:
+        """Does ``outcome`` (of resolving the pod's PodGroup or claims) keep the pod out for now?
+        A ``waiting`` reason: it waits, told why; a ``Violation``: it is refused, told why."""
+        if isinstance(outcome, waiting):
+            log(f"pod waits for {what}", pod=f"{pod.namespace}/{pod.name}", reason=str(outcome))
+            self.notifier.once(pod, "FailedScheduling", str(outcome))
+            return True
+        if isinstance(outcome, Violation):
+            warn("pod rejected", pod=f"{pod.namespace}/{pod.name}", reason=str(outcome))
+            self.notifier.once(pod, "FailedScheduling", f"invalid request: {outcome}")
+            return True
+        return False
 
     async def take_in_group(self, namespace: str, name: str) -> None:
         """A PodGroup appeared: take in the unbound pods that waited for it."""

@@ -16,7 +16,13 @@ import pytest
 from kubecontrollers import delete_workloads, wait_for
 from kubeharness import KubeApi, unique
 from test_controllers_e2e import bound, dump, live
-from test_preemption_e2e import EVICTED, PRIORITY_CLASSES, PodWatch, events, log_of
+from test_preemption_e2e import (
+    EVICTED,
+    PRIORITY_CLASSES,
+    events,
+    log_of,
+    watch,  # noqa: F401 - the fixture, shared
+)
 from test_seed_examples import condition
 
 from phalanx_localstack.stack import Stack
@@ -36,14 +42,6 @@ def classes(kube_api: KubeApi):
     yield names
     for n in names.values():
         kube_api.request("DELETE", f"{PRIORITY_CLASSES}/{n}", ok=(404,))
-
-
-@pytest.fixture
-def watch(kube_api, kube_ns):
-    w = PodWatch(kube_api, kube_ns)
-    yield w
-    w.close()
-    assert not w.errors, w.errors
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +99,7 @@ def plans(stack: Stack, gang_id: str) -> list[list[str]]:
 
 
 def test_an_elastic_job_starts_at_its_minimum_grows_as_gpus_free_and_gives_up_one_extra_to_a_preemptor(
-        stack4, kube_api, kube_ns, classes, watch):
+        stack4, kube_api, kube_ns, classes, watch):  # noqa: F811 - the fixture imported above
     gang = f"{kube_ns}/Job:el"
     # Two of the four nodes are taken by a gang the elastic one may not preempt (higher priority).
     submit(kube_api, kube_ns, job("block", kube_ns, pods=2, priority_class=classes["high"], least=2))

@@ -27,7 +27,7 @@ import yaml
 from hostile import audited, cleaned_env, hostile_stack
 from phalanx_proto import subjects as S
 from phalanx_proto.events import topology_decoder
-from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, SIM_UNHEALTHY_GPUS
+from phalanx_proto.kubeapi import ASSIGNMENT_ANNOTATION, QUEUE_LABEL, SIM_UNHEALTHY_GPUS
 from phalanx_proto.state import node_kube_state_decoder
 from stackutil import gang_pod, gang_states, gpu_pod, ref, wait_until
 
@@ -501,3 +501,52 @@ async def test_a_member_whose_gpu_turns_unhealthy_is_repaired_in_the_leaf_and_no
 
 async def _healed(bus, name: str) -> bool:
     return await reported_unhealthy(bus, name) == ()
+
+
+async def test_a_queues_repair_reserve_keeps_a_node_from_another_queue_and_the_repair_lands_on_it(env):
+    """``spec.repairReserve`` on the running stack (docs/queues.md, "Spare capacity for
+    repairs"): team-a keeps 4 GPUs per leaf where its gang runs. Another queue's four whole-node
+    pods find four free nodes but bind on three, the fourth told which node is held back; then
+    a node of the gang fails and its replacements are bound on the node that was kept."""
+    _, bus, sim = env
+    queues = ({"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team-a"},
+               "spec": {"resources": {"nvidia.com/gpu": {"quota": 20}}, "repairReserve": {"tier": "leaf", "gpus": 4}}},
+              {"apiVersion": "scheduling.phalanx.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team-b"},
+               "spec": {"resources": {"nvidia.com/gpu": {"quota": 8}}}})
+    for q in queues:
+        await sim.apply_queue(q)
+    try:
+        await anyio.sleep(2.5)  # gang-coordinator and placement have read them (--queue-sync-s: 2 s)
+        ctl = Controller(sim, {QUEUE_LABEL: "team-a"})
+        first = await started(bus, sim, ctl)
+        used = {n for _, n, _ in first.values()}
+        spares = sorted(n for n, leaf in LEAVES.items() if leaf == "leaf-a" and n not in used)
+        for i in range(4):
+            p = gpu_pod(f"other-{i}", 4, labels={QUEUE_LABEL: "team-b"})
+            p["spec"]["tolerations"] = []
+            await sim.apply_pod(p)
+
+        async def three_bound_one_told():
+            pods = [p for p in await sim.list_pods() if p.name.startswith("other-")]
+            waiting = [p for p in pods if not p.node_name]
+            told = [c.get("message", "") for p in waiting for c in (p.raw.get("status") or {}).get("conditions", [])
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+            ok = len(pods) == 4 and len(waiting) == 1 and told and \
+                "held back as spare capacity for queue team-a's repairs" in told[0]
+            return ({p.node_name for p in pods if p.node_name}, told[0]) if ok else None
+
+        taken, why = await wait_until(three_bound_one_told, 30, what="team-b's pods on three nodes, the fourth told why")
+        [kept] = [n for n in spares if n not in taken]
+        assert f"held back as spare capacity for queue team-a's repairs (4 GPUs per leaf switch): {kept};" in why, why
+        broken = sorted(used)[0]
+        survivors = survivors_of(first, {broken})
+        async with audited(bus), anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run)
+            await fail_node(sim, broken)
+            now = await wait_until(lambda: all_bound(sim, {broken}), 45, what="the replacements bound")
+            tg.cancel_scope.cancel()
+        assert {k: v for k, v in now.items() if k in survivors} == survivors
+        assert {n for k, (_, n, _) in now.items() if k not in survivors} == {kept}
+    finally:
+        for q in queues:
+            await sim.delete_queue(q["metadata"]["name"])
