@@ -256,9 +256,12 @@ def gang_check(obj: Mapping[str, Any]) -> GangCheck | None:
         labels.update(_controller_labels(kind, name, t, jobs))
         try:
             ident = gangs.identify(ns, name, labels, {**as_map(tmeta.get("annotations")),
-                                                      **_controller_annotations(kind, t, meta)})
+                                                      **_controller_annotations(kind, t, meta)},
+                                   as_map(t.template.get("spec")))
         except RequestError:
             return None  # check_object names the bad value
+        if ident.pod_group:
+            return _named_group(ident)
         if ident.part is not None:
             parts.append(msgspec.structs.replace(ident.part, members=ident.part.members or 0))
         if ident.min_member:
@@ -299,9 +302,12 @@ def _pod_gang(pod: Mapping[str, Any]) -> GangCheck | None:
     meta = as_map(pod.get("metadata"))
     labels, annotations = as_map(meta.get("labels")), as_map(meta.get("annotations"))
     try:
-        ident = gangs.identify(name_text(meta.get("namespace")) or "default", name_text(meta.get("name")), labels, annotations)
+        ident = gangs.identify(name_text(meta.get("namespace")) or "default", name_text(meta.get("name")), labels,
+                               annotations, as_map(pod.get("spec")))
     except RequestError:
         return None  # check_object names the bad value
+    if ident.pod_group:
+        return _named_group(ident)
     says = any(k in labels or k in annotations for k in (*kubeapi.MIN_MEMBER_KEYS, kubeapi.GANG_MIN_MEMBER))
     if ident.kind == "Pod":
         if not says:
@@ -314,6 +320,14 @@ def _pod_gang(pod: Mapping[str, Any]) -> GangCheck | None:
         size = js.members if js.declared else 0
     return GangCheck(gang_id=ident.gang_id, members=size, how="min-member said by the pod" if size else
                      "no pod says min-member; the gang is the pods present once none arrived for the settle time")
+
+
+def _named_group(ident: gangs.GangIdentity) -> GangCheck:
+    """The gang of pods naming a Workload API PodGroup: its size is that object's."""
+    return GangCheck(gang_id=ident.gang_id, members=ident.min_member or 0,
+                     how=f"the pods name PodGroup {ident.pod_group} (spec.schedulingGroup): "
+                         + ("min-member said by the pods" if ident.min_member else
+                            "its gang.minCount, read from the object when the pods are admitted"))
 
 
 def _controller_labels(kind: Any, name: str, t: PodTemplate, jobs: int) -> dict[str, str]:

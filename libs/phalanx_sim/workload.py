@@ -35,6 +35,7 @@ from typing import Any
 from phalanx_input import Invalid, yaml_file
 from phalanx_kubeobjects import gangs, workloads
 from phalanx_kubeobjects.requests import RequestError
+from phalanx_kubeobjects.violations import Violation
 from phalanx_proto.events import MemberSpec, PodRef
 from phalanx_proto.kubeapi import SIM_ARRIVAL as ARRIVAL
 from phalanx_proto.kubeapi import SIM_DURATION as DURATION
@@ -65,11 +66,17 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
     """The gangs of every object in ``paths`` (``OSError`` when a file cannot be read,
     ``Invalid`` naming file, document and field when an object is not valid)."""
     objects: list[tuple[str, dict[str, Any]]] = []
+    groups: dict[tuple[str, str], Mapping[str, Any]] = {}
+    """The Workload API's PodGroups the files hold, by (namespace, name): their gangs' sizes."""
     classes: dict[str, Mapping[str, Any]] = dict(SYSTEM_CLASSES)
     default: tuple[str, str] | None = None
     for path in paths:
         for n, doc in enumerate(yaml_file(path), start=1):
             if doc is None or (isinstance(doc, dict) and doc.get("kind") in ("Queue", "Namespace")):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == "PodGroup":
+                meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+                groups[(str(meta.get("namespace") or "default"), str(meta.get("name", "")))] = doc
                 continue
             if isinstance(doc, dict) and doc.get("kind") == "PriorityClass":
                 name = str((doc.get("metadata") or {}).get("name", ""))
@@ -95,7 +102,7 @@ def read_workload(paths: Iterable[str], tree: QueueTree, namespaces: Mapping[str
             suffix = f"-r{copy}" if len(times) > 1 else ""
             for pod in workloads.expand_pods(_renamed(obj, suffix)):
                 pod = _prioritised(where, pod, classes, default[0] if default else None)
-                _add(found, where, pod, arrival, duration, tree, namespaces)
+                _add(found, where, pod, arrival, duration, tree, namespaces, groups)
     out = []
     for gang_id, g in found.items():
         refused = g.refused
@@ -138,12 +145,13 @@ def _renamed(obj: Mapping[str, Any], suffix: str) -> dict[str, Any]:
 
 
 def _add(found: dict[str, _Gang], where: str, pod: dict[str, Any], arrival: float, duration: float | None,
-         tree: QueueTree, namespaces: Mapping[str, Mapping[str, str]]) -> None:
+         tree: QueueTree, namespaces: Mapping[str, Mapping[str, str]],
+         groups: Mapping[tuple[str, str], Mapping[str, Any]]) -> None:
     meta = pod["metadata"]
     ns, name = meta["namespace"], meta["name"]
     labels = {k: str(v) for k, v in (meta.get("labels") or {}).items()}
     try:
-        ident = gangs.identify(ns, name, labels, meta.get("annotations") or {})
+        ident = gangs.identify(ns, name, labels, meta.get("annotations") or {}, pod.get("spec"))
         spec = gangs.gpu_member(pod).member_spec(PodRef(namespace=ns, name=name, uid=f"sim-{ns}-{name}"))
     except RequestError as e:
         raise Invalid(f"{where}: pod {ns}/{name}", str(e)) from None
@@ -159,7 +167,17 @@ def _add(found: dict[str, _Gang], where: str, pod: dict[str, Any], arrival: floa
         g.duration = max(g.duration or 0.0, duration)
     g.priority = max(g.priority, priority)
     g.refused = g.refused or refused
-    if ident.min_member:
+    if ident.pod_group:  # the Workload API: the PodGroup object says the size (placed whole here)
+        group = groups.get((ns, ident.pod_group))
+        if group is None:
+            g.refused = g.refused or (f"PodGroup {ns}/{ident.pod_group} (spec.schedulingGroup.podGroupName) is not in "
+                                      "the workload")
+            return
+        policy = gangs.pod_group_policy(group)
+        if isinstance(policy, Violation):
+            raise Invalid(f"{where}: PodGroup {ns}/{ident.pod_group}: {policy.field}", f"{policy.value!r} {policy.rule}")
+        g.size = max(g.size, ident.min_member or policy.least)
+    elif ident.min_member:
         g.size = max(g.size, ident.min_member)
     elif ident.part is not None:
         size = gangs.jobset_size((ident.part,), ident.jobs)

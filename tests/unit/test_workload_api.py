@@ -141,3 +141,58 @@ def saga_reason(s: GangState) -> str:
     from phalanx_rules import saga
 
     return saga.pending_reason(s, 0.0)
+
+
+# -- phalanx validate and phalanx sim read the same identity -------------------------------------
+
+WORKLOAD = """
+apiVersion: scheduling.k8s.io/v1alpha2
+kind: PodGroup
+metadata: {name: train, namespace: ml}
+spec: {schedulingPolicy: {gang: {minCount: 2}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: job, namespace: ml}
+spec:
+  parallelism: 3
+  completions: 3
+  template:
+    spec:
+      schedulerName: phalanx
+      restartPolicy: Never
+      schedulingGroup: {podGroupName: train}
+      containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "4"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: stray, namespace: ml}
+spec:
+  schedulerName: phalanx
+  schedulingGroup: {podGroupName: absent}
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]
+"""
+
+
+def test_validate_names_the_podgroup_a_jobs_pods_name_as_their_gang():
+    import yaml
+
+    from phalanx_kubeobjects.workloads import gang_check
+
+    job = list(yaml.safe_load_all(WORKLOAD))[1]
+    got = gang_check(job)
+    assert (got.gang_id, got.members, got.how) == (
+        "ml/PodGroup:train", 0, "the pods name PodGroup train (spec.schedulingGroup): its gang.minCount, read from "
+                                "the object when the pods are admitted")
+
+
+def test_the_simulator_gangs_pods_by_the_podgroup_they_name_sized_by_its_min_count(tmp_path):
+    from phalanx_rules.queues import QueueTree
+    from phalanx_sim.workload import read_workload
+
+    f = tmp_path / "w.yaml"
+    f.write_text(WORKLOAD)
+    got = [(g.gang_id, len(g.members), g.refused) for g in read_workload([str(f)], QueueTree.of(()), {})]
+    assert got == [("ml/PodGroup:train", 3, ""),
+                   ("ml/PodGroup:absent", 1, "PodGroup ml/absent (spec.schedulingGroup.podGroupName) is not in the "
+                                             "workload")]
