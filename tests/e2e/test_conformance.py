@@ -210,8 +210,11 @@ def outcome(obj: dict) -> str | dict | None:
     return None
 
 
-def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90) -> dict[str, str | dict]:
-    """Create the case's pod once per node for ``scheduler``; every node's outcome; pods deleted."""
+def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90,
+              stack: Stack | None = None) -> dict[str, str | dict]:
+    """Create the case's pod once per node for ``scheduler``; every node's outcome; pods deleted.
+    A pod that is gone before its outcome is one too, with the lines of Phalanx's logs that name
+    it (nothing here deletes a pod before the phase ends: if one goes, the table says who did)."""
     pods = {short: pod(case, scheduler, node_name(short)) for short in NODES}
     for p in pods.values():
         api.create_pod(p)
@@ -226,7 +229,8 @@ def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90) -
                 break
             for short, p in pods.items():
                 if short not in got:
-                    o = outcome(api.get_pod(NS, p["metadata"]["name"]))
+                    obj = api.get_pod(NS, p["metadata"]["name"])
+                    o = outcome(obj) if obj is not None else {f"gone before an outcome: {vanished(stack, p)}": 1}
                     if o is not None:
                         got[short] = o
             time.sleep(0.2)
@@ -234,6 +238,16 @@ def run_phase(api: KubeApi, case: Case, scheduler: str, timeout_s: float = 90) -
         for p in pods.values():
             api.delete(f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}")
     return got
+
+
+def vanished(stack: Stack | None, pod: dict) -> str:
+    """The lines of Phalanx's service logs that name ``pod`` (the evidence of who deleted it)."""
+    name = pod["metadata"]["name"]
+    if stack is None:
+        return "no stack"
+    lines = [f"[{svc}] {line}" for svc, proc in stack.procs.items() if getattr(proc, "log_path", None)
+             for line in proc.log_path.read_text(errors="replace").splitlines() if name in line]
+    return " | ".join(lines[-12:]) or "no log line names it"
 
 
 STANDING = {"small": 1, "ports": 1, "plain": 2}
@@ -402,7 +416,7 @@ def test_phalanx_and_kube_scheduler_place_and_refuse_the_same_pods_for_the_same_
     for case in [c for c in CASES if not only or c.name in only]:
         kube = run_phase(api, case, "default-scheduler")
         settle(stack, api, baseline)
-        phalanx = run_phase(api, case, "phalanx")
+        phalanx = run_phase(api, case, "phalanx", stack=stack)
         settle(stack, api, baseline)
         agree, problems = verdict(case, kube, phalanx)
         rows.append((case, agree, problems, kube, phalanx))
