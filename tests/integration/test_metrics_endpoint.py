@@ -46,17 +46,23 @@ async def test_a_running_stack_serves_metrics_that_reflect_a_bound_pod_and_a_pen
 
         await wait_until(bound, 60, what="pod two bound")
 
+        model = "Tesla V100-SXM2-16GB"
+        fragmentation = f'phalanx_cluster_fragmentation_ratio{{model="{model}"}}'
+
         async def placement_counted():
+            # The gauges are computed from placement's view when read; under load a node's
+            # report can be a moment late (its node then left out), so wait for the view to hold
+            # both nodes' GPUs (the fragmentation of 14 free GPUs) rather than read once.
             m = await anyio.to_thread.run_sync(scrape, stack, "placement")
             placed = m.get('phalanx_placement_decision_duration_seconds_count{outcome="placed"}', 0)
             no_fit = m.get('phalanx_placement_decision_duration_seconds_count{outcome="no_fit"}', 0)
-            return m if placed >= 1 and no_fit >= 1 else None
+            settled = m.get(fragmentation) == pytest.approx(6 / 14)
+            return m if placed >= 1 and no_fit >= 1 and settled else None
 
-        m = await wait_until(placement_counted, 60, what="placement metrics")
-        model = "Tesla V100-SXM2-16GB"
+        m = await wait_until(placement_counted, 60, what="placement metrics, both nodes in the view")
         gpus = {k: v for k, v in m.items() if k.startswith("phalanx_gpus_allocated{")}
         assert sum(gpus.values()) == 2 and all(f'model="{model}"' in k and 'mode="whole"' in k for k in gpus)
-        assert m[f'phalanx_cluster_fragmentation_ratio{{model="{model}"}}'] == pytest.approx(6 / 14)
+        assert m[fragmentation] == pytest.approx(6 / 14)
         assert m['phalanx_bus_events_total{consumer="placement",kind="placement.place",outcome="ack"}'] >= 2
         assert 'phalanx_ledger_commit_conflicts_total' in m
 
