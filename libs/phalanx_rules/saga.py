@@ -134,21 +134,16 @@ def late_members(s: GangState) -> bool:
     """A scheduled gang has members no attempt has bound yet (they arrived after it started,
     or replace a deleted member): they join by an attempt of their own, the others stay. An
     elastic gang holding its ``max_member`` has none: the pods past it wait."""
-    done = {r.pod for r in s.running} | set(s.bound)
+    done = repairs.held_members(s)
     if s.phase != "scheduled" or not any(m.pod not in done for m in s.members):
         return False
     return not s.max_member or sum(1 for m in s.members if m.pod in done) < s.max_member
 
 
-def held_members(s: GangState) -> set[PodRef]:
-    """The members bound and kept: by earlier attempts (``running``) or the current one."""
-    return repairs.held_members(s)
-
-
 def waiting_members(s: GangState) -> tuple[PodRef, ...]:
     """The members no attempt has bound and kept: those a pending reason is for (an elastic
     gang's next attempt places only some of them; the others wait for the same reason)."""
-    done = {r.pod for r in s.running} | set(s.bound)
+    done = repairs.held_members(s)
     return tuple(m.pod for m in s.members if m.pod not in done)
 
 

@@ -171,7 +171,7 @@ def entered(before: GangState | None, after: GangState, *, now: float, timeout_s
         case "scheduled" if was in (*saga.PLACING, "binding"):
             done = (Publish(S.status_subject(after.gang_id), GangScheduled(
                 gang_id=after.gang_id, attempt=after.attempt, assignments=tuple(held))),
-                *_group(after, scheduled=True, message=f"{len(saga.held_members(after))} pods of gang "
+                *_group(after, scheduled=True, message=f"{len(after.members) - len(saga.waiting_members(after))} pods of gang "
                                                          f"{after.gang_id} placed (min-member {after.min_member})"))
             if before is not None and before.repair is not None and after.repair is None:
                 done += (repaired_notice(before, after, held, now),)

@@ -154,6 +154,17 @@ async def fail_node(sim, name: str) -> None:
     await sim.apply_node(raw)
 
 
+async def fail_and_rebind(bus, sim, ctl: Controller, broken: str) -> dict:
+    """Fail node ``broken`` while the controller recreates what goes, the ledger audited
+    throughout; the members once every one is bound again off that node."""
+    async with audited(bus), anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run)
+        await fail_node(sim, broken)
+        now = await wait_until(lambda: all_bound(sim, {broken}), 45, what="the replacements bound")
+        tg.cancel_scope.cancel()
+    return now
+
+
 async def reasons(sim, name: str) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in await sim.list_events(ref(name))]
 
@@ -261,11 +272,7 @@ async def test_with_no_room_in_its_leaf_policy_widen_binds_the_replacements_one_
     await block_spares(sim, first)
     broken = sorted({n for _, n, _ in first.values()})[0]
     survivors = survivors_of(first, {broken})
-    async with audited(bus), anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run)
-        await fail_node(sim, broken)
-        now = await wait_until(lambda: all_bound(sim, {broken}), 45, what="the replacements bound")
-        tg.cancel_scope.cancel()
+    now = await fail_and_rebind(bus, sim, ctl, broken)
     assert {k: v for k, v in now.items() if k in survivors} == survivors
     new = {k: v for k, v in now.items() if k not in survivors}
     assert len(new) == 2 and {LEAVES[n] for _, n, _ in new.values()} == {"leaf-b"}, new
@@ -540,11 +547,7 @@ async def test_a_queues_repair_reserve_keeps_a_node_from_another_queue_and_the_r
         assert f"held back as spare capacity for queue team-a's repairs (4 GPUs per leaf switch): {kept};" in why, why
         broken = sorted(used)[0]
         survivors = survivors_of(first, {broken})
-        async with audited(bus), anyio.create_task_group() as tg:
-            tg.start_soon(ctl.run)
-            await fail_node(sim, broken)
-            now = await wait_until(lambda: all_bound(sim, {broken}), 45, what="the replacements bound")
-            tg.cancel_scope.cancel()
+        now = await fail_and_rebind(bus, sim, ctl, broken)
         assert {k: v for k, v in now.items() if k in survivors} == survivors
         assert {n for k, (_, n, _) in now.items() if k not in survivors} == {kept}
     finally:
